@@ -1,0 +1,36 @@
+"""Tracker sinks, one module per tracker behind :class:`~trackbridge.sinks.base.Sink`; imported lazily by kind."""
+from __future__ import annotations
+
+import importlib
+
+from ..locators import Locator, LocatorError, parse
+from .base import Capabilities, Sink, SinkError
+
+# kind -> "module:Class"; a module imports its tracker only when the sink is opened.
+REGISTRY = {
+    "jsonl": "trackbridge.sinks.jsonl:JsonlSink",
+    "tensorboard": "trackbridge.sinks.tensorboard:TensorBoardSink",
+    "wandb": "trackbridge.sinks.wandb:WandbSink",
+    "mlflow": "trackbridge.sinks.mlflow:MlflowSink",
+    "trackio": "trackbridge.sinks.trackio:TrackioSink",
+}
+
+
+def sink_class(kind: str) -> type[Sink]:
+    try:
+        target = REGISTRY[kind]
+    except KeyError:
+        raise LocatorError(f"unknown sink kind {kind!r}; expected one of {', '.join(REGISTRY)}") from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_sink(spec: "str | Locator | Sink") -> Sink:
+    """A sink from a locator string (``tensorboard:runs/tb``), a parsed Locator, or a ready Sink object."""
+    if isinstance(spec, Sink):
+        return spec
+    loc = spec if isinstance(spec, Locator) else parse(spec, kinds=tuple(REGISTRY))
+    return sink_class(loc.kind)(loc.location, **loc.options)
+
+
+__all__ = ["Capabilities", "Sink", "SinkError", "REGISTRY", "make_sink", "sink_class"]

@@ -1,0 +1,67 @@
+"""The one small interface every tracker sink implements: open / write a batch / close.
+
+A sink receives :class:`~trackbridge.record.Record` batches whose metric names are already in the naming scheme the
+user asked for (canonical by default). It is responsible for what its tracker cannot take: sanitizing names
+reversibly (recording the mapping with :meth:`Sink.record_sanitized`), turning histograms into summary statistics
+where the tracker holds none, and handling non-monotonic steps. Sinks are written to from one worker thread each
+(see :mod:`trackbridge.logger`), so an implementation need not be thread-safe.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from ..record import Record, RunInfo
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    histograms: bool = False     # can store a distribution natively
+    text: bool = False           # can store strings
+    nan: bool = True             # can store NaN / +-inf
+    wall_time: bool = True       # keeps the wall time we give it
+
+
+class SinkError(RuntimeError):
+    """A sink could not do what was asked; the message names the sink."""
+
+
+class Sink(ABC):
+    """Base class of every tracker sink. Subclasses set ``kind`` and ``capabilities``."""
+
+    kind: str = "sink"
+    capabilities = Capabilities()
+
+    def __init__(self, location: str = "", **options: str) -> None:
+        self.location = location
+        self.options = dict(options)
+        self.run: RunInfo | None = None
+
+    # -- the interface -------------------------------------------------------------------------------------
+    @abstractmethod
+    def open(self, run: RunInfo, *, resume: bool = False) -> None:
+        """Create (or, with ``resume``, reopen) the run in the tracker, writing ``run.config`` and tags."""
+
+    @abstractmethod
+    def write(self, records: list[Record]) -> None:
+        """Write a batch of records. Must raise on failure (the logger retries), never swallow errors."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush and close. Safe to call twice."""
+
+    # -- optional ------------------------------------------------------------------------------------------
+    def last_step(self) -> int | None:
+        """The highest step this tracker already holds for the open run (for resume/replay without duplicates)."""
+        return None
+
+    def record_sanitized(self, mapping: dict[str, str]) -> None:
+        """Remember stored-name -> original-name pairs so that readers can restore the originals."""
+        if self.run is not None:
+            self.run.sanitized.update(mapping)
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.location}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
