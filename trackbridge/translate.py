@@ -1,15 +1,379 @@
-"""Hub-and-spoke translation of logged metric dicts (API fixed; engine being written)."""
+"""Hub-and-spoke translation of logged metric dicts.
+
+Every translation goes source -> canonical -> target. A key is looked up once per :class:`Translator` and its plan
+(output name, value transform, fidelity) is cached, so translating a dict is one dictionary lookup per key.
+Tracker prefixes (``train/``, ``eval/``, ``eval_`` ...) are understood and kept as a split: canonical names of eval
+records carry an ``eval/`` prefix, and a framework target gets its own eval prefix back. Unknown keys pass through
+unchanged and are reported; nothing is dropped.
+"""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Mapping
+
+from .detect import Detection, detect
+from .schema.loader import Registry, load_registry
+from .schema.model import Entry, FrameworkMapping
+from .spec import Spec, SpecError, parse_spec
+
+SPLITS = ("eval", "test")       # canonical split prefixes; "train" is the default and has none
 
 
 @dataclass
 class Translation:
-    metrics: dict[str, Any]                                   # translated names -> values (order kept)
+    metrics: dict[str, Any]                                   # translated names -> values (input order kept)
     unmapped: list[str] = field(default_factory=list)         # input keys passed through unchanged
-    approximate: dict[str, str] = field(default_factory=dict)  # output key -> reason the translation is approximate
+    approximate: dict[str, str] = field(default_factory=dict)  # output key -> why the translation is approximate
     derived: list[str] = field(default_factory=list)          # output keys computed by derived rules
     source: str = ""                                          # resolved source, e.g. "verl/ppo@v0.4.0..v0.7.0"
     mapped: int = 0                                           # number of input keys that were translated
+    renamed: dict[str, str] = field(default_factory=dict)     # input key -> output key, where they differ
+    conflicts: dict[str, str] = field(default_factory=dict)   # input key kept as is because its output was taken
+    notes: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        out = {"mapped": self.mapped, "unmapped": list(self.unmapped), "approximate": dict(self.approximate),
+               "source": self.source}
+        if self.derived:
+            out["derived"] = list(self.derived)
+        if self.conflicts:
+            out["conflicts"] = dict(self.conflicts)
+        return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    out: str                          # output key
+    canonical: str                    # canonical key (with split prefix)
+    fwd: Entry | None                 # source entry (None: input was canonical)
+    rev: Entry | None                 # target entry (None: target is canonical)
+    approx: str | None                # reason, or None if exact
+    note: str | None = None
+
+
+def _split_canonical(key: str) -> tuple[str | None, str]:
+    head, sep, rest = key.partition("/")
+    if sep and head in SPLITS and rest:
+        return head, rest
+    return None, key
+
+
+class Translator:
+    """A compiled, reusable translation from one naming scheme to another.
+
+    ``source``: ``auto``, ``canonical`` or ``FRAMEWORK[/TRAINER][@VERSION]``; ``target``: ``canonical[@VERSION]`` or
+    ``FRAMEWORK[/TRAINER][@VERSION]``. ``config`` is the run's config in the *source* framework's names (used for
+    entries whose meaning depends on it, and by :meth:`translate_config`). ``mappings`` adds user mapping files.
+    With ``derive=True`` derived rules fill in canonical metrics the source did not log.
+    """
+
+    def __init__(self, source: str = "auto", target: str = "canonical", *, mappings: Iterable[str] | None = None,
+                 config: Mapping[str, Any] | None = None, derive: bool = False,
+                 registry: Registry | None = None) -> None:
+        self.registry = registry or load_registry(mappings)
+        self.source_spec = parse_spec(source, self.registry)
+        self.target_spec = parse_spec(target, self.registry, allow_auto=False)
+        self.raw_config = dict(config or {})
+        self.flat_config = flatten_config(self.raw_config)
+        self.detection: Detection | None = None
+        self._src: Spec | None = None if self.source_spec.kind == "auto" else self.source_spec
+        self._seen: set[str] = set()
+        self._plans: dict[str, _Plan | None] = {}
+        self._rev_cache: dict[str, tuple[Entry, dict | None] | None] = {}
+        self._deriver = None
+        self._derive = derive
+        self._mapping_paths = list(mappings or [])
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------------------------------------------ public
+    @property
+    def source(self) -> str:
+        if self._src is None:
+            return "auto (undetected)"
+        text = self._src.describe(self.registry)
+        if self.detection is not None and self._src is self.detection.spec:
+            text += f" (detected, confidence {self.detection.confidence:.2f})"
+        return text
+
+    def translate(self, metrics: Mapping[str, Any], *, step: int | None = None,
+                  wall_time: float | None = None) -> Translation:
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
+        if self._src is None or any(k not in self._plans for k in metrics):
+            self._maybe_detect(metrics)
+        res = Translation(metrics={}, source=self.source)
+        canon_of_out: dict[str, str] = {}
+        for key, value in metrics.items():
+            if not isinstance(key, str):
+                raise TypeError(f"metric names must be strings; got {key!r} ({type(key).__name__})")
+            plan = self._plans.get(key, 0)
+            if plan == 0:
+                plan = self._plans[key] = self._plan(key)
+            if plan is None:
+                if key in res.metrics:
+                    res.conflicts[key] = key
+                    continue
+                res.metrics[key] = value
+                res.unmapped.append(key)
+                continue
+            out = plan.out
+            if out in res.metrics:
+                # two inputs claim one output (e.g. an old and a new name logged side by side): keep the first,
+                # pass the second through under its own name and say so
+                res.conflicts[key] = out
+                res.metrics[key] = value
+                continue
+            val = value
+            if plan.fwd is not None:
+                val = plan.fwd.to_canonical(val)
+            if plan.rev is not None:
+                val = plan.rev.from_canonical(val)
+            res.metrics[out] = val
+            res.mapped += 1
+            canon_of_out[out] = plan.canonical
+            if out != key:
+                res.renamed[key] = out
+            if plan.approx:
+                res.approximate[out] = plan.approx
+            if plan.note and plan.note not in self.notes:
+                self.notes.append(plan.note)
+        if self._derive:
+            self._apply_derive(res, step, wall_time)
+        res.notes = list(self.notes)
+        return res
+
+    __call__ = translate
+
+    def translate_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Canonical config names (``kl_coef``, ``num_generations`` ...) found in a run config (nested or dotted)."""
+        flat = flatten_config(config) if config is not None else self.flat_config
+        out: dict[str, Any] = {}
+        specs = [self._src] if self._src is not None and self._src.kind == "framework" else []
+        frameworks = [self.registry.frameworks[s.framework] for s in specs] or list(self.registry.frameworks.values())
+        trainer = specs[0].trainer if specs else None
+        for fw in frameworks:
+            for c in fw.config:
+                if c.canonical in out or c.key not in flat:
+                    continue
+                if trainer and c.trainers is not None and trainer not in c.trainers:
+                    continue
+                val = flat[c.key]
+                if c.scale != 1.0 and isinstance(val, (int, float)) and not isinstance(val, bool):
+                    val = val * c.scale
+                out[c.canonical] = val
+        for name in self.registry.canonical.config:     # already canonical names are kept
+            if name in flat and name not in out:
+                out[name] = flat[name]
+        return out
+
+    def target_name(self, canonical_key: str) -> str:
+        """The target-scheme name of one canonical key (the key itself when the target has none)."""
+        if self.target_spec.kind == "canonical":
+            return self._canonical_out(canonical_key)
+        split, base = _split_canonical(canonical_key)
+        hit = self._reverse(base)
+        if hit is None:
+            return canonical_key
+        return self._framework_out(hit[0], hit[1], split)
+
+    # ------------------------------------------------------------------------------------------------ detection
+    def _maybe_detect(self, metrics: Mapping[str, Any]) -> None:
+        if self.source_spec.kind != "auto":
+            return
+        new = {k for k in metrics if isinstance(k, str)} - self._seen
+        if not new and self._src is not None:
+            return
+        self._seen |= new
+        det = detect(self._seen, self.registry)
+        if det.spec is None:
+            if self.detection is None or self._src is None:
+                self.detection = det
+            return
+        if self._src is None or det.spec != self._src:
+            self.detection = det
+            self._src = det.spec
+            self._plans.clear()
+            self._deriver = None
+
+    # ------------------------------------------------------------------------------------------------ planning
+    def _plan(self, key: str) -> _Plan | None:
+        src = self._src
+        if src is None:
+            return None
+        if src.kind == "canonical":
+            split, base = _split_canonical(key)
+            base = self.registry.canonical.upgrade(base)
+            if self.registry.canonical.find(base) is None:
+                return None
+            return self._to_target(base, split, None, key)
+        fw = self.registry.frameworks[src.framework]
+        if key in fw.internal:
+            return None
+        split, hit = None, self._forward(fw, key, src)
+        if hit is None:
+            split, rest = fw.split_prefix(key)
+            if split is not None:
+                hit = self._forward(fw, rest, src)
+        if hit is None:
+            return None
+        entry, caps, note = hit
+        canon = entry.canonical_template.fill(caps) if entry.canonical_template and caps else entry.canonical
+        return self._to_target(canon, None if split == "train" else split, entry, key, note)
+
+    def _forward(self, fw: FrameworkMapping, key: str, src: Spec):
+        hits = fw.lookup(key)
+        if not hits:
+            return None
+        lo, hi = src.bounds(len(fw.releases))
+        chosen = _choose(hits, src.trainer, lo, hi, self.flat_config)
+        note = None
+        if chosen is None:       # logged outside the detected/requested releases or by another trainer: use the
+            chosen = _choose(hits, src.trainer, 0, float("inf"), self.flat_config) \
+                or _choose(hits, None, 0, float("inf"), self.flat_config)   # nearest meaning, and say so
+            if chosen is None:
+                return None
+            e = chosen[0]
+            note = (f"{key!r} is not logged by {src.describe(self.registry)} according to the mappings; "
+                    f"translated with the entry for {fw.release_name(e.since)}..{_until(fw, e)}"
+                    + (f" ({', '.join(sorted(e.trainers))})" if e.trainers else ""))
+        return chosen[0], chosen[1], note
+
+    def _to_target(self, canon: str, split: str | None, fwd: Entry | None, key: str, note: str | None = None) -> _Plan:
+        approx = _reason(fwd)
+        canon_key = f"{split}/{canon}" if split else canon
+        if self.target_spec.kind == "canonical":
+            return _Plan(self._canonical_out(canon_key), canon_key, fwd, None, approx, note)
+        hit = self._reverse(canon)
+        if hit is None:
+            tgt = self.target_spec.describe(self.registry)
+            return _Plan(canon_key, canon_key, fwd, None, approx,
+                         note or f"{tgt} has no name for canonical {canon!r}; kept the canonical name")
+        rev, caps = hit
+        if rev is not fwd:
+            r2 = _reason(rev)
+            if r2 and r2 != approx:
+                approx = f"{approx}; {r2}" if approx else r2
+        else:
+            approx = None     # the very same entry there and back: identity
+        return _Plan(self._framework_out(rev, caps, split), canon_key, fwd, rev, approx, note)
+
+    def _canonical_out(self, canon_key: str) -> str:
+        ver = self.target_spec.canonical_version
+        if not ver:
+            return canon_key
+        split, base = _split_canonical(canon_key)
+        base = self.registry.canonical.downgrade(base, ver)
+        return f"{split}/{base}" if split else base
+
+    def _framework_out(self, rev: Entry, caps: dict | None, split: str | None) -> str:
+        name = rev.key_template.fill(caps) if rev.key_template is not None and caps is not None else rev.key
+        if split:
+            fw = self.registry.frameworks[rev.framework]
+            name = (fw.prefix_for(split) or f"{split}/") + name
+        return name
+
+    def _reverse(self, canon: str) -> tuple[Entry, dict | None] | None:
+        if canon in self._rev_cache:
+            return self._rev_cache[canon]
+        tgt = self.target_spec
+        fw = self.registry.frameworks[tgt.framework]
+        hits: list[tuple[Entry, dict | None]] = []
+        for e in fw.entries:
+            if not e.reverse:
+                continue
+            if e.canonical_template is None:
+                if e.canonical == canon:
+                    hits.append((e, None))
+            elif canon.startswith(e.canonical_template.prefix):
+                caps = e.canonical_template.match(canon)
+                if caps is not None:
+                    hits.append((e, caps))
+        lo, hi = tgt.bounds(len(fw.releases))
+        chosen = _choose(hits, tgt.trainer, lo, hi, self.flat_config) if hits else None
+        self._rev_cache[canon] = chosen
+        return chosen
+
+    # ------------------------------------------------------------------------------------------------ derive
+    def _apply_derive(self, res: Translation, step, wall_time) -> None:
+        if self.target_spec.kind != "canonical":
+            return           # derivation runs in canonical space; see Translator docs
+        d = self._get_deriver()
+        if d is None:
+            return
+        res.derived = d.apply(res.metrics, step=step, wall_time=wall_time)
+        for n in getattr(d, "notes", []):
+            if n not in self.notes:
+                self.notes.append(n)
+
+    def _get_deriver(self):
+        if self._deriver is None:
+            try:
+                from .derive import make_deriver
+            except ImportError:
+                return None
+            self._deriver = make_deriver(self.registry, self._mapping_paths,
+                                         config=self.translate_config(), source=self.source,
+                                         fidelity=self._fidelity_map())
+        return self._deriver
+
+    def _fidelity_map(self) -> dict[str, str]:
+        out = {}
+        for p in self._plans.values():
+            if p is not None:
+                out[p.canonical] = p.approx or "exact"
+        return out
+
+
+def _reason(e: Entry | None) -> str | None:
+    if e is None or e.exact:
+        return None
+    tag = f" [{', '.join(e.differs)}]" if e.differs else ""
+    return f"{e.framework} {e.key!r}: {e.reason}{tag}"
+
+
+def _until(fw: FrameworkMapping, e: Entry) -> str:
+    return "now" if e.until == float("inf") else fw.release_name(int(e.until))
+
+
+def _choose(hits, trainer, lo, hi, config):
+    """The entry that best fits trainer, release range and config; the newest one when several fit."""
+    best, best_rank = None, None
+    for e, caps in hits:
+        if not e.applies(trainer, lo, hi):
+            continue
+        cond = e.condition_holds(config)
+        if cond is False:
+            continue
+        # prefer: config condition confirmed > unconditional > condition unknown; trainer-specific over generic;
+        # covering the newest release of the range; more specific template
+        rank = (2 if (cond is True and e.when) else 1 if not e.when else 0,
+                1 if (trainer and e.trainers) else 0,
+                min(e.until, hi), e.since,
+                e.key_template.literal_len if e.key_template else 10 ** 6)
+        if best_rank is None or rank > best_rank:
+            best, best_rank = (e, caps), rank
+    return best
+
+
+def flatten_config(config: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1, "a": {...}}``: nested keys are reachable as dotted paths."""
+    out: dict[str, Any] = {}
+    if not config:
+        return out
+    for k, v in config.items():
+        name = f"{prefix}{k}"
+        out[name] = v
+        if isinstance(v, Mapping):
+            out.update(flatten_config(v, name + "."))
+    return out
+
+
+def translate(metrics: Mapping[str, Any], source: str = "auto", target: str = "canonical", *,
+              mappings: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
+              derive: bool = False) -> Translation:
+    """Translate one logged dict. For many dicts, build a :class:`Translator` once and call it."""
+    return Translator(source, target, mappings=mappings, config=config, derive=derive).translate(metrics)
+
+
+__all__ = ["Translation", "Translator", "translate", "flatten_config", "SpecError"]

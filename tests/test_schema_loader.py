@@ -1,0 +1,147 @@
+"""The loader rejects malformed mapping files with file, line and entry named; the CLI lint exits 2."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trackbridge.schema.loader import build_registry, load_registry, shipped_files
+from trackbridge.schema.yamlfile import MappingError, MappingErrors
+
+CANON = textwrap.dedent("""\
+    format: trackbridge.canonical/1
+    schema_version: 1.1.0
+    versions:
+      1.1.0:
+        rename_metrics: {policy/ent: policy/entropy}
+      1.0.0: {}
+    config:
+      kl_coef: {description: beta, unit: "1"}
+    metrics:
+      policy/entropy: {description: entropy, unit: nats/token}
+      time/{stage}: {description: seconds per stage, unit: s}
+      time/step: {description: step seconds, unit: s}
+      val/{data_source:path}/{var}/mean@{n}: {description: val, unit: "1"}
+    """)
+
+FW = textwrap.dedent("""\
+    format: trackbridge.mapping/1
+    framework: toy
+    releases: [v0.1, v0.2, v0.3]
+    trainers: {a: {}, b: {}}
+    prefixes: [{prefix: "eval/", split: eval}]
+    config: [{key: algo.kl, canonical: kl_coef, source: toy.py@v0.1}]
+    entries:
+      - {key: ent, canonical: policy/entropy, source: toy.py@v0.1}
+      - {key: "t/{stage}", canonical: "time/{stage}", transform: {scale: 0.001}, source: toy.py@v0.1}
+      - {key: step_ms, canonical: time/step, transform: {scale: 0.001}, source: toy.py@v0.2, since: v0.2}
+    """)
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _load(tmp_path, fw_text, canon_text=CANON):
+    return build_registry([_write(tmp_path, "canonical.yaml", canon_text), _write(tmp_path, "toy.yaml", fw_text)], [])
+
+
+def _errors(exc: MappingError) -> list[MappingError]:
+    return exc.errors if isinstance(exc, MappingErrors) else [exc]
+
+
+def test_valid_files_load(tmp_path):
+    reg = _load(tmp_path, FW)
+    assert reg.canonical.version == "1.1.0"
+    assert reg.canonical.upgrade("policy/ent") == "policy/entropy"
+    assert reg.canonical.downgrade("policy/entropy", "1.0.0") == "policy/ent"
+    assert [e.key for e in reg.frameworks["toy"].entries] == ["ent", "t/{stage}", "step_ms"]
+
+
+@pytest.mark.parametrize("bad, line, needle", [
+    (FW.replace("source: toy.py@v0.1}\n  - {key: \"t", "source: toy.py@v0.1, colour: red}\n  - {key: \"t", 1),
+     8, "unknown field 'colour'"),
+    (FW.replace("canonical: policy/entropy", "canonical: policy/nope"), 8, "does not exist in canonical.yaml"),
+    (FW + "  - {key: ent, canonical: policy/entropy, source: toy.py@v0.3, since: v0.3}\n", 8,
+     "two entries claim 'ent'"),
+    (FW.replace("transform: {scale: 0.001}, source: toy.py@v0.2", "transform: {scale: 0}, source: toy.py@v0.2"), 10,
+     "not invertible"),
+    (FW.replace("{key: ent, canonical: policy/entropy,", "{key: ent, canonical: policy/entropy, fidelity: approximate,"),
+     8, "needs a `reason`"),
+    (FW.replace("since: v0.2}", "since: v9.9}"), 10, "not in the framework's `releases`"),
+    (FW.replace('canonical: "time/{stage}"', "canonical: time/step"), 9, "placeholders"),
+    (FW + "  - {key: ent2, canonical: policy/entropy, source: x@v0.1}\n", 8, "ambiguous"),
+])
+def test_bad_entries_are_named_with_file_and_line(tmp_path, bad, line, needle):
+    with pytest.raises(MappingError) as info:
+        _load(tmp_path, bad)
+    errs = _errors(info.value)
+    hit = [e for e in errs if needle in str(e)]
+    assert hit, [str(e) for e in errs]
+    assert hit[0].file.endswith("toy.yaml")
+    assert hit[0].line == line, str(hit[0])
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    with pytest.raises(MappingError) as info:
+        _load(tmp_path, FW.replace("releases: [v0.1, v0.2, v0.3]", "releases: [v0.1, v0.2"))
+    assert "toy.yaml" in str(info.value) and "YAML syntax error" in str(info.value)
+    assert info.value.line is not None
+
+
+def test_duplicate_yaml_key_rejected(tmp_path):
+    with pytest.raises(MappingError) as info:
+        _load(tmp_path, FW + "framework: toy2\n")
+    assert "duplicate key 'framework'" in str(info.value) and info.value.line == 11
+
+
+def test_unknown_format_rejected(tmp_path):
+    with pytest.raises(MappingError) as info:
+        _load(tmp_path, FW.replace("trackbridge.mapping/1", "trackbridge.mapping/9"))
+    assert "unknown format 'trackbridge.mapping/9'" in str(info.value)
+    assert "newer trackbridge" in str(info.value)
+
+
+def test_unsafe_yaml_is_not_constructed(tmp_path):
+    evil = FW.replace("framework: toy", "framework: !!python/object/apply:os.system ['echo pwned']")
+    with pytest.raises(MappingError) as info:
+        _load(tmp_path, evil)
+    assert "YAML" in str(info.value)
+
+
+def test_canonical_rename_target_must_exist(tmp_path):
+    with pytest.raises(MappingError) as info:
+        _load(tmp_path, FW, CANON.replace("{policy/ent: policy/entropy}", "{policy/ent: policy/gone}"))
+    assert "rename target 'policy/gone'" in str(info.value)
+
+
+def test_shipped_mappings_are_valid():
+    reg = load_registry()
+    assert {"trl", "verl", "openrlhf"} <= set(reg.frameworks)
+    assert reg.resolve_alias("trl-legacy")[0] == "trl"
+
+
+def test_lint_cli_exit_codes(tmp_path):
+    bad = _write(tmp_path, "user.yaml", textwrap.dedent("""\
+        format: trackbridge.mapping/1
+        framework: verl
+        entries:
+          - {key: reward_extra_info/acc, canonical: no/such/name, source: mine.py@v1}
+        """))
+    r = subprocess.run([sys.executable, "-m", "trackbridge", "mappings", "lint", str(bad)], capture_output=True,
+                       text=True)
+    assert r.returncode == 2
+    assert f"{bad}:4: reward_extra_info/acc: canonical target 'no/such/name' does not exist" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "trackbridge", "mappings", "lint"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok:")
+
+
+def test_shipped_files_exist():
+    names = {p.name for p in shipped_files()}
+    assert {"canonical.yaml", "trl.yaml", "verl.yaml", "openrlhf.yaml"} <= names

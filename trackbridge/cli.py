@@ -1,0 +1,245 @@
+"""The ``trackbridge`` command line: a thin layer over the library.
+
+Exit codes: 0 success; 1 data problems (unmapped keys with --strict, skipped input lines, a failed sink);
+2 bad usage or invalid mapping files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from . import __version__
+
+
+def _add_mappings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mappings", action="append", default=[], metavar="PATH",
+                   help="extra mapping/derived-rule YAML file (repeatable), checked like the shipped ones")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trackbridge", description=(
+        "Translate, multiplex, migrate and compare RL fine-tuning metrics across TRL, veRL and OpenRLHF and "
+        "wandb / TensorBoard / MLflow / Trackio."))
+    parser.add_argument("--version", action="version", version=f"trackbridge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("translate", help="translate logged dicts (JSON lines or trainer_state.json)",
+                       description="Read JSON lines (one logged dict per line; a trainer_state.json is also "
+                                   "accepted) and write translated JSON lines to stdout.")
+    p.add_argument("--from", dest="source", default="auto",
+                   help="source names: auto (default), canonical, or FRAMEWORK[/TRAINER][@VERSION] "
+                        "(trl/grpo@0.14.0, trl-legacy, verl@0.4.1, openrlhf)")
+    p.add_argument("--to", dest="target", default="canonical",
+                   help="target names: canonical (default) or FRAMEWORK[/TRAINER][@VERSION]")
+    p.add_argument("--report-json", metavar="PATH", help="write {mapped, unmapped, approximate, source} here")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any key is unmapped")
+    p.add_argument("--derive", action="store_true", help="fill in derived metrics (see mappings/derived.yaml)")
+    p.add_argument("--config", metavar="JSON", help="run config as a JSON file (for config-dependent entries and "
+                                                    "derived rules)")
+    _add_mappings(p)
+    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+
+    p = sub.add_parser("detect", help="name the framework, trainer and releases that logged these keys")
+    p.add_argument("file", help="JSON lines, trainer_state.json, or any run locator (console:PATH, ...)")
+    p.add_argument("--json", action="store_true", help="print the detection as JSON")
+    _add_mappings(p)
+
+    p = sub.add_parser("mappings", help="list, show, lint or document the mapping files")
+    msub = p.add_subparsers(dest="mcommand", metavar="ACTION")
+    q = msub.add_parser("list", help="frameworks, trainers, releases and the canonical schema version")
+    _add_mappings(q)
+    q = msub.add_parser("show", help="one framework's entries, or one canonical name across frameworks")
+    q.add_argument("name", help="a framework (trl, trl-legacy, verl, openrlhf) or a canonical metric name")
+    _add_mappings(q)
+    q = msub.add_parser("lint", help="check mapping files; exit 2 with file:line: entry: problem on errors")
+    q.add_argument("paths", nargs="*", help="extra files to check together with the shipped ones")
+    q = msub.add_parser("docs", help="generate the metric reference (Markdown) from the YAML")
+    q.add_argument("--out", metavar="PATH", help="write here instead of stdout")
+    _add_mappings(q)
+
+    from . import commands  # noqa: F401  (other subcommands register themselves here)
+    commands.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from .schema.yamlfile import MappingError
+    from .spec import SpecError
+    try:
+        if args.command == "translate":
+            return cmd_translate(args)
+        if args.command == "detect":
+            return cmd_detect(args)
+        if args.command == "mappings":
+            return cmd_mappings(args, parser)
+        from . import commands
+        return commands.run(args)
+    except MappingError as exc:
+        print(f"trackbridge: invalid mappings:\n{exc}", file=sys.stderr)
+        return 2
+    except SpecError as exc:
+        print(f"trackbridge: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:
+        print(f"trackbridge: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trackbridge: interrupted", file=sys.stderr)
+        return 130
+
+
+# ---------------------------------------------------------------------------------------------------- translate
+def _load_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def cmd_translate(args) -> int:
+    from .inputs import read_rows
+    from .translate import Translator
+    tr = Translator(args.source, args.target, mappings=args.mappings or None, config=_load_config(args.config),
+                    derive=args.derive)
+    problems: list[str] = []
+    mapped: set[str] = set()
+    unmapped: dict[str, None] = {}
+    approx: dict[str, str] = {}
+    derived: dict[str, None] = {}
+    out = sys.stdout
+    for row in read_rows(args.file, problems):
+        try:
+            res = tr.translate(row.metrics, step=row.step if isinstance(row.step, int) else None,
+                               wall_time=row.wall_time if isinstance(row.wall_time, (int, float)) else None)
+        except TypeError as exc:
+            problems.append(f"{row.where}: {exc}; line skipped")
+            continue
+        inv = {v: k for k, v in res.renamed.items()}
+        for k in row.metrics:
+            if k not in res.unmapped and k not in res.conflicts:
+                mapped.add(k)
+        for k in res.unmapped:
+            unmapped.setdefault(k)
+        for k in res.conflicts:
+            unmapped.setdefault(k)
+        for k, why in res.approximate.items():
+            approx[inv.get(k, k)] = why
+        for k in res.derived:
+            derived.setdefault(k)
+        if row.shape == "record":
+            obj = {"step": row.step, "wall_time": row.wall_time, "metrics": res.metrics}
+            if res.derived:
+                obj["derived"] = res.derived
+        else:
+            obj = dict(res.metrics)
+            if row.step is not None and "step" not in obj:
+                obj = {"step": row.step, **obj}
+        out.write(json.dumps(obj, default=_json_default) + "\n")
+    for p in problems:
+        print(f"trackbridge: {p}", file=sys.stderr)
+    for n in tr.notes:
+        print(f"trackbridge: note: {n}", file=sys.stderr)
+    report = {"mapped": len(mapped), "unmapped": list(unmapped), "approximate": approx, "source": tr.source}
+    if args.derive:
+        report["derived"] = list(derived)
+    if problems:
+        report["skipped"] = problems
+    if args.report_json:
+        with open(args.report_json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+    print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped, {len(approx)} approximate "
+          f"(source: {tr.source})", file=sys.stderr)
+    if problems:
+        return 1
+    if args.strict and unmapped:
+        print(f"trackbridge: --strict: unmapped keys: {', '.join(unmapped)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _json_default(obj: Any) -> Any:
+    from .record import encode_value
+    enc = encode_value(obj)
+    if enc is not obj:
+        return enc
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+# ---------------------------------------------------------------------------------------------------- detect
+def cmd_detect(args) -> int:
+    from .detect import detect
+    from .schema.loader import load_registry
+    reg = load_registry(args.mappings or None)
+    keys: set[str] = set()
+    problems: list[str] = []
+    if ":" in args.file.split("/", 1)[0] and not args.file.startswith(("/", ".")):
+        from .sources import open_source
+        for run in open_source(args.file).runs():
+            for rec in run.records():
+                keys.update(rec.metrics)
+    else:
+        from .inputs import read_rows
+        for row in read_rows(args.file, problems):
+            keys.update(row.metrics)
+    det = detect(keys, reg)
+    for p in problems:
+        print(f"trackbridge: {p}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(det.to_json(), indent=2))
+    else:
+        print(f"source:      {det.source}")
+        print(f"confidence:  {det.confidence:.2f}")
+        print(f"explained:   {det.explained} of {det.n_keys} keys")
+        print(f"why:         {det.reason}")
+        if det.candidates:
+            print(f"runners-up:  {', '.join(det.candidates)}")
+        if det.unexplained:
+            print(f"unexplained: {', '.join(det.unexplained[:30])}{' ...' if len(det.unexplained) > 30 else ''}")
+    return 0 if det.spec is not None else 1
+
+
+# ---------------------------------------------------------------------------------------------------- mappings
+def cmd_mappings(args, parser) -> int:
+    from .schema import docs
+    from .schema.loader import load_registry
+    if args.mcommand is None:
+        parser.parse_args(["mappings", "--help"])
+        return 2
+    if args.mcommand == "lint":
+        return docs.lint(args.paths)
+    reg = load_registry(args.mappings or None)
+    if args.mcommand == "list":
+        print(docs.listing(reg))
+        return 0
+    if args.mcommand == "show":
+        text = docs.show(reg, args.name)
+        if text is None:
+            print(f"trackbridge: {args.name!r} is neither a framework nor a canonical metric name", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
+    if args.mcommand == "docs":
+        text = docs.reference(reg)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            print(f"wrote {args.out}", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Auto-detection: which framework, trainer and release range best explain a set of logged keys.
+
+For every framework and trainer, each key votes for the releases in which some entry of that trainer logs it.
+The releases with the most votes form the detected range (the newest contiguous block of them); the trainer whose
+best count is highest wins, with trainer-specific keys breaking ties. Confidence combines the share of keys explained
+with the margin over the runner-up framework; below a floor, detection says it cannot tell.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .schema.loader import Registry
+from .schema.model import FrameworkMapping
+from .spec import Spec
+
+MIN_EXPLAINED = 0.25
+
+
+@dataclass
+class Candidate:
+    framework: str
+    trainer: str | None
+    lo: int
+    hi: int
+    explained: int
+    specific: int
+
+    def describe(self, registry: Registry) -> str:
+        fw = registry.frameworks[self.framework]
+        lo, hi = fw.release_name(self.lo), fw.release_name(self.hi)
+        rng = lo if lo == hi else f"{lo}..{hi}"
+        return f"{self.framework}{'/' + self.trainer if self.trainer else ''}@{rng}"
+
+
+@dataclass
+class Detection:
+    spec: Spec | None                      # None when it cannot tell
+    source: str                            # e.g. "trl/grpo@v0.17.0..v0.17.0", "canonical", "unknown"
+    confidence: float
+    n_keys: int
+    explained: int
+    unexplained: list[str] = field(default_factory=list)
+    candidates: list[str] = field(default_factory=list)   # runners-up, best first
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "confidence": round(self.confidence, 3), "keys": self.n_keys,
+                "explained": self.explained, "unexplained": self.unexplained, "candidates": self.candidates,
+                "reason": self.reason}
+
+
+def _keys_of(fw: FrameworkMapping, key: str):
+    hits = fw.lookup(key)
+    if not hits:
+        split, rest = fw.split_prefix(key)
+        if split is not None:
+            hits = fw.lookup(rest)
+    return hits
+
+
+def _best_for_framework(fw: FrameworkMapping, keys: list[str]) -> tuple[Candidate | None, set[str]]:
+    n_rel = len(fw.releases)
+    trainers: list[str | None] = list(fw.trainers) or [None]
+    counts = {t: [0] * n_rel for t in trainers}
+    specific = {t: 0 for t in trainers}
+    explained_any: set[str] = set()
+    for key in keys:
+        if key in fw.internal:
+            continue
+        hits = _keys_of(fw, key)
+        if not hits:
+            continue
+        explained_any.add(key)
+        for t in trainers:
+            covered = [False] * n_rel
+            spec_hit = False
+            for e, _ in hits:
+                if t is not None and e.trainers is not None and t not in e.trainers:
+                    continue
+                if e.trainers is not None:
+                    spec_hit = True
+                hi = int(min(e.until, n_rel - 1))
+                for r in range(e.since, hi + 1):
+                    covered[r] = True
+            if spec_hit:
+                specific[t] += 1
+            row = counts[t]
+            for r in range(n_rel):
+                if covered[r]:
+                    row[r] += 1
+    best: Candidate | None = None
+    for t in trainers:
+        row = counts[t]
+        top = max(row) if row else 0
+        if top == 0:
+            continue
+        hi = max(r for r in range(n_rel) if row[r] == top)
+        lo = hi
+        while lo > 0 and row[lo - 1] == top:
+            lo -= 1
+        cand = Candidate(fw.name, t, lo, hi, top, specific[t])
+        if best is None or (cand.explained, cand.specific) > (best.explained, best.specific):
+            best = cand
+    return best, explained_any
+
+
+def detect(keys: Iterable[str], registry: Registry) -> Detection:
+    keys = sorted({k for k in keys if isinstance(k, str)})
+    n = len(keys)
+    if n == 0:
+        return Detection(None, "unknown", 0.0, 0, 0, reason="no keys to detect from")
+    canon = registry.canonical
+    canon_hits = 0
+    for k in keys:
+        base = k.split("/", 1)[1] if k.startswith(("eval/", "test/")) else k
+        if canon.find(canon.upgrade(base)) is not None:
+            canon_hits += 1
+    cands: list[tuple[Candidate, set[str]]] = []
+    for fw in registry.frameworks.values():
+        best, explained = _best_for_framework(fw, keys)
+        if best is not None:
+            cands.append((best, explained))
+    cands.sort(key=lambda c: (c[0].explained, c[0].specific), reverse=True)
+    top = cands[0][0] if cands else None
+    if canon_hits and (top is None or canon_hits > top.explained):
+        second = top.explained if top else 0
+        conf = canon_hits / n * (0.5 + 0.5 * (canon_hits - second) / canon_hits)
+        return Detection(Spec("canonical"), "canonical", conf, n, canon_hits,
+                         [k for k in keys if canon.find(k) is None],
+                         [c.describe(registry) for c, _ in cands[:3]], "the keys are canonical names")
+    if top is None or top.explained / n < MIN_EXPLAINED:
+        return Detection(None, "unknown", 0.0 if top is None else top.explained / n * 0.5, n,
+                         top.explained if top else 0, keys if top is None else sorted(set(keys) - cands[0][1]),
+                         [c.describe(registry) for c, _ in cands[:3]],
+                         "too few keys match any framework's mappings to tell")
+    second = cands[1][0].explained if len(cands) > 1 else 0
+    conf = top.explained / n * (0.5 + 0.5 * (top.explained - second) / top.explained)
+    fw = registry.frameworks[top.framework]
+    # a trainer is named only if it beats the others: otherwise leave it open and say so
+    tie = [t for t in fw.trainers if t != top.trainer
+           and _trainer_score(fw, keys, t) == (top.explained, top.specific)]
+    trainer = top.trainer if not tie else None
+    reason = f"{top.explained} of {n} keys are logged by {top.describe(registry)}"
+    if tie:
+        reason += f"; the keys fit trainers {', '.join([top.trainer or '', *tie])} equally"
+    spec = Spec("framework", framework=top.framework, trainer=trainer, lo=float(top.lo), hi=float(top.hi))
+    explained_set = cands[0][1]
+    return Detection(spec, spec.describe(registry), conf, n, top.explained, sorted(set(keys) - explained_set),
+                     [c.describe(registry) for c, _ in cands[1:4]], reason)
+
+
+def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int]:
+    sub = FrameworkMapping(fw.name, fw.description, fw.releases, {trainer: fw.trainers[trainer]}, fw.aliases,
+                           fw.prefixes, fw.config, fw.internal, fw.entries)
+    sub.exact_index, sub.template_entries = fw.exact_index, fw.template_entries
+    best, _ = _best_for_framework(sub, keys)
+    return (best.explained, best.specific) if best else (0, 0)

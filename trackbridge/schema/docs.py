@@ -1,0 +1,143 @@
+"""Human-readable views of the mappings: ``mappings list``, ``show``, ``lint`` and the generated reference page."""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+
+from .loader import Registry, build_registry, shipped_files
+from .model import Entry, FrameworkMapping
+from .yamlfile import MappingError, MappingErrors
+
+
+def lint(paths: list[str]) -> int:
+    """Check the shipped mappings plus ``paths``; print every problem as ``file:line: entry: message``."""
+    try:
+        reg = build_registry(shipped_files(), [str(p) for p in paths])
+    except MappingErrors as exc:
+        for e in exc.errors:
+            print(str(e), file=sys.stderr)
+        print(f"{len(exc.errors)} problem(s)", file=sys.stderr)
+        return 2
+    except MappingError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    n_rules = 0
+    try:
+        from ..derive import lint_rules
+    except ImportError:
+        lint_rules = None
+    if lint_rules is not None:
+        try:
+            n_rules = lint_rules(reg, [str(p) for p in paths])
+        except MappingError as exc:
+            errs = exc.errors if isinstance(exc, MappingErrors) else [exc]
+            for e in errs:
+                print(str(e), file=sys.stderr)
+            return 2
+    n = sum(len(f.entries) for f in reg.frameworks.values())
+    print(f"ok: {len(reg.canonical.metrics)} canonical metrics, {n} framework entries in "
+          f"{len(reg.frameworks)} frameworks, {n_rules} derived rules ({len(reg.files)} files)")
+    return 0
+
+
+def _range(fw: FrameworkMapping, e: Entry) -> str:
+    lo = fw.release_name(e.since)
+    hi = "now" if e.until == float("inf") else fw.release_name(int(e.until))
+    return f"{lo}..{hi}"
+
+
+def listing(reg: Registry) -> str:
+    lines = [f"canonical schema {reg.canonical.version}: {len(reg.canonical.metrics)} metrics, "
+             f"{len(reg.canonical.config)} config names"]
+    for fw in reg.frameworks.values():
+        lines.append(f"{fw.name}: releases {fw.releases[0]}..{fw.releases[-1]} ({len(fw.releases)}), "
+                     f"{len(fw.entries)} entries, trainers: {', '.join(fw.trainers) or '-'}")
+        for alias, spec in fw.aliases.items():
+            if alias != fw.name:
+                extra = ", ".join(f"{k}={v}" for k, v in spec.items())
+                lines.append(f"  alias {alias}{' (' + extra + ')' if extra else ''}")
+    return "\n".join(lines)
+
+
+def show(reg: Registry, name: str) -> str | None:
+    resolved = reg.resolve_alias(name)
+    if resolved is not None:
+        fw = reg.frameworks[resolved[0]]
+        trainer = resolved[1].get("trainer")
+        lines = [f"# {fw.name}{' / ' + trainer if trainer else ''}: {fw.description}".rstrip(),
+                 f"releases: {', '.join(fw.releases)}", ""]
+        for e in fw.entries:
+            if trainer and e.trainers is not None and trainer not in e.trainers:
+                continue
+            fid = "exact" if e.exact else f"approximate ({e.reason})"
+            tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""
+            lines.append(f"{e.key:45s} -> {e.canonical:40s} {_range(fw, e)}{tr}  {fid}")
+        return "\n".join(lines)
+    metric = reg.canonical.metrics.get(name) or reg.canonical.find(name)
+    if metric is None:
+        return None
+    lines = [f"# {metric.name}", metric.description, f"unit: {metric.unit}; kind: {metric.kind}; "
+             f"better: {metric.better}" + (f"; estimator: {metric.estimator}" if metric.estimator else "")
+             + (f"; reduction: {metric.reduction}" if metric.reduction else ""), ""]
+    for fw in reg.frameworks.values():
+        for e in fw.entries:
+            if e.canonical == metric.name:
+                fid = "exact" if e.exact else f"approximate: {e.reason}"
+                tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""
+                lines.append(f"{fw.name:9s} {e.key:40s} {_range(fw, e)}{tr}  {fid}  ({e.source})")
+    return "\n".join(lines)
+
+
+def reference(reg: Registry) -> str:
+    """The canonical catalogue with each framework's names per release side by side (Markdown)."""
+    by_canon: dict[str, list[Entry]] = defaultdict(list)
+    for fw in reg.frameworks.values():
+        for e in fw.entries:
+            by_canon[e.canonical].append(e)
+    out = ["# Metric reference", "",
+           f"Generated from `mappings/*.yaml` by `trackbridge mappings docs` (canonical schema "
+           f"{reg.canonical.version}). Do not edit by hand.", "",
+           "Each canonical metric lists every framework name that maps to it, the releases that log that name, "
+           "and whether it is the same quantity (**exact**) or only **approximately** the same (and why). "
+           "Names in different rows of one table with *approximate* fidelity are not the same quantity: compare "
+           "them with care.", ""]
+    sections: dict[str, list[str]] = defaultdict(list)
+    for name in reg.canonical.metrics:
+        sections[name.split("/", 1)[0]].append(name)
+    out.append("Sections: " + ", ".join(f"[{s}](#{s})" for s in sections))
+    out.append("")
+    for section, names in sections.items():
+        out += [f"## {section}", ""]
+        for name in names:
+            m = reg.canonical.metrics[name]
+            facts = [f"unit `{m.unit}`", f"kind {m.kind}"]
+            if m.better != "none":
+                facts.append(f"{m.better} is better")
+            if m.estimator:
+                facts.append(f"estimator {m.estimator}")
+            if m.reduction:
+                facts.append(f"reduction {m.reduction}")
+            out += [f"### `{name}`", "", m.description, "", "; ".join(facts), ""]
+            es = by_canon.get(name, [])
+            if es:
+                out += ["| framework | name | releases | trainers | fidelity | source |", "|---|---|---|---|---|---|"]
+                for e in es:
+                    fw = reg.frameworks[e.framework]
+                    fid = "exact" if e.exact else f"approximate: {e.reason}".replace("|", "\\|")
+                    tr = ", ".join(sorted(e.trainers)) if e.trainers else "all"
+                    if e.when:
+                        tr += " when " + ", ".join(f"{k}={v}" for k, v in e.when)
+                    out.append(f"| {e.framework} | `{e.key}` | {_range(fw, e)} | {tr} | {fid} | `{e.source}` |")
+                out.append("")
+    cfg = reg.canonical.config
+    out += ["## Config names", "", "| canonical | meaning | " + " | ".join(reg.frameworks) + " |",
+            "|---|---|" + "---|" * len(reg.frameworks)]
+    for name, spec in cfg.items():
+        cells = []
+        for fw in reg.frameworks.values():
+            keys = [f"`{c.key}`" + (f" ({', '.join(sorted(c.trainers))})" if c.trainers else "")
+                    for c in fw.config if c.canonical == name]
+            cells.append("<br>".join(keys) or "")
+        out.append(f"| `{name}` | {spec.get('description', '')} | " + " | ".join(cells) + " |")
+    out.append("")
+    return "\n".join(out)

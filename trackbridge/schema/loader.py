@@ -1,0 +1,418 @@
+"""Load, validate and compile the mapping files into a :class:`Registry`.
+
+The shipped files live in ``mappings/`` (inside the wheel as ``trackbridge/mappings``). User files given with
+``mappings=[PATH]`` / ``--mappings PATH`` are classified by their ``format`` line: a canonical extension, a
+framework mapping (new, or extending a shipped framework of the same name) or derived rules. Every problem found is
+collected and raised together as :class:`MappingErrors`, each naming file, line and entry.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from .model import APPROXIMATE, EXACT, OPEN, CanonicalMetric, CanonicalSchema, ConfigEntry, Entry, FrameworkMapping
+from .templates import TemplateError, compile_template, is_template, placeholder_names, strip_types
+from .versions import VersionError, is_version, normalize, version_key
+from .yamlfile import LineDict, MappingError, MappingErrors, line_of, load_yaml
+
+CANONICAL_FORMAT = "trackbridge.canonical/1"
+MAPPING_FORMAT = "trackbridge.mapping/1"
+DERIVED_FORMAT = "trackbridge.derived/1"
+KNOWN_FORMATS = (CANONICAL_FORMAT, MAPPING_FORMAT, DERIVED_FORMAT)
+
+_CANON_TOP = {"format", "schema_version", "versions", "config", "metrics", "description"}
+_METRIC_FIELDS = {"description", "unit", "kind", "better", "estimator", "reduction", "axis", "note", "aliases"}
+_KINDS = {"scalar", "histogram", "text"}
+_BETTER = {"higher", "lower", "none"}
+_MAP_TOP = {"format", "framework", "description", "repository", "releases", "aliases", "trainers", "prefixes",
+            "config", "internal", "entries", "note"}
+_ENTRY_FIELDS = {"key", "canonical", "since", "until", "trainers", "fidelity", "differs", "reason", "transform",
+                 "when", "reverse", "source", "note"}
+_DIFFERS = {"estimator", "reduction", "population", "snapshot", "sign", "unit", "config", "scale", "definition",
+            "weighting", "version"}
+_CONFIG_FIELDS = {"key", "canonical", "trainers", "scale", "source", "note"}
+
+
+def mappings_dir() -> Path:
+    """The shipped mappings: ``mappings/`` of a source checkout, else the copy inside the installed package."""
+    env = os.environ.get("TRACKBRIDGE_MAPPINGS_DIR")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here.parent / "mappings", here / "mappings"):
+        if (cand / "canonical.yaml").is_file():
+            return cand
+    import importlib.resources as ir
+    return Path(str(ir.files("trackbridge.mappings")))
+
+
+@dataclass
+class Registry:
+    canonical: CanonicalSchema
+    frameworks: dict[str, FrameworkMapping]
+    derived_files: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def framework(self, name: str) -> FrameworkMapping:
+        try:
+            return self.frameworks[name]
+        except KeyError:
+            raise MappingError(f"unknown framework {name!r}; known: {', '.join(sorted(self.frameworks))}") from None
+
+    def resolve_alias(self, name: str) -> tuple[str, dict[str, Any]] | None:
+        """``trl-legacy`` -> ("trl", {"trainer": "ppo_legacy", "until": "v0.11.4"})."""
+        if name in self.frameworks:
+            return name, {}
+        for fw in self.frameworks.values():
+            if name in fw.aliases:
+                return fw.name, dict(fw.aliases[name] or {})
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+def load_registry(extra: Iterable[str | os.PathLike] | None = None) -> Registry:
+    """The shipped mappings plus any user files, validated. Cached per set of user files."""
+    return _load_cached(tuple(str(Path(p).resolve()) for p in (extra or ())))
+
+
+@lru_cache(maxsize=16)
+def _load_cached(extra: tuple[str, ...]) -> Registry:
+    return build_registry(shipped_files(), list(extra))
+
+
+def shipped_files() -> list[Path]:
+    d = mappings_dir()
+    return sorted(p for p in d.glob("*.yaml"))
+
+
+def build_registry(files: list[Path], extra: list[str]) -> Registry:
+    errors: list[MappingError] = []
+    docs: list[tuple[str, Any]] = []
+    for f in [*map(str, files), *extra]:
+        try:
+            docs.append((f, load_yaml(f)))
+        except MappingError as exc:
+            errors.append(exc)
+    canon_docs, fw_docs, derived = [], [], []
+    for f, doc in docs:
+        if not isinstance(doc, dict):
+            errors.append(MappingError("expected a mapping at the top level", file=f, line=1))
+            continue
+        fmt = doc.get("format")
+        if fmt == CANONICAL_FORMAT:
+            canon_docs.append((f, doc))
+        elif fmt == MAPPING_FORMAT:
+            fw_docs.append((f, doc))
+        elif fmt == DERIVED_FORMAT:
+            derived.append(f)
+        else:
+            errors.append(MappingError(
+                f"unknown format {fmt!r}; this trackbridge reads {', '.join(KNOWN_FORMATS)} "
+                "(is the file for a newer trackbridge?)", file=f, line=line_of(doc, "format", 1)))
+    canonical = None
+    if not canon_docs:
+        errors.append(MappingError("no canonical schema (format: trackbridge.canonical/1) among the mapping files"))
+    else:
+        canonical = _load_canonical(canon_docs, errors)
+    frameworks: dict[str, FrameworkMapping] = {}
+    if canonical is not None:
+        for f, doc in fw_docs:
+            _load_framework(f, doc, canonical, frameworks, errors)
+        for fw in frameworks.values():
+            _check_framework(fw, errors)
+            fw.index()
+    if errors:
+        raise errors[0] if len(errors) == 1 else MappingErrors(errors)
+    return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs])
+
+
+def _unknown(obj: LineDict, allowed: set[str], f: str, entry: str, errors: list[MappingError]) -> None:
+    for k in obj:
+        if k not in allowed:
+            errors.append(MappingError(f"unknown field {k!r} (allowed: {', '.join(sorted(allowed))})",
+                                       file=f, line=line_of(obj, k), entry=entry))
+
+
+def _load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError]) -> CanonicalSchema | None:
+    main_file, main = docs[0]
+    metrics: dict[str, CanonicalMetric] = {}
+    config: dict[str, dict[str, Any]] = {}
+    renames: list[tuple[str, dict[str, str]]] = []
+    version = str(main.get("schema_version", "0"))
+    for f, doc in docs:
+        _unknown(doc, _CANON_TOP, f, "canonical schema", errors)
+        for name, spec in (doc.get("config") or {}).items():
+            if name in config:
+                errors.append(MappingError("canonical config name defined twice", file=f,
+                                           line=line_of(doc.get("config"), name), entry=name))
+            config[name] = dict(spec or {})
+        mdoc = doc.get("metrics") or {}
+        if not isinstance(mdoc, dict):
+            errors.append(MappingError("`metrics` must be a mapping of name -> definition", file=f,
+                                       line=line_of(doc, "metrics")))
+            continue
+        for raw_name, spec in mdoc.items():
+            line = line_of(mdoc, raw_name)
+            name = strip_types(str(raw_name))
+            if name in metrics:
+                errors.append(MappingError("canonical name defined twice", file=f, line=line, entry=name))
+                continue
+            if not isinstance(spec, dict):
+                errors.append(MappingError("definition must be a mapping", file=f, line=line, entry=name))
+                continue
+            _unknown(spec, _METRIC_FIELDS, f, name, errors)
+            for req in ("description", "unit"):
+                if not spec.get(req):
+                    errors.append(MappingError(f"missing {req!r}", file=f, line=line, entry=name))
+            kind = spec.get("kind", "scalar")
+            if kind not in _KINDS:
+                errors.append(MappingError(f"kind {kind!r} is not one of {sorted(_KINDS)}", file=f, line=line,
+                                           entry=name))
+            better = spec.get("better", "none")
+            if better not in _BETTER:
+                errors.append(MappingError(f"better {better!r} is not one of {sorted(_BETTER)}", file=f, line=line,
+                                           entry=name))
+            tpl = None
+            if is_template(name):
+                try:
+                    tpl = compile_template(str(raw_name))
+                except TemplateError as exc:
+                    errors.append(MappingError(str(exc), file=f, line=line, entry=name))
+                    continue
+            metrics[name] = CanonicalMetric(
+                name=name, description=str(spec.get("description", "")), unit=str(spec.get("unit", "")),
+                kind=kind, better=better, estimator=spec.get("estimator"), reduction=spec.get("reduction"),
+                axis=bool(spec.get("axis", False)), template=tpl, file=f, line=line or 0)
+    vers = main.get("versions") or {}
+    try:
+        ordered = sorted(vers.items(), key=lambda kv: version_key(str(kv[0])))
+    except VersionError as exc:
+        errors.append(MappingError(str(exc), file=main_file, line=line_of(main, "versions")))
+        ordered = []
+    for ver, change in ordered:
+        ren = dict((change or {}).get("rename_metrics") or {})
+        for old, new in ren.items():
+            if new not in metrics and not any(m.template and m.template.match(new) for m in metrics.values()):
+                errors.append(MappingError(f"rename target {new!r} is not a canonical name", file=main_file,
+                                           line=line_of(vers, ver), entry=f"versions.{ver}"))
+        renames.append((str(ver), ren))
+    if ordered and str(ordered[-1][0]) != version:
+        errors.append(MappingError(f"schema_version {version} is not the newest entry of versions "
+                                   f"({ordered[-1][0]})", file=main_file, line=line_of(main, "schema_version")))
+    templates = sorted((m for m in metrics.values() if m.template), key=lambda m: -m.template.literal_len)
+    return CanonicalSchema(version=version, metrics=metrics, templates=templates, config=config, renames=renames,
+                           file=main_file)
+
+
+def _trainers(value: Any, f: str, line: int | None, entry: str, known: dict, errors: list) -> frozenset | None:
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    for t in items:
+        if known and t not in known:
+            errors.append(MappingError(f"unknown trainer {t!r} (declare it under `trainers:`)", file=f, line=line,
+                                       entry=entry))
+    return frozenset(items)
+
+
+def _release(fw_releases: list[str], value: Any, f: str, line, entry: str, errors: list, default: float) -> float:
+    if value is None:
+        return default
+    text = str(value)
+    for i, r in enumerate(fw_releases):
+        if normalize(r) == normalize(text):
+            return i
+    errors.append(MappingError(f"release {text!r} is not in the framework's `releases` list", file=f, line=line,
+                               entry=entry))
+    return default
+
+
+def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks: dict[str, FrameworkMapping],
+                    errors: list[MappingError]) -> None:
+    _unknown(doc, _MAP_TOP, f, "mapping", errors)
+    name = doc.get("framework")
+    if not name or not isinstance(name, str):
+        errors.append(MappingError("missing `framework: NAME`", file=f, line=1))
+        return
+    existing = frameworks.get(name)
+    releases = [str(r) for r in (doc.get("releases") or [])]
+    for r in releases:
+        if not is_version(r):
+            errors.append(MappingError(f"release {r!r} is not a version", file=f, line=line_of(doc, "releases"),
+                                       entry=name))
+    if existing is None:
+        if not releases:
+            errors.append(MappingError("`releases` (the framework's releases, oldest first) is required", file=f,
+                                       line=1, entry=name))
+            return
+        try:
+            if [version_key(r) for r in releases] != sorted(version_key(r) for r in releases):
+                errors.append(MappingError("`releases` must be in release order, oldest first", file=f,
+                                           line=line_of(doc, "releases"), entry=name))
+        except VersionError:
+            pass
+        fw = FrameworkMapping(name=name, description=str(doc.get("description", "")), releases=releases,
+                              trainers={}, aliases={}, prefixes=[], config=[], internal=set(), entries=[],
+                              repository=str(doc.get("repository", "")), file=f)
+        frameworks[name] = fw
+    else:
+        fw = existing
+        for r in releases:
+            if not fw.has_release(r):
+                errors.append(MappingError(f"release {r!r} unknown to framework {name!r}", file=f,
+                                           line=line_of(doc, "releases"), entry=name))
+    fw.trainers.update({k: dict(v or {}) for k, v in (doc.get("trainers") or {}).items()})
+    fw.aliases.update({k: dict(v or {}) for k, v in (doc.get("aliases") or {}).items()})
+    for p in doc.get("prefixes") or []:
+        if not isinstance(p, dict) or "prefix" not in p or p.get("split") not in ("train", "eval", "test"):
+            errors.append(MappingError("prefix needs {prefix: TEXT, split: train|eval|test}", file=f,
+                                       line=line_of(p, None, line_of(doc, "prefixes")), entry=name))
+            continue
+        fw.prefixes.append((str(p["prefix"]), p["split"]))
+    fw.prefixes.sort(key=lambda ps: -len(ps[0]))
+    fw.internal.update(str(k) for k in (doc.get("internal") or []))
+    for c in doc.get("config") or []:
+        line = line_of(c)
+        if not isinstance(c, dict) or "key" not in c or "canonical" not in c:
+            errors.append(MappingError("config entry needs key and canonical", file=f, line=line, entry=name))
+            continue
+        _unknown(c, _CONFIG_FIELDS, f, f"config {c.get('key')}", errors)
+        if c["canonical"] not in canonical.config:
+            errors.append(MappingError(f"unknown canonical config name {c['canonical']!r} (add it to the `config:` "
+                                       "section of canonical.yaml)", file=f, line=line, entry=f"config {c['key']}"))
+        fw.config.append(ConfigEntry(key=str(c["key"]), canonical=str(c["canonical"]),
+                                     trainers=_trainers(c.get("trainers"), f, line, str(c["key"]), fw.trainers, errors),
+                                     scale=float(c.get("scale", 1.0)), source=str(c.get("source", "")),
+                                     note=str(c.get("note", "")), file=f, line=line or 0))
+    entries = doc.get("entries") or []
+    if not isinstance(entries, list):
+        errors.append(MappingError("`entries` must be a list", file=f, line=line_of(doc, "entries"), entry=name))
+        return
+    last = len(fw.releases) - 1
+    for raw in entries:
+        line = line_of(raw)
+        if not isinstance(raw, dict):
+            errors.append(MappingError("entry must be a mapping", file=f, line=line, entry=name))
+            continue
+        key = raw.get("key")
+        label = str(key)
+        _unknown(raw, _ENTRY_FIELDS, f, label, errors)
+        if not key or not isinstance(key, str):
+            errors.append(MappingError("entry without a `key`", file=f, line=line))
+            continue
+        target = raw.get("canonical")
+        if not target or not isinstance(target, str):
+            errors.append(MappingError("missing `canonical`", file=f, line=line, entry=label))
+            continue
+        target = strip_types(target)
+        cm = canonical.metrics.get(target)
+        if cm is None:
+            errors.append(MappingError(f"canonical target {target!r} does not exist in canonical.yaml", file=f,
+                                       line=line, entry=label))
+            continue
+        ktpl = ctpl = None
+        try:
+            if is_template(key):
+                ktpl = compile_template(key)
+            ctpl = cm.template
+        except TemplateError as exc:
+            errors.append(MappingError(str(exc), file=f, line=line, entry=label))
+            continue
+        if placeholder_names(key) != placeholder_names(target):
+            errors.append(MappingError(f"placeholders of the key {sorted(placeholder_names(key))} and of the canonical "
+                                       f"target {sorted(placeholder_names(target))} differ", file=f, line=line,
+                                       entry=label))
+            continue
+        fidelity = raw.get("fidelity", EXACT)
+        if fidelity not in (EXACT, APPROXIMATE):
+            errors.append(MappingError(f"fidelity {fidelity!r} must be exact or approximate", file=f, line=line,
+                                       entry=label))
+        reason = str(raw.get("reason") or "")
+        differs = raw.get("differs") or []
+        differs = [differs] if isinstance(differs, str) else list(differs)
+        for d in differs:
+            if d not in _DIFFERS:
+                errors.append(MappingError(f"differs: {d!r} is not one of {sorted(_DIFFERS)}", file=f, line=line,
+                                           entry=label))
+        if fidelity == APPROXIMATE and not reason:
+            errors.append(MappingError("an approximate entry needs a `reason`", file=f, line=line, entry=label))
+        if not raw.get("source"):
+            errors.append(MappingError("missing `source` (file@release it was read from)", file=f, line=line,
+                                       entry=label))
+        scale, offset = 1.0, 0.0
+        tr = raw.get("transform")
+        if tr is not None:
+            if not isinstance(tr, dict) or set(tr) - {"scale", "offset", "negate"}:
+                errors.append(MappingError("transform must be {scale: X, offset: Y} and/or {negate: true}", file=f,
+                                           line=line, entry=label))
+            else:
+                try:
+                    scale = float(tr.get("scale", 1.0)) * (-1.0 if tr.get("negate") else 1.0)
+                    offset = float(tr.get("offset", 0.0))
+                except (TypeError, ValueError):
+                    errors.append(MappingError("transform scale/offset must be numbers", file=f, line=line,
+                                               entry=label))
+        reverse = bool(raw.get("reverse", True))
+        if reverse and scale == 0.0:
+            errors.append(MappingError("transform is not invertible (scale 0) but the entry is used for reverse "
+                                       "translation (set reverse: false)", file=f, line=line, entry=label))
+        when = raw.get("when")
+        when_items: tuple = ()
+        if when is not None:
+            if not isinstance(when, dict) or set(when) != {"config"} or not isinstance(when["config"], dict):
+                errors.append(MappingError("when must be {config: {KEY: VALUE, ...}}", file=f, line=line,
+                                           entry=label))
+            else:
+                when_items = tuple(sorted((str(k), v) for k, v in when["config"].items()))
+        since = _release(fw.releases, raw.get("since"), f, line, label, errors, 0)
+        until = _release(fw.releases, raw.get("until"), f, line, label, errors, OPEN)
+        if since > until:
+            errors.append(MappingError(f"since {raw.get('since')} is after until {raw.get('until')}", file=f,
+                                       line=line, entry=label))
+        fw.entries.append(Entry(
+            framework=name, key=key, canonical=target, since=since, until=until,
+            trainers=_trainers(raw.get("trainers"), f, line, label, fw.trainers, errors), fidelity=fidelity,
+            differs=tuple(differs), reason=reason, scale=scale, offset=offset, when=when_items, reverse=reverse,
+            source=str(raw.get("source", "")), note=str(raw.get("note", "")), key_template=ktpl,
+            canonical_template=ctpl, file=f, line=line or 0))
+
+
+def _overlap(a: Entry, b: Entry) -> bool:
+    if a.until < b.since or b.until < a.since:
+        return False
+    if a.trainers is not None and b.trainers is not None and not (a.trainers & b.trainers):
+        return False
+    return a.when == b.when
+
+
+def _check_framework(fw: FrameworkMapping, errors: list[MappingError]) -> None:
+    for alias, spec in fw.aliases.items():
+        if spec.get("trainer") and spec["trainer"] not in fw.trainers:
+            errors.append(MappingError(f"alias {alias!r} names unknown trainer {spec['trainer']!r}", file=fw.file,
+                                       entry=alias))
+    by_key: dict[str, list[Entry]] = {}
+    by_canon: dict[str, list[Entry]] = {}
+    for e in fw.entries:
+        by_key.setdefault(e.key, []).append(e)
+        if e.reverse:
+            by_canon.setdefault(e.canonical, []).append(e)
+    for key, es in by_key.items():
+        for i, a in enumerate(es):
+            for b in es[i + 1:]:
+                if _overlap(a, b):
+                    errors.append(MappingError(
+                        f"two entries claim {key!r} for overlapping releases/trainers (the other is at "
+                        f"{b.file}:{b.line}); split the release ranges, restrict trainers, or add a `when:` condition",
+                        file=a.file, line=a.line, entry=key))
+    for canon, es in by_canon.items():
+        for i, a in enumerate(es):
+            for b in es[i + 1:]:
+                if a.key != b.key and _overlap(a, b):
+                    errors.append(MappingError(
+                        f"two reverse entries ({a.key!r} and {b.key!r} at {b.file}:{b.line}) give canonical {canon!r} "
+                        "for the same trainer and releases, so canonical -> framework is ambiguous; mark the alias "
+                        "`reverse: false` or give the quantities different canonical names",
+                        file=a.file, line=a.line, entry=a.key))

@@ -1,0 +1,211 @@
+"""The compiled form of the mapping files: canonical schema, framework mappings, entries."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .templates import Template
+from .versions import normalize, version_key
+
+EXACT, APPROXIMATE = "exact", "approximate"
+OPEN = float("inf")
+
+
+@dataclass(frozen=True)
+class CanonicalMetric:
+    name: str
+    description: str
+    unit: str
+    kind: str = "scalar"
+    better: str = "none"
+    estimator: str | None = None
+    reduction: str | None = None
+    axis: bool = False
+    template: Template | None = None
+    file: str = ""
+    line: int = 0
+
+
+@dataclass
+class CanonicalSchema:
+    version: str
+    metrics: dict[str, CanonicalMetric]
+    templates: list[CanonicalMetric]                     # templated names, most specific first
+    config: dict[str, dict[str, Any]]
+    renames: list[tuple[str, dict[str, str]]]            # (version, {old: new}), oldest first
+    file: str = ""
+
+    def find(self, name: str) -> CanonicalMetric | None:
+        """The canonical metric a concrete name belongs to (exact name or an instance of a template)."""
+        m = self.metrics.get(name)
+        if m is not None:
+            return m
+        if "{" in name:                      # a template name itself, with or without placeholder types
+            from .templates import strip_types
+            return self.metrics.get(strip_types(name))
+        for t in self.templates:
+            if t.template.match(name) is not None:
+                return t
+        return None
+
+    def upgrade(self, name: str) -> str:
+        """Follow renames recorded in ``versions`` from any older schema version to the current one."""
+        for _, renames in self.renames:
+            name = renames.get(name, name)
+        return name
+
+    def downgrade(self, name: str, to_version: str) -> str:
+        """The name a canonical metric had at an older schema version."""
+        for ver, renames in reversed(self.renames):
+            if version_key(ver) <= version_key(to_version):
+                break
+            inverse = {v: k for k, v in renames.items()}
+            name = inverse.get(name, name)
+        return name
+
+
+@dataclass(frozen=True)
+class Entry:
+    framework: str
+    key: str
+    canonical: str
+    since: int                        # index into the framework's releases (inclusive)
+    until: float                      # inclusive; OPEN (infinity) when the framework still logs the key
+    trainers: frozenset[str] | None
+    fidelity: str
+    differs: tuple[str, ...] = ()
+    reason: str = ""
+    scale: float = 1.0
+    offset: float = 0.0
+    when: tuple[tuple[str, Any], ...] = ()
+    reverse: bool = True
+    source: str = ""
+    note: str = ""
+    key_template: Template | None = None
+    canonical_template: Template | None = None
+    file: str = ""
+    line: int = 0
+
+    @property
+    def exact(self) -> bool:
+        return self.fidelity == EXACT
+
+    def applies(self, trainer: str | None, lo: int, hi: int) -> bool:
+        if self.until < lo or self.since > hi:
+            return False
+        return trainer is None or self.trainers is None or trainer in self.trainers
+
+    def condition_holds(self, config: dict[str, Any] | None) -> bool | None:
+        """True/False when the run config decides the ``when`` condition; None when the config does not say."""
+        if not self.when:
+            return True
+        if not config:
+            return None
+        for k, want in self.when:
+            if k not in config:
+                return None
+            if config[k] != want:
+                return False
+        return True
+
+    def to_canonical(self, value: Any) -> Any:
+        return _apply(value, self.scale, self.offset)
+
+    def from_canonical(self, value: Any) -> Any:
+        if self.scale == 1.0 and self.offset == 0.0:
+            return value
+        return _apply(value, 1.0 / self.scale, -self.offset / self.scale)
+
+
+def _apply(value: Any, scale: float, offset: float) -> Any:
+    if scale == 1.0 and offset == 0.0:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        values = getattr(value, "values", None)
+        if isinstance(values, list):         # a Histogram of raw samples
+            new = replace(value, values=[v * scale + offset for v in values])
+            return replace(new, min=None, max=None, sum=None, sum_squares=None) if scale < 0 or offset else new
+        return value
+    return value * scale + offset
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    key: str
+    canonical: str
+    trainers: frozenset[str] | None = None
+    scale: float = 1.0
+    source: str = ""
+    note: str = ""
+    file: str = ""
+    line: int = 0
+
+
+@dataclass
+class FrameworkMapping:
+    name: str
+    description: str
+    releases: list[str]
+    trainers: dict[str, dict[str, Any]]
+    aliases: dict[str, dict[str, Any]]
+    prefixes: list[tuple[str, str]]                    # (prefix, split)
+    config: list[ConfigEntry]
+    internal: set[str]
+    entries: list[Entry]
+    repository: str = ""
+    file: str = ""
+    exact_index: dict[str, list[Entry]] = field(default_factory=dict)
+    template_entries: list[Entry] = field(default_factory=list)
+
+    def index(self) -> None:
+        self.exact_index = {}
+        self.template_entries = []
+        for e in self.entries:
+            if e.key_template is None:
+                self.exact_index.setdefault(e.key, []).append(e)
+            else:
+                self.template_entries.append(e)
+        self.template_entries.sort(key=lambda e: -e.key_template.literal_len)
+        self._keys = [version_key(r) for r in self.releases]
+
+    def release_index(self, version: str) -> float:
+        """Position of a release in ``releases``. A release between two known ones behaves like the older (a patch
+        release logs what its predecessor logged); one newer than every known release gets ``len - 0.5``, so only
+        entries that are still open-ended (no ``until``) apply to it."""
+        key = version_key(version)
+        i = bisect.bisect_left(self._keys, key)
+        if i < len(self._keys) and self._keys[i] == key:
+            return float(i)
+        if i >= len(self._keys):
+            return len(self._keys) - 0.5
+        return float(i - 1)
+
+    def release_name(self, index: int) -> str:
+        return self.releases[max(0, min(index, len(self.releases) - 1))]
+
+    def has_release(self, version: str) -> bool:
+        return any(normalize(r) == normalize(version) for r in self.releases)
+
+    def lookup(self, key: str) -> list[tuple[Entry, dict[str, str] | None]]:
+        """Every entry whose key matches (exact entries first, then templates, most specific first)."""
+        out: list[tuple[Entry, dict[str, str] | None]] = [(e, None) for e in self.exact_index.get(key, ())]
+        for e in self.template_entries:
+            if key.startswith(e.key_template.prefix):
+                caps = e.key_template.match(key)
+                if caps is not None:
+                    out.append((e, caps))
+        return out
+
+    def split_prefix(self, key: str) -> tuple[str | None, str]:
+        """(split, rest) for a key that starts with one of this framework's tracker prefixes, else (None, key)."""
+        for prefix, split in self.prefixes:
+            if key.startswith(prefix) and len(key) > len(prefix):
+                return split, key[len(prefix):]
+        return None, key
+
+    def prefix_for(self, split: str) -> str | None:
+        for prefix, s in self.prefixes:
+            if s == split:
+                return prefix
+        return None

@@ -1,0 +1,72 @@
+"""Templated metric names: ``rewards/{reward_fn}/mean``, ``val-core/{data_source:path}/{var}/mean@{n}``.
+
+``{x}`` matches one path segment (no ``/``); ``{x:path}`` matches one or more segments (may contain ``/``). Literal
+text must match exactly. Matching is anchored and backtracks, so a data source with ``/`` in it is captured whole
+while the fixed suffix still anchors the remaining parts.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path|int|segment))?\}")
+
+
+class TemplateError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Template:
+    text: str
+    regex: re.Pattern
+    names: tuple[str, ...]
+    literal_len: int          # characters of literal text: more literal = more specific
+    prefix: str               # literal text before the first placeholder
+
+    def match(self, key: str) -> dict[str, str] | None:
+        m = self.regex.match(key)
+        return m.groupdict() if m else None
+
+    def fill(self, values: dict[str, str]) -> str:
+        return _PLACEHOLDER.sub(lambda m: values[m.group(1)], self.text)
+
+
+def is_template(text: str) -> bool:
+    return "{" in text
+
+
+def compile_template(text: str) -> Template:
+    pos, parts, names = 0, [], []
+    literal = 0
+    prefix = None
+    for m in _PLACEHOLDER.finditer(text):
+        lit = text[pos:m.start()]
+        if prefix is None:
+            prefix = lit
+        literal += len(lit)
+        parts.append(re.escape(lit))
+        name, kind = m.group(1), m.group(2) or "segment"
+        if name in names:
+            raise TemplateError(f"placeholder {{{name}}} appears twice in {text!r}")
+        names.append(name)
+        parts.append({"path": rf"(?P<{name}>.+?)", "int": rf"(?P<{name}>\d+)"}.get(kind, rf"(?P<{name}>[^/]+?)"))
+        pos = m.end()
+    tail = text[pos:]
+    if "{" in _PLACEHOLDER.sub("", text) or "}" in _PLACEHOLDER.sub("", text):
+        raise TemplateError(f"malformed placeholder in {text!r} (use {{name}} or {{name:path}})")
+    literal += len(tail)
+    parts.append(re.escape(tail))
+    if not names:
+        raise TemplateError(f"{text!r} has no placeholder")
+    return Template(text=text, regex=re.compile("^" + "".join(parts) + "$", re.S), names=tuple(names),
+                    literal_len=literal, prefix=prefix or "")
+
+
+def placeholder_names(text: str) -> set[str]:
+    return {m.group(1) for m in _PLACEHOLDER.finditer(text)}
+
+
+def strip_types(text: str) -> str:
+    """``val/{data_source:path}/{var}`` -> ``val/{data_source}/{var}``: the form names are compared in."""
+    return _PLACEHOLDER.sub(lambda m: "{" + m.group(1) + "}", text)

@@ -1,0 +1,94 @@
+"""Safe YAML loading that keeps line numbers and rejects duplicate keys.
+
+Mappings come back as :class:`LineDict` (a ``dict`` with ``.line`` and ``.key_lines``), so that every validation
+error can name the file and line. Only YAML's safe subset is accepted: no arbitrary object construction.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class MappingError(ValueError):
+    """A problem in a mapping file. ``str()`` gives ``file:line: entry: message``."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None, entry: str | None = None):
+        self.message, self.file, self.line, self.entry = message, file, line, entry
+        where = file or "<mappings>"
+        if line:
+            where += f":{line}"
+        text = f"{where}: {entry}: {message}" if entry else f"{where}: {message}"
+        super().__init__(text)
+
+
+class MappingErrors(MappingError):
+    """Several mapping problems at once (the loader collects them all before failing)."""
+
+    def __init__(self, errors: list[MappingError]):
+        self.errors = errors
+        ValueError.__init__(self, "\n".join(str(e) for e in errors))
+        self.message, self.file, self.line, self.entry = str(self), None, None, None
+
+
+class LineDict(dict):
+    line: int = 0
+    key_lines: dict
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> LineDict:
+    loader.flatten_mapping(node)
+    out = LineDict()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise MappingError("mapping key is not hashable", file=loader.name, line=key_node.start_mark.line + 1)
+        if key in out:
+            raise MappingError(f"duplicate key {key!r} (first at line {out.key_lines[key]})",
+                               file=loader.name, line=key_node.start_mark.line + 1)
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Load one YAML file safely; errors name the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MappingError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    loader = _Loader(text)
+    loader.name = str(path)
+    try:
+        return loader.get_single_data()
+    except MappingError:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise MappingError(f"YAML syntax error: {exc.problem or exc}", file=str(path), line=line) from None
+    except yaml.YAMLError as exc:
+        raise MappingError(f"YAML error: {exc}", file=str(path)) from None
+    finally:
+        loader.dispose()
+
+
+def line_of(obj: Any, key: str | None = None, default: int | None = None) -> int | None:
+    if isinstance(obj, LineDict):
+        if key is not None and key in obj.key_lines:
+            return obj.key_lines[key]
+        return obj.line
+    return default

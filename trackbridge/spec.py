@@ -1,0 +1,88 @@
+"""Naming-scheme specs: ``canonical``, ``auto``, ``FRAMEWORK[/TRAINER][@VERSION]`` and ``FRAMEWORK@LO..HI``.
+
+Examples: ``trl/grpo@0.14.0``, ``trl@1.16.0``, ``trl-legacy``, ``verl@0.4.1``, ``openrlhf``, ``canonical@1.0.0``,
+``verl/ppo@v0.4.0..v0.7.0`` (a release range, as detection reports it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schema.loader import Registry
+from .schema.versions import VersionError, is_version
+from .schema.yamlfile import MappingError
+
+
+class SpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str                       # "canonical" | "auto" | "framework"
+    framework: str | None = None
+    trainer: str | None = None
+    lo: float = 0.0                 # release index range (inclusive); half-indices fall between known releases
+    hi: float = float("inf")
+    version: str | None = None      # the release asked for, as written
+    canonical_version: str | None = None
+
+    def describe(self, registry: Registry | None = None) -> str:
+        if self.kind != "framework":
+            return self.kind + (f"@{self.canonical_version}" if self.canonical_version else "")
+        text = self.framework + (f"/{self.trainer}" if self.trainer else "")
+        if self.version:
+            return f"{text}@{self.version}"
+        if registry is not None and (self.lo > 0 or self.hi != float("inf")):
+            fw = registry.frameworks[self.framework]
+            lo = fw.release_name(int(max(self.lo, 0)))
+            hi = fw.release_name(int(min(self.hi, len(fw.releases) - 1)))
+            return f"{text}@{lo}" if lo == hi else f"{text}@{lo}..{hi}"
+        return text
+
+    def bounds(self, n_releases: int) -> tuple[float, float]:
+        return self.lo, min(self.hi, n_releases - 1 + 0.5)
+
+
+def parse_spec(text: str, registry: Registry, *, allow_auto: bool = True) -> Spec:
+    raw = (text or "").strip()
+    if not raw:
+        raise SpecError("empty naming scheme; expected canonical, auto, or FRAMEWORK[/TRAINER][@VERSION]")
+    name, _, version = raw.partition("@")
+    name = name.strip().lower()
+    version = version.strip() or None
+    if name == "canonical":
+        if version and not is_version(version):
+            raise SpecError(f"{raw!r}: {version!r} is not a version of the canonical schema")
+        return Spec("canonical", canonical_version=version)
+    if name == "auto":
+        if not allow_auto:
+            raise SpecError("'auto' is only allowed for the source naming scheme")
+        return Spec("auto")
+    fw_name, _, trainer = name.partition("/")
+    resolved = registry.resolve_alias(fw_name)
+    if resolved is None:
+        known = sorted(set(registry.frameworks) | {a for f in registry.frameworks.values() for a in f.aliases})
+        raise SpecError(f"{raw!r}: unknown framework {fw_name!r}; known: canonical, auto, {', '.join(known)}")
+    fw_name, alias = resolved
+    fw = registry.frameworks[fw_name]
+    trainer = trainer or alias.get("trainer")
+    if trainer and trainer not in fw.trainers:
+        raise SpecError(f"{raw!r}: unknown {fw_name} trainer {trainer!r}; known: {', '.join(sorted(fw.trainers))}")
+    lo, hi = 0.0, float("inf")
+    if alias.get("since"):
+        lo = fw.release_index(str(alias["since"]))
+    if alias.get("until"):
+        hi = fw.release_index(str(alias["until"]))
+    if version:
+        try:
+            if ".." in version:
+                a, _, b = version.partition("..")
+                lo, hi = fw.release_index(a), fw.release_index(b)
+            else:
+                lo = hi = fw.release_index(version)
+        except (VersionError, MappingError) as exc:
+            raise SpecError(f"{raw!r}: {exc}") from None
+        if hi < 0:
+            raise SpecError(f"{raw!r}: {version} is older than the first {fw_name} release trackbridge knows "
+                            f"({fw.releases[0]})")
+    return Spec("framework", framework=fw_name, trainer=trainer or None, lo=lo, hi=hi, version=version)
