@@ -1,0 +1,186 @@
+"""``console:PATH``: metrics printed to a console log, read back into records.
+
+Two printed forms are recognised, anywhere in a line (after ANSI colours, Ray's ``(TaskRunner pid=N)`` prefix and
+tqdm's carriage-return progress updates are removed):
+
+* veRL's console logger: ``step:N - key:value - key:value ...``, one line per step. veRL <= ~0.3 prints values as
+  ``f"{v:.3f}"``, later releases as ``pprint.pformat(v)`` (full precision, ``nan``, ``inf``, ``np.float64(0.5)``);
+  only numbers are printed. Keys may contain ``/``, ``@``, ``-`` and ``:`` (the value is after the *last* colon).
+* a printed transformers/TRL log dict on its own: ``{'loss': 0.1, 'grad_norm': 2.3, 'epoch': 0.5}``. Evaluated with
+  ``ast`` (never ``eval``); ``np.float64(...)``/``tensor(...)`` wrappers, ``nan``/``inf`` and numbers printed as
+  strings (transformers >= 4.5x prints floats as ``'0.1234'``, i.e. rounded to 4 significant digits) are accepted.
+
+Steps come from ``step:N``; else from a ``step``/``global_step`` key of the dict (or the key named by the
+``?step=KEY`` option); else from log order (1, 2, 3, ...), and :attr:`RunInfo.extra` says ``step_source: ordinal``.
+A console log holds no wall times, so none are given. Lines that are not metrics are skipped and summarised in one
+problem; lines that look like metrics but cannot be read (truncated, malformed) are each reported with their line.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..record import Record, RunInfo
+from ._files import ANSI, LineSummary, LiteralError, existing_file, iter_lines, parse_number, parse_printed_dict
+from .base import RunReader, Source, SourceError
+
+# "step:12 - a:1 - b:2" at the start of a segment or after a space/bracket (Ray and logging prefixes).
+_STEP_LINE = re.compile(r"(?:^|(?<=[\s\])]))step:(?P<step>-?\d+)(?P<rest>(?: - .*)?)$")
+_RAY_PREFIX = re.compile(r"^\((?:[\w.]+) pid=\d+(?:, ip=[\d.]+)?\)\s*")
+_LOG_EXTS = (".log", ".txt", ".out", ".err")
+
+
+class ConsoleRun(RunReader):
+    """One console log file."""
+
+    def __init__(self, path: Path, step_key: str | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self.step_key = step_key
+        self._info: RunInfo | None = None
+
+    @property
+    def has_wall_time(self) -> bool:
+        return False
+
+    @property
+    def info(self) -> RunInfo:
+        if self._info is None:
+            self._info = RunInfo(name=self.path.stem, names="raw", extra={"path": str(self.path), "format": None,
+                                                              "step_source": None})
+            # A cheap look at the first metric line tells the format and where steps come from.
+            scan = self._scan(report=False)
+            try:
+                for rec, kind in scan:
+                    self._note(kind, rec)
+                    break
+            finally:
+                scan.close()
+        return self._info
+
+    def _note(self, kind: str, rec: Record | None) -> None:
+        extra = self.info.extra if self._info is not None else {}
+        fmts = extra.get("format")
+        if fmts is None:
+            extra["format"] = kind.split(":")[0]
+        elif kind.split(":")[0] not in fmts.split("+"):
+            extra["format"] = fmts + "+" + kind.split(":")[0]
+        if extra.get("step_source") is None:
+            extra["step_source"] = kind.split(":")[1]
+
+    def records(self) -> Iterator[Record]:
+        self.info  # noqa: B018 - make sure the header facts exist before reading
+        for rec, kind in self._scan(report=True):
+            self._note(kind, rec)
+            yield rec
+
+    # -- parsing ---------------------------------------------------------------------------------------------------
+    def _scan(self, report: bool) -> Iterator[tuple[Record, str]]:
+        where = str(self.path)
+        noise = LineSummary()
+        ordinal = 0
+        rounded = False
+        for lineno, text, complete in iter_lines(self.path):
+            found = False
+            clean = ANSI.sub("", text)
+            for seg in clean.split("\r"):
+                seg = _RAY_PREFIX.sub("", seg.strip())
+                if not seg:
+                    continue
+                m = _STEP_LINE.search(seg)
+                if m:
+                    found = True
+                    rec = self._step_line(m, f"{where}:{lineno}", report, complete)
+                    if rec is not None:
+                        yield rec, "verl:logged"
+                    continue
+                if seg.startswith("{"):
+                    found = True
+                    got = self._dict_line(seg, f"{where}:{lineno}", report, complete)
+                    if got is None:
+                        continue
+                    metrics, step, as_strings = got
+                    rounded = rounded or as_strings
+                    if step is None:
+                        ordinal += 1
+                        yield Record(step=ordinal, wall_time=None, metrics=metrics), "dict:ordinal"
+                    else:
+                        yield Record(step=step, wall_time=None, metrics=metrics), "dict:logged"
+            if not found:
+                noise.add(lineno)
+        if report:
+            if noise.count:
+                self.skip(where, noise.text("lines without metrics"))
+            if rounded and self._info is not None:
+                self._info.extra["rounded"] = ("printed dicts held numbers as strings (transformers prints floats "
+                                               "with 4 significant digits): values are rounded")
+
+    def _step_line(self, m: re.Match, where: str, report: bool, complete: bool) -> Record | None:
+        rest = m.group("rest")
+        if not rest:
+            if report:
+                self.skip(where, "a 'step:N' line with no metrics")
+            return None
+        if not complete:
+            if report:
+                self.skip(where, "last line has no newline (cut off while writing?); skipped to avoid a partial point")
+            return None
+        metrics: dict[str, Any] = {}
+        for item in rest[3:].split(" - "):
+            key, sep, value = item.rpartition(":")
+            num = parse_number(value) if sep else None
+            if not key or num is None:
+                if report:
+                    self.skip(where, f"step {m.group('step')}: cannot read {item[:80]!r} as key:number; line skipped")
+                return None
+            metrics[key] = num
+        return Record(step=int(m.group("step")), wall_time=None, metrics=metrics)
+
+    def _dict_line(self, seg: str, where: str, report: bool, complete: bool
+                   ) -> tuple[dict[str, Any], int | None, bool] | None:
+        if not complete:
+            if report:
+                self.skip(where, "last line has no newline (cut off while writing?); skipped to avoid a partial point")
+            return None
+        try:
+            values, dropped, as_strings = parse_printed_dict(seg)
+        except LiteralError as exc:
+            if report:
+                self.skip(where, f"looks like a printed dict but cannot be read: {exc}")
+            return None
+        numeric = {k: v for k, v in values.items() if isinstance(v, (int, float))}
+        if not numeric:
+            if report:
+                self.skip(where, "printed dict holds no numbers; skipped")
+            return None
+        if dropped and report:
+            self.skip(where, f"dropped non-scalar values of {', '.join(dropped)}")
+        step = None
+        keys = [self.step_key] if self.step_key else ["step", "global_step"]
+        for key in keys:
+            v = values.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer():
+                step = int(v)
+                if not self.step_key:
+                    del values[key]
+                break
+        return values, step, as_strings
+
+
+class ConsoleSource(Source):
+    """A console log file, or a folder of them (``*.log``, ``*.txt``, ``*.out``, ``*.err``; one run per file)."""
+
+    kind = "console"
+
+    def runs(self) -> Iterator[RunReader]:
+        p = existing_file(self.location, "console")
+        step_key = self.options.get("step") or None
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in _LOG_EXTS)
+            if not files:
+                raise SourceError(f"console: folder {p} holds no {'/'.join(_LOG_EXTS)} files")
+            for f in files:
+                yield ConsoleRun(f, step_key)
+        else:
+            yield ConsoleRun(p, step_key)
