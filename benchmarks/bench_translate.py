@@ -1,0 +1,74 @@
+"""How long translating one logged dict takes: a 100-key veRL dict to canonical names and to TRL names.
+
+Run: .venv/bin/python benchmarks/bench_translate.py [--calls N]
+Reports the median and p99 per call (microseconds) once the Translator is warm, and the one-off cost of loading
+the mappings and compiling a Translator.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trackbridge.schema.loader import _load_cached, load_registry  # noqa: E402
+from trackbridge.translate import Translator  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "public-logs" / "01_verl.json"
+
+
+def verl_dict(n: int = 100) -> dict[str, float]:
+    keys: list[str] = []
+    if SHARED.is_file():
+        keys = list(json.loads(SHARED.read_text())["keys"])
+    stages = ["gen", "ref", "values", "adv", "update_critic", "update_actor", "step", "reward", "old_log_prob"]
+    keys += [f"timing_s/{s}" for s in stages] + [f"val-core/openai/gsm8k_{i}/acc/mean@4" for i in range(40)]
+    keys = list(dict.fromkeys(keys))[:n]
+    return {k: float(i) * 0.5 + 0.25 for i, k in enumerate(keys)}
+
+
+def measure(fn, calls: int) -> tuple[float, float]:
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1000)
+    times.sort()
+    return statistics.median(times), times[int(len(times) * 0.99) - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=5000)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    _load_cached.cache_clear()
+    reg = load_registry()
+    t_load = time.perf_counter() - t0
+    metrics = verl_dict()
+    rows = []
+    for target in ("canonical", "trl/grpo@1.16.0"):
+        t0 = time.perf_counter()
+        tr = Translator("verl@v0.7.0", target, registry=reg)
+        first = tr.translate(metrics)
+        t_first = time.perf_counter() - t0
+        med, p99 = measure(lambda: tr.translate(metrics), args.calls)
+        rows.append((target, len(metrics), first.mapped, len(first.unmapped), t_first * 1e3, med, p99))
+    auto = Translator("auto", "canonical", registry=reg)
+    t0 = time.perf_counter()
+    auto.translate(metrics)
+    t_auto = (time.perf_counter() - t0) * 1e3
+    print(f"mappings loaded and validated in {t_load * 1e3:.0f} ms (once per process)\n")
+    print("| veRL -> | keys | mapped | unmapped | first call (compile), ms | median per call, us | p99, us |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.2f} | {r[5]:.1f} | {r[6]:.1f} |")
+    print(f"\nauto-detection on the first dict: {t_auto:.2f} ms (once per run, again only when new keys appear)")
+
+
+if __name__ == "__main__":
+    main()

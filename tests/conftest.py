@@ -1,0 +1,45 @@
+"""Test-wide settings: no network, wandb offline, the integration-test switch."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Never reach a hub or a hosted tracker from tests.
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("WANDB_DISABLE_GIT", "true")
+os.environ.setdefault("WANDB_DISABLE_CODE", "true")
+os.environ.setdefault("WANDB_CONSOLE", "off")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--skip-integration", action="store_true", default=False,
+                     help="skip tests that run real TRL trainers (also: TRACKBRIDGE_SKIP_INTEGRATION=1)")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = config.getoption("--skip-integration") or os.environ.get("TRACKBRIDGE_SKIP_INTEGRATION") == "1"
+    if not skip:
+        return
+    marker = pytest.mark.skip(reason="integration tests skipped (--skip-integration / TRACKBRIDGE_SKIP_INTEGRATION=1)")
+    for item in items:
+        if "integration" in item.keywords:
+            item.add_marker(marker)
+
+
+@pytest.fixture(scope="session")
+def shared_reference():
+    """Path of ../shared/reference (the frameworks' inventories and the public logs)."""
+    if not os.path.isdir(SHARED):
+        pytest.skip(f"shared reference material not found at {SHARED}")
+    return SHARED

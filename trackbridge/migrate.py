@@ -1,0 +1,324 @@
+"""Migration: readers -> pipeline -> sinks, in batches, idempotent and resumable.
+
+Every run in the source becomes its own run in the destination, under a run id derived from the source run (so a
+second migration finds the same destination run). Progress is kept in a small ledger (how many source records of
+each run were written, and whether the run is complete) under ``$TRACKBRIDGE_STATE_DIR`` (default
+``~/.cache/trackbridge``): a migration interrupted halfway continues after the last batch that was written, and a
+finished one is not written again. Without a ledger entry, the destination's own last step is used instead
+(records at or below it are skipped).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .locators import parse
+from .pipeline import Pipeline, Stats
+from .record import Record, RunInfo
+from .sinks import make_sink
+from .sources import open_source
+from .sources.base import Problem, RunReader
+
+BATCH_RECORDS = 500
+BATCH_POINTS = 20_000
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("TRACKBRIDGE_STATE_DIR") or Path.home() / ".cache" / "trackbridge")
+
+
+class Ledger:
+    """How far each (source run, destination) migration got. One small JSON file per migration key."""
+
+    def __init__(self, key: str) -> None:
+        self.path = state_dir() / "migrations" / f"{key}.json"
+        self.data: dict[str, Any] = {}
+        if self.path.is_file():
+            try:
+                self.data = json.loads(self.path.read_text())
+            except (OSError, json.JSONDecodeError):
+                self.data = {}
+
+    @property
+    def written(self) -> int:
+        return int(self.data.get("records_written", 0))
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.data.get("complete"))
+
+    def save(self, **fields: Any) -> None:
+        self.data.update(fields)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class RunResult:
+    source_name: str
+    target_run_id: str
+    records: int = 0
+    points: int = 0
+    skipped_records: int = 0           # already in the destination (idempotence / resume)
+    already_done: bool = False
+    has_wall_time: bool = True
+    problems: list[Problem] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+    error: str | None = None
+
+
+@dataclass
+class MigrationResult:
+    runs: list[RunResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(r.error is None for r in self.runs)
+
+    def totals(self) -> Stats:
+        st = Stats()
+        for r in self.runs:
+            st.merge(r.stats)
+        return st
+
+
+def target_run_id(src_locator: str, info: RunInfo, index: int) -> str:
+    ident = info.run_id or info.name or str(index)
+    digest = hashlib.sha1(f"{src_locator}\0{ident}".encode()).hexdigest()
+    return f"tb-{digest[:16]}"
+
+
+def _batches(records: Iterable[Record]) -> Iterable[list[Record]]:
+    batch: list[Record] = []
+    points = 0
+    for rec in records:
+        batch.append(rec)
+        points += len(rec.metrics)
+        if len(batch) >= BATCH_RECORDS or points >= BATCH_POINTS:
+            yield batch
+            batch, points = [], 0
+    if batch:
+        yield batch
+
+
+class Progress:
+    """A progress line: a live bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, total_runs: int, stream=None, enabled: bool = True) -> None:
+        self.total_runs = total_runs
+        self.stream = stream or sys.stderr
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.enabled = enabled
+        self.lock = threading.Lock()
+        self.points = 0
+        self.runs_done = 0
+        self.t0 = time.monotonic()
+        self._last = 0.0
+
+    def add(self, points: int) -> None:
+        with self.lock:
+            self.points += points
+            now = time.monotonic()
+            if self.tty and now - self._last > 0.2:
+                self._last = now
+                self._draw()
+
+    def run_done(self, name: str, result: RunResult) -> None:
+        with self.lock:
+            self.runs_done += 1
+            if not self.enabled:
+                return
+            if self.tty:
+                self._draw()
+                self.stream.write("\n")
+            state = "already migrated" if result.already_done else (
+                f"failed: {result.error}" if result.error else f"{result.points} points")
+            self.stream.write(f"run {self.runs_done}/{self.total_runs} {name}: {state}\n")
+            self.stream.flush()
+
+    def _draw(self) -> None:
+        el = max(time.monotonic() - self.t0, 1e-9)
+        rate = self.points / el
+        width = 24
+        frac = self.runs_done / self.total_runs if self.total_runs else 1.0
+        bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+        left = ""
+        if 0 < self.runs_done < self.total_runs:
+            eta = el / self.runs_done * (self.total_runs - self.runs_done)
+            left = f" ~{int(eta // 60)}:{int(eta % 60):02d} left"
+        self.stream.write(f"\r[{bar}] runs {self.runs_done}/{self.total_runs}  points {self.points:,} "
+                          f"({rate:,.0f}/s){left}   ")
+        self.stream.flush()
+
+
+def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical", derive: bool = False,
+            dry_run: bool = False, jobs: int = 1, mappings: list[str] | None = None, progress: bool = True,
+            out=None) -> MigrationResult:
+    """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way."""
+    t0 = time.monotonic()
+    out = out or sys.stdout
+    src_loc = parse(src, allow_label=True)
+    parse(dst)                                   # fail early on a bad destination
+    readers = list(open_source(src_loc).runs())
+    result = MigrationResult()
+    if not readers:
+        return result
+    prog = Progress(len(readers), enabled=progress and not dry_run)
+
+    def one(args: tuple[int, RunReader]) -> RunResult:
+        idx, reader = args
+        try:
+            if dry_run:
+                return _dry_run(reader, src, source, names, derive, mappings, out)
+            return _migrate_run(idx, reader, src, dst, source, names, derive, mappings, prog)
+        except Exception as exc:      # one run failing must not stop the others; reported in the summary
+            res = RunResult(getattr(reader.info, "name", None) or str(idx), "", error=f"{type(exc).__name__}: {exc}")
+            res.problems = list(reader.problems)
+            return res
+
+    items = list(enumerate(readers))
+    if jobs > 1 and len(items) > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            result.runs = list(pool.map(one, items))
+    else:
+        result.runs = [one(it) for it in items]
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, names: str, derive: bool,
+                 mappings, prog: Progress) -> RunResult:
+    info = reader.info
+    run_id = target_run_id(src, info, idx)
+    label = info.name or info.run_id or f"run-{idx}"
+    res = RunResult(label, run_id)
+    ledger = Ledger(hashlib.sha1(f"{src}\0{dst}\0{names}\0{run_id}".encode()).hexdigest()[:24])
+    if ledger.complete:
+        res.already_done = True
+        res.stats.source = ledger.data.get("source", "")
+        prog.run_done(label, res)
+        return res
+    pipe = Pipeline(source, names, config=info.config, mappings=mappings, derive=derive)
+    sink = make_sink(dst)
+    out_info = RunInfo(name=info.name or label, project=info.project, run_id=run_id, config=dict(info.config),
+                       tags=dict(info.tags), source=info.source, extra=dict(info.extra))
+    out_info.tags.setdefault("trackbridge.migrated_from", src)
+    if info.run_id:
+        out_info.tags.setdefault("trackbridge.source_run_id", str(info.run_id))
+    skip_n = ledger.written
+    opened = False
+    last_step: int | None = None
+    seen = 0
+    try:
+        stream = pipe.process(reader.records())
+        for batch in _batches(stream):
+            if not opened:
+                sink.open(pipe.run_info(out_info), resume=True)
+                opened = True
+                if skip_n == 0:
+                    last_step = sink.last_step()
+            todo = []
+            for rec in batch:
+                seen += 1
+                if seen <= skip_n or (last_step is not None and rec.step is not None and rec.step <= last_step):
+                    res.skipped_records += 1
+                    continue
+                todo.append(rec)
+            if todo:
+                sink.write(todo)
+                pts = sum(len(r.metrics) for r in todo)
+                res.records += len(todo)
+                res.points += pts
+                prog.add(pts)
+            ledger.save(records_written=seen, source=pipe.stats.source, complete=False)
+        if not opened:     # an empty run still gets created, with its config
+            sink.open(pipe.run_info(out_info), resume=True)
+            opened = True
+        ledger.save(records_written=seen, source=pipe.stats.source, complete=True)
+    finally:
+        if opened:
+            sink.close()
+    pipe.finish_notes()
+    res.stats = pipe.stats
+    res.problems = list(reader.problems)
+    res.has_wall_time = reader.has_wall_time
+    prog.run_done(label, res)
+    return res
+
+
+def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool, mappings, out) -> RunResult:
+    info = reader.info
+    label = info.name or info.run_id or "run"
+    pipe = Pipeline(source, names, config=info.config, mappings=mappings, derive=derive)
+    res = RunResult(label, "(dry run)")
+    originals: dict[str, None] = {}
+    stream = pipe.process(_remember(reader.records(), originals))
+    for rec in stream:
+        res.records += 1
+        res.points += len(rec.metrics)
+    pipe.finish_notes()
+    st = res.stats = pipe.stats
+    res.problems = list(reader.problems)
+    res.has_wall_time = reader.has_wall_time
+    out.write(f"run {label}: {res.records} records, {res.points} points would be written (source: {st.source})\n")
+    for key in originals:
+        new = st.renamed.get(key, key)
+        if key in st.unmapped:
+            status = "unmapped (kept as is)"
+        elif key in st.conflicts:
+            status = f"kept as is: {st.conflicts[key]} is taken by another key"
+        else:
+            status = "renamed" if new != key else "same name"
+        approx = st.approximate.get(new)
+        out.write(f"  {key:50s} -> {new:45s} {status}{'; approximate: ' + approx if approx else ''}\n")
+    for d in st.derived:
+        out.write(f"  {'(derived)':50s} -> {d}\n")
+    return res
+
+
+def _remember(records: Iterable[Record], keys: dict[str, None]) -> Iterable[Record]:
+    for r in records:
+        keys.update(dict.fromkeys(r.metrics))
+        yield r
+
+
+def summary(result: MigrationResult, *, dry_run: bool = False) -> str:
+    tot = result.totals()
+    runs = result.runs
+    lines = [f"{'Dry run' if dry_run else 'Migrated'}: {len(runs)} run(s), "
+             f"{sum(r.records for r in runs):,} records, {sum(r.points for r in runs):,} points "
+             f"in {result.seconds:.1f} s"]
+    done = [r for r in runs if r.already_done]
+    if done:
+        lines.append(f"  already migrated earlier (not written again): {', '.join(r.source_name for r in done)}")
+    skipped = sum(r.skipped_records for r in runs)
+    if skipped:
+        lines.append(f"  records already in the destination, skipped: {skipped:,}")
+    lines.append(f"  keys renamed: {len(tot.renamed)}")
+    lines.append(f"  unmapped (kept as is): {len(tot.unmapped)}" + (f": {', '.join(tot.unmapped)}" if tot.unmapped else ""))
+    lines.append(f"  approximate: {len(tot.approximate)}")
+    for k, why in tot.approximate.items():
+        lines.append(f"    {k}: {why}")
+    lines.append(f"  derived: {len(tot.derived)}" + (f": {', '.join(tot.derived)}" if tot.derived else ""))
+    no_time = [r.source_name for r in runs if not r.has_wall_time]
+    if no_time:
+        lines.append(f"  time axis missing (the source holds no wall times; none were made up): {', '.join(no_time)}")
+    for r in runs:
+        for p in r.problems:
+            lines.append(f"  skipped in {r.source_name}: {p}")
+        if r.error:
+            lines.append(f"  FAILED {r.source_name}: {r.error}")
+    for n in tot.notes:
+        lines.append(f"  note: {n}")
+    return "\n".join(lines)
