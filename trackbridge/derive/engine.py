@@ -1,0 +1,247 @@
+"""The Deriver: applies an ordered RuleSet to one run's canonical metric dicts, step after step.
+
+Contract (what the logger, translation, migration and comparison rely on):
+
+* A rule runs at a step only when every metric it reads is present (not missing, not ``None``) and its output is
+  missing. **A logged value always wins**: an output that is present is never touched.
+* ``apply()`` fills the dict in place and returns the names it derived, so the record's ``derived`` list and the
+  sinks can mark them.
+* Bad values never raise and never invent a number: division by zero, NaN/infinite or non-numeric inputs, a
+  missing config value or a blocked condition give no output and one note per rule and reason (``.notes``, also
+  sent to the ``trackbridge.derive`` logger).
+* Conditions: ``requires.sources`` (glob patterns matched against ``source`` and its part before ``@``; a rule that
+  restricts sources does not run when the source is unknown), ``requires.config_absent`` (e.g. no adaptive-KL
+  target), ``forbid_approximate`` (inputs whose translation must have been exact, per ``fidelity``: canonical
+  name -> ``"exact"`` or the reason it is approximate; names absent from ``fidelity`` count as exact) and
+  ``only`` (allowed placeholder values of templated rules).
+* Stateful functions (``delta``, ``cumsum``, ``rate``, ``ema``) keep per-run state, observe their argument at every
+  step where it can be evaluated (even when the rule's output was logged, so that a later missing output is derived
+  from the right history) and skip steps where it cannot (so ``delta``/``rate`` span back to the last step where the
+  input was present). Applying the same step twice does not advance the state. ``to_state()`` /
+  ``from_state()`` save and restore it (JSON-able) for resumed runs.
+* ``progress/step``, when a rule reads it and the dict does not hold it, is taken from ``apply(step=...)``.
+* A value derived from an input whose translation was approximate is listed in ``.approximate`` with the reason.
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+from typing import Any
+
+from . import expr as E
+from .rules import Rule, RuleSet, fill, is_template, template_regex
+
+log = logging.getLogger("trackbridge.derive")
+
+STATE_FORMAT = "trackbridge.derive-state/1"
+STEP_NAME = "progress/step"
+
+
+class _Inst:
+    """A rule instantiated for one placeholder binding (cached: bindings recur at every step)."""
+
+    __slots__ = ("out", "ast", "inputs", "stateful", "st_inputs", "forbid", "slot")
+
+    def __init__(self, rule: Rule, binding: dict[str, str]):
+        f = (lambda n: fill(n, binding)) if binding else (lambda n: n)
+        self.out = f(rule.name)
+        self.ast = E._rename(rule.ast, f) if binding else rule.ast
+        self.inputs = [f(n) for n in rule.inputs]
+        self.stateful = E.stateful_of(self.ast)
+        self.st_inputs = [E.names_of(node.arg) for node in self.stateful]
+        self.forbid = [f(n) for n in rule.forbid_approximate]
+        # state slot: stable across edits that only move the rule in its file
+        self.slot = f"{rule.name}={rule.formula}|{self.out}"
+
+
+class _Plan:
+    __slots__ = ("rule", "active", "why", "anchor", "prefix", "regex", "insts", "fixed")
+
+    def __init__(self, rule: Rule):
+        self.rule = rule
+        self.active, self.why = True, ""
+        templated = [n for n in rule.inputs if is_template(n)]
+        self.anchor = templated[0] if templated else None
+        self.prefix = self.anchor.split("{", 1)[0] if self.anchor else ""
+        self.regex = template_regex(self.anchor) if self.anchor else None
+        self.insts: dict[tuple, _Inst] = {}
+        # inputs without placeholders: when one is missing a stateless templated rule need not scan the keys
+        self.fixed = [] if rule.stateful else [n for n in rule.inputs if not is_template(n)]
+        if not self.anchor:
+            self.insts[()] = _Inst(rule, {})
+
+
+def _source_matches(patterns: list[str], source: str | None) -> bool:
+    if not patterns:
+        return True
+    if not source:
+        return False
+    head = source.split("@", 1)[0]
+    return any(fnmatch.fnmatchcase(source, p) or fnmatch.fnmatchcase(head, p) for p in patterns)
+
+
+class Deriver:
+    """Applies derived-metric rules to one run. Create one per run (it holds the run's stateful history)."""
+
+    def __init__(self, rules: RuleSet, config: dict[str, Any] | None = None, source: str | None = None,
+                 fidelity: dict[str, str] | None = None):
+        self.rules = rules
+        self.config: dict[str, Any] = dict(config or {})
+        self.source = source
+        self.fidelity: dict[str, str] = dict(fidelity or {})
+        self.notes: list[str] = []
+        self.approximate: dict[str, str] = {}
+        self.skipped: dict[str, str] = {}          # rule key -> why it never runs for this run (conditions)
+        self._noted: set[tuple[str, str]] = set()
+        self._state: dict[str, dict[str, Any]] = {}
+        self._plans: list[_Plan] = []
+        for rule in rules:
+            plan = _Plan(rule)
+            if not _source_matches(rule.sources, source):
+                plan.active, plan.why = False, f"source {source!r} is not one of {rule.sources}"
+            present = [c for c in rule.config_absent if self.config.get(c) is not None]
+            if present:
+                plan.active, plan.why = False, f"config {present[0]} is set ({self.config[present[0]]!r})"
+            if not plan.active:
+                self.skipped[rule.key] = plan.why
+            self._plans.append(plan)
+
+    # ------------------------------------------------------------------------------------------ notes
+    def _note(self, rule: Rule, out: str, reason: str) -> None:
+        key = (rule.key + "|" + out, reason)
+        if key in self._noted:
+            return
+        self._noted.add(key)
+        msg = f"{out} not derived ({rule.file.rsplit('/', 1)[-1]}:{rule.line}, {rule.formula!r}): {reason}"
+        self.notes.append(msg)
+        log.info("%s", msg)
+
+    # ------------------------------------------------------------------------------------------ apply
+    def apply(self, metrics: dict[str, Any], *, step: int | None = None, wall_time: float | None = None) -> list[str]:
+        """Fill ``metrics`` (canonical names) in place with what the rules can derive; return the derived names."""
+        derived: list[str] = []
+        injected = False
+        if step is not None and STEP_NAME not in metrics:
+            metrics[STEP_NAME] = step
+            injected = True
+        try:
+            keys: list[str] | None = None
+            for plan in self._plans:
+                if not plan.active:
+                    continue
+                if plan.anchor is None:
+                    self._run(plan, plan.insts[()], metrics, step, wall_time, derived)
+                    continue
+                if any(metrics.get(n) is None for n in plan.fixed):
+                    continue
+                if keys is None or len(keys) != len(metrics):
+                    keys = list(metrics)
+                prefix = plan.prefix
+                for key in [k for k in keys if k.startswith(prefix)]:
+                    m = plan.regex.match(key)  # type: ignore[union-attr]
+                    if not m:
+                        continue
+                    binding = m.groupdict()
+                    if plan.rule.only and any(binding.get(ph) not in vals for ph, vals in plan.rule.only.items()):
+                        continue
+                    bkey = tuple(sorted(binding.items()))
+                    inst = plan.insts.get(bkey)
+                    if inst is None:
+                        inst = plan.insts[bkey] = _Inst(plan.rule, binding)
+                    self._run(plan, inst, metrics, step, wall_time, derived)
+        finally:
+            if injected and metrics.get(STEP_NAME) is step:
+                del metrics[STEP_NAME]
+        return derived
+
+    def _run(self, plan: _Plan, inst: _Inst, metrics: dict[str, Any], step: int | None, wall_time: float | None,
+             derived: list[str]) -> None:
+        rule = plan.rule
+        has_output = metrics.get(inst.out) is not None
+        if not inst.stateful:
+            if has_output:
+                return
+            for n in inst.inputs:
+                if metrics.get(n) is None:
+                    return
+            env = E.Env(metrics, self.config)
+        else:
+            env = E.Env(metrics, self.config)
+            self._observe(inst, env, step, wall_time)
+            if has_output:
+                return
+            for n in inst.inputs:
+                if metrics.get(n) is None:
+                    return
+        for n in inst.forbid:
+            fid = self.fidelity.get(n, "exact")
+            if fid != "exact":
+                self._note(rule, inst.out, f"input {n} is approximate ({fid}); the formula needs it exact")
+                return
+        try:
+            value = E.evaluate(inst.ast, env)
+        except E.NoValue as exc:
+            reason = str(exc.args[0]) if exc.args else "no value"
+            if not reason.startswith(("delta() has no value", "rate() has no value", "cumsum() has no value",
+                                      "ema() has no value")):
+                self._note(rule, inst.out, reason)
+            return
+        metrics[inst.out] = value
+        derived.append(inst.out)
+        for n in inst.inputs:
+            fid = self.fidelity.get(n, "exact")
+            if fid != "exact" or n in self.approximate:
+                self.approximate[inst.out] = f"derived from {n}, which is approximate: {self.approximate.get(n, fid)}"
+                break
+
+    # ------------------------------------------------------------------------------------------ stateful functions
+    def _observe(self, inst: _Inst, env: E.Env, step: int | None, wall_time: float | None) -> None:
+        for node, names in zip(inst.stateful, inst.st_inputs):
+            if any(env.metrics.get(n) is None for n in names):
+                continue                      # input absent at this step: history unchanged
+            try:
+                v = E.evaluate(node.arg, env)
+            except E.NoValue:
+                continue                      # not observed at this step: history unchanged
+            slot = f"{inst.slot}#{node.index}"
+            st = self._state.get(slot)
+            same = st is not None and step is not None and st.get("step") == step
+            if node.fn in ("delta", "rate"):
+                ref = (st.get("prev") if same else st.get("cur")) if st else None
+                self._state[slot] = {"step": step, "prev": ref, "cur": [wall_time, v]}
+                if ref is None:
+                    continue
+                if node.fn == "delta":
+                    env.stateful[node.index] = v - ref[1]
+                else:
+                    t0, t1 = ref[0], wall_time
+                    if t0 is None or t1 is None or t1 - t0 <= 0:
+                        continue
+                    env.stateful[node.index] = (v - ref[1]) / (t1 - t0)
+            elif node.fn == "cumsum":
+                base = (st["base"] if same else st["sum"]) if st else 0.0
+                self._state[slot] = {"step": step, "base": base, "sum": base + v}
+                env.stateful[node.index] = base + v
+            elif node.fn == "ema":
+                base = (st["base"] if same else st["ema"]) if st else None
+                a = node.alpha if node.alpha is not None else 1.0
+                val = v if base is None else a * v + (1.0 - a) * base
+                self._state[slot] = {"step": step, "base": base, "ema": val}
+                env.stateful[node.index] = val
+
+    # ------------------------------------------------------------------------------------------ state
+    def to_state(self) -> dict[str, Any]:
+        """The run's stateful history as a JSON-able dict (store it with a checkpoint)."""
+        import copy
+        return {"format": STATE_FORMAT, "slots": copy.deepcopy(self._state)}
+
+    def from_state(self, state: dict[str, Any]) -> "Deriver":
+        """Restore history saved by :meth:`to_state` (a resumed run continues its deltas, sums and averages)."""
+        import copy
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a derive state (expected format {STATE_FORMAT!r})")
+        self._state = copy.deepcopy(state.get("slots") or {})
+        return self
+
+    def reset(self) -> None:
+        self._state.clear()
