@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from .record import Record, RunInfo
-from .translate import Translator, flatten_config
+from .translate import Translator
 
 DETECT_LOOKAHEAD = 50      # records read ahead to detect the framework of a stored run
 
@@ -94,7 +94,7 @@ class Pipeline:
                 make_deriver = None
             if make_deriver is not None:
                 self._deriver = make_deriver(reg, self.mappings, config=self.canonical_config(),
-                                             source=self._to_canon.source, fidelity={})
+                                             source=self._to_canon.source_spec_text)
 
     def canonical_config(self) -> dict[str, Any]:
         """The run config with canonical config names added (``kl_coef`` ...), original keys kept."""
@@ -136,6 +136,7 @@ class Pipeline:
             metrics = res.metrics
             derived = list(rec.derived)
             if self._deriver is not None:
+                self._deriver.fidelity.update(res.approximate)
                 new = self._deriver.apply(metrics, step=rec.step, wall_time=rec.wall_time)
                 derived += [n for n in new if n not in derived]
                 for n in new:
@@ -166,6 +167,3 @@ class Pipeline:
         self.stats.notes = notes
         return notes
 
-
-def config_flat(config: dict | None) -> dict[str, Any]:
-    return flatten_config(config or {})

@@ -96,6 +96,11 @@ class Translator:
             text += f" (detected, confidence {self.detection.confidence:.2f})"
         return text
 
+    @property
+    def source_spec_text(self) -> str | None:
+        """The resolved source as a plain spec (``trl/grpo@v0.17.0..v1.16.0``), None while undetected."""
+        return self._src.describe(self.registry) if self._src is not None else None
+
     def translate(self, metrics: Mapping[str, Any], *, step: int | None = None,
                   wall_time: float | None = None) -> Translation:
         if not isinstance(metrics, Mapping):
@@ -153,10 +158,13 @@ class Translator:
         frameworks = [self.registry.frameworks[s.framework] for s in specs] or list(self.registry.frameworks.values())
         trainer = specs[0].trainer if specs else None
         for fw in frameworks:
+            lo, hi = specs[0].bounds(len(fw.releases)) if specs else (0, float("inf"))
             for c in fw.config:
                 if c.canonical in out or c.key not in flat:
                     continue
                 if trainer and c.trainers is not None and trainer not in c.trainers:
+                    continue
+                if c.until < lo or c.since > hi:
                     continue
                 val = flat[c.key]
                 if c.scale != 1.0 and isinstance(val, (int, float)) and not isinstance(val, bool):
@@ -250,12 +258,13 @@ class Translator:
             return _Plan(canon_key, canon_key, fwd, None, approx,
                          note or f"{tgt} has no name for canonical {canon!r}; kept the canonical name")
         rev, caps = hit
-        if rev is not fwd:
+        if fwd is not None and rev.framework == fwd.framework and \
+                self.registry.frameworks[rev.framework].same_quantity(fwd, rev):
+            approx = None     # the same entry there and back, or a declared rename: the same quantity
+        else:
             r2 = _reason(rev)
             if r2 and r2 != approx:
                 approx = f"{approx}; {r2}" if approx else r2
-        else:
-            approx = None     # the very same entry there and back: identity
         return _Plan(self._framework_out(rev, caps, split), canon_key, fwd, rev, approx, note)
 
     def _canonical_out(self, canon_key: str) -> str:
@@ -301,6 +310,7 @@ class Translator:
         d = self._get_deriver()
         if d is None:
             return
+        d.fidelity.update(res.approximate)
         res.derived = d.apply(res.metrics, step=step, wall_time=wall_time)
         for n in getattr(d, "notes", []):
             if n not in self.notes:
@@ -312,17 +322,9 @@ class Translator:
                 from .derive import make_deriver
             except ImportError:
                 return None
-            self._deriver = make_deriver(self.registry, self._mapping_paths,
-                                         config=self.translate_config(), source=self.source,
-                                         fidelity=self._fidelity_map())
+            self._deriver = make_deriver(self.registry, self._mapping_paths, config=self.translate_config(),
+                                         source=self.source_spec_text)
         return self._deriver
-
-    def _fidelity_map(self) -> dict[str, str]:
-        out = {}
-        for p in self._plans.values():
-            if p is not None:
-                out[p.canonical] = p.approx or "exact"
-        return out
 
 
 def _reason(e: Entry | None) -> str | None:

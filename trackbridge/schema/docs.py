@@ -29,7 +29,7 @@ def lint(paths: list[str]) -> int:
     if lint_rules is not None:
         try:
             n_rules = lint_rules(reg, [str(p) for p in paths])
-        except MappingError as exc:
+        except ValueError as exc:          # RuleError (derived rules) or MappingError
             errs = exc.errors if isinstance(exc, MappingErrors) else [exc]
             for e in errs:
                 print(str(e), file=sys.stderr)

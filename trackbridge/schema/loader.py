@@ -30,10 +30,10 @@ _BETTER = {"higher", "lower", "none"}
 _MAP_TOP = {"format", "framework", "description", "repository", "releases", "aliases", "trainers", "prefixes",
             "config", "internal", "entries", "note"}
 _ENTRY_FIELDS = {"key", "canonical", "since", "until", "trainers", "fidelity", "differs", "reason", "transform",
-                 "when", "reverse", "source", "note"}
+                 "when", "reverse", "source", "note", "renamed_from"}
 _DIFFERS = {"estimator", "reduction", "population", "snapshot", "sign", "unit", "config", "scale", "definition",
             "weighting", "version"}
-_CONFIG_FIELDS = {"key", "canonical", "trainers", "scale", "source", "note"}
+_CONFIG_FIELDS = {"key", "canonical", "trainers", "since", "until", "scale", "source", "note"}
 
 
 def mappings_dir() -> Path:
@@ -285,6 +285,8 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
                                        "section of canonical.yaml)", file=f, line=line, entry=f"config {c['key']}"))
         fw.config.append(ConfigEntry(key=str(c["key"]), canonical=str(c["canonical"]),
                                      trainers=_trainers(c.get("trainers"), f, line, str(c["key"]), fw.trainers, errors),
+                                     since=_release(fw.releases, c.get("since"), f, line, str(c["key"]), errors, 0),
+                                     until=_release(fw.releases, c.get("until"), f, line, str(c["key"]), errors, OPEN),
                                      scale=float(c.get("scale", 1.0)), source=str(c.get("source", "")),
                                      note=str(c.get("note", "")), file=f, line=line or 0))
     entries = doc.get("entries") or []
@@ -376,7 +378,9 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
             framework=name, key=key, canonical=target, since=since, until=until,
             trainers=_trainers(raw.get("trainers"), f, line, label, fw.trainers, errors), fidelity=fidelity,
             differs=tuple(differs), reason=reason, scale=scale, offset=offset, when=when_items, reverse=reverse,
-            source=str(raw.get("source", "")), note=str(raw.get("note", "")), key_template=ktpl,
+            source=str(raw.get("source", "")), note=str(raw.get("note", "")),
+            renamed_from=tuple([raw["renamed_from"]] if isinstance(raw.get("renamed_from"), str)
+                               else raw.get("renamed_from") or ()), key_template=ktpl,
             canonical_template=ctpl, file=f, line=line or 0))
 
 
@@ -407,6 +411,16 @@ def _check_framework(fw: FrameworkMapping, errors: list[MappingError]) -> None:
                         f"two entries claim {key!r} for overlapping releases/trainers (the other is at "
                         f"{b.file}:{b.line}); split the release ranges, restrict trainers, or add a `when:` condition",
                         file=a.file, line=a.line, entry=key))
+    for e in fw.entries:
+        for old in e.renamed_from:
+            prev = [p for p in by_key.get(old, ()) if p.until < e.since and p.canonical == e.canonical
+                    and (p.trainers is None or e.trainers is None or p.trainers & e.trainers)]
+            if not prev:
+                errors.append(MappingError(
+                    f"renamed_from {old!r}: no earlier entry of that key (ending before {fw.release_name(e.since)}) "
+                    f"with the same canonical target {e.canonical!r}", file=e.file, line=e.line, entry=e.key))
+            for p in prev:
+                fw.link(p, e)
     for canon, es in by_canon.items():
         for i, a in enumerate(es):
             for b in es[i + 1:]:

@@ -82,6 +82,7 @@ class Entry:
     reverse: bool = True
     source: str = ""
     note: str = ""
+    renamed_from: tuple[str, ...] = ()   # earlier keys of the same quantity (pure renames between releases)
     key_template: Template | None = None
     canonical_template: Template | None = None
     file: str = ""
@@ -135,6 +136,8 @@ class ConfigEntry:
     key: str
     canonical: str
     trainers: frozenset[str] | None = None
+    since: float = 0
+    until: float = OPEN
     scale: float = 1.0
     source: str = ""
     note: str = ""
@@ -157,6 +160,22 @@ class FrameworkMapping:
     file: str = ""
     exact_index: dict[str, list[Entry]] = field(default_factory=dict)
     template_entries: list[Entry] = field(default_factory=list)
+    _lineage: dict[int, int] = field(default_factory=dict)
+
+    def link(self, old: Entry, new: Entry) -> None:
+        """Declare ``new`` a pure rename of ``old`` (the same quantity under another key)."""
+        a, b = self._root(id(old)), self._root(id(new))
+        if a != b:
+            self._lineage[a] = b
+
+    def _root(self, x: int) -> int:
+        while self._lineage.get(x, x) != x:
+            x = self._lineage[x]
+        return x
+
+    def same_quantity(self, a: Entry, b: Entry) -> bool:
+        """True when one entry is a declared rename of the other (directly or along a chain of renames)."""
+        return a is b or self._root(id(a)) == self._root(id(b))
 
     def index(self) -> None:
         self.exact_index = {}
