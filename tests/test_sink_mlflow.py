@@ -1,0 +1,222 @@
+"""MlflowSink against a real MLflow SQLite store (and the file store), read back with MlflowClient itself."""
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from trackbridge.record import Histogram, Record, RunInfo
+from trackbridge.sinks import make_sink
+from trackbridge.sinks import _sanitize
+from trackbridge.sinks.base import SinkError
+from trackbridge.sinks.mlflow import MlflowSink, read_chunked
+
+ODD = "val-core/openai/gsm8k/acc/mean@1"
+T0 = 1763700000.125
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.chdir(tmp_path)           # anything MLflow might drop in the cwd stays in tmp_path
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    """One SQLite store per module (creating one costs about 2 s); tests use their own experiments."""
+    return "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
+
+
+def records(n=4):
+    out = []
+    for i in range(n):
+        out.append(Record(step=i * 10, wall_time=T0 + i * 1.5, metrics={
+            ODD: 0.25 * i,
+            "timing(s)/gen": 1.0 + i,
+            "train/loss": float("nan") if i == 1 else 1.0 / (i + 1),
+            "train/inf": math.inf if i == 2 else -math.inf,
+            "actor/entropy": Histogram.from_values([1.0, 2.0, 3.0, float(i)]),
+            "sample": f"completion {i}",
+            "missing": None,
+            "flag": True,
+        }))
+    return out
+
+
+def run_info(name="r1"):
+    return RunInfo(name=name, project="grpo", config={"optim": {"lr": 1e-5, "betas": [0.9, 0.99]},
+                                                      "model": "Qwen/Qwen2.5@0.5B", "w(kl)": 0.04},
+                   tags={"team": "rl", "algo": "grpo"})
+
+
+def test_round_trip_sqlite(db, tmp_path):
+    sink = make_sink(f"mlflow:{db}?experiment=rt")
+    assert isinstance(sink, MlflowSink)
+    sink.open(run_info())
+    sink.write(records())
+    sink.close()
+    sink.close()   # safe twice
+    c = sink.client
+    r = c.get_run(sink.run_id)
+    assert r.info.run_name == "r1" and r.info.status == "FINISHED"
+    assert c.get_experiment(r.info.experiment_id).name == "rt"
+    # metrics: sanitized reversibly, exact values, steps and ms timestamps
+    hist = c.get_metric_history(sink.run_id, "val-core/openai/gsm8k/acc/mean_x40_1")
+    assert [(m.step, m.value, m.timestamp) for m in hist] == [
+        (i * 10, 0.25 * i, int(round((T0 + i * 1.5) * 1000))) for i in range(4)]
+    assert [m.value for m in c.get_metric_history(sink.run_id, "timing_x28_s_x29_/gen")] == [1.0, 2.0, 3.0, 4.0]
+    loss = [m.value for m in c.get_metric_history(sink.run_id, "train/loss")]
+    assert loss[0] == 1.0 and math.isnan(loss[1]) and loss[3] == 0.25
+    # MLflow clamps infinities to the largest double
+    assert [m.value for m in c.get_metric_history(sink.run_id, "train/inf")][:3] == [
+        -1.7976931348623157e308, -1.7976931348623157e308, 1.7976931348623157e308]
+    assert [m.value for m in c.get_metric_history(sink.run_id, "flag")] == [1.0] * 4
+    assert "missing" not in r.data.metrics
+    # histogram summaries, marked
+    mean = c.get_metric_history(sink.run_id, "actor/entropy/mean")
+    assert [m.value for m in mean] == [1.5, 1.75, 2.0, 2.25]
+    assert {k for k in r.data.metrics if k.startswith("actor/entropy/")} == {
+        f"actor/entropy/{s}" for s in ("mean", "std", "min", "max", "count")}
+    tags = r.data.tags
+    assert json.loads(read_chunked(tags, "trackbridge.histogram_summaries")) == ["actor/entropy"]
+    names = json.loads(read_chunked(tags, "trackbridge.names"))
+    assert names["val-core/openai/gsm8k/acc/mean_x40_1"] == ODD
+    assert tags["trackbridge.key_escape"] == "xhex/1"
+    assert tags["team"] == "rl" and tags["algo"] == "grpo"
+    # params flattened with dotted keys, JSON for non-strings
+    p = r.data.params
+    assert p["optim.lr"] == "1e-05" and p["optim.betas"] == "[0.9, 0.99]"
+    assert p["model"] == "Qwen/Qwen2.5@0.5B" and p["w_x28_kl_x29_"] == "0.04"
+    # RunInfo as a chunked tag
+    info = json.loads(read_chunked(tags, "trackbridge.run"))
+    assert info["config"] == run_info().config and info["tags"] == run_info().tags
+    # strings -> text artifact
+    arts = c.list_artifacts(sink.run_id, "trackbridge/text")
+    assert len(arts) == 1
+    text = c.download_artifacts(sink.run_id, arts[0].path, str(tmp_path))
+    lines = [json.loads(x) for x in open(text, encoding="utf-8")]
+    assert [(x["step"], x["value"]) for x in lines] == [(i * 10, f"completion {i}") for i in range(4)]
+    # the sink recorded its sanitization on the run it was given
+    assert sink.run.sanitized["timing_x28_s_x29_/gen"] == "timing(s)/gen"
+
+
+def test_write_twice_does_not_duplicate_and_last_step(db):
+    sink = make_sink(f"mlflow:{db}?experiment=dup")
+    sink.open(run_info("dup"))
+    assert sink.last_step() is None
+    recs = records(3)
+    sink.write(recs)
+    sink.write(recs)            # the SQL store ignores identical (key, value, timestamp, step) rows
+    assert sink.last_step() == 20
+    h = sink.client.get_metric_history(sink.run_id, "timing_x28_s_x29_/gen")
+    assert len(h) == 3
+    # NaN rows are not equal to themselves in SQL: check what happens to them
+    loss = sink.client.get_metric_history(sink.run_id, "train/loss")
+    assert len(loss) == 3
+    assert len(sink.client.list_artifacts(sink.run_id, "trackbridge/text")) == 1   # same content, same file
+    sink.close()
+
+
+def test_resume_reopens_run_and_keeps_params(db):
+    first = make_sink(f"mlflow:{db}?experiment=resume")
+    info = run_info("res")
+    first.open(info)
+    first.write(records(2))
+    first.close()
+    info2 = run_info("res")
+    info2.run_id = first.run_id
+    info2.config["optim"]["lr"] = 3e-4          # params are immutable: a resumed run keeps the logged value
+    info2.config["new_key"] = 7
+    again = make_sink(f"mlflow:{db}?experiment=resume")
+    again.open(info2, resume=True)
+    assert again.run_id == first.run_id
+    assert again.last_step() == 10
+    again.write([Record(step=None, wall_time=T0 + 100, metrics={ODD: 9.0})])   # no step -> continues at 11
+    again.close()
+    c = again.client
+    r = c.get_run(first.run_id)
+    assert r.data.params["optim.lr"] == "1e-05" and r.data.params["new_key"] == "7"
+    steps = [m.step for m in c.get_metric_history(first.run_id, "val-core/openai/gsm8k/acc/mean_x40_1")]
+    assert steps == [0, 10, 11]
+    assert len(c.search_runs([r.info.experiment_id])) == 1
+
+
+def test_resume_missing_run_is_a_clear_error(db):
+    sink = make_sink(f"mlflow:{db}?experiment=x&run=0123456789abcdef0123456789abcdef")
+    with pytest.raises(SinkError, match="no run '0123456789abcdef0123456789abcdef'"):
+        sink.open(RunInfo(name="x"))
+
+
+def test_more_than_1000_metrics_in_one_write(db):
+    sink = make_sink(f"mlflow:{db}?experiment=big")
+    sink.open(RunInfo(name="big"))
+    sink.write([Record(step=0, wall_time=T0, metrics={f"m/{i}@k": float(i) for i in range(1500)})])
+    sink.close()
+    r = sink.client.get_run(sink.run_id)
+    assert len(r.data.metrics) == 1500
+    assert r.data.metrics["m/1499_x40_k"] == 1499.0
+
+
+def test_file_store_duplicates_on_rewrite(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    sink = make_sink(f"mlflow:{tmp_path / 'mlruns'}")
+    sink.open(RunInfo(name="fs"))
+    recs = [Record(step=i, wall_time=T0 + i, metrics={"a": float(i)}) for i in range(2)]
+    sink.write(recs)
+    sink.write(recs)
+    sink.close()
+    # unlike the SQL store, the (deprecated) file store appends identical rows again
+    assert [m.step for m in sink.client.get_metric_history(sink.run_id, "a")] == [0, 1, 0, 1]
+
+
+def test_unstorable_value_names_the_metric(db):
+    sink = make_sink(f"mlflow:{db}?experiment=bad")
+    sink.open(RunInfo(name="bad"))
+    with pytest.raises(SinkError, match=r"step 3, metric 'obj'"):
+        sink.write([Record(step=3, wall_time=T0, metrics={"obj": object()})])
+    sink.close()
+
+
+# -- the reversible escape --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,stored", [
+    ("val-core/openai/gsm8k/acc/mean@1", "val-core/openai/gsm8k/acc/mean_x40_1"),
+    ("timing(s)/gen", "timing_x28_s_x29_/gen"),
+    ("rew[0]", "rew_x5B_0_x5D_"),
+    ("a,b", "a_x2C_b"),
+    ("a//b", "a/_x2F_b"),
+    ("/lead", "_x2F_lead"),
+    ("trail/", "trail_x2F_"),
+    ("../x", "_x2E__x2E_/x"),
+    ("a_x41_b", "a_x5F_x41_b"),           # a literal escape-lookalike is itself escaped
+    ("train/loss", "train/loss"),         # valid names are untouched
+])
+def test_escape_examples(name, stored):
+    assert _sanitize.mlflow_key(name) == stored
+    assert _sanitize.mlflow_valid(stored)
+    assert _sanitize.unescape(stored) == name
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab_xX/.@:,()[] 1F4é%#=+")), min_size=1, max_size=30))
+def test_escape_is_reversible_and_valid(name):
+    stored = _sanitize.mlflow_key(name)
+    assert _sanitize.mlflow_valid(stored)
+    assert re.fullmatch(r"[/\w.\- :]*", stored) and posixpath.normpath(stored) == stored
+    if len(stored) <= 250 and "-h" not in stored[-12:]:
+        assert _sanitize.unescape(stored) == name
+
+
+def test_long_names_are_shortened_and_recorded(db):
+    long = "x/" + "abc@" * 80
+    stored = _sanitize.mlflow_key(long)
+    assert len(stored) <= 250 and _sanitize.mlflow_valid(stored)
+    sink = make_sink(f"mlflow:{db}?experiment=long")
+    sink.open(RunInfo(name="long"))
+    sink.write([Record(step=0, wall_time=T0, metrics={long: 1.0})])
+    sink.close()
+    names = json.loads(read_chunked(sink.client.get_run(sink.run_id).data.tags, "trackbridge.names"))
+    assert names[stored] == long

@@ -1,0 +1,328 @@
+"""MLflow sink: ``mlflow:URI[?experiment=NAME&run=RUN_ID&artifacts=DIR]`` written through ``MlflowClient``.
+
+Why the client and not the fluent API: several runs (and several sinks) must coexist in one process, and the fluent
+API keeps one global active run.
+
+Locations (``URI``):
+
+* ``sqlite:///path.db`` (MLflow's default store since 3.7), or a bare ``path.db``;
+* ``http://127.0.0.1:PORT`` (a tracking server);
+* a directory or ``file:`` URI (the deprecated file store: MLflow >= 3.7 refuses it unless
+  ``MLFLOW_ALLOW_FILE_STORE=true``, which this sink sets for that location only if it is unset).
+
+This sink (and the reader) also set ``MLFLOW_DISABLE_TELEMETRY=true`` when unset: MLflow otherwise tries to reach a
+telemetry host even for a local store; and ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false`` when unset.
+
+What goes where in the MLflow run:
+
+* metrics -> ``log_batch`` in chunks of at most 1000, with ``timestamp = round(wall_time * 1000)`` (ms) and the
+  record's step (records without a step continue from the last one);
+* ``run.config`` -> params, flattened with dotted keys (``optim.lr``); values are JSON for non-strings, cut to 6000
+  characters; params are immutable in MLflow, so on resume existing keys are skipped;
+* ``run.tags`` -> tags (values cut to 8000 characters);
+* names MLflow refuses (``@ , [ ] ( )``, ``//``, over 250 characters ...) are escaped reversibly by
+  :mod:`trackbridge.sinks._sanitize` (``mean@1`` -> ``mean_x40_1``); tag ``trackbridge.key_escape`` names the scheme
+  and the chunked JSON tag ``trackbridge.names`` holds every stored -> original pair (needed for shortened names);
+* histograms -> summary metrics ``<name>/mean``, ``/std``, ``/min``, ``/max``, ``/count``; the chunked JSON tag
+  ``trackbridge.histogram_summaries`` lists the histogram names so readers know these are summaries;
+* strings -> a JSON-lines text artifact per written batch, ``trackbridge/text/<content hash>.jsonl``, each line
+  ``{"step", "timestamp" (ms), "wall_time", "name", "value"}`` (the content hash makes rewriting the same batch idempotent);
+* the :class:`~trackbridge.record.RunInfo` itself -> chunked JSON tag ``trackbridge.run`` so name, tags and config
+  round-trip exactly (params alone are flattened strings).
+
+A "chunked JSON tag" ``P`` is stored as tags ``P.count`` and ``P.0`` .. ``P.<count-1>`` (at most 7000 characters
+each, under MLflow's 8000-character tag limit), joined in order.
+
+Values: NaN is stored as NaN; MLflow clamps +-inf to +-1.7976931348623157e308 (the largest double); the reader
+turns that value back into +-inf for runs marked by this sink. ``None`` values are skipped (MLflow has no
+"missing"), booleans become 0.0/1.0. The SQL store ignores a row identical in (key, value, timestamp, step) to one
+it already holds, so replaying the same records into the same run adds nothing; the file store does not
+de-duplicate.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..record import Histogram, Record, RunInfo
+from . import _sanitize
+from .base import Capabilities, Sink, SinkError
+
+TAG_ESCAPE = "trackbridge.key_escape"
+TAG_NAMES = "trackbridge.names"
+TAG_HIST = "trackbridge.histogram_summaries"
+TAG_RUN = "trackbridge.run"
+TEXT_DIR = "trackbridge/text"
+CHUNK = 7000
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_TAGS_PER_BATCH = 100
+MAX_PARAM_VAL = 6000
+MAX_TAG_VAL = 8000
+SUMMARY_STATS = ("mean", "std", "min", "max", "count")
+
+
+# -- shared with the reader -------------------------------------------------------------------------------
+def tracking_uri(location: str) -> str:
+    """The MLflow tracking URI for a locator's location; sets the environment MLflow needs for local stores."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    loc = location.strip()
+    if loc.startswith(("sqlite:", "http://", "https://", "postgresql", "mysql", "mssql", "databricks")):
+        return loc
+    if loc.endswith(".db"):
+        return f"sqlite:///{Path(loc).expanduser().resolve()}"
+    # a directory or file: URI -> the deprecated file store
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    if loc.startswith("file:"):
+        return loc
+    return Path(loc).expanduser().resolve().as_uri()
+
+
+def make_client(location: str):
+    """An ``MlflowClient`` for ``location`` (imports MLflow here, not at module import)."""
+    uri = tracking_uri(location)
+    from mlflow.tracking import MlflowClient
+    return MlflowClient(tracking_uri=uri)
+
+
+def chunk_tags(prefix: str, text: str) -> dict[str, str]:
+    """Split ``text`` into tags ``prefix.count``, ``prefix.0`` ... (see the module docstring)."""
+    pieces = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)] or [""]
+    tags = {f"{prefix}.{i}": p for i, p in enumerate(pieces)}
+    tags[f"{prefix}.count"] = str(len(pieces))
+    return tags
+
+
+def read_chunked(tags: dict[str, str], prefix: str) -> str | None:
+    """Join a chunked tag written by :func:`chunk_tags`; ``None`` when absent or incomplete."""
+    count = tags.get(f"{prefix}.count")
+    if count is None or not count.isdigit():
+        return None
+    parts = [tags.get(f"{prefix}.{i}") for i in range(int(count))]
+    if any(p is None for p in parts):
+        return None
+    return "".join(parts)  # type: ignore[arg-type]
+
+
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten_config(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def param_value(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+    return text[:MAX_PARAM_VAL]
+
+
+def _ms(wall_time: float | None) -> int:
+    return int(round((time.time() if wall_time is None else wall_time) * 1000))
+
+
+# -- the sink ---------------------------------------------------------------------------------------------
+class MlflowSink(Sink):
+    """Writes records to one MLflow run (see the module docstring for the layout)."""
+
+    kind = "mlflow"
+    capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True)
+
+    def __init__(self, location: str = "", **options: str) -> None:
+        super().__init__(location, **options)
+        self.client = None
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._names = _sanitize.NameCache(_sanitize.mlflow_key)
+        self._hist: set[str] = set()
+        self._next_step = 0
+        self._closed = False
+        self._text_seq = 0
+
+    # -- open ------------------------------------------------------------------------------------------
+    def open(self, run: RunInfo, *, resume: bool = False) -> None:
+        self.run = run
+        try:
+            self.client = make_client(self.location)
+        except Exception as exc:  # noqa: BLE001 - report which sink failed and why
+            raise SinkError(f"mlflow:{self.location}: cannot create an MLflow client: {exc}") from exc
+        run_id = self.options.get("run") or (run.run_id if resume else None)
+        try:
+            if run_id:
+                self._reopen(run_id)
+            else:
+                self._create(run)
+            self._log_params(run)
+            self._put_tags({TAG_ESCAPE: _sanitize.SCHEME, **self._run_tags()})
+        except SinkError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise SinkError(f"mlflow:{self.location}: cannot open run: {exc}") from exc
+        last = self.last_step()
+        self._next_step = 0 if last is None else last + 1
+
+    def _experiment(self, run: RunInfo) -> str:
+        name = self.options.get("experiment") or run.project or "trackbridge"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        artifact_location = self.options.get("artifacts")
+        uri = tracking_uri(self.location)
+        if artifact_location is None and uri.startswith("sqlite:///"):
+            # keep artifacts next to the database instead of under the current directory
+            db = Path(uri[len("sqlite:///"):])
+            artifact_location = (db.parent / "mlartifacts").resolve().as_uri()
+        elif artifact_location is not None and "://" not in artifact_location:
+            artifact_location = Path(artifact_location).resolve().as_uri()
+        return self.client.create_experiment(name, artifact_location=artifact_location)
+
+    def _create(self, run: RunInfo) -> None:
+        self.experiment_id = self._experiment(run)
+        tags = {self._names(k) if not _sanitize.mlflow_valid(k) else k: str(v)[:MAX_TAG_VAL]
+                for k, v in (run.tags or {}).items()}
+        created = self.client.create_run(self.experiment_id, run_name=run.name, tags=tags)
+        self.run_id = created.info.run_id
+        self._existing_params: dict[str, str] = {}
+
+    def _reopen(self, run_id: str) -> None:
+        from mlflow.exceptions import MlflowException
+        try:
+            existing = self.client.get_run(run_id)
+        except MlflowException as exc:
+            raise SinkError(f"mlflow:{self.location}: no run {run_id!r} to resume ({exc.message})") from None
+        self.run_id = run_id
+        self.experiment_id = existing.info.experiment_id
+        self._existing_params = dict(existing.data.params)
+        tags = existing.data.tags
+        names = read_chunked(tags, TAG_NAMES)
+        if names:
+            for stored, original in json.loads(names).items():
+                self._names._cache[original] = stored
+                self._names.changed[stored] = original
+        hist = read_chunked(tags, TAG_HIST)
+        if hist:
+            self._hist.update(json.loads(hist))
+        if existing.info.status != "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
+
+    def _log_params(self, run: RunInfo) -> None:
+        from mlflow.entities import Param
+        params = []
+        for key, value in flatten_config(run.config or {}).items():
+            stored = self._names(key)
+            if stored in self._existing_params:
+                continue   # params are immutable: a resumed run keeps what it has
+            params.append(Param(stored, param_value(value)))
+            self._existing_params[stored] = params[-1].value
+        for i in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=params[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+
+    def _run_tags(self) -> dict[str, str]:
+        """The RunInfo, name map and histogram list as chunked tags."""
+        assert self.run is not None
+        info = self.run.to_json()
+        info["sanitized"] = dict(self._names.changed)
+        info["extra"] = {**(info.get("extra") or {}), "histogram_summaries": sorted(self._hist)}
+        tags = chunk_tags(TAG_RUN, json.dumps(info, ensure_ascii=False, default=str, allow_nan=True))
+        tags.update(chunk_tags(TAG_NAMES, json.dumps(self._names.changed, ensure_ascii=False)))
+        tags.update(chunk_tags(TAG_HIST, json.dumps(sorted(self._hist), ensure_ascii=False)))
+        return tags
+
+    def _put_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+        items = [RunTag(k, v) for k, v in tags.items()]
+        for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(self.run_id, tags=items[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+
+    # -- write -----------------------------------------------------------------------------------------
+    def write(self, records: list[Record]) -> None:
+        if self.client is None or self.run_id is None:
+            raise SinkError(f"mlflow:{self.location}: write() before open()")
+        from mlflow.entities import Metric
+        metrics: list[Any] = []
+        texts: list[dict[str, Any]] = []
+        hist_before = len(self._hist)
+        for rec in records:
+            step = int(rec.step) if rec.step is not None else self._next_step
+            self._next_step = max(self._next_step, step + 1)
+            ts = _ms(rec.wall_time)
+            for name, value in rec.metrics.items():
+                if value is None:
+                    continue
+                if isinstance(value, Histogram):
+                    self._hist.add(name)
+                    for stat, v in value.summary().items():
+                        metrics.append(Metric(self._key(f"{name}/{stat}"), float(v), ts, step))
+                    continue
+                if isinstance(value, str):
+                    texts.append({"step": step, "timestamp": ts, "wall_time": rec.wall_time, "name": name,
+                                  "value": value})
+                    continue
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    raise SinkError(f"mlflow:{self.location}: step {step}, metric {name!r}: cannot store a "
+                                    f"{type(value).__name__} value") from None
+                metrics.append(Metric(self._key(name), number, ts, step))
+        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+        if texts:
+            self._write_texts(texts)
+        new = self._names.take_new()
+        if new:
+            self.record_sanitized(new)
+        if new or len(self._hist) != hist_before:
+            self._put_tags(self._run_tags())
+
+    def _key(self, name: str) -> str:
+        try:
+            return self._names(name)
+        except ValueError as exc:
+            raise SinkError(f"mlflow:{self.location}: {exc}") from None
+
+    def _write_texts(self, texts: list[dict[str, Any]]) -> None:
+        body = "".join(json.dumps(t, ensure_ascii=False, allow_nan=True) + "\n" for t in texts)
+        digest = hashlib.sha1(body.encode("utf-8")).hexdigest()[:16]
+        self.client.log_text(self.run_id, body, f"{TEXT_DIR}/{digest}.jsonl")
+
+    # -- close / resume --------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed or self.client is None or self.run_id is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._put_tags(self._run_tags())
+        self.client.set_terminated(self.run_id, status="FINISHED")
+
+    def last_step(self) -> int | None:
+        """Highest step among the run's latest metric values (MLflow keeps the max-step point per key)."""
+        if self.client is None or self.run_id is None:
+            return None
+        data = self.client.get_run(self.run_id).data
+        objs = getattr(data, "_metric_objs", None)
+        if objs is None:   # public fallback: one history per key
+            steps = [m.step for key in data.metrics for m in self.client.get_metric_history(self.run_id, key)]
+        else:
+            steps = [m.step for m in objs]
+        return max(steps) if steps else None
+
+    def describe(self) -> str:
+        return f"mlflow:{self.location}" + (f" (run {self.run_id})" if self.run_id else "")
+
+
+def restore_inf(value: float) -> float:
+    """MLflow stores +-inf as +-max double; map that back (only for runs this sink wrote)."""
+    if value == 1.7976931348623157e308:
+        return math.inf
+    if value == -1.7976931348623157e308:
+        return -math.inf
+    return value

@@ -1,0 +1,311 @@
+"""Trackio sink: ``trackio:DIR[?project=NAME&run=RUN_ID]``, local only (no Space, no server, no Hub).
+
+Why not ``trackio.init``/``trackio.log``: trackio stamps every point with its own flush time (``log()`` has no
+timestamp argument), and it reads its storage folder (``TRACKIO_DIR``) once, at import, into module globals; one
+process could then write to one folder only. This sink writes trackio's on-disk format directly instead, for trackio
+0.43.0 (schema version 2, ``PRAGMA user_version``):
+
+* the database ``DIR/<canonical project>.db`` (the canonical name keeps ``[A-Za-z0-9_-]``, as trackio's
+  ``canonical_project_name``) is created *by trackio itself*: ``SQLiteStorage.init_db`` runs once in a short child
+  process with ``TRACKIO_DIR=DIR`` (and remote settings removed, ``HF_HUB_OFFLINE=1``), so the schema is exactly the
+  installed trackio's; a database at another schema version is refused with a clear error;
+* points go into ``metrics(run_id, run_name, step, timestamp, metrics, log_id)`` with one row per record, the
+  record's step and its wall time as an ISO-8601 UTC timestamp, in one transaction per batch, under trackio's own
+  process lock file ``DIR/<canonical>.lock`` (``fcntl.flock``, as trackio's ``ProcessLock``);
+* ``log_id`` is a hash of (run id, step, timestamp, metrics), inserted with ``INSERT OR IGNORE`` against trackio's
+  unique ``log_id`` index -- trackio's own mechanism -- so replaying the same records adds nothing;
+* the config goes into ``configs`` as trackio does (the user's config plus ``_Username``, ``_Created``, ``_Group``),
+  with one more reserved key, ``_trackbridge``: the RunInfo (name, tags, config, source ...) and the name map, so a
+  reader restores everything exactly;
+* values: numbers as JSON numbers, NaN/+-inf as the strings ``"NaN"``/``"Infinity"``/``"-Infinity"`` (trackio's
+  ``serialize_values``), strings as JSON strings (stored and returned by trackio; its dashboard plots numbers only),
+  ``None`` as JSON null, histograms as trackio's own type ``{"_type": "trackio.histogram", "bins": edges,
+  "values": counts}`` plus a ``trackbridge`` entry with min/max/num/sum/sum_squares so summaries survive;
+* names: trackio's reserved keys (``step``, ``time``, ``timestamp``, ``project``, ``run``, ``metrics``) and keys
+  starting with ``__`` get a ``__`` prefix -- trackio's own rule, which is reversible; nothing else is changed.
+
+A string value ``"NaN"``/``"Infinity"`` cannot be told from a number in trackio's format and reads back as a float.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..record import Histogram, Record, RunInfo
+from . import _sanitize
+from .base import Capabilities, Sink, SinkError
+
+SCHEMA_VERSION = 2          # trackio 0.43.0's PRAGMA user_version
+CONFIG_KEY = "_trackbridge"
+HIST_TYPE = "trackio.histogram"
+HIST_BINS = 64              # trackio.Histogram's default
+_REMOTE_ENV = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID", "TRACKIO_DATASET_ID",
+               "SPACE_REPO_NAME", "SPACE_ID", "SYSTEM")
+
+
+# -- shared with the reader -------------------------------------------------------------------------------
+def canonical_project_name(project: str) -> str:
+    """Trackio's on-disk project name (``utils.canonical_project_name`` in trackio 0.43.0)."""
+    safe = "".join(c for c in project if c.isalnum() or c in ("-", "_")).rstrip()
+    return safe or "default"
+
+
+def iso(wall_time: float) -> str:
+    return datetime.fromtimestamp(wall_time, timezone.utc).isoformat()
+
+
+def parse_iso(text: Any) -> float | None:
+    """Epoch seconds from trackio's ISO timestamp; ``None`` for the empty strings its TF importer writes."""
+    if not text or not isinstance(text, str):
+        return None
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def encode(value: Any) -> Any:
+    """A metric value in trackio's JSON form."""
+    if isinstance(value, Histogram):
+        return histogram_to_trackio(value)
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    try:
+        return encode(float(value))
+    except (TypeError, ValueError):
+        raise TypeError(f"cannot store a {type(value).__name__} value") from None
+
+
+def histogram_to_trackio(h: Histogram) -> dict[str, Any]:
+    if h.limits is not None and h.counts is not None and len(h.limits) == len(h.counts) and h.limits:
+        first = h.limits[0]
+        if h.min is not None and h.min <= first:
+            left = h.min
+        elif len(h.limits) > 1:
+            left = first - (h.limits[1] - first)
+        else:
+            left = first
+        bins = [float(left)] + [float(x) for x in h.limits]
+        counts = [float(c) for c in h.counts]
+    else:
+        vals = [v for v in (h.values or []) if math.isfinite(v)]
+        if vals:
+            lo, hi = min(vals), max(vals)
+            if lo == hi:
+                lo, hi = lo - 0.5, hi + 0.5
+            width = (hi - lo) / HIST_BINS
+            bins = [lo + i * width for i in range(HIST_BINS)] + [hi]
+            counts = [0.0] * HIST_BINS
+            for v in vals:
+                counts[min(int((v - lo) / width), HIST_BINS - 1)] += 1
+        else:
+            bins, counts = [], []
+    extra = {k: getattr(h, k) for k in ("min", "max", "num", "sum", "sum_squares") if getattr(h, k) is not None}
+    return {"_type": HIST_TYPE, "bins": bins, "values": counts, "trackbridge": extra}
+
+
+def trackio_to_histogram(obj: dict[str, Any]) -> Histogram:
+    bins = [float(b) for b in obj.get("bins") or []]
+    counts = [float(c) for c in obj.get("values") or []]
+    extra = obj.get("trackbridge") or {}
+    return Histogram(limits=bins[1:] or None, counts=counts or None,
+                     min=extra.get("min", bins[0] if bins else None),
+                     max=extra.get("max", bins[-1] if bins else None),
+                     num=extra.get("num", float(sum(counts)) if counts else None),
+                     sum=extra.get("sum"), sum_squares=extra.get("sum_squares"))
+
+
+@contextlib.contextmanager
+def process_lock(directory: Path, project: str) -> Iterator[None]:
+    """Trackio's cross-process lock for a project (the same ``<canonical>.lock`` file, ``fcntl.flock``)."""
+    try:
+        import fcntl
+    except ImportError:      # Windows: trackio uses msvcrt; we rely on SQLite's own locking there
+        yield
+        return
+    path = directory / f"{canonical_project_name(project)}.lock"
+    with open(path, "w") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def connect(db: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(db), timeout=30.0)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def schema_version(db: Path) -> int:
+    with contextlib.closing(sqlite3.connect(str(db))) as conn:
+        return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def init_db(directory: Path, project: str) -> Path:
+    """Create (or migrate) the project database with the installed trackio's own ``SQLiteStorage.init_db``."""
+    db = directory / f"{canonical_project_name(project)}.db"
+    if db.exists() and schema_version(db) == SCHEMA_VERSION:
+        return db
+    env = {k: v for k, v in os.environ.items() if k not in _REMOTE_ENV}
+    env.update(TRACKIO_DIR=str(directory), HF_HUB_OFFLINE="1")
+    code = ("import sys\nfrom trackio.sqlite_storage import SQLiteStorage\n"
+            "print(SQLiteStorage.init_db(sys.argv[1]))\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, project], env=env, capture_output=True, text=True,
+                              timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SinkError(f"trackio:{directory}: cannot run trackio to create {db.name}: {exc}") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise SinkError(f"trackio:{directory}: trackio could not create {db.name}:\n" + "\n".join(tail))
+    version = schema_version(db)
+    if version != SCHEMA_VERSION:
+        raise SinkError(f"trackio:{db}: schema version {version}, this sink writes version {SCHEMA_VERSION} "
+                        f"(trackio 0.43.0); use a matching trackio")
+    return db
+
+
+# -- the sink ---------------------------------------------------------------------------------------------
+class TrackioSink(Sink):
+    """Writes records to one run of a local Trackio project (see the module docstring)."""
+
+    kind = "trackio"
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+
+    def __init__(self, location: str = "", **options: str) -> None:
+        super().__init__(location, **options)
+        self.dir = Path(location).expanduser()
+        self.project: str | None = None
+        self.db: Path | None = None
+        self.run_id: str | None = None
+        self.run_name: str | None = None
+        self._names = _sanitize.NameCache(_sanitize.trackio_key)
+        self._created: str | None = None
+        self._next_step = 0
+        self._closed = False
+
+    def open(self, run: RunInfo, *, resume: bool = False) -> None:
+        self.run = run
+        self.project = self.options.get("project") or run.project or "trackbridge"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.db = init_db(self.dir, self.project)
+        run_id = self.options.get("run") or (run.run_id if resume else None)
+        with contextlib.closing(connect(self.db)) as conn:
+            row = None
+            if run_id:
+                row = conn.execute("SELECT run_id, run_name, config, created_at FROM configs WHERE run_id = ?",
+                                   (run_id,)).fetchone()
+                has_points = conn.execute("SELECT 1 FROM metrics WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()
+                if row is None and not has_points and self.options.get("run"):
+                    raise SinkError(f"trackio:{self.db}: no run {run_id!r} to resume")
+        if run_id:
+            self.run_id = run_id
+        else:
+            self.run_id = uuid.uuid4().hex
+        self.run_name = (row["run_name"] if row is not None else None) or run.name or f"trackbridge-{self.run_id[:8]}"
+        if row is not None:
+            self._created = row["created_at"]
+            try:
+                old = json.loads(row["config"]).get(CONFIG_KEY) or {}
+                for stored, original in (old.get("sanitized") or {}).items():
+                    self._names._cache[original] = stored
+                    self._names.changed[stored] = original
+            except (json.JSONDecodeError, AttributeError):
+                pass
+        self._write_config()
+        last = self.last_step()
+        self._next_step = 0 if last is None else last + 1
+
+    def _config(self) -> dict[str, Any]:
+        assert self.run is not None
+        info = self.run.to_json()
+        info["sanitized"] = dict(self._names.changed)
+        cfg: dict[str, Any] = {k: v for k, v in (self.run.config or {}).items()}
+        cfg["_Username"] = None
+        cfg["_Created"] = self._created or datetime.now(timezone.utc).isoformat()
+        cfg["_Group"] = (self.run.tags or {}).get("group")
+        cfg[CONFIG_KEY] = info
+        return cfg
+
+    def _write_config(self) -> None:
+        text = json.dumps(_json_safe(self._config()), ensure_ascii=False, allow_nan=False, default=str)
+        now = datetime.now(timezone.utc).isoformat()
+        with process_lock(self.dir, self.project), contextlib.closing(connect(self.db)) as conn, conn:
+            conn.execute("INSERT OR REPLACE INTO configs (run_id, run_name, config, created_at) VALUES (?, ?, ?, ?)",
+                         (self.run_id, self.run_name, text, self._created or now))
+        self._created = self._created or now
+
+    def write(self, records: list[Record]) -> None:
+        if self.db is None or self.run_id is None:
+            raise SinkError(f"trackio:{self.location}: write() before open()")
+        rows = []
+        for rec in records:
+            step = int(rec.step) if rec.step is not None else self._next_step
+            self._next_step = max(self._next_step, step + 1)
+            ts = iso(rec.wall_time) if rec.wall_time is not None else datetime.now(timezone.utc).isoformat()
+            metrics: dict[str, Any] = {}
+            for name, value in rec.metrics.items():
+                try:
+                    metrics[self._names(name)] = encode(value)
+                except (TypeError, ValueError) as exc:
+                    raise SinkError(f"trackio:{self.db}: step {step}, metric {name!r}: {exc}") from None
+            blob = json.dumps(metrics, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            log_id = hashlib.sha1(f"{self.run_id}\x00{step}\x00{ts}\x00{blob}".encode("utf-8")).hexdigest()
+            rows.append((ts, self.run_id, self.run_name, step, blob, log_id))
+        if rows:
+            with process_lock(self.dir, self.project), contextlib.closing(connect(self.db)) as conn, conn:
+                conn.executemany("INSERT OR IGNORE INTO metrics (timestamp, run_id, run_name, step, metrics, log_id) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)", rows)
+        new = self._names.take_new()
+        if new:
+            self.record_sanitized(new)
+            self._write_config()
+
+    def close(self) -> None:
+        if self._closed or self.db is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._write_config()
+
+    def last_step(self) -> int | None:
+        if self.db is None or self.run_id is None:
+            return None
+        with contextlib.closing(connect(self.db)) as conn:
+            row = conn.execute("SELECT MAX(step) FROM metrics WHERE run_id = ?", (self.run_id,)).fetchone()
+        return row[0] if row and row[0] is not None else None
+
+    def describe(self) -> str:
+        return f"trackio:{self.location}" + (f" (project {self.project}, run {self.run_name})" if self.run_name else "")
+
+
+def _json_safe(obj: Any) -> Any:
+    """Config in trackio's JSON form: NaN/inf as strings, everything else JSON or ``str``."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return encode(obj)
+    return obj
