@@ -1,0 +1,247 @@
+"""``wandb:DIR`` -- Weights & Biases, **offline by default** (``?mode=online&project=P`` only when asked).
+
+Runs go to ``DIR/wandb/offline-run-<time>-<run_id>/run-<run_id>.wandb`` (upload later with ``wandb sync``). Each
+sink owns its own ``Run`` object (``reinit="create_new"``), so several runs can live in one process, and never uses
+the global ``wandb.log``. Console capture, system stats, git and code saving are off.
+
+What wandb 0.31 does, and what this sink does about it (verified against the offline ``.wandb`` file):
+
+* **A step lower than the last one is silently dropped.** Every record becomes its own history row at a wandb step
+  that only grows: the record's own step when it is higher than the last wandb step, else last + 1. The true step
+  is logged in every row as ``trackbridge/step`` and declared the x-axis of every metric
+  (``define_metric("*", step_metric="trackbridge/step")``), so nothing is lost and charts use the real steps.
+  :class:`~trackbridge.sources.wandb.WandbSource` reads ``trackbridge/step`` back as the record's step.
+* **Wall time**: a ``_timestamp`` key in the logged dict is honoured (stored verbatim as the row's
+  ``_timestamp``); this sink sets it from ``Record.wall_time``.
+* **Strings** are stored as JSON strings in the history row (read back exactly); ``None`` is stored as ``null``.
+* **Histograms** become ``wandb.Histogram`` (bucket edges ``[min] + limits``, at most 512 buckets: more are merged
+  pairwise). wandb keeps only edges and counts: ``sum``/``sum_squares`` are lost. Raw ``values`` are bucketed by
+  wandb into ``bins`` buckets (option, default 64).
+* **Float 1.0 is stored as the integer 1** (wandb's JSON encoding); equal in value.
+* **Reserved names**: keys starting with ``_`` belong to wandb (``_step``, ``_runtime``, ``_timestamp``), so a metric
+  ``_x`` is stored as ``trackbridge/_x`` and the mapping is recorded (``RunInfo.sanitized``).
+* **Run info**: ``config`` is the run's config plus one entry ``_trackbridge`` holding the rest of the
+  :class:`RunInfo` (name, project, tags, source, sanitization, ...), from which the reader restores it exactly.
+  wandb tags (a list) are set to ``key=value`` strings (64 characters at most) for the UI.
+* **finish() can return before the file is flushed** (seen: a 7-byte ``.wandb`` right after ``finish()``, more
+  often when wandb-core starts slowly). :meth:`WandbSink.close` therefore waits until the run's ``exit`` record is
+  in the file (option ``flush_timeout``, default 60 s), so a reader right after ``close()`` sees everything.
+* **Resume**: offline wandb ignores ``resume``. With ``resume=True`` this sink finds the run's earlier offline
+  folders under ``DIR/wandb`` (by run id), reads their last wandb step and last true step with the wandb reader,
+  and starts a *new* offline run with the same id (wandb names its folder ``...-<id>-1`` when the second matches),
+  continuing the wandb step after the last one. The reader merges all folders of one run id, in order. Opening an
+  id that already has folders without ``resume`` raises :class:`SinkError` (it would mix two runs).
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..record import Histogram, Record, RunInfo
+from .base import Capabilities, Sink, SinkError
+
+STEP_KEY = "trackbridge/step"
+META_KEY = "_trackbridge"
+MAX_BINS = 512
+_RESERVED_PREFIX = "trackbridge/"
+
+
+def _merge_buckets(edges: list[float], counts: list[float], limit: int) -> tuple[list[float], list[float]]:
+    """Merge neighbouring buckets pairwise until at most ``limit`` remain."""
+    while len(counts) > limit:
+        new_counts = [counts[i] + (counts[i + 1] if i + 1 < len(counts) else 0.0) for i in range(0, len(counts), 2)]
+        new_edges = [edges[i] for i in range(0, len(counts), 2)] + [edges[-1]]
+        edges, counts = new_edges, new_counts
+    return edges, counts
+
+
+def histogram_edges(h: Histogram) -> tuple[list[float], list[float]] | None:
+    """``(edges, counts)`` with ``len(edges) == len(counts) + 1`` from a limits/counts histogram, or None."""
+    if h.limits is None or h.counts is None or not h.counts:
+        return None
+    limits = [float(x) for x in h.limits]
+    first = limits[0]
+    left = float(h.min) if h.min is not None and h.min <= first else first
+    return _merge_buckets([left] + limits, [float(c) for c in h.counts], MAX_BINS)
+
+
+class WandbSink(Sink):
+    """Writes a wandb run. Options: ``mode`` (offline|online, default offline), ``project``, ``entity``, ``bins``,
+    ``flush_timeout`` (seconds close() waits for the offline file to be complete)."""
+
+    kind = "wandb"
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+
+    def __init__(self, location: str = "", **options: str) -> None:
+        super().__init__(location, **options)
+        self.mode = options.get("mode", "offline")
+        if self.mode not in ("offline", "online"):
+            raise SinkError(f"wandb sink: mode={self.mode!r}; expected offline or online")
+        try:
+            self.bins = max(1, min(MAX_BINS, int(options.get("bins", 64))))
+        except ValueError:
+            raise SinkError(f"wandb sink: option bins={options.get('bins')!r} is not an integer") from None
+        self._run: Any = None
+        self._wandb: Any = None
+        self._wstep = -1
+        self._max_step: int | None = None
+        self._sanitized_written: dict[str, str] = {}
+        self._file: Path | None = None
+        try:
+            self.flush_timeout = float(options.get("flush_timeout", 60))
+        except ValueError:
+            raise SinkError(f"wandb sink: flush_timeout={options.get('flush_timeout')!r} is not a number") from None
+
+    # -- open ------------------------------------------------------------------------------------------------
+    def open(self, run: RunInfo, *, resume: bool = False) -> None:
+        os.environ.setdefault("WANDB_SILENT", "true")
+        try:
+            import wandb
+        except ImportError as exc:
+            raise SinkError(f"wandb sink needs the 'wandb' package ({exc}); pip install 'trackbridge[wandb]'") from None
+        self._wandb = wandb
+        if run.run_id is None:
+            run.run_id = uuid.uuid4().hex[:12]
+        self.run = run
+        folder = Path(self.location or ".").expanduser()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SinkError(f"wandb sink: cannot create {folder}: {exc}") from None
+        if self.mode == "offline":
+            self._continue_offline(folder, run, resume)
+        settings = wandb.Settings(console="off", x_disable_stats=True, disable_git=True, save_code=False,
+                                  silent=True, x_disable_meta=True)
+        tags = [t for t in (f"{k}={v}" if v not in (None, "") else str(k) for k, v in run.tags.items())
+                if 0 < len(t) <= 64]
+        kwargs: dict[str, Any] = {}
+        if self.mode == "online" and resume:
+            kwargs["resume"] = "allow"
+        try:
+            self._run = wandb.init(
+                mode=self.mode, dir=str(folder), project=self.options.get("project") or run.project or "trackbridge",
+                entity=self.options.get("entity"), name=run.name, id=run.run_id, config=self._config(run),
+                tags=tags or None, reinit="create_new", settings=settings, **kwargs)
+        except Exception as exc:
+            raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") from exc
+        if self.mode == "online" and resume:
+            self._wstep = max(self._wstep, int(getattr(self._run, "step", 0) or 0) - 1)
+        self._run.define_metric(STEP_KEY)
+        self._run.define_metric("*", step_metric=STEP_KEY)
+        self._sanitized_written = dict(run.sanitized)
+        self._file = None
+        if self.mode == "offline":
+            run_dir = getattr(self._run, "dir", None)     # .../offline-run-<time>-<id>/files
+            if run_dir:
+                self._file = Path(run_dir).parent / f"run-{run.run_id}.wandb"
+
+    def _continue_offline(self, folder: Path, run: RunInfo, resume: bool) -> None:
+        """Find earlier offline folders of this run id; refuse them without resume, continue after them with."""
+        from ..sources.wandb import WandbRunReader, run_files
+
+        previous = run_files(folder / "wandb", run.run_id)
+        if not previous:
+            return
+        if not resume:
+            raise SinkError(f"wandb sink: {previous[0].parent} already holds run {run.run_id!r}; open with "
+                            f"resume=True to continue it, or use a new run id")
+        reader = WandbRunReader(previous, run_id=run.run_id)
+        last_wstep, last_step = reader.last_steps()
+        self._wstep = last_wstep if last_wstep is not None else -1
+        self._max_step = last_step
+
+    @staticmethod
+    def _meta(run: RunInfo) -> dict[str, Any]:
+        meta = run.to_json()
+        meta.pop("config", None)
+        return meta
+
+    def _config(self, run: RunInfo) -> dict[str, Any]:
+        config = dict(run.config or {})
+        config[META_KEY] = self._meta(run)
+        return config
+
+    # -- write -----------------------------------------------------------------------------------------------
+    def _key(self, name: str) -> str:
+        if not name.startswith("_"):
+            return name
+        stored = _RESERVED_PREFIX + name
+        self.record_sanitized({stored: name})
+        return stored
+
+    def _value(self, name: str, v: Any) -> Any:
+        t = type(v)
+        if t is float or t is int or t is str or v is None:
+            return v
+        if t is bool:
+            return int(v)
+        if isinstance(v, Histogram):
+            wandb = self._wandb
+            parts = histogram_edges(v)
+            if parts is not None:
+                edges, counts = parts
+                return wandb.Histogram(np_histogram=(counts, edges))
+            import math
+
+            finite = [float(x) for x in (v.values or []) if math.isfinite(float(x))]
+            if not finite:
+                return None
+            return wandb.Histogram(finite, num_bins=self.bins)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, str):
+            return str(v)
+        raise SinkError(f"wandb sink: metric {name!r}: cannot write a {type(v).__name__}")
+
+    def write(self, records: list[Record]) -> None:
+        if self._run is None:
+            raise SinkError(f"wandb sink {self.location}: write() before open() or after close()")
+        log = self._run.log
+        for rec in records:
+            row = {self._key(k): self._value(k, v) for k, v in rec.metrics.items()}
+            row[STEP_KEY] = rec.step
+            if rec.wall_time is not None:
+                row["_timestamp"] = float(rec.wall_time)
+            step = rec.step if rec.step is not None and rec.step > self._wstep else self._wstep + 1
+            try:
+                log(row, step=step, commit=True)
+            except Exception as exc:
+                raise SinkError(f"wandb sink: run.log failed at step {rec.step}: {exc}") from exc
+            self._wstep = step
+            if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
+                self._max_step = rec.step
+
+    def close(self) -> None:
+        if self._run is None:
+            return
+        run, self._run = self._run, None
+        try:
+            if self.run is not None and self.run.sanitized != self._sanitized_written:
+                run.config.update({META_KEY: self._meta(self.run)}, allow_val_change=True)
+        finally:
+            run.finish()
+        if self.mode == "offline" and self._file is not None:
+            self._wait_for_file(self._file)
+
+    def _wait_for_file(self, path: Path) -> None:
+        """Wait until wandb-core has written the run's ``exit`` record: in 0.31 offline, ``finish()`` can return
+        before the transaction log is flushed (seen: a 7-byte file right after ``finish()``)."""
+        from ..sources.wandb import has_exit_record
+
+        deadline = time.monotonic() + self.flush_timeout
+        delay = 0.01
+        while not has_exit_record(path):
+            if time.monotonic() > deadline:
+                raise SinkError(f"wandb sink: {path} still has no exit record {self.flush_timeout:g} s after "
+                                f"finish(); wandb-core may still be writing it")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def last_step(self) -> int | None:
+        return self._max_step
+
+    def describe(self) -> str:
+        return f"wandb:{self.location}?mode={self.mode}"

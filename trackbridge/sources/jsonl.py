@@ -1,0 +1,134 @@
+"""``jsonl:PATH`` -- read canonical streams (a ``.jsonl`` file, or a folder of them: one run per file).
+
+The stream's first line is the run header (``"type": "run"``, a :class:`RunInfo`); every other line is a
+:class:`Record`. Later header lines (none are written today) update the run info. Lines from veRL's ``file``
+logger backend (``{"step": N, "data": {...}}``) are read too, since that is the same idea without the header.
+
+Streaming and damage: the file is read line by line as bytes, so offsets are exact. A line that is not JSON (for
+example the partial last line a crash leaves) is skipped and reported as ``file:line N (offset X)``; the lines
+around it are still read. Recorded name sanitization (``RunInfo.sanitized``) is undone. Option ``run=ID`` keeps
+only runs whose id or name matches.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..record import Record, RunInfo, decode_value
+from .base import RunReader, Source, SourceError
+
+
+def _parse(raw: bytes) -> Any:
+    return json.loads(raw)
+
+
+class JsonlRunReader(RunReader):
+    """One ``.jsonl`` file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self._info: RunInfo | None = None
+
+    @property
+    def info(self) -> RunInfo:
+        if self._info is None:
+            self._info = self._read_header()
+        return self._info
+
+    def _read_header(self) -> RunInfo:
+        """The first header line (the run info), or a RunInfo named after the file when there is none."""
+        with open(self.path, "rb") as fh:
+            for raw in fh:
+                if not raw.strip():
+                    continue
+                try:
+                    obj = _parse(raw)
+                except ValueError:
+                    break
+                if isinstance(obj, dict) and obj.get("type") == "run":
+                    return RunInfo.from_json(obj)
+                break
+        return RunInfo(name=self.path.stem, run_id=self.path.stem)
+
+    def records(self) -> Iterator[Record]:
+        info = self.info
+        rename = dict(info.sanitized)
+        offset = 0
+        with open(self.path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                where = f"{self.path}:line {lineno} (offset {start})"
+                if not raw.endswith(b"\n"):
+                    # the last line without its newline: complete only if it parses
+                    try:
+                        obj = _parse(raw)
+                    except ValueError:
+                        self.skip(where, "partial last line (the writer stopped mid-line); skipped")
+                        continue
+                else:
+                    try:
+                        obj = _parse(raw)
+                    except ValueError as exc:
+                        self.skip(where, f"not JSON ({getattr(exc, 'msg', exc)}); skipped")
+                        continue
+                if not isinstance(obj, dict):
+                    self.skip(where, f"a JSON {type(obj).__name__}, not an object; skipped")
+                    continue
+                if obj.get("type") == "run":
+                    if lineno > 1:
+                        later = RunInfo.from_json(obj)
+                        rename.update(later.sanitized)
+                    continue
+                try:
+                    rec = self._record(obj)
+                except (TypeError, ValueError, AttributeError) as exc:
+                    self.skip(where, f"not a record ({exc}); skipped")
+                    continue
+                if rename:
+                    rec.metrics = {rename.get(k, k): v for k, v in rec.metrics.items()}
+                    rec.derived = [rename.get(k, k) for k in rec.derived]
+                yield rec
+
+    @staticmethod
+    def _record(obj: dict[str, Any]) -> Record:
+        if "metrics" not in obj and isinstance(obj.get("data"), dict):   # veRL "file" backend line
+            return Record(step=obj.get("step"), wall_time=obj.get("wall_time"),
+                          metrics={k: decode_value(v) for k, v in obj["data"].items()})
+        if not isinstance(obj.get("metrics", {}), dict):
+            raise ValueError("'metrics' is not an object")
+        step = obj.get("step")
+        if step is not None and not isinstance(step, int):
+            raise ValueError(f"step {step!r} is not an integer")
+        return Record.from_json(obj)
+
+
+class JsonlSource(Source):
+    """A ``.jsonl`` file or a folder of them (not recursive). Option: ``run=ID`` (id or name)."""
+
+    kind = "jsonl"
+
+    def __init__(self, location: str, **options: str) -> None:
+        super().__init__(location, **options)
+        self.path = Path(location).expanduser()
+        if not self.path.exists():
+            raise SourceError(f"jsonl source: no such file or folder: {location}")
+
+    def files(self) -> list[Path]:
+        if self.path.is_file():
+            return [self.path]
+        found = sorted(p for p in self.path.glob("*.jsonl") if p.is_file())
+        if not found:
+            raise SourceError(f"jsonl source: no *.jsonl files in {self.path}")
+        return found
+
+    def runs(self) -> Iterator[RunReader]:
+        want = self.options.get("run")
+        for path in self.files():
+            reader = JsonlRunReader(path)
+            if want and want not in (reader.info.run_id, reader.info.name, path.stem):
+                continue
+            yield reader

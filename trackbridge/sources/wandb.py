@@ -1,0 +1,383 @@
+"""``wandb:DIR`` -- read wandb runs from their local ``.wandb`` transaction logs, with no server and no upload.
+
+``DIR`` may be a folder holding ``wandb/`` (what ``wandb.init(dir=DIR)`` makes), the ``wandb/`` folder itself, one
+run folder (``offline-run-*`` or ``run-*``), or a ``run-<id>.wandb`` file. Folders of the same run id (a resumed
+run) are read as one run, in folder order. ``wandb.Api()`` cannot read offline runs, and wandb 0.31 no longer ships
+``wandb.sdk.internal.datastore``, so the file is parsed here:
+
+* the file starts with a 7-byte header: ``:W&B``, magic ``0xBEE1`` (little-endian u16), version ``0``;
+* then LevelDB-log-style chunks in 32 KiB blocks: 7-byte chunk header (CRC32 **IEEE** of type byte + data, u32 LE;
+  length u16 LE; type u8: FULL=1, FIRST=2, MIDDLE=3, LAST=4), a block tail shorter than 7 bytes is padding;
+* each reassembled payload is a ``wandb.proto.wandb_internal_pb2.Record`` (the wandb package's protobuf classes).
+
+Read: the ``run`` record (id, project, display name, tags, config, start time), ``config`` updates, and ``history``
+rows (0.31 writes ``nested_key`` paths; older files ``key``). A row becomes one :class:`Record`: its step is
+``trackbridge/step`` when present (see :mod:`trackbridge.sinks.wandb`), else ``_step``; its wall time is
+``_timestamp``; ``_``-keys are dropped; ``{"_type": "histogram"}`` values become :class:`Histogram`; other wandb
+media types are skipped and reported. A ``_trackbridge`` config entry restores the :class:`RunInfo` and its recorded
+name sanitization. Damage (bad CRC, a truncated tail) is skipped and reported as ``file:offset``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..record import Histogram, Record, RunInfo
+from .base import RunReader, Source, SourceError
+
+STEP_KEY = "trackbridge/step"
+META_KEY = "_trackbridge"
+BLOCK = 32768
+HEADER = b":W&B" + struct.pack("<H", 0xBEE1) + b"\x00"
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+_FOLDER = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-(.+?)(?:-(\d+))?$")
+
+
+def _folder_order(path: Path) -> tuple[str, int, str]:
+    m = _FOLDER.match(path.parent.name)
+    if not m:
+        return ("", 0, str(path))
+    return (m.group(1), int(m.group(3) or 0), str(path))
+
+
+def run_id_of(path: Path) -> str:
+    """The run id of a ``run-<id>.wandb`` file (from its name)."""
+    return path.name[len("run-"):-len(".wandb")] if path.name.startswith("run-") else path.stem
+
+
+def find_wandb_files(location: Path) -> list[Path]:
+    """Every ``run-*.wandb`` file that ``location`` designates (see the module doc), without symlinked folders."""
+    if location.is_file():
+        return [location]
+    found: list[Path] = []
+    candidates = [location]
+    for sub in (location, location / "wandb"):
+        if sub.is_dir():
+            candidates += [d for d in sorted(sub.iterdir()) if d.is_dir() and not d.is_symlink()]
+    seen = set()
+    for d in candidates:
+        for f in sorted(d.glob("run-*.wandb")):
+            if f.is_file() and f.resolve() not in seen:
+                seen.add(f.resolve())
+                found.append(f)
+    return found
+
+
+def run_files(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The ``.wandb`` files of run ``run_id`` under ``wandb_dir`` (a ``wandb/`` folder), oldest first."""
+    if not wandb_dir.is_dir():
+        return []
+    files = [f for f in find_wandb_files(wandb_dir) if run_id_of(f) == run_id]
+    return sorted(files, key=_folder_order)
+
+
+def read_payloads(path: Path, reader: RunReader | None = None, *, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """``(offset, payload)`` for each complete record of a ``.wandb`` file; damage is reported to ``reader``.
+
+    ``start`` (a multiple of the 32 KiB block size) begins mid-file: records that began earlier are skipped.
+    """
+
+    def report(offset: int, what: str) -> None:
+        if reader is not None:
+            reader.skip(f"{path}:{offset}", what)
+
+    with open(path, "rb") as fh:
+        if start:
+            fh.seek(start)
+            offset = start
+        else:
+            head = fh.read(len(HEADER))
+            if head != HEADER:
+                report(0, f"not a wandb transaction log (header {head!r}); file skipped")
+                return
+            offset = len(HEADER)
+        pending: list[bytes] = []
+        pending_at = 0
+        while True:
+            left = BLOCK - offset % BLOCK
+            if left < 7:
+                fh.read(left)
+                offset += left
+                continue
+            chunk_head = fh.read(7)
+            if not chunk_head:
+                break
+            if len(chunk_head) < 7:
+                report(offset, f"truncated chunk header ({len(chunk_head)} of 7 bytes); rest skipped")
+                break
+            crc, length, kind = struct.unpack("<IHB", chunk_head)
+            if kind == 0 and length == 0 and crc == 0:     # zero padding (preallocated or block tail)
+                fh.read(left - 7)
+                offset += left
+                continue
+            data = fh.read(length)
+            if len(data) < length:
+                report(offset, f"truncated chunk (needs {length} bytes, {len(data)} present); rest skipped")
+                break
+            if length > left - 7 or zlib.crc32(bytes([kind]) + data) & 0xFFFFFFFF != crc:
+                report(offset, "bad chunk CRC; skipped to the next block")
+                pending = []
+                nxt = offset + left
+                fh.seek(nxt)
+                offset = nxt
+                continue
+            at = offset
+            offset += 7 + length
+            if kind == _FULL:
+                if pending:
+                    report(pending_at, "record without its last chunk; skipped")
+                    pending = []
+                yield at, data
+            elif kind == _FIRST:
+                if pending:
+                    report(pending_at, "record without its last chunk; skipped")
+                pending, pending_at = [data], at
+            elif kind in (_MIDDLE, _LAST):
+                if not pending:
+                    report(at, "chunk continues a record whose start is missing; skipped")
+                    continue
+                pending.append(data)
+                if kind == _LAST:
+                    yield pending_at, b"".join(pending)
+                    pending = []
+            else:
+                report(at, f"unknown chunk type {kind}; skipped")
+        if pending:
+            report(pending_at, "truncated record (its last chunk is missing); skipped")
+
+
+def has_exit_record(path: Path) -> bool:
+    """Whether the file's last blocks hold the run's ``exit`` record (the run was finished and flushed)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    start = max(0, (size // BLOCK - 1) * BLOCK)
+    for _, data in read_payloads(path, None, start=start):
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(data)
+        except Exception:
+            continue
+        if rec.WhichOneof("record_type") == "exit":
+            return True
+    return False
+
+
+def _set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        nxt = target.get(part)
+        if not isinstance(nxt, dict):
+            nxt = target[part] = {}
+        target = nxt
+    target[path[-1]] = value
+
+
+def _item_path(item: Any) -> list[str]:
+    return list(item.nested_key) if item.nested_key else [item.key]
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text) if text else None
+
+
+def _histogram(obj: dict[str, Any]) -> Histogram | None:
+    counts = obj.get("values")
+    bins = obj.get("bins")
+    packed = obj.get("packedBins")
+    if bins is None and isinstance(packed, dict):
+        lo, size, n = packed.get("min"), packed.get("size"), packed.get("count")
+        if None not in (lo, size, n):
+            bins = [lo + size * i for i in range(int(n) + 1)]
+    if not isinstance(counts, list) or not isinstance(bins, list) or len(bins) != len(counts) + 1:
+        return None
+    counts = [float(c) for c in counts]
+    return Histogram(limits=[float(b) for b in bins[1:]], counts=counts, min=float(bins[0]),
+                     max=float(bins[-1]), num=float(sum(counts)))
+
+
+class WandbRunReader(RunReader):
+    """One wandb run: its ``.wandb`` file(s), oldest first."""
+
+    def __init__(self, files: list[Path], *, run_id: str | None = None) -> None:
+        super().__init__()
+        if not files:
+            raise SourceError("wandb source: a run needs at least one .wandb file")
+        self.files = list(files)
+        self.run_id = run_id or run_id_of(self.files[0])
+        self._info: RunInfo | None = None
+
+    # -- run info --------------------------------------------------------------------------------------------
+    @property
+    def info(self) -> RunInfo:
+        if self._info is None:
+            self._info = self._scan_info()
+        return self._info
+
+    def _scan_info(self) -> RunInfo:
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        config: dict[str, Any] = {}
+        name = project = entity = None
+        tags: list[str] = []
+        for path in self.files:
+            for _, data in read_payloads(path, None):
+                rec = pb.Record()
+                try:
+                    rec.ParseFromString(data)
+                except Exception:
+                    continue
+                kind = rec.WhichOneof("record_type")
+                if kind == "run":
+                    r = rec.run
+                    name = r.display_name or name
+                    project = r.project or project
+                    entity = r.entity or entity
+                    if r.tags:
+                        tags = list(r.tags)
+                    self._apply_config(config, r.config)
+                elif kind == "config":
+                    self._apply_config(config, rec.config)
+        config.pop("_wandb", None)
+        meta = config.pop(META_KEY, None)
+        if isinstance(meta, dict):
+            info = RunInfo.from_json(meta)
+            info.config = config
+            return info
+        tag_map: dict[str, str] = {}
+        for t in tags:
+            k, sep, v = t.partition("=")
+            tag_map[k] = v if sep else ""
+        extra = {"wandb_entity": entity} if entity else {}
+        return RunInfo(name=name or self.run_id, project=project, run_id=self.run_id, config=config,
+                       tags=tag_map, extra=extra)
+
+    @staticmethod
+    def _apply_config(config: dict[str, Any], record: Any) -> None:
+        for item in record.update:
+            try:
+                _set_path(config, _item_path(item), _loads(item.value_json))
+            except ValueError:
+                continue
+        for item in getattr(record, "remove", []):
+            path = _item_path(item)
+            target: Any = config
+            for part in path[:-1]:
+                target = target.get(part, {}) if isinstance(target, dict) else {}
+            if isinstance(target, dict):
+                target.pop(path[-1], None)
+
+    # -- records ---------------------------------------------------------------------------------------------
+    def _rows(self, report: bool = True) -> Iterator[tuple[Path, int, dict[str, Any]]]:
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        for path in self.files:
+            for offset, data in read_payloads(path, self if report else None):
+                rec = pb.Record()
+                try:
+                    rec.ParseFromString(data)
+                except Exception as exc:
+                    if report:
+                        self.skip(f"{path}:{offset}", f"not a wandb Record ({exc}); skipped")
+                    continue
+                if rec.WhichOneof("record_type") != "history":
+                    continue
+                row: dict[str, Any] = {}
+                bad = False
+                for item in rec.history.item:
+                    try:
+                        _set_path(row, _item_path(item), _loads(item.value_json))
+                    except ValueError:
+                        bad = True
+                        if report:
+                            self.skip(f"{path}:{offset}", f"history value of {'/'.join(_item_path(item))!r} "
+                                                          f"is not JSON; row skipped")
+                        break
+                if not bad:
+                    yield path, offset, row
+
+    def last_steps(self) -> tuple[int | None, int | None]:
+        """``(last wandb _step, highest true step)`` over all history rows (used by the sink to resume)."""
+        last_w = best = None
+        for _, _, row in self._rows(report=False):
+            w = row.get("_step")
+            if isinstance(w, int) and (last_w is None or w > last_w):
+                last_w = w
+            s = row.get(STEP_KEY, w)
+            if isinstance(s, int) and (best is None or s > best):
+                best = s
+        return last_w, best
+
+    def records(self) -> Iterator[Record]:
+        rename = self.info.sanitized
+        skipped_types: dict[str, int] = {}
+        for path, offset, row in self._rows():
+            step = row.pop(STEP_KEY) if STEP_KEY in row else row.get("_step")
+            wall = row.get("_timestamp")
+            metrics: dict[str, Any] = {}
+            for key, value in row.items():
+                if key.startswith("_"):
+                    continue
+                self._add(metrics, key, value, skipped_types)
+            if rename:
+                metrics = {rename.get(k, k): v for k, v in metrics.items()}
+            yield Record(step=step if isinstance(step, int) or step is None else int(step),
+                         wall_time=float(wall) if isinstance(wall, (int, float)) else None, metrics=metrics)
+        for t, n in skipped_types.items():
+            self.skip(f"{self.files[0]}", f"{n} value(s) of wandb type {t!r} skipped (not a number, text or "
+                                          f"histogram)")
+
+    def _add(self, metrics: dict[str, Any], key: str, value: Any, skipped: dict[str, int]) -> None:
+        if isinstance(value, dict):
+            t = value.get("_type")
+            if t == "histogram":
+                h = _histogram(value)
+                if h is not None:
+                    metrics[key] = h
+                    return
+            if t is not None:
+                skipped[str(t)] = skipped.get(str(t), 0) + 1
+                return
+            for k, v in value.items():          # a logged nested dict: wandb shows it as a.b
+                self._add(metrics, f"{key}.{k}", v, skipped)
+            return
+        if isinstance(value, list):
+            skipped["list"] = skipped.get("list", 0) + 1
+            return
+        metrics[key] = value
+
+
+class WandbSource(Source):
+    """wandb runs under a folder (see the module doc). Option: ``run=ID`` (run id or name)."""
+
+    kind = "wandb"
+
+    def __init__(self, location: str, **options: str) -> None:
+        super().__init__(location, **options)
+        self.path = Path(location).expanduser()
+        if not self.path.exists():
+            raise SourceError(f"wandb source: no such file or folder: {location}")
+        if options.get("mode", "offline") != "offline":
+            raise SourceError("wandb source reads local .wandb files only; online runs need the wandb API "
+                              "(not supported here)")
+
+    def runs(self) -> Iterator[RunReader]:
+        files = find_wandb_files(self.path)
+        if not files:
+            raise SourceError(f"wandb source: no run-*.wandb files in {self.path} (looked in it, its wandb/ "
+                              f"folder and their run folders)")
+        by_id: dict[str, list[Path]] = {}
+        for f in files:
+            by_id.setdefault(run_id_of(f), []).append(f)
+        want = self.options.get("run")
+        for run_id, group in by_id.items():
+            reader = WandbRunReader(sorted(group, key=_folder_order), run_id=run_id)
+            if want and want not in (run_id, reader.info.name):
+                continue
+            yield reader
