@@ -13,7 +13,7 @@ import pytest
 
 from trackbridge.derive import Deriver, load_rules
 
-LOGS = Path("/work/shared/reference/public-logs")
+LOGS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "public-logs"
 pytestmark = pytest.mark.skipif(not LOGS.is_dir(), reason="shared public logs not available")
 
 VERL = {

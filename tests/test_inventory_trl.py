@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-REF = Path("/work/shared/reference")
+REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
 SPANS = REF / "frameworks" / "trl-metric-spans.csv"
 LOGS = REF / "public-logs"
 
@@ -204,6 +204,23 @@ def test_span_key_has_entry(trainer_file, raw, key, release):
     trainer = FILE_TO_TRAINER[trainer_file]
     assert entries_for(key, trainer, release), \
         f"{trainer_file}: {raw!r} (as {key!r}) at {release} has no entry for trainer {trainer}"
+    # and the real engine translates it at that release, with an entry valid there (no out-of-range fallback)
+    tr = _engine(trainer, release)
+    before = len(tr.notes)
+    res = tr.translate({key: 1.0})
+    assert not res.unmapped and not res.conflicts, f"engine leaves {key!r} unmapped for trl/{trainer}@{release}"
+    assert len(tr.notes) == before, tr.notes[before:]
+
+
+_ENGINES: dict = {}
+
+
+def _engine(trainer, release):
+    from trackbridge.translate import Translator
+    spec = f"trl/{trainer}@{release}" if trainer else f"trl@{release}"
+    if spec not in _ENGINES:
+        _ENGINES[spec] = Translator(spec, "canonical")
+    return _ENGINES[spec]
 
 
 # ----------------------------------------------------------------------------------------------- v1.10.0 - v1.16.0

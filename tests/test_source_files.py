@@ -19,7 +19,7 @@ from trackbridge.sources._files import parse_number, parse_printed_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-PUBLIC = Path("/work/shared/reference/public-logs")
+PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "reference" / "public-logs"
 SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos"}
 
 needs_public = pytest.mark.skipif(not PUBLIC.is_dir(), reason="public reference logs not available")

@@ -1,0 +1,764 @@
+"""``init`` / ``log`` / ``finish``: one canonical stream to several trackers at once, without blocking training.
+
+Pipeline (one run)::
+
+    run.log(dict)  ──►  inbox  ──►  dispatcher thread  ──►  spool queue  ──►  spool worker  ──►  jsonl file
+     validate +                     translate (names in     (per sink,       (one thread      (always on)
+     normalise values               -> canonical), derive,   bounded)         per sink,  ──►  tensorboard, mlflow,
+     (caller's thread)              step, Record, rename                      batches)        wandb, trackio, ...
+                                    for ``names=``
+
+* ``log()`` only validates and normalises the values (so a tensor updated in place afterwards cannot change what was
+  logged) and hands them off; translation, derivation and every tracker's I/O happen in other threads. Every queue
+  is bounded: when one is full, the producer waits (back-pressure); nothing is ever dropped from a queue.
+* **The spool** (``jsonl`` sink in ``spool=DIR``, file ``DIR/<run_id>.jsonl``) is always on. Its worker writes a
+  batch and flushes it to the operating system at the latest ``flush_interval / 2`` seconds after the first record
+  of the batch was logged, so a process killed with SIGKILL loses at most about ``flush_interval`` seconds of
+  records (default 1.0 s; ``flush_interval=`` to change; the SIGKILL test checks the bound). A machine crash can
+  lose more unless the spool is opened with ``?fsync=1`` (``spool="DIR?fsync=1"``).
+* **Fault isolation**: a sink that raises in ``open`` or ``write`` is retried with exponential back-off
+  (``retries`` attempts, starting at ``backoff`` seconds), then marked *failed* with a warning naming the sink and
+  the error; the other sinks and the training loop carry on. A failed sink is tried again every
+  ``retry_interval`` seconds and once more at ``finish()``; when it comes back it is reopened with
+  ``resume=True`` and catches up from the spool (the exact records it missed, by sequence number), so nothing is
+  lost. A sink whose queue stays full for ``stall_timeout`` seconds (a hung server) is treated as failed too, so it
+  cannot stall training forever.
+* **Steps**: the explicit ``step=``, else the canonical ``progress/step`` in the logged dict, else an internal
+  counter (one more than the highest step so far). Each record carries ``wall_time = time.time()`` of the
+  ``log()`` call. What each tracker needs for non-monotonic steps is the sink's business.
+* **Resume**: ``init(run_id=..., resume=True)`` reads the spool to find the last step (the counter continues after
+  it), opens every sink with ``resume=True`` and replays into each sink the spool records it does not hold yet
+  (``step > sink.last_step()``).
+* **Ranks**: only global rank 0 (``RANK``, then ``LOCAL_RANK``, ...) writes unless ``rank_zero_only=False``; other
+  ranks get a run whose ``log()`` validates and returns.
+
+This module names no tracker and no framework: sinks come from :mod:`trackbridge.sinks`, translation from
+:mod:`trackbridge.translate`, derivation from :mod:`trackbridge.derive` (each optional until it exists).
+"""
+from __future__ import annotations
+
+import atexit
+import copy
+import logging
+import math
+import os
+import queue
+import threading
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from . import _rank
+from .record import Record, RunInfo
+from .replay import iter_spool, names_translator, scan_spool, spool_file
+from .sinks.base import Sink
+from .values import normalize_metrics
+
+log = logging.getLogger("trackbridge")
+
+STEP_AXIS = "progress/step"
+_STOP = object()
+
+
+class LoggerWarning(RuntimeWarning):
+    """A problem the logger reports without stopping training (a failed sink, a value that cannot be stored)."""
+
+
+def _warn(message: str) -> None:
+    log.warning(message)
+    warnings.warn(message, LoggerWarning, stacklevel=3)
+
+
+# -- optional engines: translation and derivation (tolerate their absence) --------------------------------------
+class _Passthrough:
+    """Stands in for the translation engine while it is missing: names are taken as already canonical."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def translate(self, metrics: dict[str, Any]) -> Any:
+        from .translate import Translation
+        return Translation(metrics=dict(metrics), source=self.source if self.source != "auto" else "canonical")
+
+    def translate_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        return dict(config)
+
+
+def _make_translator(source: str, mappings: list[str] | None, config: dict[str, Any]) -> Any:
+    """Translator from ``source`` names to canonical ones; a passthrough while the engine does not exist (delete
+    the fallback once :mod:`trackbridge.translate` always ships ``Translator``)."""
+    try:
+        from .translate import Translator
+    except ImportError:
+        return _Passthrough(source)
+    try:
+        return Translator(source=source, target="canonical", mappings=mappings, config=config)
+    except Exception as exc:
+        if source != "canonical":
+            raise ValueError(f"init(source={source!r}): cannot build the translation: {exc}") from exc
+        _warn(f"trackbridge: the mapping files could not be loaded ({type(exc).__name__}: {str(exc)[:300]}); "
+              f"names are logged as given and nothing is derived")
+        return _Passthrough(source)
+
+
+def _derive_hook(translator: Any) -> Callable[..., None] | None:
+    """The translator's derive step (run after the step is known): ``hook(translation, step, wall_time)`` fills
+    ``translation.metrics`` in place and sets ``translation.derived``."""
+    return getattr(translator, "apply_derive", None) or getattr(translator, "_apply_derive", None)
+
+
+# -- one worker per sink -----------------------------------------------------------------------------------------
+class _SinkWorker:
+    """Owns one sink: a bounded queue of ``(seq, record)``, a thread draining it in batches, retries, recovery."""
+
+    def __init__(self, run: "Run", sink: Sink, *, is_spool: bool, queue_size: int, batch_size: int,
+                 max_latency: float, rename: Callable[[Record], Record] | None) -> None:
+        self.runref = run
+        self.sink = sink
+        self.is_spool = is_spool
+        self.name = sink.describe()
+        self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.batch_size = batch_size
+        self.max_latency = max_latency
+        self.rename = rename
+        self.lock = threading.Lock()
+        self.state = "pending"          # pending -> ok | failed -> ... -> closed
+        self.opened = False
+        self.acked = run._seq_base - 1  # highest seq this sink holds
+        self.dropped_hi: int | None = None  # highest seq discarded while failed
+        self.written = 0
+        self.caught_up = 0
+        self.failures = 0
+        self.recoveries = 0
+        self.last_error: str | None = None
+        self.next_retry = 0.0
+        self.notes: set[str] = set()
+        self.done = threading.Event()
+        self.written_seq = run._seq_base - 1   # spool only: highest seq handed to the OS
+        self.lost = False                       # spool only: some records could not be written
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._main, name=f"trackbridge-sink-{sink.kind}", daemon=True)
+
+    # -- producer side (dispatcher thread) --
+    def put(self, seq: int, rec: Record, stall_timeout: float) -> None:
+        with self.lock:
+            if self.state == "failed":
+                self.dropped_hi = seq if self.dropped_hi is None else max(self.dropped_hi, seq)
+                return
+        try:
+            self.queue.put((seq, rec), timeout=stall_timeout if not self.is_spool else None)
+        except queue.Full:
+            with self.lock:
+                self.dropped_hi = seq if self.dropped_hi is None else max(self.dropped_hi, seq)
+                self._mark_failed_locked(f"stalled: its queue stayed full for {stall_timeout:g} s")
+
+    def stop(self) -> None:
+        self.queue.put(_STOP)
+
+    # -- worker thread --
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # never die silently
+            _warn(f"trackbridge: worker of sink {self.name} crashed: {type(exc).__name__}: {exc}")
+            with self.lock:
+                self.state = "failed"
+        finally:
+            if self.opened:
+                try:
+                    self.sink.close()
+                except Exception as exc:
+                    _warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
+            with self.lock:
+                if self.state != "failed":
+                    self.state = "closed"
+            with self.cond:
+                self.done.set()
+                self.cond.notify_all()
+
+    def _loop(self) -> None:
+        stopping = False
+        while not stopping:
+            batch, stopping = self._next_batch()
+            if not self.opened and self.state == "pending":
+                self._open(first=True)
+            with self.lock:
+                failed = self.state == "failed"
+                if failed and batch:
+                    hi = batch[-1][0]
+                    self.dropped_hi = hi if self.dropped_hi is None else max(self.dropped_hi, hi)
+            if failed:
+                if self.is_spool:
+                    self._spool_skip(batch)
+                elif stopping or time.monotonic() >= self.next_retry:
+                    self._recover(final=stopping)
+                continue
+            batch = [(s, r) for s, r in batch if s > self.acked]
+            if batch:
+                self._write(batch)
+
+    def _next_batch(self) -> tuple[list[tuple[int, Record]], bool]:
+        timeout = None
+        if self.state == "failed" and not self.is_spool:
+            timeout = max(0.05, self.next_retry - time.monotonic())
+        try:
+            first = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return [], False
+        if first is _STOP:
+            return [], True
+        batch = [first]
+        deadline = first[1].wall_time + self.max_latency if self.max_latency > 0 else 0.0
+        while len(batch) < self.batch_size:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                remaining = deadline - time.time()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self.queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if item is _STOP:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _retrying(self, what: str, fn: Callable[[], Any]) -> bool:
+        r = self.runref
+        delay = r._backoff
+        for attempt in range(r._retries + 1):
+            try:
+                fn()
+                return True
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = f"{what}: {type(exc).__name__}: {exc}"
+                log.debug("sink %s: %s failed (attempt %d): %s", self.name, what, attempt + 1, exc)
+            if attempt < r._retries:
+                time.sleep(delay)
+                delay *= 2
+        return False
+
+    def _mark_failed_locked(self, why: str) -> None:
+        if self.state == "failed":
+            return
+        self.state = "failed"
+        self.last_error = self.last_error if why.startswith("after") else why
+        self.next_retry = time.monotonic() + self.runref._retry_interval
+        r = self.runref
+        then = ("records logged from now on may be lost if the process dies" if self.is_spool else
+                f"the other sinks and training carry on, every record stays in the spool {r.spool_path}, and the "
+                f"sink is retried every {r._retry_interval:g} s and at finish()")
+        role = "the spool" if self.is_spool else "sink"
+        _warn(f"trackbridge: {role} {self.name} failed ({why}; last error: {self.last_error}); {then}")
+
+    def _mark_failed(self, why: str) -> None:
+        with self.lock:
+            self._mark_failed_locked(why)
+
+    def _open(self, *, first: bool) -> bool:
+        r = self.runref
+        info = copy.deepcopy(r.info)
+        if not self.is_spool:
+            info.names = r.names
+        resume = r.resume if first else True
+
+        def do_open() -> None:
+            self.sink.open(info, resume=resume)
+
+        if not self._retrying("open", do_open):
+            self._mark_failed(f"after {r._retries + 1} attempts to open")
+            return False
+        self.opened = True
+        with self.lock:
+            self.state = "ok"
+        if first and r.resume and not self.is_spool and r._resume_scan.records:
+            self._catch_up_resume()
+        return True
+
+    def _catch_up_resume(self) -> None:
+        """On resume: give the sink the spool records after its own last step."""
+        r = self.runref
+        try:
+            last = self.sink.last_step()
+        except Exception as exc:
+            _warn(f"trackbridge: sink {self.name}: last_step() failed on resume ({exc}); "
+                  f"not catching up from the spool (use trackbridge replay)")
+            return
+        if last is not None and r._resume_scan.last_step is not None and last >= r._resume_scan.last_step:
+            return
+        recs = [rec for _s, rec in iter_spool(r.spool_path, stop=r._seq_base)
+                if last is None or rec.step is None or rec.step > last]
+        if recs:
+            self._write_records(recs, "catch up on resume")
+
+    def _write_records(self, recs: list[Record], what: str) -> None:
+        for i in range(0, len(recs), self.batch_size):
+            chunk = recs[i:i + self.batch_size]
+            if self.rename:
+                chunk = [self.rename(rec) for rec in chunk]
+            self._check_capabilities(chunk)
+            self.sink.write(chunk)
+            self.caught_up += len(chunk)
+
+    def _write(self, batch: list[tuple[int, Record]]) -> None:
+        recs = [rec for _s, rec in batch]
+        self._check_capabilities(recs)
+
+        def do_write() -> None:
+            self.sink.write(recs)
+
+        if self._retrying("write", do_write):
+            self.written += len(recs)
+            self.acked = batch[-1][0]
+            if self.is_spool:
+                self._spool_advance(self.acked)
+            return
+        with self.lock:
+            self.dropped_hi = batch[-1][0] if self.dropped_hi is None else max(self.dropped_hi, batch[-1][0])
+            self._mark_failed_locked(f"after {self.runref._retries + 1} attempts to write")
+        if self.is_spool:
+            self._spool_skip(batch)
+
+    def _spool_advance(self, seq: int) -> None:
+        with self.cond:
+            self.written_seq = max(self.written_seq, seq)
+            self.cond.notify_all()
+
+    def _spool_skip(self, batch: list[tuple[int, Record]]) -> None:
+        if batch:
+            self.lost = True
+            self._spool_advance(batch[-1][0])
+
+    def wait_written(self, seq: int, timeout: float) -> bool:
+        """Spool only: wait until every record up to ``seq`` has been handed to the OS."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while self.written_seq < seq and not self.done.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return self.written_seq >= seq and not self.lost
+
+    def _recover(self, *, final: bool) -> None:
+        """Reopen a failed sink and give it, from the spool, the records it missed."""
+        r = self.runref
+        self.next_retry = time.monotonic() + r._retry_interval
+        if self.opened:
+            try:
+                self.sink.close()
+            except Exception:
+                pass
+            self.opened = False
+        info = copy.deepcopy(r.info)
+        info.names = r.names
+        try:
+            self.sink.open(info, resume=True)
+        except Exception as exc:
+            self.failures += 1
+            self.last_error = f"reopen: {type(exc).__name__}: {exc}"
+            if final:
+                _warn(f"trackbridge: sink {self.name} is still failing at finish() ({self.last_error}); "
+                      f"send it the run later with: trackbridge replay {r.spool_path} --to {self.name}")
+            return
+        self.opened = True
+        with self.lock:
+            hi = self.dropped_hi
+            self.state = "ok"           # from here on the dispatcher queues new records again
+            self.dropped_hi = None
+        n_before = self.caught_up
+        if hi is not None and hi > self.acked:
+            spool = r._spool_worker
+            exact = spool.wait_written(hi, timeout=max(5.0, 4 * r._flush_interval))
+            try:
+                if exact:
+                    recs = [rec for _s, rec in iter_spool(r.spool_path, start=self.acked + 1, stop=hi + 1)]
+                else:   # the spool itself lost records: fall back on the tracker's own last step
+                    last = self.sink.last_step()
+                    recs = [rec for s, rec in iter_spool(r.spool_path, stop=hi + 1)
+                            if s > self.acked and (last is None or rec.step is None or rec.step > last)]
+                self._write_records(recs, "catch up")
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = f"catch up: {type(exc).__name__}: {exc}"
+                with self.lock:
+                    self.state = "failed"
+                    self.dropped_hi = hi if self.dropped_hi is None else max(self.dropped_hi, hi)
+                if final:
+                    _warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); "
+                          f"send it the run later with: trackbridge replay {r.spool_path} --to {self.name}")
+                return
+            self.acked = hi
+        self.recoveries += 1
+        log.warning("trackbridge: sink %s recovered; caught up %d records from the spool",
+                    self.name, self.caught_up - n_before)
+
+    def _check_capabilities(self, recs: list[Record]) -> None:
+        caps = self.sink.capabilities
+        if caps.nan and caps.text:
+            return
+        for rec in recs:
+            for k, v in rec.metrics.items():
+                t = type(v)
+                if t is float and not caps.nan and not math.isfinite(v):
+                    self._note(f"sink {self.name} cannot store NaN/infinity (first: {k!r} = {v} at step "
+                               f"{rec.step}); such values are kept in the spool only")
+                elif t is str and not caps.text:
+                    self._note(f"sink {self.name} cannot store text (first: {k!r} at step {rec.step}); "
+                               f"text is kept in the spool only")
+
+    def _note(self, message: str) -> None:
+        key = message.split(" (first")[0]
+        if key not in self.notes:
+            self.notes.add(key)
+            self.runref.problems.append(message)
+            log.warning("trackbridge: %s", message)
+
+    def status(self) -> dict[str, Any]:
+        return {"sink": self.name, "state": self.state, "written": self.written, "caught_up": self.caught_up,
+                "queued": self.queue.qsize(), "failures": self.failures, "recoveries": self.recoveries,
+                "last_error": self.last_error, "spool": self.is_spool}
+
+
+# -- the run -------------------------------------------------------------------------------------------------------
+class Run:
+    """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
+
+    def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
+                 config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
+                 mappings: list[str] | None, spool: str, flush_interval: float, queue_size: int,
+                 batch_size: int, retries: int, backoff: float, retry_interval: float, stall_timeout: float,
+                 tags: dict[str, str] | None) -> None:
+        from .locators import LocatorError, parse
+        from .sinks import REGISTRY, make_sink
+
+        if flush_interval <= 0:
+            raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
+        if queue_size < 1 or batch_size < 1:
+            raise ValueError("queue_size and batch_size must be at least 1")
+        self.resume = bool(resume)
+        self.names = names or "canonical"
+        self.problems: list[str] = []
+        self._flush_interval = float(flush_interval)
+        self._retries = int(retries)
+        self._backoff = float(backoff)
+        self._retry_interval = float(retry_interval)
+        self._stall_timeout = float(stall_timeout)
+        self._finished = False
+        self._lock = threading.Lock()
+        self._warned_values: set[str] = set()
+
+        # spool: "DIR" or "DIR?fsync=1" (or a full "jsonl:..." locator)
+        spool_text = spool if str(spool).startswith("jsonl:") else f"jsonl:{spool}"
+        spool_loc = parse(spool_text, kinds=("jsonl",))
+        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.spool_path = spool_file(spool_loc.location, self.run_id)
+        self._resume_scan = scan_spool(self.spool_path)
+        if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
+            raise ValueError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
+                             f"pass resume=True to continue it, or choose another run_id")
+        prev = self._resume_scan.info
+        cfg = dict(config) if config is not None else (dict(prev.config) if prev else {})
+        self._translator = _make_translator(source, mappings, cfg)
+        try:
+            cfg = {**cfg, **dict(self._translator.translate_config(cfg))}   # canonical names added
+        except Exception as exc:
+            _warn(f"trackbridge: could not translate the config to canonical names: {exc}")
+        self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
+                            project=project or (prev.project if prev else None), run_id=self.run_id, config=cfg,
+                            tags=dict(tags or (prev.tags if prev else {}) or {}),
+                            source=None if source == "auto" else source, names="canonical",
+                            extra={"names": self.names, "mappings": list(mappings) if mappings else None,
+                                   "flush_interval": self._flush_interval})
+        self._seq_base = self._resume_scan.records
+        self._seq = self._seq_base
+        last = self._resume_scan.last_step
+        self._next_step = 0 if last is None else last + 1
+        self._derive = bool(derive)
+        self._mappings = mappings
+        self._derive_fn = _derive_hook(self._translator) if derive else None
+        self._warned_once: set[str] = set()
+
+        # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
+        spool_sink = make_sink(spool_loc)
+        built: list[Sink] = []
+        for spec in sinks or []:
+            try:
+                sink = make_sink(spec)
+            except (LocatorError, Exception) as exc:
+                raise ValueError(f"sink {spec!r}: {exc}") from None
+            if isinstance(spec, str):
+                _precheck_location(spec, sink, REGISTRY)
+            built.append(sink)
+        # a jsonl sink on the spool's own folder is the spool itself
+        spool_dir = Path(spool_loc.location).expanduser().resolve()
+        built = [s for s in built if not (s.kind == "jsonl" and Path(s.location).expanduser().resolve() == spool_dir)]
+        _precheck_location(spool_text, spool_sink, REGISTRY)
+
+        rename = self._rename = names_translator(self.names, mappings=mappings, config=cfg)
+        self._spool_worker = _SinkWorker(self, spool_sink, is_spool=True, queue_size=queue_size,
+                                         batch_size=max(batch_size, 1000), max_latency=self._flush_interval / 2,
+                                         rename=None)
+        self._workers = [self._spool_worker] + [
+            _SinkWorker(self, s, is_spool=False, queue_size=queue_size, batch_size=batch_size, max_latency=0.0,
+                        rename=rename) for s in built]
+        self._inbox: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._dispatcher = threading.Thread(target=self._dispatch_main, name="trackbridge-dispatch", daemon=True)
+        for w in self._workers:
+            w.thread.start()
+        self._dispatcher.start()
+        atexit.register(self._atexit)
+
+    # -- public API ----------------------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.run_id
+
+    @property
+    def name(self) -> str | None:
+        return self.info.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.info.config
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Log one step's metrics. Returns as soon as the values are validated and queued.
+
+        Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step``, ``RuntimeError`` after
+        ``finish()``. A value no tracker can store is left out with a warning (see ``run.problems``).
+        """
+        wall_time = time.time()
+        values, problems = normalize_metrics(metrics)
+        if step is not None:
+            step = _as_step(step)
+        if problems:
+            self._report_values(problems)
+        if self._finished:
+            raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
+        self._inbox.put((wall_time, step, values))
+
+    def finish(self, timeout: float | None = None) -> dict[str, Any]:
+        """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
+        Safe to call twice. Returns :meth:`status`."""
+        with self._lock:
+            if self._finished:
+                return self.status
+            self._finished = True
+        try:
+            atexit.unregister(self._atexit)
+        except Exception:
+            pass
+        self._inbox.put(_STOP)
+        end = None if timeout is None else time.monotonic() + timeout
+        self._dispatcher.join(None if end is None else max(0.0, end - time.monotonic()))
+        for w in self._workers:
+            w.thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        st = self.status
+        stuck = [w.name for w in self._workers if w.thread.is_alive()]
+        if stuck:
+            _warn(f"trackbridge: finish() timed out waiting for {', '.join(stuck)}; their records are in the "
+                  f"spool {self.spool_path}")
+        return st
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """Run id, spool path, and per sink: state (ok/failed/closed), records written, caught up, queued,
+        failures, last error."""
+        return {"run_id": self.run_id, "spool": str(self.spool_path), "finished": self._finished,
+                "logged": self._seq - self._seq_base, "sinks": [w.status() for w in self._workers],
+                "problems": list(self.problems)}
+
+    def summary(self) -> str:
+        """The status as a small text table (what ``print(run.summary())`` shows)."""
+        st = self.status
+        lines = [f"run {st['run_id']}  spool {st['spool']}  records logged {st['logged']}"]
+        for s in st["sinks"]:
+            err = f"  last error: {s['last_error']}" if s["last_error"] and s["state"] == "failed" else ""
+            lines.append(f"  {s['sink']:<48} {s['state']:<7} written {s['written']:>7}  caught up "
+                         f"{s['caught_up']:>6}  failures {s['failures']:>3}{err}")
+        for p in st["problems"]:
+            lines.append(f"  problem: {p}")
+        return "\n".join(lines)
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.finish()
+
+    def _atexit(self) -> None:
+        try:
+            self.finish(timeout=60.0)
+        except Exception:
+            pass
+
+    # -- dispatcher thread ---------------------------------------------------------------------------------------
+    def _report_values(self, problems: list[str]) -> None:
+        for p in problems:
+            key = p.split(":", 1)[0]
+            if key not in self._warned_values:
+                self._warned_values.add(key)
+                self.problems.append(p)
+                _warn(f"trackbridge: {p}; the value was left out")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned_once:
+            self._warned_once.add(key)
+            self.problems.append(message)
+            _warn(f"trackbridge: {message}")
+
+    def _dispatch_main(self) -> None:
+        try:
+            while True:
+                item = self._inbox.get()
+                if item is _STOP:
+                    break
+                rec = self._build(*item)
+                seq = self._seq
+                self._seq += 1
+                self._spool_worker.put(seq, rec, self._stall_timeout)
+                out = rec
+                if self._rename is not None and len(self._workers) > 1:
+                    try:
+                        out = self._rename(rec)      # once for all trackers; the spool stays canonical
+                    except Exception as exc:
+                        self._warn_once("names", f"renaming to {self.names!r} failed ({type(exc).__name__}: "
+                                                 f"{exc}); trackers get canonical names")
+                for w in self._workers[1:]:
+                    w.put(seq, out, self._stall_timeout)
+        except BaseException as exc:
+            _warn(f"trackbridge: the dispatcher crashed ({type(exc).__name__}: {exc}); logging stopped")
+        finally:
+            # the spool closes first so that failed sinks can catch up from a complete file at their final retry
+            self._spool_worker.stop()
+            self._spool_worker.done.wait()
+            for w in self._workers[1:]:
+                w.stop()
+
+    def _build(self, wall_time: float, step: int | None, values: dict[str, Any]) -> Record:
+        res = None
+        try:
+            res = self._translator.translate(values)
+            metrics = dict(res.metrics)
+            if res.source and not res.source.startswith("auto"):
+                self.info.source = res.source
+            if res.approximate:
+                self.info.approximate.update(res.approximate)
+            derived = list(getattr(res, "derived", []) or [])
+        except Exception as exc:
+            self._warn_once("translate", f"translation failed ({type(exc).__name__}: {exc}); names logged as given")
+            metrics, derived = dict(values), []
+        if step is None:
+            axis = metrics.get(STEP_AXIS)
+            if isinstance(axis, (int, float)) and not isinstance(axis, bool) and math.isfinite(axis):
+                step = int(axis)
+            else:
+                step = self._next_step
+        self._next_step = max(self._next_step, step + 1)
+        if self._derive_fn is not None and res is not None:
+            try:
+                self._derive_fn(res, step, wall_time)
+                metrics = dict(res.metrics)
+                derived = list(res.derived or [])
+            except Exception as exc:
+                self._warn_once("derive", f"deriving metrics failed ({type(exc).__name__}: {exc}); "
+                                          f"derivation is off for this run")
+                self._derive_fn = None
+        return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived)
+
+
+class NoOpRun:
+    """What a non-zero rank gets: the same API, ``log()`` validates and discards, nothing is written."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.run_id = None
+        self.problems: list[str] = []
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if not isinstance(metrics, dict):
+            normalize_metrics(metrics)   # raises the same TypeError as on rank 0
+
+    def finish(self, timeout: float | None = None) -> dict[str, Any]:
+        return self.status
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return {"run_id": None, "rank": self.rank, "writing": False, "sinks": []}
+
+    def summary(self) -> str:
+        return f"rank {self.rank}: not writing (only rank 0 writes; init(rank_zero_only=False) to change)"
+
+    def __enter__(self) -> "NoOpRun":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+def _as_step(step: Any) -> int:
+    if isinstance(step, bool):
+        raise TypeError(f"log(step=...) must be an integer, got bool {step!r}")
+    if isinstance(step, int):
+        return step
+    item = getattr(step, "item", None)
+    if callable(item):
+        step = item()
+    if isinstance(step, float) and step.is_integer():
+        return int(step)
+    if isinstance(step, int):
+        return step
+    raise TypeError(f"log(step=...) must be an integer, got {type(step).__name__} {step!r}")
+
+
+def _precheck_location(spec: str, sink: Sink, registry: dict[str, str]) -> None:
+    """Fail at init for a plain folder location that cannot be created or written (not for URIs)."""
+    loc = sink.location
+    if not loc or "://" in loc or ":" in loc.split("/")[0]:
+        return
+    path = Path(loc).expanduser()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"sink {spec!r}: {probe} exists and is not a folder")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"sink {spec!r}: folder {probe} is not writable")
+
+
+def init(project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
+         source: str = "auto", names: str = "canonical", config: dict[str, Any] | None = None,
+         run_id: str | None = None, resume: bool = False, derive: bool = True, mappings: list[str] | None = None,
+         spool: str = "runs", flush_interval: float = 1.0, queue_size: int = 5000, batch_size: int = 500,
+         retries: int = 3, backoff: float = 0.2, retry_interval: float = 30.0, stall_timeout: float = 30.0,
+         tags: dict[str, str] | None = None, rank_zero_only: bool = True, rank: int | None = None) -> Run | NoOpRun:
+    """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
+
+    ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
+    objects; the JSONL spool in ``spool`` is always added. ``source``: naming of what the trainer logs (``auto``,
+    ``canonical`` or ``FRAMEWORK[@VERSION]``); ``names``: naming written to the trackers (``canonical`` or
+    ``FRAMEWORK[@VERSION]``; the spool always holds canonical names). ``flush_interval``: the most a SIGKILL can
+    lose from the spool, in seconds. ``rank``: override the rank taken from the environment.
+
+    Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder.
+    """
+    r = _rank.global_rank() if rank is None else int(rank)
+    if rank_zero_only and r != 0:
+        return NoOpRun(r)
+    if not rank_zero_only and _rank.world_size() > 1 and run_id is None:
+        run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + f"-rank{r}"
+    return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
+               run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool,
+               flush_interval=flush_interval, queue_size=queue_size, batch_size=batch_size, retries=retries,
+               backoff=backoff, retry_interval=retry_interval, stall_timeout=stall_timeout, tags=tags)
+
+
+__all__ = ["init", "Run", "NoOpRun", "LoggerWarning", "STEP_AXIS"]

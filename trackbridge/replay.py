@@ -1,0 +1,223 @@
+"""Replay a JSON-lines spool into a sink without duplicating what the tracker already holds.
+
+The spool (``jsonl`` sink, always on while logging) is the canonical stream of a run: a ``run`` header line, then
+one record per line. It is enough to rebuild the run in any tracker that missed it: because the tracker was down,
+its sink failed mid-run, the run was killed, or it was added later. The same code serves three callers:
+
+* :func:`replay` -- ``trackbridge replay SPOOL --to SINK`` after a run (finished or crashed);
+* the logger, when a sink that failed mid-run recovers (it catches up from the spool before writing new records);
+* the logger on ``resume=True``, for a sink that holds fewer steps than the spool.
+
+How duplicates are avoided: the sink is opened with ``resume=True`` (so it reattaches to the run it already holds
+rather than creating a second one) and asked for :meth:`~trackbridge.sinks.base.Sink.last_step`; records with
+``step <= last_step`` are skipped. Per tracker:
+
+* **jsonl**: ``last_step`` is read from the file's last complete line; the file is appended to.
+* **TensorBoard**: ``last_step`` scans the run folder's event files; without it a second copy of every point
+  would be appended (TensorBoard does not deduplicate; its loaders keep the last value per step on display only).
+* **wandb** (offline): wandb ignores ``resume`` offline, so the sink finds the existing offline run for the id and
+  reports its last step; wandb itself would silently drop steps lower than the last one.
+* **MLflow**: the run is found again by its trackbridge run id; the SQL store also ignores a row identical to one
+  it holds (same key, value, timestamp, step), so a replay with the same wall times is idempotent there anyway.
+* **Trackio**: ``last_step`` is read from its SQLite store (rows can also be skipped by log id).
+
+A sink whose ``last_step`` is ``None`` is taken to hold nothing of the run and receives every record.
+
+Spool reading is tolerant: a line that is not valid JSON (a partial last line after SIGKILL, or an append after
+such a line) is skipped and reported as ``file:line: ...`` in the result's ``problems``; a partial point is never
+written anywhere.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .record import Record, RunInfo
+
+
+def spool_file(directory: str | os.PathLike, run_id: str) -> Path:
+    """Where the spool of ``run_id`` lives under a spool directory (the ``jsonl`` sink's file naming)."""
+    from .sinks.jsonl import run_file_name  # standard library only
+    return Path(directory).expanduser() / run_file_name(run_id)
+
+
+@dataclass
+class SpoolScan:
+    """What a spool holds: its (last) run header, how many records, the highest step, and any problems."""
+
+    path: Path
+    info: RunInfo | None = None
+    records: int = 0
+    last_step: int | None = None
+    ends_with_newline: bool = True
+    problems: list[str] = field(default_factory=list)
+
+
+def _lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, parsed object) for every complete, valid JSON line of the spool."""
+    with open(path, "r", encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.endswith("\n"):
+                if line.strip():
+                    problems.append(f"{path}:{lineno}: partial last line ({len(line)} characters) skipped")
+                return
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                problems.append(f"{path}:{lineno}: not JSON ({exc.msg}), skipped")
+                continue
+            if not isinstance(obj, dict):
+                problems.append(f"{path}:{lineno}: not a JSON object, skipped")
+                continue
+            yield lineno, obj
+
+
+def scan_spool(path: str | os.PathLike) -> SpoolScan:
+    """Read a spool once: header, record count, highest step. Missing file -> an empty scan."""
+    p = Path(path)
+    scan = SpoolScan(path=p)
+    if not p.exists():
+        return scan
+    for _lineno, obj in _lines(p, scan.problems):
+        if obj.get("type") == "run":
+            scan.info = RunInfo.from_json(obj)
+            continue
+        scan.records += 1
+        step = obj.get("step")
+        if isinstance(step, int) and (scan.last_step is None or step > scan.last_step):
+            scan.last_step = step
+    size = p.stat().st_size
+    if size:
+        with open(p, "rb") as fh:
+            fh.seek(size - 1)
+            scan.ends_with_newline = fh.read(1) == b"\n"
+    return scan
+
+
+def iter_spool(path: str | os.PathLike, *, start: int = 0, stop: int | None = None,
+               problems: list[str] | None = None) -> Iterator[tuple[int, Record]]:
+    """``(seq, record)`` for the spool's records, ``seq`` counting valid record lines from 0; only
+    ``start <= seq < stop``. Streams the file."""
+    probs = problems if problems is not None else []
+    seq = -1
+    for lineno, obj in _lines(Path(path), probs):
+        if obj.get("type") == "run":
+            continue
+        seq += 1
+        if seq < start:
+            continue
+        if stop is not None and seq >= stop:
+            return
+        try:
+            yield seq, Record.from_json(obj)
+        except (TypeError, ValueError, KeyError) as exc:
+            probs.append(f"{path}:{lineno}: not a record ({exc}), skipped")
+
+
+def names_translator(target: str | None, *, mappings: list[str] | None = None,
+                     config: dict[str, Any] | None = None) -> Callable[[Record], Record] | None:
+    """A function renaming a canonical record's metrics to the ``target`` naming (``FRAMEWORK[@VERSION]``), or
+    ``None`` when the target is canonical or the translation engine is not available (names stay canonical)."""
+    if not target or target == "canonical":
+        return None
+    try:
+        from .translate import Translator  # the engine may not exist yet: names then stay canonical
+    except ImportError:
+        return None
+    tr = Translator(source="canonical", target=target, mappings=mappings, config=config or {})
+
+    def rename(rec: Record) -> Record:
+        res = tr.translate(rec.metrics)
+        derived = [n for n in rec.derived if n in res.metrics]
+        return Record(step=rec.step, wall_time=rec.wall_time, metrics=dict(res.metrics), derived=derived)
+
+    return rename
+
+
+def write_batched(sink: Any, records: Iterator[Record], batch_size: int = 1000,
+                  rename: Callable[[Record], Record] | None = None) -> int:
+    """Write records to an open sink in batches; returns how many were written. Errors propagate."""
+    n = 0
+    batch: list[Record] = []
+    for rec in records:
+        batch.append(rename(rec) if rename else rec)
+        if len(batch) >= batch_size:
+            sink.write(batch)
+            n += len(batch)
+            batch = []
+    if batch:
+        sink.write(batch)
+        n += len(batch)
+    return n
+
+
+@dataclass
+class ReplayResult:
+    """What a replay did: records written, records skipped as already present, the sink's last step before."""
+
+    sink: str
+    written: int = 0
+    skipped: int = 0
+    last_step_before: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        held = "nothing" if self.last_step_before is None else f"steps up to {self.last_step_before}"
+        text = f"{self.sink}: wrote {self.written} records, skipped {self.skipped} already present ({held})"
+        if self.problems:
+            text += f"; {len(self.problems)} spool lines skipped"
+        return text
+
+
+def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch_size: int = 1000,
+           mappings: list[str] | None = None, close: bool = True) -> ReplayResult:
+    """Send the run in ``spool`` (a spool ``.jsonl`` file) to the sink ``to`` (a locator string such as
+    ``"mlflow:sqlite:///runs/mlflow.db"``, or a Sink object), skipping what it already holds.
+
+    ``names``: the naming the tracker should receive; default: what the run was logged with (recorded in the
+    spool header), canonical if nothing was recorded. Raises ``FileNotFoundError`` for a missing spool and
+    ``ValueError`` for a spool without a run header; sink errors propagate (the tracker is the thing to fix).
+    """
+    from .sinks import make_sink
+
+    path = Path(spool)
+    if not path.is_file():
+        raise FileNotFoundError(f"replay: spool file {str(path)!r} does not exist")
+    scan = scan_spool(path)
+    if scan.info is None:
+        raise ValueError(f"replay: {path} has no run header line (type 'run'); is it a trackbridge spool?")
+    sink = make_sink(to)
+    info = copy.deepcopy(scan.info)
+    target = names or info.extra.get("names") or "canonical"
+    info.names = target
+    rename = names_translator(target, mappings=mappings or info.extra.get("mappings"), config=info.config)
+    result = ReplayResult(sink=sink.describe(), problems=list(scan.problems))
+    sink.open(info, resume=True)
+    try:
+        last = sink.last_step()
+        result.last_step_before = last
+
+        def todo() -> Iterator[Record]:
+            for _seq, rec in iter_spool(path, problems=result.problems):
+                if last is not None and rec.step is not None and rec.step <= last:
+                    result.skipped += 1
+                    continue
+                yield rec
+
+        result.written = write_batched(sink, todo(), batch_size, rename)
+        result.problems = sorted(set(result.problems), key=result.problems.index)
+    finally:
+        if close:
+            sink.close()
+    return result
+
+
+__all__ = ["ReplayResult", "SpoolScan", "iter_spool", "names_translator", "replay", "scan_spool", "spool_file",
+           "write_batched"]
