@@ -48,7 +48,7 @@ def records(n=4):
 
 
 def run_info(name="r1"):
-    return RunInfo(name=name, project="grpo", config={"optim": {"lr": 1e-5, "betas": [0.9, 0.99]},
+    return RunInfo(name=name, project="grpo", run_id=f"id-{name}", config={"optim": {"lr": 1e-5, "betas": [0.9, 0.99]},
                                                       "model": "Qwen/Qwen2.5@0.5B", "w(kl)": 0.04},
                    tags={"team": "rl", "algo": "grpo"})
 
@@ -128,7 +128,7 @@ def test_resume_reopens_run_and_keeps_params(db):
     first.write(records(2))
     first.close()
     info2 = run_info("res")
-    info2.run_id = first.run_id
+    info2.run_id = info.run_id                   # trackbridge's run id; the sink finds the MLflow run by its tag
     info2.config["optim"]["lr"] = 3e-4          # params are immutable: a resumed run keeps the logged value
     info2.config["new_key"] = 7
     again = make_sink(f"mlflow:{db}?experiment=resume")

@@ -106,7 +106,7 @@ def _make_translator(source: str, mappings: list[str] | None, config: dict[str, 
 def _derive_hook(translator: Any) -> Callable[..., None] | None:
     """The translator's derive step (run after the step is known): ``hook(translation, step, wall_time)`` fills
     ``translation.metrics`` in place and sets ``translation.derived``."""
-    return getattr(translator, "apply_derive", None) or getattr(translator, "_apply_derive", None)
+    return getattr(translator, "apply_derive", None)
 
 
 # -- one worker per sink -----------------------------------------------------------------------------------------
@@ -483,6 +483,11 @@ class Run:
         self._mappings = mappings
         self._derive_fn = _derive_hook(self._translator) if derive else None
         self._warned_once: set[str] = set()
+        if self._derive_fn is not None and self.resume and self._resume_scan.records:
+            # stateful derived rules (delta, rate, ema ...) continue from the history kept in the spool
+            warm = getattr(self._translator, "warm_derive", None)
+            if warm is not None:
+                warm(rec for _seq, rec in iter_spool(self.spool_path))
 
         # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
         spool_sink = make_sink(spool_loc)

@@ -144,7 +144,7 @@ class Translator:
             if plan.note and plan.note not in self.notes:
                 self.notes.append(plan.note)
         if self._derive:
-            self._apply_derive(res, step, wall_time)
+            self.apply_derive(res, step, wall_time)
         res.notes = list(self.notes)
         return res
 
@@ -202,7 +202,11 @@ class Translator:
             self.detection = det
             self._src = det.spec
             self._plans.clear()
-            self._deriver = None
+            old, self._deriver = self._deriver, None
+            if old is not None:          # keep the stateful rules' history under the newly detected source
+                new = self._get_deriver()
+                if new is not None:
+                    new.from_state(old.to_state())
 
     # ------------------------------------------------------------------------------------------------ planning
     def _plan(self, key: str) -> _Plan | None:
@@ -304,9 +308,11 @@ class Translator:
         return chosen
 
     # ------------------------------------------------------------------------------------------------ derive
-    def _apply_derive(self, res: Translation, step, wall_time) -> None:
+    def apply_derive(self, res: Translation, step=None, wall_time=None) -> None:
+        """Fill ``res.metrics`` (canonical names) with derived metrics; sets ``res.derived``. The logger calls this
+        after it has chosen the step; ``translate(derive=True)`` calls it itself."""
         if self.target_spec.kind != "canonical":
-            return           # derivation runs in canonical space; see Translator docs
+            return           # derivation runs in canonical space
         d = self._get_deriver()
         if d is None:
             return
@@ -315,6 +321,18 @@ class Translator:
         for n in getattr(d, "notes", []):
             if n not in self.notes:
                 self.notes.append(n)
+
+    def warm_derive(self, records) -> int:
+        """Feed earlier canonical records to the stateful derived rules (``delta``, ``rate`` ...) without producing
+        output, so that a resumed run continues with the right history. Returns the number of records seen."""
+        d = self._get_deriver()
+        n = 0
+        if d is None:
+            return 0
+        for rec in records:
+            d.apply(dict(rec.metrics), step=rec.step, wall_time=rec.wall_time)
+            n += 1
+        return n
 
     def _get_deriver(self):
         if self._deriver is None:

@@ -57,6 +57,7 @@ TAG_ESCAPE = "trackbridge.key_escape"
 TAG_NAMES = "trackbridge.names"
 TAG_HIST = "trackbridge.histogram_summaries"
 TAG_RUN = "trackbridge.run"
+TAG_RUN_ID = "trackbridge.run_id"      # trackbridge's run id, to find the MLflow run again on resume
 TEXT_DIR = "trackbridge/text"
 CHUNK = 7000
 MAX_METRICS_PER_BATCH = 1000
@@ -155,10 +156,12 @@ class MlflowSink(Sink):
             self.client = make_client(self.location)
         except Exception as exc:  # noqa: BLE001 - report which sink failed and why
             raise SinkError(f"mlflow:{self.location}: cannot create an MLflow client: {exc}") from exc
-        run_id = self.options.get("run") or (run.run_id if resume else None)
+        run_id = self.options.get("run")
         try:
-            if run_id:
+            if run_id:                      # an explicit MLflow run id: reopen exactly that run
                 self._reopen(run_id)
+            elif resume and run.run_id and (found := self._find(run)) is not None:
+                self._reopen(found)         # trackbridge's run id is kept in a tag of the MLflow run
             else:
                 self._create(run)
             self._log_params(run)
@@ -185,10 +188,23 @@ class MlflowSink(Sink):
             artifact_location = Path(artifact_location).resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=artifact_location)
 
+    def _find(self, run: RunInfo) -> str | None:
+        """The MLflow run that holds trackbridge run ``run.run_id`` in this experiment, if any."""
+        name = self.options.get("experiment") or run.project or "trackbridge"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            return None
+        rid = str(run.run_id).replace("'", "")
+        found = self.client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_RUN_ID}` = '{rid}'",
+                                        max_results=1)
+        return found[0].info.run_id if found else None
+
     def _create(self, run: RunInfo) -> None:
         self.experiment_id = self._experiment(run)
         tags = {self._names(k) if not _sanitize.mlflow_valid(k) else k: str(v)[:MAX_TAG_VAL]
                 for k, v in (run.tags or {}).items()}
+        if run.run_id:
+            tags[TAG_RUN_ID] = str(run.run_id)
         created = self.client.create_run(self.experiment_id, run_name=run.name, tags=tags)
         self.run_id = created.info.run_id
         self._existing_params: dict[str, str] = {}
