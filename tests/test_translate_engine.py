@@ -115,9 +115,12 @@ def test_templated_data_source_with_slash(reg):
 
 def test_alias_without_reverse_and_conflicts(reg):
     res = T(reg, "alpha/grpo@v0.2").translate({"old_kl": 1.0, "kl": 2.0})
-    # both name kl/ref: the first wins, the second is kept under its own name and reported
-    assert res.metrics["kl/ref"] == 1.0 and res.metrics["kl"] == 2.0
-    assert res.conflicts == {"kl": "kl/ref"}
+    # both name kl/ref with different values: the primary name wins whatever the order, the alias is kept under
+    # its own name and reported
+    assert res.metrics["kl/ref"] == 2.0 and res.metrics["old_kl"] == 1.0
+    assert res.conflicts == {"old_kl": "kl/ref"}
+    same = T(reg, "alpha/grpo@v0.2").translate({"old_kl": 3.0, "kl": 3.0})
+    assert same.metrics == {"kl/ref": 3.0} and not same.conflicts and same.mapped == 2
 
 
 def test_values_of_any_type_never_crash(reg):

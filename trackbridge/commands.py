@@ -31,6 +31,42 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--mappings", action="append", default=[], metavar="PATH", help="extra mapping file")
     _HANDLERS["migrate"] = _migrate
 
+    p = sub.add_parser("replay", help="send a logged run from its JSONL spool to a tracker that missed it",
+                       description="Send a finished or crashed run from its spool (runs/<run_id>.jsonl) to SINK, "
+                                   "skipping what the tracker already holds (its last step), so nothing is "
+                                   "written twice.")
+    p.add_argument("spool", help="the spool file of the run, e.g. runs/20261122-120000-abc123.jsonl")
+    p.add_argument("--to", required=True, dest="sink", help="sink locator, e.g. mlflow:sqlite:///runs/mlflow.db")
+    p.add_argument("--names", help="names to write (default: as the run was logged)")
+    p.add_argument("--mappings", action="append", default=[], metavar="PATH", help="extra mapping file")
+    _HANDLERS["replay"] = _replay
+
+    p = sub.add_parser("compare", help="compare runs from different frameworks side by side (HTML report)",
+                       description="Read each RUN (any locator migrate accepts, optionally LABEL=LOCATOR), translate "
+                                   "it to canonical names with derived metrics, and write a self-contained "
+                                   "report.html, one PNG per metric, summary.csv and summary.md to --out. "
+                                   "One run gives the same report for a single run.")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run locator or LABEL=LOCATOR, e.g. grpo=trainer-state:out/trainer_state.json "
+                        "verl=console:verl.log")
+    p.add_argument("--metrics", default=None, metavar="NAMES|PRESET",
+                   help="comma-separated canonical names, patterns (kl/*) or presets: effectiveness, stability, "
+                        "efficiency, data (default: every metric)")
+    p.add_argument("--x", default="step", choices=["step", "samples", "tokens", "time"],
+                   help="x axis: step (default), samples seen, tokens seen, or wall time since the run's start")
+    p.add_argument("--smooth", type=int, default=0, metavar="N",
+                   help="draw an EMA of span N over the raw values (tables always use the raw values)")
+    p.add_argument("--smooth-kind", default="ema", choices=["ema", "mean"],
+                   help="ema (default) or mean (trailing mean of N points)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="report folder (default: compare-report; with --into no report unless --out is given)")
+    p.add_argument("--into", default=None, metavar="SINK",
+                   help="also write every run under canonical names into one tracker, e.g. tensorboard:runs/cmp, "
+                        "mlflow:sqlite:///cmp.db?experiment=cmp")
+    p.add_argument("--mappings", action="append", default=[], metavar="PATH", help="extra mapping file")
+    p.add_argument("--title", default=None, help="report title")
+    _HANDLERS["compare"] = _compare
+
 
 def _demo(args) -> int:
     from pathlib import Path
@@ -61,4 +97,41 @@ def _migrate(args) -> int:
         return 1
     if args.strict and (any(r.problems for r in result.runs) or result.totals().unmapped):
         return 1
+    return 0
+
+
+def _compare(args) -> int:
+    import sys
+
+    from .compare import compare_runs
+    out = args.out if args.out else (None if args.into else "compare-report")
+    try:
+        result = compare_runs(args.runs, metrics=args.metrics, x=args.x, smooth=args.smooth,
+                              smooth_kind=args.smooth_kind, out=out, into=args.into,
+                              mappings=args.mappings or None, title=args.title)
+    except (ValueError, OSError) as exc:
+        print(f"trackbridge compare: {exc}", file=sys.stderr)
+        return 2
+    for r in result.runs:
+        print(f"{r.label}: {len(r.records)} records, translated from {r.source}", file=sys.stderr)
+    for w in result.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    for res in result.into:
+        print(f"into {args.into}: {res.label} -> run {res.run_id}: {res.records} records"
+              + (f" ({res.skipped} already there)" if res.skipped else ""), file=sys.stderr)
+    if result.html is not None:
+        print(f"{len(result.metrics)} metrics, {len(result.pngs)} charts", file=sys.stderr)
+        print(result.html)
+    return 0 if result.metrics or result.into else 1
+
+
+def _replay(args) -> int:
+    import sys
+
+    from .replay import replay
+    res = replay(args.spool, args.sink, names=args.names, mappings=args.mappings or None)
+    print(f"replayed {args.spool} into {res.sink}: {res.written} records written, {res.skipped} already there "
+          f"(tracker's last step before: {res.last_step_before})", file=sys.stderr)
+    for p in res.problems:
+        print(f"  skipped: {p}", file=sys.stderr)
     return 0

@@ -25,6 +25,10 @@ class Candidate:
     hi: int
     explained: int
     specific: int
+    missing: int = 0          # keys the trainer logs on every call ("always") that are absent
+
+    def rank(self) -> tuple[int, int, int]:
+        return (self.explained, -self.missing, self.specific)
 
     def describe(self, registry: Registry) -> str:
         fw = registry.frameworks[self.framework]
@@ -95,12 +99,11 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str]) -> tuple[Candidat
         top = max(row) if row else 0
         if top == 0:
             continue
-        hi = max(r for r in range(n_rel) if row[r] == top)
-        lo = hi
-        while lo > 0 and row[lo - 1] == top:
-            lo -= 1
+        best_rel = [r for r in range(n_rel) if row[r] == top]
+        lo, hi = best_rel[0], best_rel[-1]        # the span of releases that explain the most keys
         cand = Candidate(fw.name, t, lo, hi, top, specific[t])
-        if best is None or (cand.explained, cand.specific) > (best.explained, best.specific):
+        cand.missing = _missing_always(fw, t, keys, lo, hi)
+        if best is None or cand.rank() > best.rank():
             best = cand
     return best, explained_any
 
@@ -137,13 +140,26 @@ def detect(keys: Iterable[str], registry: Registry) -> Detection:
     second = cands[1][0].explained if len(cands) > 1 else 0
     conf = top.explained / n * (0.5 + 0.5 * (top.explained - second) / top.explained)
     fw = registry.frameworks[top.framework]
-    # a trainer is named only if it beats the others: otherwise leave it open and say so
-    tie = [t for t in fw.trainers if t != top.trainer
-           and _trainer_score(fw, keys, t) == (top.explained, top.specific)]
-    trainer = top.trainer if not tie else None
-    reason = f"{top.explained} of {n} keys are logged by {top.describe(registry)}"
+    # a trainer is named only if it beats the others: ties on the keys explained are broken by how much of each
+    # trainer's own key set (its trainer-specific names at the detected release) was observed
+    tie = [t for t in fw.trainers if t != top.trainer and _trainer_score(fw, keys, t) == top.rank()]
+    assumed = None
     if tie:
-        reason += f"; the keys fit trainers {', '.join([top.trainer or '', *tie])} equally"
+        tied = [t for t in fw.trainers if t == top.trainer or t in tie]      # declared order: most common first
+        own = {t: _own_keys(fw, t, top.hi) for t in tied}
+        observed = _observed(fw, keys)
+        distinct = [t for t in tied if (own[t] & observed) - set().union(*(own[o] for o in tied if o != t))]
+        winner = distinct[0] if len(distinct) == 1 else tied[0]
+        if len(distinct) != 1:
+            assumed = (winner, [t for t in tied if t != winner])
+        top.trainer, tie = winner, []
+        top.lo, top.hi = _range_for(fw, keys, winner, top)
+    trainer = top.trainer
+    reason = f"{top.explained} of {n} keys are logged by {top.describe(registry)}"
+    if assumed:
+        reason += (f"; the keys fit trainers {', '.join([assumed[0], *assumed[1]])} equally, assuming "
+                   f"{assumed[0]} (pass source=... to say otherwise)")
+        conf *= 0.9
     spec = Spec("framework", framework=top.framework, trainer=trainer, lo=float(top.lo), hi=float(top.hi))
     explained_set = cands[0][1]
     return Detection(spec, spec.describe(registry), conf, n, top.explained, sorted(set(keys) - explained_set),
@@ -155,4 +171,42 @@ def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple
                            fw.prefixes, fw.config, fw.internal, fw.entries)
     sub.exact_index, sub.template_entries = fw.exact_index, fw.template_entries
     best, _ = _best_for_framework(sub, keys)
-    return (best.explained, best.specific) if best else (0, 0)
+    return best.rank() if best else (0, 0, 0)
+
+
+def _own_keys(fw: FrameworkMapping, trainer: str, release: int) -> set[str]:
+    """The trainer's own (trainer-specific, literal) keys at ``release``."""
+    return {e.key for e in fw.entries if e.trainers is not None and trainer in e.trainers and e.key_template is None
+            and e.since <= release <= e.until}
+
+
+def _observed(fw: FrameworkMapping, keys: list[str]) -> set[str]:
+    out = set()
+    for k in keys:
+        split, rest = fw.split_prefix(k)
+        out.add(rest if split is not None else k)
+    return out
+
+
+def _range_for(fw: FrameworkMapping, keys: list[str], trainer: str, fallback: Candidate) -> tuple[int, int]:
+    sub = FrameworkMapping(fw.name, fw.description, fw.releases, {trainer: fw.trainers[trainer]}, fw.aliases,
+                           fw.prefixes, fw.config, fw.internal, fw.entries)
+    sub.exact_index, sub.template_entries = fw.exact_index, fw.template_entries
+    best, _ = _best_for_framework(sub, keys)
+    return (best.lo, best.hi) if best else (fallback.lo, fallback.hi)
+
+
+def _missing_always(fw: FrameworkMapping, trainer: str | None, keys: list[str], lo: int, hi: int) -> int:
+    """How many of the trainer's ``always`` keys (logged on every call at some release in lo..hi) are absent.
+    Judged only on a key set large enough to be a whole logged record."""
+    if trainer is None or len(keys) < 4:
+        return 0
+    always = fw.trainers.get(trainer, {}).get("always") or []
+    observed = _observed(fw, keys)
+    missing = 0
+    for k in always:
+        if k in observed:
+            continue
+        if any(e.applies(trainer, lo, hi) for e in fw.exact_index.get(k, ())):
+            missing += 1
+    return missing

@@ -108,7 +108,7 @@ class Translator:
         if self._src is None or any(k not in self._plans for k in metrics):
             self._maybe_detect(metrics)
         res = Translation(metrics={}, source=self.source)
-        canon_of_out: dict[str, str] = {}
+        owner: dict[str, tuple[str, Any, bool]] = {}      # output -> (input key, input value, from a primary entry)
         for key, value in metrics.items():
             if not isinstance(key, str):
                 raise TypeError(f"metric names must be strings; got {key!r} ({type(key).__name__})")
@@ -123,20 +123,37 @@ class Translator:
                 res.unmapped.append(key)
                 continue
             out = plan.out
-            if out in res.metrics:
-                # two inputs claim one output (e.g. an old and a new name logged side by side): keep the first,
-                # pass the second through under its own name and say so
-                res.conflicts[key] = out
-                res.metrics[key] = value
-                continue
             val = value
             if plan.fwd is not None:
                 val = plan.fwd.to_canonical(val)
             if plan.rev is not None:
                 val = plan.rev.from_canonical(val)
+            if out in res.metrics:
+                # two inputs name one quantity (an old and a new name logged side by side, or two aliases)
+                if _same_value(res.metrics[out], val):
+                    res.mapped += 1          # the same value twice: kept once, and said so
+                    res.renamed[key] = out
+                    note = f"{key!r} and another key both give {out!r} with the same value; kept once"
+                    if note not in self.notes:
+                        self.notes.append(note)
+                    continue
+                # different values: the primary name (the one the framework logs at that release) keeps the
+                # canonical name; the other is passed through under its own name and reported
+                primary = plan.fwd is None or plan.fwd.reverse
+                old_key, old_value, old_primary = owner[out]
+                if primary and not old_primary:
+                    res.metrics[old_key] = old_value
+                    res.conflicts[old_key] = out
+                    res.renamed.pop(old_key, None)
+                    res.approximate.pop(out, None)
+                    res.mapped -= 1
+                else:
+                    res.conflicts[key] = out
+                    res.metrics[key] = value
+                    continue
             res.metrics[out] = val
             res.mapped += 1
-            canon_of_out[out] = plan.canonical
+            owner[out] = (key, value, plan.fwd is None or plan.fwd.reverse)
             if out != key:
                 res.renamed[key] = out
             if plan.approx:
@@ -292,13 +309,14 @@ class Translator:
         tgt = self.target_spec
         fw = self.registry.frameworks[tgt.framework]
         hits: list[tuple[Entry, dict | None]] = []
+        literal = canon in self.registry.canonical.metrics     # a name of its own is never a template instance
         for e in fw.entries:
             if not e.reverse:
                 continue
             if e.canonical_template is None:
                 if e.canonical == canon:
                     hits.append((e, None))
-            elif canon.startswith(e.canonical_template.prefix):
+            elif not literal and canon.startswith(e.canonical_template.prefix):
                 caps = e.canonical_template.match(canon)
                 if caps is not None:
                     hits.append((e, caps))
@@ -345,6 +363,13 @@ class Translator:
         return self._deriver
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    try:
+        return a == b or (a != a and b != b)      # NaN == NaN here
+    except Exception:                          # arrays and other values without a plain truth value
+        return False
+
+
 def _reason(e: Entry | None) -> str | None:
     if e is None or e.exact:
         return None
@@ -357,7 +382,14 @@ def _until(fw: FrameworkMapping, e: Entry) -> str:
 
 
 def _choose(hits, trainer, lo, hi, config):
-    """The entry that best fits trainer, release range and config; the newest one when several fit."""
+    """The entry that best fits trainer, release range and config; the newest one when several fit. Literal keys
+    win over templates: a template is only used when no literal entry fits."""
+    literal = [h for h in hits if h[0].key_template is None]
+    if literal and len(literal) < len(hits):
+        found = _choose(literal, trainer, lo, hi, config)
+        if found is not None:
+            return found
+        hits = [h for h in hits if h[0].key_template is not None]
     best, best_rank = None, None
     for e, caps in hits:
         if not e.applies(trainer, lo, hi):

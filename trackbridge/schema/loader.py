@@ -393,6 +393,15 @@ def _overlap(a: Entry, b: Entry) -> bool:
 
 
 def _check_framework(fw: FrameworkMapping, errors: list[MappingError]) -> None:
+    for name, spec in fw.trainers.items():
+        unknown = set(spec) - {"description", "source", "always", "note"}
+        if unknown:
+            errors.append(MappingError(f"trainer {name!r}: unknown field(s) {sorted(unknown)} (allowed: description, "
+                                       "source, always, note)", file=fw.file, entry=name))
+        for k in spec.get("always") or []:
+            if not any(e.key == k and (e.trainers is None or name in e.trainers) for e in fw.entries):
+                errors.append(MappingError(f"trainer {name!r}: `always` key {k!r} has no entry for this trainer",
+                                           file=fw.file, entry=name))
     for alias, spec in fw.aliases.items():
         if spec.get("trainer") and spec["trainer"] not in fw.trainers:
             errors.append(MappingError(f"alias {alias!r} names unknown trainer {spec['trainer']!r}", file=fw.file,
