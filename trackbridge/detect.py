@@ -100,9 +100,13 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str]) -> tuple[Candidat
         if top == 0:
             continue
         best_rel = [r for r in range(n_rel) if row[r] == top]
+        # of the releases that explain the most keys, keep those that miss the fewest always-logged keys
+        missing = {r: _missing_always(fw, t, keys, r, r) for r in best_rel}
+        fewest = min(missing.values())
+        best_rel = [r for r in best_rel if missing[r] == fewest]
         lo, hi = best_rel[0], best_rel[-1]        # the span of releases that explain the most keys
         cand = Candidate(fw.name, t, lo, hi, top, specific[t])
-        cand.missing = _missing_always(fw, t, keys, lo, hi)
+        cand.missing = fewest
         if best is None or cand.rank() > best.rank():
             best = cand
     return best, explained_any

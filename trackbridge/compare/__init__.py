@@ -1,0 +1,208 @@
+"""Compare runs from different frameworks side by side.
+
+``compare_runs(["grpo=trainer-state:grpo/trainer_state.json", "verl=console:verl.log"], out=Path("report"))``
+reads every run through the same readers as migration, translates it to canonical names with derived metrics filled
+in (:mod:`.load`), aligns the runs on steps, samples, tokens or wall time (:mod:`.align`), and writes to ``out``:
+
+* ``report.html``: self-contained (charts embedded as data URIs, no external CSS/JS), one section per metric with
+  a chart of all runs overlaid and a table per run, a plain warning next to every metric whose quantity is not the
+  same in every run (approximate translation, with the mapping's reason), the metrics found in only one run, and
+  each run's source and detected framework;
+* ``charts/*.png``: one chart per metric;
+* ``summary.csv`` and ``summary.md``: the same table (metric, run, first, last, min, max, mean, points, note).
+
+Canonical names that only look alike (``kl/ref`` against ``kl/old_policy``) are different metrics, never one chart;
+the report says so when one run has one and another run the other. With ``into=SINK`` every run is also written,
+under canonical names, into one tracker (:mod:`.into`). One run gives the same report for a single run.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .align import SMOOTH_KINDS, X_KINDS, Axis, run_axis, series
+from .load import LoadedRun, load_runs
+from .presets import LOOK_ALIKES, PRESETS, preset_of, select
+from .stats import MetricStats, metric_stats
+
+__all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS"]
+
+
+@dataclass
+class MetricReport:
+    name: str
+    unit: str = ""
+    description: str = ""
+    preset: str | None = None
+    runs: list[str] = field(default_factory=list)               # labels of the runs that have the metric
+    stats: list[MetricStats] = field(default_factory=list)
+    approximate: dict[str, str] = field(default_factory=dict)    # run label -> why approximate there
+    originals: dict[str, list[str]] = field(default_factory=dict)  # run label -> stored names it came from
+    derived_in: list[str] = field(default_factory=list)
+    look_alikes: list[str] = field(default_factory=list)         # plain sentences
+    warning: str | None = None                                   # what the chart and the report say
+    chart: Path | None = None
+    axis_notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompareResult:
+    out: Path | None
+    html: Path | None
+    summary_csv: Path | None
+    summary_md: Path | None
+    pngs: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    runs: list[LoadedRun] = field(default_factory=list)
+    metrics: list[MetricReport] = field(default_factory=list)
+    only_one_run: dict[str, str] = field(default_factory=dict)   # metric -> the one run that has it
+    missing: list[str] = field(default_factory=list)             # asked for, found in no run
+    into: list = field(default_factory=list)                     # IntoResult per run when into= was given
+    x: str = "step"
+    smooth: int = 0
+
+    def metric(self, name: str) -> MetricReport | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+
+def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]" = None, x: str = "step",
+                 smooth: int = 0, smooth_kind: str = "ema", out: "Path | str | None" = Path("compare-report"),
+                 into: str | None = None, mappings: "list[str] | None" = None, source: str = "auto",
+                 title: str | None = None) -> CompareResult:
+    """Compare runs (locators, optionally ``LABEL=LOCATOR``) and write the report to ``out`` (None: no report).
+
+    ``metrics``: None (all), a preset (``effectiveness``, ``stability``, ``efficiency``, ``data``), canonical names
+    or patterns, comma-separated or as a list. ``x``: step, samples, tokens or time. ``smooth``: N > 1 draws an
+    EMA of span N (``smooth_kind="mean"``: a trailing mean of N points) over the faint raw line; the tables always
+    use the raw values. ``into``: a sink locator to write every run into as well."""
+    if x not in X_KINDS:
+        raise ValueError(f"unknown x axis {x!r}; expected one of {', '.join(X_KINDS)}")
+    if smooth_kind not in SMOOTH_KINDS:
+        raise ValueError(f"unknown smoothing {smooth_kind!r}; expected one of {', '.join(SMOOTH_KINDS)}")
+    smooth = int(smooth or 0)
+    if smooth < 0:
+        raise ValueError("smooth must be >= 0")
+    runs = load_runs(list(locators), mappings=mappings, source=source)
+    result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
+                           summary_md=None, runs=runs, x=x, smooth=smooth)
+    schema = _schema(mappings)
+    available: dict[str, None] = {}
+    for r in runs:
+        available.update(dict.fromkeys(r.scalar_names()))
+
+    def is_axis(name: str) -> bool:
+        m = schema.find(name) if schema is not None else None
+        return bool(m is not None and getattr(m, "axis", False)) or name.startswith("progress/")
+
+    chosen, missing = select(metrics, available, is_axis=is_axis)
+    result.missing = missing
+    axes = {r.label: run_axis(r, x) for r in runs}
+    for r in runs:
+        for p in r.problems:
+            result.warnings.append(f"{r.label}: skipped while reading: {p}")
+        ax = axes[r.label]
+        if ax.note:
+            result.warnings.append(ax.note)
+    for name in missing:
+        result.warnings.append(f"asked for but found in no run: {name}")
+
+    for name in chosen:
+        result.metrics.append(_metric_report(name, runs, axes, schema))
+    if len(runs) > 1:
+        for mr in result.metrics:
+            if len(mr.runs) == 1:
+                result.only_one_run[mr.name] = mr.runs[0]
+    for mr in result.metrics:
+        if mr.warning:
+            result.warnings.append(f"{mr.name}: {mr.warning}")
+
+    if into:
+        from .into import write_into
+        result.into = write_into(runs, into)
+
+    if result.out is not None:
+        from .report import write_report
+        write_report(result, axes, smooth_kind=smooth_kind, title=title)
+    return result
+
+
+def _schema(mappings):
+    from ..schema.loader import load_registry
+    return load_registry(mappings or None).canonical
+
+
+def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis], schema) -> MetricReport:
+    meta = schema.find(name) if schema is not None else None
+    if meta is None and schema is not None:
+        from .presets import strip_split
+        meta = schema.find(strip_split(name))
+    mr = MetricReport(name=name, unit=getattr(meta, "unit", "") or "",
+                      description=getattr(meta, "description", "") or "", preset=preset_of(name))
+    for r in runs:
+        st = metric_stats(r, name)
+        if st is None:
+            continue
+        mr.runs.append(r.label)
+        mr.stats.append(st)
+        orig = r.original_names(name)
+        if orig:
+            mr.originals[r.label] = orig
+        if name in r.approximate:
+            mr.approximate[r.label] = r.approximate[name]
+        if name in r.derived:
+            mr.derived_in.append(r.label)
+        ax = axes[r.label]
+        if not ax.available:
+            mr.axis_notes.append(f"{r.label} is not on this chart: {ax.note.split(': ', 1)[-1]}")
+        else:
+            xs, _ = series(r, name, ax)
+            if not xs:
+                mr.axis_notes.append(f"{r.label} is not on this chart: none of its points has an x value")
+    # names that look alike but are other quantities, held by runs that do not have this one
+    for a, b, why in LOOK_ALIKES:
+        for mine, other in ((a, b), (b, a)):
+            if name != mine:
+                continue
+            # only when some run has this one without the other, and another run the other without this one:
+            # then the two would be taken for one quantity
+            others = [r.label for r in runs if r.label not in mr.runs and r.has_metric(other)]
+            if others and any(not r.has_metric(other) for r in runs if r.label in mr.runs):
+                mr.look_alikes.append(f"not overlaid with {other} of {', '.join(others)}: {why}.")
+    parts = []
+    if mr.approximate:
+        several = len(mr.runs) > 1
+        head = "Not the same quantity in every run" if several else "Approximate translation"
+        items = []
+        for label, why in mr.approximate.items():
+            src = mr.originals.get(label)
+            items.append(f"in {label}" + (f" ({', '.join(src)})" if src else "") + f": {_plain(why)}")
+        parts.append(f"{head}: " + "; ".join(items) + ".")
+    parts += [s[0].upper() + s[1:] for s in mr.look_alikes]
+    mr.warning = " ".join(parts) or None
+    for st in mr.stats:
+        notes = []
+        if st.run in mr.approximate:
+            notes.append(f"approximate: {_plain(mr.approximate[st.run])}")
+        if st.run in mr.derived_in:
+            notes.append("derived by trackbridge from other logged metrics (not logged by the run)")
+        if st.non_finite:
+            notes.append(f"{st.non_finite} NaN/inf value(s) left out of min/max/mean")
+        for n in mr.axis_notes:
+            if n.startswith(st.run + " "):
+                notes.append(n[len(st.run) + 1:])
+        st.note = "; ".join(notes)
+    return mr
+
+
+_WHO = re.compile(r"^[\w.@/-]+ '[^']*': ")
+
+
+def _plain(why: str) -> str:
+    """The mapping's reason without the translator's ``framework 'key': `` prefix (the key is shown already)."""
+    return _WHO.sub("", why.strip()).rstrip(".")
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "metric"

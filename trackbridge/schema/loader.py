@@ -272,6 +272,7 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
                                        line=line_of(p, None, line_of(doc, "prefixes")), entry=name))
             continue
         fw.prefixes.append((str(p["prefix"]), p["split"]))
+        fw.declared_prefixes.append((str(p["prefix"]), p["split"]))
     fw.prefixes.sort(key=lambda ps: -len(ps[0]))
     fw.internal.update(str(k) for k in (doc.get("internal") or []))
     for c in doc.get("config") or []:

@@ -152,7 +152,7 @@ class FrameworkMapping:
     releases: list[str]
     trainers: dict[str, dict[str, Any]]
     aliases: dict[str, dict[str, Any]]
-    prefixes: list[tuple[str, str]]                    # (prefix, split)
+    prefixes: list[tuple[str, str]]                    # (prefix, split), longest first (for matching)
     config: list[ConfigEntry]
     internal: set[str]
     entries: list[Entry]
@@ -161,6 +161,7 @@ class FrameworkMapping:
     exact_index: dict[str, list[Entry]] = field(default_factory=dict)
     template_entries: list[Entry] = field(default_factory=list)
     _lineage: dict[int, int] = field(default_factory=dict)
+    declared_prefixes: list[tuple[str, str]] = field(default_factory=list)   # as declared: the first is native
 
     def link(self, old: Entry, new: Entry) -> None:
         """Declare ``new`` a pure rename of ``old`` (the same quantity under another key)."""
@@ -224,7 +225,8 @@ class FrameworkMapping:
         return None, key
 
     def prefix_for(self, split: str) -> str | None:
-        for prefix, s in self.prefixes:
+        """The prefix written for a split: the first one declared for it (the framework's native form)."""
+        for prefix, s in self.declared_prefixes:
             if s == split:
                 return prefix
         return None

@@ -1,0 +1,165 @@
+"""X axes and smoothing.
+
+Frameworks count steps differently (batch sizes differ, some TRL releases advance ``global_step`` oddly), so runs
+can be aligned on:
+
+* ``step``: the step as the framework counts it (records without a step are numbered in log order);
+* ``samples``: ``progress/samples``, samples (episodes/sequences) seen so far, as the run logged it;
+* ``tokens``: ``progress/tokens``, tokens seen so far; when a run logs no cumulative counter but logs the tokens
+  of every step (``perf/tokens_per_step``) on consecutive steps, their running sum from the first logged step is
+  used, and the report says so;
+* ``time``: wall time relative to the run's first wall time. A run without wall times is left out of time-axis
+  charts and the report says so: no time is ever made up.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .load import LoadedRun, is_finite_number, is_number
+
+X_KINDS = ("step", "samples", "tokens", "time")
+COUNTERS = {"samples": "progress/samples", "tokens": "progress/tokens"}
+PER_STEP = {"tokens": "perf/tokens_per_step"}
+X_LABELS = {
+    "step": "step (as each framework counts it)",
+    "samples": "samples seen (progress/samples)",
+    "tokens": "tokens seen (progress/tokens)",
+    "time": "wall time since run start [s]",
+}
+SMOOTH_KINDS = ("ema", "mean")
+
+
+@dataclass
+class Axis:
+    kind: str
+    values: list[float | None]           # one x per record of the run (None: no x for that record)
+    available: bool = True
+    note: str | None = None              # how the axis was obtained, or why the run has none
+
+
+def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
+    if kind not in X_KINDS:
+        raise ValueError(f"unknown x axis {kind!r}; expected one of {', '.join(X_KINDS)}")
+    recs = run.records
+    if kind == "step":
+        if all(r.step is not None for r in recs):
+            return Axis(kind, [float(r.step) for r in recs])
+        if all(r.step is None for r in recs):
+            return Axis(kind, [float(i + 1) for i in range(len(recs))],
+                        note=f"{run.label}: the source holds no steps; records numbered 1..{len(recs)} in log order")
+        vals = [float(r.step) if r.step is not None else None for r in recs]
+        missing = sum(v is None for v in vals)
+        return Axis(kind, vals, note=f"{run.label}: {missing} record(s) without a step left out")
+    if kind == "time":
+        times = [r.wall_time for r in recs if is_finite_number(r.wall_time)]
+        if not times or not run.has_wall_time:
+            return Axis(kind, [None] * len(recs), available=False,
+                        note=f"{run.label}: the source holds no wall times, so this run is left out of the "
+                             "time-axis charts (no time was made up)")
+        t0 = min(times)
+        vals = [float(r.wall_time) - t0 if is_finite_number(r.wall_time) else None for r in recs]
+        missing = sum(v is None for v in vals)
+        note = f"{run.label}: {missing} record(s) without a wall time left out" if missing else None
+        return Axis(kind, vals, note=note)
+    counter = COUNTERS[kind]
+    by_step: dict[int, float] = {}
+    for r in recs:
+        v = r.metrics.get(counter)
+        if is_finite_number(v) and r.step is not None:
+            by_step.setdefault(r.step, float(v))
+    vals: list[float | None] = []
+    for r in recs:
+        v = r.metrics.get(counter)
+        if is_finite_number(v):
+            vals.append(float(v))
+        elif r.step is not None and r.step in by_step:
+            vals.append(by_step[r.step])      # e.g. an eval row of the same step as the train row
+        else:
+            vals.append(None)
+    if any(v is not None for v in vals):
+        missing = sum(v is None for v in vals)
+        note = f"{run.label}: {missing} record(s) without {counter} left out" if missing else None
+        return Axis(kind, vals, note=note)
+    summed = _running_sum(run, PER_STEP.get(kind))
+    if summed is not None:
+        return summed
+    why = f"logs no {counter}"
+    if kind in PER_STEP:
+        why += f" (nor {PER_STEP[kind]} on consecutive steps to add up)"
+    return Axis(kind, [None] * len(recs), available=False,
+                note=f"{run.label}: {why}, so it is left out of the charts on this axis")
+
+
+def _running_sum(run: LoadedRun, per_step: str | None) -> Axis | None:
+    if per_step is None:
+        return None
+    recs = run.records
+    steps: dict[int, float] = {}
+    for r in recs:
+        v = r.metrics.get(per_step)
+        if r.step is None:
+            continue
+        if is_finite_number(v):
+            steps.setdefault(r.step, float(v))
+    if not steps:
+        return None
+    order = sorted(steps)
+    if order[-1] - order[0] + 1 != len(order):
+        return None                          # gaps: the steps in between are unknown, summing would undercount
+    cum: dict[int, float] = {}
+    total = 0.0
+    for s in order:
+        total += steps[s]
+        cum[s] = total
+    vals = [cum.get(r.step) if r.step is not None else None for r in recs]
+    first = order[0]
+    note = (f"{run.label}: tokens seen = running sum of {per_step} from its first logged step ({first})"
+            + ("; steps before it are not counted" if first > 1 else ""))
+    return Axis("tokens", vals, note=note)
+
+
+def series(run: LoadedRun, metric: str, axis: Axis) -> tuple[list[float], list[float]]:
+    """(x, y) of one metric in one run: numbers only (NaN kept as NaN), records without an x left out."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for rec, x in zip(run.records, axis.values):
+        v = rec.metrics.get(metric)
+        if x is None or not is_number(v):
+            continue
+        xs.append(x)
+        ys.append(float(v))
+    return xs, ys
+
+
+def smooth(ys: Sequence[float], n: int, kind: str = "ema") -> list[float]:
+    """Smooth with an exponential moving average of span ``n`` (alpha = 2/(n+1)) or a trailing mean of ``n`` points.
+
+    Non-finite values are skipped (they stay NaN in the output and do not disturb the average)."""
+    ys = [float(y) for y in ys]
+    if n is None or n <= 1:
+        return ys
+    if kind not in SMOOTH_KINDS:
+        raise ValueError(f"unknown smoothing {kind!r}; expected one of {', '.join(SMOOTH_KINDS)}")
+    out: list[float] = []
+    if kind == "ema":
+        alpha = 2.0 / (n + 1.0)
+        s = None
+        for y in ys:
+            if not math.isfinite(y):
+                out.append(float("nan"))
+                continue
+            s = y if s is None else alpha * y + (1 - alpha) * s
+            out.append(s)
+        return out
+    window: list[float] = []
+    for y in ys:
+        if not math.isfinite(y):
+            out.append(float("nan"))
+            continue
+        window.append(y)
+        if len(window) > n:
+            window.pop(0)
+        out.append(sum(window) / len(window))
+    return out

@@ -1,0 +1,59 @@
+"""``--into SINK``: every compared run, under canonical names, into one tracker (one run per input run).
+
+One TensorBoard folder (a sub-folder per run), one MLflow experiment, one wandb or Trackio project: users compare
+the runs in the tracker they already use. Each run is written under a run id derived from its locator and label and
+reopened with ``resume``: writing the same comparison again skips the steps the tracker already holds.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ..record import Record, RunInfo
+from .load import LoadedRun
+
+DEFAULT_PROJECT = "trackbridge-compare"
+BATCH = 500
+
+
+@dataclass
+class IntoResult:
+    label: str
+    run_id: str
+    records: int = 0
+    skipped: int = 0
+
+
+def write_into(runs: list[LoadedRun], into: str, *, project: str = DEFAULT_PROJECT) -> list[IntoResult]:
+    from ..sinks import make_sink
+
+    results = []
+    for run in runs:
+        run_id = "cmp-" + hashlib.sha1(f"{run.locator}\0{run.label}".encode()).hexdigest()[:16]
+        info = RunInfo(name=run.label, project=project, run_id=run_id,
+                       config=dict(run.info.config), tags=dict(run.info.tags), source=run.source,
+                       names="canonical", approximate=dict(run.approximate), extra=dict(run.info.extra))
+        info.tags.setdefault("trackbridge.compared_from", run.locator)
+        info.tags.setdefault("trackbridge.source", run.source)
+        sink = make_sink(into)
+        res = IntoResult(run.label, run_id)
+        sink.open(info, resume=True)
+        try:
+            last = sink.last_step()
+            todo: list[Record] = []
+            for rec in run.records:
+                if last is not None and rec.step is not None and rec.step <= last:
+                    res.skipped += 1
+                    continue
+                todo.append(rec)
+                if len(todo) >= BATCH:
+                    sink.write(todo)
+                    res.records += len(todo)
+                    todo = []
+            if todo:
+                sink.write(todo)
+                res.records += len(todo)
+        finally:
+            sink.close()
+        results.append(res)
+    return results

@@ -1,0 +1,84 @@
+"""One PNG per metric, all runs overlaid (matplotlib, Agg backend: no display needed)."""
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WIDTH_IN, HEIGHT_IN, DPI = 9.0, 5.0, 100
+PNG_SIZE = (int(WIDTH_IN * DPI), int(HEIGHT_IN * DPI))      # (width, height) in pixels of every chart
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+          "#bcbd22"]
+
+
+@dataclass
+class Line:
+    label: str
+    xs: list[float]
+    ys: list[float]
+    smoothed: list[float] | None = None
+    color: str | None = None
+
+
+@dataclass
+class Chart:
+    metric: str
+    ylabel: str
+    xlabel: str
+    lines: list[Line]
+    warning: str | None = None                 # shown on the chart (approximate in some run, ...)
+    notes: list[str] = field(default_factory=list)
+
+
+def _mpl():
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def draw(chart: Chart, path: Path) -> Path:
+    plt = _mpl()
+    fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    note_lines: list[str] = []
+    if chart.warning:
+        note_lines = textwrap.wrap("\u26a0 " + chart.warning, 120)[:4]
+        if len(textwrap.wrap("\u26a0 " + chart.warning, 120)) > 4:
+            note_lines[-1] = note_lines[-1][:115] + " ..."
+    bottom = 0.13 + 0.045 * len(note_lines)
+    ax = fig.add_axes((0.09, bottom, 0.88, 0.91 - bottom))
+    any_points = False
+    for i, ln in enumerate(chart.lines):
+        color = ln.color or COLORS[i % len(COLORS)]
+        if not ln.xs:
+            continue
+        any_points = True
+        few = len(ln.xs) <= 40
+        if ln.smoothed is not None:
+            ax.plot(ln.xs, ln.ys, color=color, alpha=0.25, linewidth=1)
+            ax.plot(ln.xs, ln.smoothed, color=color, linewidth=1.8, label=ln.label)
+        else:
+            ax.plot(ln.xs, ln.ys, color=color, linewidth=1.5, label=ln.label,
+                    marker="o" if few else None, markersize=3.5)
+    ax.set_title(chart.metric, fontsize=12, loc="left")
+    ax.set_xlabel(chart.xlabel)
+    ax.set_ylabel(chart.ylabel)
+    ax.grid(True, alpha=0.3)
+    if any_points:
+        ax.legend(loc="best", fontsize=9, framealpha=0.85)
+    else:
+        ax.text(0.5, 0.5, "no points on this x axis", ha="center", va="center", transform=ax.transAxes,
+                color="#666666")
+    ys_all = [y for ln in chart.lines for y in ln.ys if math.isfinite(y)]
+    if ys_all and max(ys_all) == min(ys_all):
+        v = ys_all[0]
+        pad = abs(v) * 0.05 or 0.05
+        ax.set_ylim(v - pad, v + pad)
+    for k, line in enumerate(note_lines):
+        fig.text(0.02, 0.02 + 0.045 * (len(note_lines) - 1 - k), line, fontsize=9, color="#8a1c00",
+                 ha="left", va="bottom")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format="png")
+    plt.close(fig)
+    return path
