@@ -21,7 +21,7 @@ ENTRY_FIELDS = {"key", "canonical", "since", "until", "trainers", "fidelity", "d
                 "when", "reverse", "source", "note", "renamed_from"}
 TOP_FIELDS = {"format", "framework", "description", "repository", "releases", "aliases", "trainers", "prefixes",
               "config", "internal", "entries"}
-DIFFERS = {"estimator", "reduction", "population", "snapshot", "sign", "unit", "config"}
+DIFFERS = {"estimator", "reduction", "population", "snapshot", "sign", "unit", "config", "weighting", "definition"}
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)(?::(path))?\}")
 
 
@@ -356,9 +356,9 @@ def test_special_cases():
     assert e["canonical"] == "val/{data_source:path}/{var}/best@{n}/mean"
     assert b == {"data_source": "openai/gsm8k", "var": "acc", "n": "8"}
     # pg_loss changes meaning
-    assert lookup("verl", "actor/pg_loss", "v0.5.0")[0]["fidelity"] == "exact"
+    assert lookup("verl", "actor/pg_loss", "v0.5.0")[0]["differs"] == ["population"]   # first DP worker only
     assert lookup("verl", "actor/pg_loss", "v0.6.1")[0]["fidelity"] == "approximate"
-    assert lookup("verl", "actor/kl_loss", "v0.4.1")[0]["differs"] == ["snapshot"]
+    assert lookup("verl", "actor/kl_loss", "v0.4.1")[0]["differs"] == ["snapshot", "population"]
     # renames
     assert lookup("verl", "critic/kl", "v0.3.0.post1")[0]["canonical"] == "kl/ref"
     assert lookup("verl", "critic/kl", "v0.4.0") is None
