@@ -24,7 +24,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "public-
 def verl_dict(n: int = 100) -> dict[str, float]:
     keys: list[str] = []
     if SHARED.is_file():
-        keys = list(json.loads(SHARED.read_text())["keys"])
+        keys = [k for k in json.loads(SHARED.read_text())["keys"] if k != "step"]
     stages = ["gen", "ref", "values", "adv", "update_critic", "update_actor", "step", "reward", "old_log_prob"]
     keys += [f"timing_s/{s}" for s in stages] + [f"val-core/openai/gsm8k_{i}/acc/mean@4" for i in range(40)]
     keys = list(dict.fromkeys(keys))[:n]

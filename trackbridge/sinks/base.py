@@ -55,6 +55,19 @@ class Sink(ABC):
         """The highest step this tracker already holds for the open run (for resume/replay without duplicates)."""
         return None
 
+    def note_derived(self, records: list[Record]) -> list[str]:
+        """Remember which metric names in ``records`` were derived rather than logged; returns the names seen for the
+        first time. They are kept in ``run.extra["derived"]``, which every sink stores with its run metadata, so that
+        a derived value is marked as such in each tracker (sinks re-save that metadata when this returns names)."""
+        seen = self.__dict__.setdefault("_derived_seen", set())
+        new = sorted({n for r in records for n in r.derived} - seen)
+        if new:
+            seen.update(new)
+            if self.run is not None:
+                self.run.extra = {**(self.run.extra or {}),
+                                  "derived": sorted(set((self.run.extra or {}).get("derived") or ()) | seen)}
+        return new
+
     def record_sanitized(self, mapping: dict[str, str]) -> None:
         """Remember stored-name -> original-name pairs so that readers can restore the originals."""
         if self.run is not None:

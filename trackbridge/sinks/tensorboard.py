@@ -44,6 +44,7 @@ from typing import Any, Callable
 from ..record import Histogram, Record, RunInfo, dumps
 from .base import Capabilities, Sink, SinkError
 
+DERIVED_DESCRIPTION = "derived by trackbridge (computed from other metrics, not logged by the trainer)"
 RUN_TAG = "trackbridge/run"        # text summary holding RunInfo JSON
 META_PREFIX = "trackbridge/"       # tags this sink writes for itself (not metrics)
 HPARAMS_TAG = "_hparams_/session_start_info"
@@ -288,9 +289,14 @@ class TensorBoardSink(Sink):
             ev = Event(wall_time=rec.wall_time if rec.wall_time is not None else time.time(), step=step)
             values = ev.summary.value
             add = values.add
+            marks = self.note_derived([rec]) if rec.derived else ()
             for tag, v in rec.metrics.items():
                 t = type(v)
-                if t is float or t is int:
+                if tag in marks and (t is float or t is int):
+                    # first value of a derived tag: TensorBoard keeps a tag's first metadata, shown as its description
+                    val = add(tag=tag, simple_value=v)
+                    val.metadata.summary_description = DERIVED_DESCRIPTION
+                elif t is float or t is int:
                     add(tag=tag, simple_value=v)
                 elif t is bool:
                     add(tag=tag, simple_value=float(v))

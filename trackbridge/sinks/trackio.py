@@ -246,6 +246,8 @@ class TrackioSink(Sink):
         cfg["_Created"] = self._created or datetime.now(timezone.utc).isoformat()
         cfg["_Group"] = (self.run.tags or {}).get("group")
         cfg[CONFIG_KEY] = info
+        if (self.run.extra or {}).get("derived"):      # derived (not logged) metrics, visible in the run's config
+            cfg["trackbridge_derived"] = list(self.run.extra["derived"])
         return cfg
 
     def _write_config(self) -> None:
@@ -280,6 +282,7 @@ class TrackioSink(Sink):
         new = self._names.take_new()
         if new:
             self.record_sanitized(new)
+        if self.note_derived(records) or new:
             self._write_config()
 
     def close(self) -> None:

@@ -213,6 +213,10 @@ class WandbSink(Sink):
             self._wstep = step
             if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
                 self._max_step = rec.step
+        if self.note_derived(records) and self.run is not None:
+            # derived (not logged) metrics are marked in the run's config, beside trackbridge's run metadata
+            self._run.config.update({META_KEY: self._meta(self.run),
+                                     "trackbridge_derived": list(self.run.extra["derived"])}, allow_val_change=True)
 
     def close(self) -> None:
         if self._run is None:

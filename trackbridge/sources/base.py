@@ -64,3 +64,15 @@ class Source(ABC):
     @abstractmethod
     def runs(self) -> Iterator[RunReader]:
         """Every run this source holds (after filtering by the locator's options)."""
+
+
+def mark_derived(info: RunInfo, records: Iterator[Record]) -> Iterator[Record]:
+    """Restore the per-record ``derived`` marks from the run's list of derived metrics (``info.extra["derived"]``),
+    for stores that keep the mark per run (a tag or config entry) rather than per point."""
+    derived = set((info.extra or {}).get("derived") or ()) if isinstance(info.extra, dict) else set()
+    for rec in records:
+        if derived:
+            extra = [k for k in rec.metrics if k in derived and k not in rec.derived]
+            if extra:
+                rec.derived = [*rec.derived, *extra]
+        yield rec

@@ -26,8 +26,8 @@ from typing import Any, Iterator
 from ..record import Record, RunInfo
 from ..sinks import _sanitize
 from ..sinks.mlflow import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
-                            restore_inf)
-from .base import RunReader, Source, SourceError
+                            restore_inf, tracking_uri)
+from .base import RunReader, Source, SourceError, mark_derived
 
 PAGE = 10_000
 
@@ -146,6 +146,9 @@ class MlflowRunReader(RunReader):
             yield (m.timestamp, m.step, 0, name, m.value)
 
     def records(self) -> Iterator[Record]:
+        return mark_derived(self.info, self._stored_records())
+
+    def _stored_records(self) -> Iterator[Record]:
         keys = sorted(self.mlrun.data.metrics)
         streams = []
         for key in keys:
@@ -172,6 +175,11 @@ class MlflowSource(Source):
     kind = "mlflow"
 
     def runs(self) -> Iterator[RunReader]:
+        uri = tracking_uri(self.location)
+        local = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else (
+            Path(uri[len("file://"):]) if uri.startswith("file://") else None)
+        if local is not None and not local.exists():     # MLflow would create an empty store: a typo is not a run
+            raise SourceError(f"mlflow:{self.location}: no such MLflow store: {local}")
         try:
             client = make_client(self.location)
         except Exception as exc:  # noqa: BLE001

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo
-from ..sinks.tensorboard import HPARAMS_TAG, RUN_TAG, event_files, masked_crc32c
+from ..sinks.tensorboard import DERIVED_DESCRIPTION, HPARAMS_TAG, RUN_TAG, event_files, masked_crc32c
 from .base import RunReader, Source, SourceError
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
@@ -173,6 +173,7 @@ class TensorBoardRunReader(RunReader):
         info = self.info
         rename = info.sanitized
         merge = not self._ours
+        self._derived: set[str] = set(info.extra.get("derived") or ()) if isinstance(info.extra, dict) else set()
         plugins: dict[str, str] = {}
         unsupported: dict[str, int] = {}
         cur: Record | None = None
@@ -191,13 +192,15 @@ class TensorBoardRunReader(RunReader):
                     continue
                 if rename:
                     metrics = {rename.get(k, k): v for k, v in metrics.items()}
+                derived = [rename.get(t, t) for t in self._derived if t in metrics or rename.get(t, t) in metrics]
                 if (merge and cur is not None and cur.step == ev.step
                         and not (metrics.keys() & cur.metrics.keys())):
                     cur.metrics.update(metrics)
+                    cur.derived += derived
                     continue
                 if cur is not None:
                     yield cur
-                cur = Record(step=int(ev.step), wall_time=ev.wall_time, metrics=metrics)
+                cur = Record(step=int(ev.step), wall_time=ev.wall_time, metrics=metrics, derived=sorted(derived))
         if cur is not None:
             yield cur
         for tag, count in unsupported.items():
@@ -211,6 +214,8 @@ class TensorBoardRunReader(RunReader):
             kind = v.WhichOneof("value")
             if kind == "simple_value":
                 out[tag] = v.simple_value
+                if v.HasField("metadata") and v.metadata.summary_description == DERIVED_DESCRIPTION:
+                    self._derived.add(tag)
                 continue
             plugin = v.metadata.plugin_data.plugin_name if v.HasField("metadata") else ""
             if plugin:

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from ..record import Record, RunInfo
 from ..sinks import _sanitize
 from ..sinks.trackio import CONFIG_KEY, HIST_TYPE, canonical_project_name, parse_iso, trackio_to_histogram
-from .base import RunReader, Source, SourceError
+from .base import RunReader, Source, SourceError, mark_derived
 
 _SPECIAL = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 _TRACKIO_CONFIG = ("_Username", "_Created", "_Group")
@@ -87,6 +87,9 @@ class TrackioRunReader(RunReader):
         return True, value
 
     def records(self) -> Iterator[Record]:
+        return mark_derived(self.info, self._stored_records())
+
+    def _stored_records(self) -> Iterator[Record]:
         with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=30.0)) as conn:
             cur = conn.execute(f"SELECT id, step, timestamp, metrics FROM metrics WHERE {self.run_col} = ? "
                                "ORDER BY id", (self.run_key,))

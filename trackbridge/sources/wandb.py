@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo
-from .base import RunReader, Source, SourceError
+from .base import RunReader, Source, SourceError, mark_derived
 
 STEP_KEY = "trackbridge/step"
 META_KEY = "_trackbridge"
@@ -315,6 +315,9 @@ class WandbRunReader(RunReader):
         return last_w, best
 
     def records(self) -> Iterator[Record]:
+        return mark_derived(self.info, self._stored_records())
+
+    def _stored_records(self) -> Iterator[Record]:
         rename = self.info.sanitized
         skipped_types: dict[str, int] = {}
         for path, offset, row in self._rows():

@@ -1,0 +1,78 @@
+"""Derived values are marked as derived in every tracker that can hold a mark, and never overwrite a logged value."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+import trackbridge
+from trackbridge.sources import open_source
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    return tmp_path
+
+
+def _log_verl_run(tmp_path, sinks, *, logged_diff=None):
+    run = trackbridge.init(project="marks", name="verl-run", run_id="verl-run", sinks=sinks, source="verl@0.4.1",
+                           spool=str(tmp_path / "spool"))
+    for step in range(3):
+        d = {"global_seqlen/min": 100.0 + step, "global_seqlen/max": 150.0 + 2 * step, "critic/score/mean": 0.5}
+        if logged_diff is not None:
+            d["global_seqlen/minmax_diff"] = logged_diff
+        run.log(d, step=step)
+    run.finish()
+
+
+def test_derived_marked_in_every_sink(env):
+    tmp = env
+    db = tmp / "mlflow.db"
+    sinks = [f"tensorboard:{tmp / 'tb'}", f"mlflow:sqlite:///{db}?experiment=marks", f"wandb:{tmp / 'wandb'}",
+             f"trackio:{tmp / 'trackio'}?project=marks"]
+    _log_verl_run(tmp, sinks)
+    name = "perf/global_seqlen/minmax_diff"
+
+    # the canonical stream (spool): per record
+    lines = [json.loads(x) for x in (tmp / "spool" / "verl-run.jsonl").read_text().splitlines()]
+    recs = [x for x in lines if x.get("type") != "run"]
+    assert all(name in r["derived"] and r["metrics"][name] == 50.0 + r["step"] for r in recs)
+
+    # the trackers' own readers see the mark
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(f"sqlite:///{db}")
+    (mrun,) = client.search_runs([client.get_experiment_by_name("marks").experiment_id])
+    assert name in json.loads(mrun.data.tags["trackbridge.derived.0"]) if "trackbridge.derived.0" in mrun.data.tags \
+        else name in json.loads(mrun.data.tags["trackbridge.derived"])
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    (folder,) = [p for p in (tmp / "tb").iterdir() if p.is_dir()]
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    assert "derived by trackbridge" in acc.SummaryMetadata(name).summary_description
+    with pytest.raises(KeyError):               # logged tags carry no such description
+        acc.SummaryMetadata("reward/score/mean")
+
+    (tdb,) = (tmp / "trackio").glob("*.db")
+    with sqlite3.connect(tdb) as conn:
+        (cfg,) = conn.execute("SELECT config FROM configs").fetchone()
+    assert name in json.loads(cfg)["trackbridge_derived"]
+
+    # and trackbridge's readers restore the per-record mark from each of them
+    for loc in (f"tensorboard:{tmp / 'tb'}", f"mlflow:sqlite:///{db}?experiment=marks", f"wandb:{tmp / 'wandb'}",
+                f"trackio:{tmp / 'trackio'}"):
+        (reader,) = list(open_source(loc).runs())
+        got = [r for r in reader.records() if name in r.metrics]
+        assert len(got) == 3, loc
+        assert all(name in r.derived and "reward/score/mean" not in r.derived for r in got), loc
+
+
+def test_logged_value_is_never_overwritten(env):
+    _log_verl_run(env, [], logged_diff=-1.0)
+    lines = [json.loads(x) for x in (env / "spool" / "verl-run.jsonl").read_text().splitlines()]
+    recs = [x for x in lines if x.get("type") != "run"]
+    assert all(r["metrics"]["perf/global_seqlen/minmax_diff"] == -1.0 for r in recs)
+    assert all("perf/global_seqlen/minmax_diff" not in r.get("derived", []) for r in recs)
