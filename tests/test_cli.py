@@ -90,10 +90,11 @@ def test_detect_public_log():
     assert r.returncode == 0, r.stderr
     det = json.loads(r.stdout)
     assert det["source"].startswith("verl/ppo@") and det["confidence"] > 0.5
-    r = tb("detect", ROOT / "examples" / "verl_console.log".replace("x", "x"))
-    if (ROOT / "examples" / "verl_console.log").exists():
-        r = tb("detect", f"console:{ROOT / 'examples' / 'verl_console.log'}")
-        assert r.returncode == 0 and "verl/ppo" in r.stdout
+    for arg in (ROOT / "examples" / "verl_console.log", f"console:{ROOT / 'examples' / 'verl_console.log'}"):
+        r = tb("detect", arg)                    # a plain path is recognised as a console log
+        assert r.returncode == 0 and "source:      verl/ppo@v0.4.0" in r.stdout, r.stdout + r.stderr
+    r = tb("detect", ROOT / "examples" / "trl_dpo_wandb_export.csv")
+    assert r.returncode == 0 and "trl/dpo@" in r.stdout
 
 
 def test_mappings_show_list_docs(tmp_path):

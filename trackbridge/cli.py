@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
 
     p = sub.add_parser("detect", help="name the framework, trainer and releases that logged these keys")
-    p.add_argument("file", help="JSON lines, trainer_state.json, or any run locator (console:PATH, ...)")
+    p.add_argument("file", help="a file or folder (JSON lines, trainer_state.json, a console log, a CSV export, a "
+                                "TensorBoard or wandb folder) or any run locator (console:PATH, mlflow:URI, ...)")
     p.add_argument("--json", action="store_true", help="print the detection as JSON")
     _add_mappings(p)
 
@@ -181,13 +182,16 @@ def cmd_detect(args) -> int:
     from .detect import detect
     from .schema.loader import load_registry
     reg = load_registry(args.mappings or None)
+    from .sources import guess_locator, open_source
     keys: set[str] = set()
     problems: list[str] = []
-    if ":" in args.file.split("/", 1)[0] and not args.file.startswith(("/", ".")):
-        from .sources import open_source
-        for run in open_source(args.file).runs():
+    is_locator = ":" in args.file.split("/", 1)[0] and not args.file.startswith(("/", "."))
+    guessed = None if is_locator or args.file.endswith(".json") else guess_locator(args.file)
+    if is_locator or guessed:
+        for run in open_source(guessed or args.file).runs():
             for rec in run.records():
                 keys.update(rec.metrics)
+            problems += [str(p) for p in run.problems if "without metrics" not in str(p)]
     else:
         from .inputs import read_rows
         for row in read_rows(args.file, problems):

@@ -27,9 +27,44 @@ def source_class(kind: str) -> type[Source]:
     return getattr(importlib.import_module(module), cls)
 
 
+def guess_locator(path: str) -> str | None:
+    """A locator for a plain path, from what it looks like: a TensorBoard or wandb folder, a trainer_state.json, a CSV
+    export, a JSONL stream, or a console log. None when it cannot tell (or the path does not exist)."""
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        if any(p.rglob("events.out.tfevents.*")):
+            return f"tensorboard:{path}"
+        if any(p.rglob("run-*.wandb")):
+            return f"wandb:{path}"
+        if (p / "trainer_state.json").is_file() or any(p.glob("checkpoint-*/trainer_state.json")):
+            return f"trainer-state:{path}"
+        if any(p.glob("*.jsonl")):
+            return f"jsonl:{path}"
+        if any(p.glob("*.db")):
+            return f"trackio:{path}"
+        return None
+    if not p.is_file():
+        return None
+    name, suffix = p.name.lower(), p.suffix.lower()
+    if name == "trainer_state.json":
+        return f"trainer-state:{path}"
+    if suffix == ".csv":
+        return f"csv:{path}"
+    if suffix == ".jsonl":
+        return f"jsonl:{path}"
+    if suffix == ".wandb":
+        return f"wandb:{os.path.dirname(path) or '.'}"
+    if suffix in (".log", ".txt", ".out", ".err"):
+        return f"console:{path}"
+    return None
+
+
 def open_source(spec: "str | Locator") -> Source:
     loc = spec if isinstance(spec, Locator) else parse(spec, allow_label=True, kinds=tuple(REGISTRY))
     return source_class(loc.kind)(loc.location, **loc.options)
 
 
-__all__ = ["Problem", "RunReader", "Source", "SourceError", "REGISTRY", "open_source", "source_class"]
+__all__ = ["Problem", "RunReader", "Source", "SourceError", "REGISTRY", "open_source", "source_class", "guess_locator"]
