@@ -76,3 +76,25 @@ def test_logged_value_is_never_overwritten(env):
     recs = [x for x in lines if x.get("type") != "run"]
     assert all(r["metrics"]["perf/global_seqlen/minmax_diff"] == -1.0 for r in recs)
     assert all("perf/global_seqlen/minmax_diff" not in r.get("derived", []) for r in recs)
+
+
+def test_stateful_rules_continue_across_a_resumed_run(env):
+    """perf/tokens_per_step = delta(progress/tokens) / delta(progress/step): the first step after a resume must use
+    the last step logged before the interruption (restored from the spool), and a missing step is bridged."""
+    spool = str(env / "spool")
+    tokens = {0: 0, 1: 100, 2: 250, 3: 450, 5: 900, 6: 1200}      # step 4 is missing
+    run = trackbridge.init(project="p", run_id="res", sinks=[], source="trl/grpo@1.16.0", spool=spool)
+    for s in (0, 1, 2):
+        run.log({"num_tokens": tokens[s], "loss": 1.0}, step=s)
+    run.finish()
+    run = trackbridge.init(project="p", run_id="res", sinks=[], source="trl/grpo@1.16.0", spool=spool, resume=True)
+    for s in (3, 5, 6):
+        run.log({"num_tokens": tokens[s], "loss": 1.0}, step=s)
+    run.finish()
+    lines = [json.loads(x) for x in (env / "spool" / "res.jsonl").read_text().splitlines()]
+    per_step = {r["step"]: r["metrics"].get("perf/tokens_per_step") for r in lines if r.get("type") != "run"}
+    assert per_step[0] is None                       # no history yet: no value, never a made-up one
+    assert per_step[1] == 100 and per_step[2] == 150
+    assert per_step[3] == 200                        # after the resume: (450 - 250) / (3 - 2)
+    assert per_step[5] == 225                        # across the missing step 4: (900 - 450) / (5 - 3)
+    assert per_step[6] == 300
