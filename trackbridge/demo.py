@@ -23,10 +23,10 @@ EXAMPLES = [
 
 def examples_dir() -> Path:
     here = Path(__file__).resolve().parent
-    for cand in (here.parent / "examples", here / "data" / "examples"):
-        if cand.is_dir() and any(cand.iterdir()):
+    for cand in (here.parent / "examples", here / "examples"):       # a source checkout, or the installed wheel
+        if (cand / "verl_console.log").is_file():
             return cand
-    raise FileNotFoundError("the example logs (examples/) are not installed; run the demo from a source checkout")
+    raise FileNotFoundError("the example runs (examples/) are not installed; run the demo from a source checkout")
 
 
 def _say(msg: str = "") -> None:
