@@ -364,7 +364,7 @@ class _SinkWorker:
             self.last_error = f"reopen: {type(exc).__name__}: {exc}"
             if final:
                 _warn(f"trackbridge: sink {self.name} is still failing at finish() ({self.last_error}); "
-                      f"send it the run later with: trackbridge replay {r.spool_path} --to {self.name}")
+                      f"send it the run later with: trackbridge replay {r.spool_path} --to {self.sink.locator()}")
             return
         self.opened = True
         with self.lock:
@@ -391,7 +391,7 @@ class _SinkWorker:
                     self.dropped_hi = hi if self.dropped_hi is None else max(self.dropped_hi, hi)
                 if final:
                     _warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); "
-                          f"send it the run later with: trackbridge replay {r.spool_path} --to {self.name}")
+                          f"send it the run later with: trackbridge replay {r.spool_path} --to {self.sink.locator()}")
                 return
             self.acked = hi
         self.recoveries += 1
@@ -562,14 +562,38 @@ class Run:
         self._inbox.put(_STOP)
         end = None if timeout is None else time.monotonic() + timeout
         self._dispatcher.join(None if end is None else max(0.0, end - time.monotonic()))
-        for w in self._workers:
+        # wait for every sink while it makes progress; one that makes none for stall_timeout seconds (a hung or
+        # unreachable server) is left behind with a warning: its records are in the spool for `trackbridge replay`
+        spool_workers = [w for w in self._workers if w.is_spool]
+        for w in spool_workers:
             w.thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        last_progress = {w.name: (self._progress(w), time.monotonic()) for w in self._workers}
+        while True:
+            alive = [w for w in self._workers if w.thread.is_alive() and not w.is_spool]
+            if not alive or (end is not None and time.monotonic() >= end):
+                break
+            now = time.monotonic()
+            stalled = []
+            for w in alive:
+                p = self._progress(w)
+                if p != last_progress[w.name][0]:
+                    last_progress[w.name] = (p, now)
+                elif now - last_progress[w.name][1] > self._stall_timeout:
+                    stalled.append(w)
+            if len(stalled) == len(alive):
+                break
+            alive[0].thread.join(0.2)
         st = self.status
         stuck = [w.name for w in self._workers if w.thread.is_alive()]
         if stuck:
             _warn(f"trackbridge: finish() timed out waiting for {', '.join(stuck)}; their records are in the "
                   f"spool {self.spool_path}")
         return st
+
+    @staticmethod
+    def _progress(w: "_SinkWorker") -> tuple:
+        s = w.status()
+        return (s.get("written"), s.get("caught_up"), s.get("state"), s.get("failures"))
 
     @property
     def status(self) -> dict[str, Any]:
@@ -723,8 +747,12 @@ def _as_step(step: Any) -> int:
 
 
 def _precheck_location(spec: str, sink: Sink, registry: dict[str, str]) -> None:
-    """Fail at init for a plain folder location that cannot be created or written (not for URIs)."""
+    """Fail at init for a plain folder location that cannot be created or written; warn (the sink is retried
+    later, training goes on) for a server URL that does not answer now."""
     loc = sink.location
+    if loc and loc.startswith(("http://", "https://")):
+        _check_server(spec, loc)
+        return
     if not loc or "://" in loc or ":" in loc.split("/")[0]:
         return
     path = Path(loc).expanduser()
@@ -737,6 +765,22 @@ def _precheck_location(spec: str, sink: Sink, registry: dict[str, str]) -> None:
         raise ValueError(f"sink {spec!r}: {probe} exists and is not a folder")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"sink {spec!r}: folder {probe} is not writable")
+
+
+def _check_server(spec: str, url: str, timeout: float = 2.0) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    if not host:
+        raise ValueError(f"sink {spec!r}: no host in {url!r}")
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        _warn(f"trackbridge: sink {spec!r}: server {host}:{port} is not reachable now ({exc}); training goes on, "
+              f"the sink is retried later and catches up from the spool")
 
 
 def init(project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,

@@ -74,7 +74,13 @@ class Sink(ABC):
             self.run.sanitized.update(mapping)
 
     def describe(self) -> str:
+        """A short human-readable name (may add what the sink resolved, such as a run folder)."""
         return f"{self.kind}:{self.location}"
+
+    def locator(self) -> str:
+        """The locator this sink was made from, options included: what `trackbridge replay --to` needs."""
+        opts = "&".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.kind}:{self.location}" + (f"?{opts}" if opts else "")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"

@@ -86,8 +86,16 @@ def tracking_uri(location: str) -> str:
 
 
 def make_client(location: str):
-    """An ``MlflowClient`` for ``location`` (imports MLflow here, not at module import)."""
+    """An ``MlflowClient`` for ``location`` (imports MLflow here, not at module import).
+
+    For a tracking server, MLflow's own HTTP retries (7 retries with exponential back-off and a 120 s timeout by
+    default: minutes per call against a dead server) are bounded to 2 retries and a 15 s timeout, unless the user set
+    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``MLFLOW_HTTP_REQUEST_TIMEOUT``: the logger retries a failed sink itself,
+    and nothing is lost meanwhile (the spool holds every record)."""
     uri = tracking_uri(location)
+    if uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     from mlflow.tracking import MlflowClient
     return MlflowClient(tracking_uri=uri)
 
