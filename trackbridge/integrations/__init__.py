@@ -1,0 +1,90 @@
+"""Adopt trackbridge with one line in an existing training script.
+
+* :class:`trackbridge.integrations.transformers.TrackBridgeCallback` -- a transformers ``TrainerCallback`` for every
+  TRL trainer and the plain ``Trainer`` (knows the trainer and the TRL release, so the source is not guessed).
+* ``trackbridge.wrap(wandb)`` / ``trackbridge.wrap(wandb_run)`` -- code that calls ``wandb.log`` (veRL, OpenRLHF)
+  keeps logging to wandb exactly as before and also writes translated names to every trackbridge sink
+  (:mod:`trackbridge.integrations.wandb`).
+* ``trackbridge.wrap(summary_writer)`` -- torch's or tensorboardX's ``SummaryWriter``: ``add_scalar``,
+  ``add_scalars``, ``add_histogram``, ``add_text`` go to the event files as before and through trackbridge
+  (:mod:`trackbridge.integrations.tensorboard`).
+* :class:`trackbridge.integrations.accelerate.TrackBridgeTracker` -- ``Accelerator(log_with=[TrackBridgeTracker()])``.
+* ``trackbridge.wrap(fn)`` -- any callable ``log(dict, step=None)`` such as veRL's ``Tracking.log``
+  (:mod:`trackbridge.integrations.callable`).
+
+Every wrapper takes the options of :func:`trackbridge.init` (``sinks=``, ``source=``, ``project=`` ...) or
+``run=`` an existing trackbridge run, and is undone by ``handle.unwrap()``, ``trackbridge.unwrap(target)`` or by
+leaving ``with trackbridge.wrap(...):``. Importing this package (or the wandb, tensorboard and callable modules)
+imports neither torch nor transformers nor the wrapped tracker.
+"""
+from __future__ import annotations
+
+import builtins
+import types
+from typing import Any
+
+# importing the submodule ``callable`` sets ``callable`` in this module's namespace: use the builtin explicitly
+_callable = builtins.callable
+
+_ACTIVE: dict[int, Any] = {}   # id(wrapped target) -> handle, for unwrap(target)
+
+
+def _is_wandb(obj: Any) -> bool:
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__ == "wandb"
+    return (type(obj).__module__ or "").startswith("wandb.") and hasattr(obj, "log") and hasattr(obj, "define_metric")
+
+
+def _is_summary_writer(obj: Any) -> bool:
+    return (not isinstance(obj, types.ModuleType) and _callable(getattr(obj, "add_scalar", None))
+            and _callable(getattr(obj, "add_scalars", None)))
+
+
+def wrap(target: Any, **options: Any) -> Any:
+    """Make an existing logger also write through trackbridge; returns a handle with ``unwrap()``.
+
+    * the ``wandb`` module or a wandb ``Run`` -> :class:`~trackbridge.integrations.wandb.WandbWrapper`
+      (``wandb_names="original"`` (default) or ``"translated"``: what wandb itself receives);
+    * a ``SummaryWriter`` (torch or tensorboardX) -> :class:`~trackbridge.integrations.tensorboard.WriterWrapper`;
+    * any other callable ``log(data, step=None, ...)`` -> a :class:`~trackbridge.integrations.callable.LogWrapper`,
+      itself callable: use it in place of the original (``tracking.log = trackbridge.wrap(tracking.log, ...)``).
+
+    ``options``: those of :func:`trackbridge.init` (``sinks``, ``source``, ``project``, ``name``, ``config``,
+    ``names``, ``spool`` ...), or ``run=`` an open trackbridge run to share between several wrappers.
+    """
+    if _is_wandb(target):
+        from .wandb import WandbWrapper as cls
+    elif _is_summary_writer(target):
+        from .tensorboard import WriterWrapper as cls
+    elif _callable(target):
+        from .callable import LogWrapper as cls
+    else:
+        raise TypeError(f"trackbridge.wrap(): cannot wrap a {type(target).__name__}; expected the wandb module or a "
+                        f"wandb run, a SummaryWriter, or a callable log(dict, step=None)")
+    previous = _ACTIVE.get(id(target))
+    if previous is not None and previous.active and not isinstance(previous, _callable_class()):
+        raise RuntimeError(f"trackbridge.wrap(): {target!r} is already wrapped; unwrap it first "
+                           f"(or pass run= to share one trackbridge run between wrappers)")
+    handle = cls(target, **options)
+    _ACTIVE[id(target)] = handle
+    return handle
+
+
+def _callable_class() -> type:
+    from .callable import LogWrapper
+    return LogWrapper
+
+
+def unwrap(target: Any, finish: bool = True) -> Any:
+    """Undo :func:`wrap`: pass the handle, or the wrapped object itself. Returns the trackbridge run's status
+    (for a wrapped callable: the original callable)."""
+    handle = target if hasattr(target, "unwrap") and hasattr(target, "active") else _ACTIVE.get(id(target))
+    if handle is None:
+        raise ValueError(f"trackbridge.unwrap(): {target!r} is not wrapped")
+    for key, value in list(_ACTIVE.items()):
+        if value is handle:
+            del _ACTIVE[key]
+    return handle.unwrap(finish=finish)
+
+
+__all__ = ["wrap", "unwrap"]

@@ -1,0 +1,76 @@
+"""``Accelerator(log_with=[TrackBridgeTracker(sinks=[...], source="trl-legacy")])``: an Accelerate tracker.
+
+Legacy TRL ``PPOTrainer`` (v0.2.0-v0.11.4), DDPO/AlignProp and any script using ``accelerator.log`` send their
+metrics through Accelerate's trackers; this one writes them to every trackbridge sink, translated, beside or instead of
+``"wandb"``/``"tensorboard"``::
+
+    from trackbridge.integrations.accelerate import TrackBridgeTracker
+    tracker = TrackBridgeTracker(project="ppo", sinks=["tensorboard:runs/tb"], source="trl-legacy")
+    accelerator = Accelerator(log_with=["wandb", tracker])
+    accelerator.init_trackers("ppo", config=config.to_dict())
+
+The trackbridge run opens at the first ``log()`` (so it carries the configuration Accelerate passes to
+``store_init_configuration``; ``init_trackers`` gives it after the tracker was built) and is finished by ``finish()``
+(``accelerator.end_training()``). Only the main process writes (``main_process_only = True``). ``tracker`` is the
+trackbridge run. For legacy PPOTrainer pass ``project_kwargs``/``tracker_project_name`` as usual; the project is
+``project=`` here (Accelerate does not pass its project name to trackers given as objects).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from accelerate.tracking import GeneralTracker, on_main_process
+
+from ._tee import Tee
+
+
+class TrackBridgeTracker(GeneralTracker):
+    """An Accelerate ``GeneralTracker`` writing to trackbridge; takes the options of :func:`trackbridge.init` or
+    ``run=`` an open trackbridge run."""
+
+    name = "trackbridge"
+    requires_logging_directory = False
+    main_process_only = True
+
+    def __init__(self, project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
+                 run: Any = None, **init_options: Any) -> None:
+        super().__init__()
+        self._config: dict[str, Any] = dict(init_options.pop("config", None) or {})
+        self._tee = _TrackerTee(self, run=run, project=project, name=name, sinks=sinks, **init_options)
+        self._tee.kind = "Accelerate tracker"
+
+    @property
+    def tracker(self) -> Any:
+        """The trackbridge run (opened on first access)."""
+        return self._tee.run
+
+    @on_main_process
+    def start(self) -> None:
+        """Nothing to do yet: the run opens at the first log, with the configuration."""
+
+    @on_main_process
+    def store_init_configuration(self, values: dict) -> None:
+        self._config.update(dict(values or {}))
+        if self._tee.opened:
+            self._tee.warn_once("late-config", "trackbridge: store_init_configuration() after the first log(); "
+                                               "the run's configuration was already written")
+
+    @on_main_process
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        self._tee.emit(dict(values), step)
+
+    @on_main_process
+    def finish(self) -> None:
+        self._tee.finish()
+
+
+class _TrackerTee(Tee):
+    def __init__(self, owner: TrackBridgeTracker, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._owner = owner
+
+    def defaults(self) -> dict[str, Any]:
+        return {"config": dict(self._owner._config)} if self._owner._config else {}
+
+
+__all__ = ["TrackBridgeTracker"]

@@ -1,0 +1,226 @@
+"""``TrackBridgeCallback``: a transformers ``TrainerCallback`` for every TRL trainer and the plain ``Trainer``.
+
+One line in a training script::
+
+    from trackbridge.integrations.transformers import TrackBridgeCallback
+    trainer = GRPOTrainer(..., callbacks=[TrackBridgeCallback(sinks=["tensorboard:runs/tb", "wandb:runs/wb"])])
+
+(``trainer.add_callback(TrackBridgeCallback(...))`` works too.) It takes the options of :func:`trackbridge.init`
+and runs beside ``report_to`` (``report_to="wandb"`` keeps logging as before) or instead of it (``report_to="none"``).
+
+* **Source, not guessed**: the trainer's class (found on the call stack; the ``*Config`` class of the arguments
+  otherwise) and the installed TRL release give ``source`` -- ``GRPOTrainer`` with TRL 1.16.0 is
+  ``trl/grpo@1.16.0``, a subclass (Unsloth's ``UnslothGRPOTrainer``, your own) is its TRL base class, the plain
+  ``transformers.Trainer`` is ``trl@<release>`` (or ``trl`` without TRL installed: the HF keys are in trl.yaml). An
+  explicit ``source=`` wins. ``callback.source`` tells what was used.
+* **Records**: every dict that reaches ``on_log`` is one record at ``state.global_step``: training rows, ``eval_``
+  rows (split ``eval``: ``eval_loss`` is ``eval/loss/total``) and the final summary row (``train_runtime``,
+  ``train_loss``, ``total_flos`` ... as ``train/runtime`` ...). Other integrations keep the summary keys out of the
+  history; trackbridge logs them as the last record.
+* **Config**: ``TrainingArguments.to_dict()`` (values that are not plain JSON become strings) plus the model's
+  config under ``model_config`` (``model_config=False`` to leave it out), plus ``config=`` given here. Translated
+  config names (``kl_coef``, ``num_generations`` ...) are added by the logger.
+* **Lifetime**: the run opens in ``on_train_begin`` (or at the first ``on_log`` of an ``evaluate()`` without
+  training) and finishes in ``on_train_end``. A later ``trainer.evaluate()`` reopens the same run (``resume=True``).
+  Only the world-process-zero writes (``state.is_world_process_zero``; ``rank_zero_only=False`` to change).
+* **Not seen**: what TRL writes to trackers directly, bypassing ``Trainer.log``/``on_log``: the
+  ``profiling/Time taken: ...`` timings and the ``completions`` tables (GRPO/RLOO, ``LogCompletionsCallback``), the
+  ``game_log`` tables of legacy DPO-family trainers, ``WinRateCallback`` tables.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import warnings
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ..logger import LoggerWarning
+
+# TRL trainer class -> trainer id of mappings/trl.yaml `trainers:`; the first class of the MRO found here wins.
+TRAINER_IDS: dict[str, str] = {
+    "GRPOTrainer": "grpo", "UnslothGRPOTrainer": "grpo",
+    "GFPOTrainer": "grpo_variants", "GRPOWithReplayBufferTrainer": "grpo_variants", "GSPOTokenTrainer": "grpo_variants",
+    "PAPOTrainer": "grpo_variants", "GMPOTrainer": "grpo_variants", "DPPOTrainer": "grpo_variants",
+    "AsyncGRPOTrainer": "async_grpo",
+    "RLOOTrainer": "rloo",
+    "PPOTrainer": "ppo", "PPOv2Trainer": "ppo",
+    "DPOTrainer": "dpo", "KTOTrainer": "kto", "RewardTrainer": "reward", "SFTTrainer": "sft",
+    "IterativeSFTTrainer": "iterative_sft",
+    "OnlineDPOTrainer": "online_dpo", "XPOTrainer": "xpo", "NashMDTrainer": "nash_md",
+    "GKDTrainer": "gkd", "ORPOTrainer": "orpo", "CPOTrainer": "cpo", "BCOTrainer": "bco", "PRMTrainer": "prm",
+    "DistillationTrainer": "distillation", "GOLDTrainer": "distillation", "IWOPDTrainer": "distillation",
+    "AsyncDistillationTrainer": "distillation", "ServerDistillationTrainer": "distillation",
+    "SDFTTrainer": "self_distillation", "SDPOTrainer": "self_distillation",
+    "TPOTrainer": "tpo", "A2POTrainer": "a2po", "SSDTrainer": "ssd",
+    "DDPOTrainer": "ddpo", "AlignPropTrainer": "ddpo",
+}
+# the *Config class of the training arguments, when the trainer itself cannot be found
+CONFIG_IDS: dict[str, str] = {name.replace("Trainer", "Config"): tid for name, tid in TRAINER_IDS.items()}
+CONFIG_IDS.update({"PPOv2Config": "ppo", "PPOConfig": "ppo"})
+
+
+def trl_version() -> str | None:
+    """The installed TRL release (``1.16.0``), or None."""
+    try:
+        from importlib.metadata import version
+        return version("trl")
+    except Exception:
+        return None
+
+
+def trainer_id(trainer_cls: type | None = None, args_cls: type | None = None) -> str | None:
+    """The trl.yaml trainer id of a trainer class (through its MRO), else of its arguments' ``*Config`` class."""
+    for cls in getattr(trainer_cls, "__mro__", ()) or ():
+        tid = TRAINER_IDS.get(cls.__name__)
+        if tid is not None:
+            if tid == "ppo" and cls.__name__ == "PPOTrainer" and not _is_hf_trainer(cls):
+                return "ppo_legacy"          # the step()-API PPOTrainer (TRL <= 0.11.4) is no transformers Trainer
+            return tid
+    for cls in getattr(args_cls, "__mro__", ()) or ():
+        tid = CONFIG_IDS.get(cls.__name__)
+        if tid is not None:
+            return tid
+    return None
+
+
+def _is_hf_trainer(cls: type) -> bool:
+    return any(c.__name__ == "Trainer" and (c.__module__ or "").startswith("transformers") for c in cls.__mro__)
+
+
+def source_for(trainer_cls: type | None, args_cls: type | None = None, version: str | None = None) -> str:
+    """The trackbridge source of a trainer: ``trl/grpo@1.16.0``, ``trl@1.16.0`` (plain Trainer) or ``trl``."""
+    version = trl_version() if version is None else version
+    tid = trainer_id(trainer_cls, args_cls)
+    base = f"trl/{tid}" if tid else "trl"
+    return f"{base}@{version}" if version else base
+
+
+def _find_trainer() -> Any:
+    """The ``transformers.Trainer`` whose method is on the call stack (callbacks are not given the trainer)."""
+    try:
+        from transformers import Trainer
+    except Exception:
+        return None
+    frame = inspect.currentframe()
+    try:
+        f = frame.f_back if frame is not None else None
+        depth = 0
+        while f is not None and depth < 60:
+            obj = f.f_locals.get("self")
+            if obj is not None and isinstance(obj, Trainer):
+                return obj
+            f = f.f_back
+            depth += 1
+    finally:
+        del frame
+    return None
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A JSON-friendly copy of a config value (enums by value, other objects as strings)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    enum_value = getattr(value, "value", None)
+    if enum_value is not None and type(value).__module__ != "builtins" and isinstance(enum_value, (str, int)):
+        return enum_value
+    if depth < 4 and isinstance(value, dict):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if depth < 4 and isinstance(value, (list, tuple, set)):
+        items = [_plain(v, depth + 1) for v in value]
+        return items if len(json.dumps(items, default=str)) <= 2000 else str(value)[:2000]
+    return str(value)
+
+
+class TrackBridgeCallback(TrainerCallback):
+    """Logs every ``on_log`` dict of a transformers/TRL trainer through trackbridge (see the module docstring).
+
+    Options are those of :func:`trackbridge.init` (``project``, ``name``, ``sinks``, ``source``, ``names``,
+    ``config``, ``spool``, ``run_id`` ...), plus ``model_config`` (include the model's config, default True).
+    """
+
+    def __init__(self, project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
+                 source: str | None = None, config: dict[str, Any] | None = None, model_config: bool = True,
+                 rank_zero_only: bool = True, **init_options: Any) -> None:
+        self.project, self.name, self.sinks = project, name, list(sinks or [])
+        self.user_source = source
+        self.user_config = dict(config or {})
+        self.model_config = model_config
+        self.rank_zero_only = rank_zero_only
+        self.init_options = init_options
+        self.run: Any = None
+        self.source: str | None = source
+        self.trainer_class: str | None = None
+        self.records = 0
+
+    # -- the run -------------------------------------------------------------------------------------------------------
+    def _config(self, args: Any, model: Any) -> dict[str, Any]:
+        cfg: dict[str, Any] = {}
+        try:
+            cfg.update(_plain(args.to_dict()))
+        except Exception:
+            pass
+        if self.model_config and model is not None:
+            try:
+                mc = getattr(model, "config", None)
+                if mc is not None and hasattr(mc, "to_diff_dict"):
+                    cfg["model_config"] = _plain(mc.to_diff_dict())
+            except Exception:
+                pass
+        cfg.update(self.user_config)
+        return cfg
+
+    def _ensure(self, args: Any, state: Any, model: Any) -> Any:
+        if self.run is not None and not getattr(self.run, "_finished", False):
+            return self.run
+        if self.rank_zero_only and state is not None and not getattr(state, "is_world_process_zero", True):
+            return None
+        from .. import logger
+        if self.run is not None:               # finished in on_train_end; a later evaluate() continues the run
+            self.run = logger.init(project=self.project, name=self.name, sinks=self.sinks, source=self.source,
+                                   run_id=self.run.run_id, resume=True, rank_zero_only=self.rank_zero_only,
+                                   **{k: v for k, v in self.init_options.items() if k not in ("run_id", "resume")})
+            return self.run
+        if self.source is None:
+            trainer = _find_trainer()
+            tcls = type(trainer) if trainer is not None else None
+            self.trainer_class = tcls.__name__ if tcls is not None else None
+            self.source = source_for(tcls, type(args) if args is not None else None)
+            if model is None and trainer is not None:
+                model = getattr(trainer, "model", None)
+        name = self.name or getattr(args, "run_name", None) or None
+        self.run = logger.init(project=self.project, name=name, sinks=self.sinks, source=self.source,
+                               config=self._config(args, model), rank_zero_only=self.rank_zero_only,
+                               **self.init_options)
+        return self.run
+
+    # -- events --------------------------------------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._ensure(args, state, model)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, model: Any = None,
+               **kwargs: Any) -> None:
+        if not logs:
+            return
+        run = self._ensure(args, state, model)
+        if run is None:
+            return
+        try:
+            run.log(dict(logs), step=int(state.global_step))
+            self.records += 1
+        except Exception as exc:       # never stop training for a logging problem
+            warnings.warn(f"trackbridge: TrackBridgeCallback could not log a record ({type(exc).__name__}: {exc})",
+                          LoggerWarning, stacklevel=2)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.finish()
+
+    def finish(self) -> dict[str, Any] | None:
+        """Finish the trackbridge run (done by ``on_train_end``). Returns its status."""
+        if self.run is None:
+            return None
+        return self.run.finish()
+
+
+__all__ = ["TrackBridgeCallback", "TRAINER_IDS", "source_for", "trainer_id", "trl_version"]
