@@ -31,20 +31,9 @@ from trackbridge.replay import iter_spool  # noqa: E402
 from trackbridge.sources import open_source  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
 
+from _tiny_trl import WORDS, build_tiny_model  # noqa: E402
+
 TRL_VERSION = "1.16.0"
-WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "big", "small", "red", "blue", "one", "two", "three",
-         "four", "five", "is", "and", "or", "not", "yes", "no", "good", "bad", "answer", "question", "sum", "plus"]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant: {% endif %}")
-
-
-# Mapping gaps found by these tests, reported to the mappings' owner (remove an entry once trl.yaml maps it; a gap
-# that is fixed only produces a warning here, so fixing the mapping never breaks this test):
-# DPO v1.16.0 logs the eval split of logits/chosen|rejected (trl/trainer/dpo_trainer.py@v1.16.0 L1567 appends
-# "logits/chosen", L1705 prefixes "eval_" in eval mode), but mappings/trl.yaml lists "eval_logits/chosen" and
-# "eval_logits/rejected" under `internal:` (legacy prediction_step outputs), so they come out unmapped.
-
-
 class Recorder(transformers.TrainerCallback):
     """Keeps a copy of every dict that reached on_log, with the step."""
 
@@ -57,31 +46,8 @@ class Recorder(transformers.TrainerCallback):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    """A 2-layer Llama (hidden 32, vocab ~60) and a WordLevel tokenizer, saved to a folder; returns its path."""
-    import random
-
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    rng = random.Random(0)
-    corpus = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(400)]
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(corpus, trainers.WordLevelTrainer(
-        special_tokens=["<pad>", "<unk>", "<s>", "</s>"], vocab_size=200))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
-                                        bos_token="<s>", eos_token="</s>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True)
-    model = LlamaForCausalLM(config)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    """A 2-layer Llama (hidden 32) and a WordLevel tokenizer built in code, saved to a folder; returns its path."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _sentences(n, seed):

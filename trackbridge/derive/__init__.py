@@ -12,7 +12,7 @@ from .expr import ExprError, NoValue, parse
 from .rules import Rule, RuleError, RuleSet, load_rules
 
 __all__ = ["Deriver", "ExprError", "NoValue", "Rule", "RuleError", "RuleSet", "load_rules", "parse", "make_deriver",
-           "rules_for", "lint_rules"]
+           "rules_for", "lint_rules", "SplitDeriver"]
 
 _CACHE: dict = {}
 
@@ -33,9 +33,65 @@ def rules_for(registry, extra_paths=None) -> RuleSet:
     return rules
 
 
-def make_deriver(registry, extra_paths=None, *, config=None, source=None, fidelity=None) -> Deriver:
-    """A Deriver for one run: rules from ``registry`` (and user files), canonical ``config``, the run's ``source``."""
-    return Deriver(rules_for(registry, extra_paths), config=config, source=source, fidelity=fidelity)
+SPLIT_PREFIXES = ("eval/", "test/")       # canonical names of eval/test records carry these prefixes
+
+
+class SplitDeriver:
+    """Applies the rules to each split of a record separately (train names, ``eval/...``, ``test/...``), each split
+    with its own :class:`Deriver` and so its own history for the stateful functions. Same interface as Deriver."""
+
+    def __init__(self, make) -> None:
+        self._make = make
+        self._by_split: dict[str, Deriver] = {"": make()}
+        self.fidelity: dict[str, str] = {}
+
+    def _deriver(self, prefix: str) -> Deriver:
+        d = self._by_split.get(prefix)
+        if d is None:
+            d = self._by_split[prefix] = self._make()
+        return d
+
+    def apply(self, metrics: dict, *, step=None, wall_time=None) -> list[str]:
+        prefixes = {p for k in metrics for p in SPLIT_PREFIXES if k.startswith(p)}
+        base = self._by_split[""]
+        base.fidelity.update({k: v for k, v in self.fidelity.items() if not k.startswith(SPLIT_PREFIXES)})
+        out = base.apply(metrics, step=step, wall_time=wall_time)
+        for p in sorted(prefixes):
+            sub = {k[len(p):]: v for k, v in metrics.items() if k.startswith(p)}
+            d = self._deriver(p)
+            d.fidelity.update({k[len(p):]: v for k, v in self.fidelity.items() if k.startswith(p)})
+            for name in d.apply(sub, step=step, wall_time=wall_time):
+                metrics[p + name] = sub[name]
+                out.append(p + name)
+        return out
+
+    @property
+    def notes(self) -> list[str]:
+        seen: list[str] = []
+        for p, d in self._by_split.items():
+            seen += [(f"[{p.rstrip('/')}] " if p else "") + n for n in d.notes]
+        return seen
+
+    @property
+    def approximate(self) -> dict[str, str]:
+        return {p + k: v for p, d in self._by_split.items() for k, v in d.approximate.items()}
+
+    def to_state(self) -> dict:
+        return {p: d.to_state() for p, d in self._by_split.items()}
+
+    def from_state(self, state: dict) -> "SplitDeriver":
+        for p, s in (state or {}).items():
+            self._deriver(p).from_state(s)
+        return self
+
+
+def make_deriver(registry, extra_paths=None, *, config=None, source=None, fidelity=None) -> SplitDeriver:
+    """A deriver for one run: rules from ``registry`` (and user files), canonical ``config``, the run's ``source``;
+    train, eval and test records are derived separately."""
+    rules = rules_for(registry, extra_paths)
+    d = SplitDeriver(lambda: Deriver(rules, config=config, source=source))
+    d.fidelity.update(fidelity or {})
+    return d
 
 
 def lint_rules(registry, paths=None) -> int:
