@@ -86,9 +86,15 @@ def _migrate(args) -> int:
     import sys
 
     from .migrate import migrate, summary
-    result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
-                     dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,
-                     progress=not args.quiet)
+    from .sources.base import SourceError
+    from .sinks.base import SinkError
+    try:
+        result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
+                         dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,
+                         progress=not args.quiet)
+    except (SourceError, SinkError) as exc:     # nothing could be read (missing path, run, store): say what
+        print(f"trackbridge migrate: {exc}", file=sys.stderr)
+        return 2
     print(summary(result, dry_run=args.dry_run), file=sys.stderr if not args.dry_run else sys.stdout)
     if not result.runs:
         print(f"trackbridge: no runs found in {args.src}", file=sys.stderr)

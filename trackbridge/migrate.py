@@ -29,6 +29,20 @@ from .sources.base import Problem, RunReader
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
+TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's source held no wall times
+
+
+def _no_wall_time(reader: RunReader) -> bool:
+    """True when the run has no time axis: its reader says so, or an earlier migration marked it (the tracker it
+    was written to then had to store *some* time, which is not the run's)."""
+    return (not reader.has_wall_time) or (reader.info.extra or {}).get(TIME_AXIS) == "missing"
+
+
+def _without_wall_time(records: Iterable[Record]) -> Iterable[Record]:
+    for r in records:
+        if r.wall_time is not None:
+            r = Record(r.step, None, r.metrics, r.derived)
+        yield r
 
 
 def state_dir() -> Path:
@@ -50,6 +64,11 @@ class Ledger:
     @property
     def written(self) -> int:
         return int(self.data.get("records_written", 0))
+
+    @property
+    def pending(self) -> int:
+        """Records up to which a batch was being written when the migration stopped (0: none in flight)."""
+        return int(self.data.get("records_pending", 0))
 
     @property
     def complete(self) -> bool:
@@ -216,43 +235,63 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
     out_info.tags.setdefault("trackbridge.migrated_from", src)
     if info.run_id:
         out_info.tags.setdefault("trackbridge.source_run_id", str(info.run_id))
+    no_time = _no_wall_time(reader)
+    if no_time:        # never make up a time axis; say so in the run, so that the next migration knows too
+        out_info.extra[TIME_AXIS] = "missing"
     skip_n = ledger.written
+    # A batch that was being written when the migration was killed may be in the destination in full, in part
+    # or not at all: its records are checked against the destination's last step (as without a ledger).
+    check_n = ledger.pending if skip_n else None
     opened = False
     last_step: int | None = None
+    max_written: int | None = ledger.data.get("max_step")      # highest step written so far (per the ledger)
     seen = 0
     try:
-        stream = pipe.process(reader.records())
+        stream = pipe.process(_without_wall_time(reader.records()) if no_time else reader.records())
         for batch in _batches(stream):
             if not opened:
                 sink.open(pipe.run_info(out_info), resume=True)
                 opened = True
-                if skip_n == 0:
+                if skip_n == 0 or (check_n or 0) > skip_n:
                     last_step = sink.last_step()
+                if skip_n and max_written is not None:
+                    held = last_step if last_step is not None else sink.last_step()
+                    if held is None or held < max_written:
+                        # the destination lost what the ledger counted (wandb offline buffers writes in its
+                        # service process; a kill loses them): trust the destination, as without a ledger
+                        skip_n, check_n, last_step = 0, None, held
             todo = []
             for rec in batch:
                 seen += 1
-                if seen <= skip_n or (last_step is not None and rec.step is not None and rec.step <= last_step):
+                if seen <= skip_n or (last_step is not None and rec.step is not None and rec.step <= last_step
+                                      and (check_n is None or seen <= check_n)):
                     res.skipped_records += 1
                     continue
                 todo.append(rec)
             if todo:
+                ledger.save(records_written=max(seen - len(batch), skip_n), records_pending=seen,
+                            source=pipe.stats.source, complete=False)
                 sink.write(todo)
+                steps = [r.step for r in todo if r.step is not None]
+                if steps:
+                    max_written = max(steps) if max_written is None else max(max_written, *steps)
                 pts = sum(len(r.metrics) for r in todo)
                 res.records += len(todo)
                 res.points += pts
                 prog.add(pts)
-            ledger.save(records_written=seen, source=pipe.stats.source, complete=False)
+            ledger.save(records_written=seen, records_pending=0, max_step=max_written, source=pipe.stats.source,
+                        complete=False)
         if not opened:     # an empty run still gets created, with its config
             sink.open(pipe.run_info(out_info), resume=True)
             opened = True
-        ledger.save(records_written=seen, source=pipe.stats.source, complete=True)
+        ledger.save(records_written=seen, records_pending=0, source=pipe.stats.source, complete=True)
     finally:
         if opened:
             sink.close()
     pipe.finish_notes()
     res.stats = pipe.stats
     res.problems = list(reader.problems)
-    res.has_wall_time = reader.has_wall_time
+    res.has_wall_time = not no_time
     prog.run_done(label, res)
     return res
 
@@ -263,14 +302,16 @@ def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool,
     pipe = Pipeline(source, names, config=info.config, mappings=mappings, derive=derive)
     res = RunResult(label, "(dry run)")
     originals: dict[str, None] = {}
-    stream = pipe.process(_remember(reader.records(), originals))
+    no_time = _no_wall_time(reader)
+    records = _without_wall_time(reader.records()) if no_time else reader.records()
+    stream = pipe.process(_remember(records, originals))
     for rec in stream:
         res.records += 1
         res.points += len(rec.metrics)
     pipe.finish_notes()
     st = res.stats = pipe.stats
     res.problems = list(reader.problems)
-    res.has_wall_time = reader.has_wall_time
+    res.has_wall_time = not no_time
     out.write(f"run {label}: {res.records} records, {res.points} points would be written (source: {st.source})\n")
     for key in originals:
         new = st.renamed.get(key, key)
