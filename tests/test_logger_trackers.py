@@ -1,7 +1,6 @@
 """The logger writing to all five real trackers at once, read back point for point with the trackers' own readers
 (TensorBoard's EventAccumulator, MlflowClient, Trackio's SQLite store) and trackbridge's readers (wandb offline
 files); one sink broken mid-run and restored by replay; and MLflow through a real ``mlflow server``."""
-import math
 import os
 import sqlite3
 import time

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
+from .record import iter_json_objects
+
 
 @dataclass
 class Row:
@@ -54,18 +56,7 @@ def read_rows(path: str, problems: list[str]) -> Iterator[Row]:
     finally:
         if fh is not sys.stdin:
             fh.close()
-    for lineno, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{name}:{lineno}: not a JSON object ({exc.msg} at column {exc.colno}); line skipped")
-            continue
-        if not isinstance(obj, dict):
-            problems.append(f"{name}:{lineno}: expected a JSON object, got {type(obj).__name__}; line skipped")
-            continue
+    for lineno, obj in iter_json_objects(lines, name, problems):
         if obj.get("type") == "run":
             continue
         if isinstance(obj.get("metrics"), dict) and "step" in obj:

@@ -54,7 +54,7 @@ from . import _rank
 from .record import Record, RunInfo
 from .replay import iter_spool, names_translator, scan_spool, spool_file
 from .sinks.base import Sink
-from .values import normalize_metrics
+from .values import as_step, normalize_metrics
 
 log = logging.getLogger("trackbridge")
 
@@ -732,18 +732,11 @@ class NoOpRun:
 
 
 def _as_step(step: Any) -> int:
-    if isinstance(step, bool):
-        raise TypeError(f"log(step=...) must be an integer, got bool {step!r}")
-    if isinstance(step, int):
-        return step
-    item = getattr(step, "item", None)
-    if callable(item):
-        step = item()
-    if isinstance(step, float) and step.is_integer():
-        return int(step)
-    if isinstance(step, int):
-        return step
-    raise TypeError(f"log(step=...) must be an integer, got {type(step).__name__} {step!r}")
+    out = as_step(step)
+    if out is None:
+        kind = "bool" if isinstance(step, bool) else type(step).__name__
+        raise TypeError(f"log(step=...) must be an integer, got {kind} {step!r}")
+    return out
 
 
 def _precheck_location(spec: str, sink: Sink, registry: dict[str, str]) -> None:

@@ -149,16 +149,40 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def read_stream(lines: Iterable[str]) -> Iterator[RunInfo | Record]:
-    """Parse the canonical stream: RunInfo header lines and Record lines. Raises ValueError naming the line."""
+def iter_json_objects(lines: Iterable[str], where: str, problems: list[str] | None = None, *,
+                      complete_lines: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every line of JSON-lines text that holds a JSON object. Blank lines are passed
+    over; a line that is not JSON or not an object is reported in ``problems`` as ``where:line: ...`` and skipped
+    (or raises ValueError when ``problems`` is None). With ``complete_lines``, reading stops at a last line without
+    a newline (a write cut off by a crash), which is reported too."""
+    def bad(msg: str) -> None:
+        if problems is None:
+            raise ValueError(msg)
+        problems.append(msg)
+
     for lineno, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line:
+        if complete_lines and not line.endswith("\n"):
+            if line.strip():
+                bad(f"{where}:{lineno}: partial last line ({len(line)} characters) skipped")
+            return
+        text = line.strip()
+        if not text:
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"line {lineno}: not JSON ({exc.msg})") from None
+            bad(f"{where}:{lineno}: not a JSON object ({exc.msg} at column {exc.colno}); line skipped")
+            continue
+        if not isinstance(obj, dict):
+            bad(f"{where}:{lineno}: expected a JSON object, got {type(obj).__name__}; line skipped")
+            continue
+        yield lineno, obj
+
+
+def read_stream(lines: Iterable[str], where: str = "<stream>",
+                problems: list[str] | None = None) -> Iterator[RunInfo | Record]:
+    """Parse the canonical stream: RunInfo header lines and Record lines (bad lines: see iter_json_objects)."""
+    for _lineno, obj in iter_json_objects(lines, where, problems):
         if obj.get("type") == "run":
             yield RunInfo.from_json(obj)
         else:

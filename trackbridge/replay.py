@@ -30,13 +30,12 @@ written anywhere.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .record import Record, RunInfo
+from .record import Record, RunInfo, iter_json_objects
 
 
 def spool_file(directory: str | os.PathLike, run_id: str) -> Path:
@@ -60,23 +59,7 @@ class SpoolScan:
 def _lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, parsed object) for every complete, valid JSON line of the spool."""
     with open(path, "r", encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.endswith("\n"):
-                if line.strip():
-                    problems.append(f"{path}:{lineno}: partial last line ({len(line)} characters) skipped")
-                return
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{path}:{lineno}: not JSON ({exc.msg}), skipped")
-                continue
-            if not isinstance(obj, dict):
-                problems.append(f"{path}:{lineno}: not a JSON object, skipped")
-                continue
-            yield lineno, obj
+        yield from iter_json_objects(fh, str(path), problems, complete_lines=True)
 
 
 def scan_spool(path: str | os.PathLike) -> SpoolScan:

@@ -8,7 +8,6 @@ unchanged and are reported; nothing is dropped.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 

@@ -176,3 +176,18 @@ def is_nonfinite(value: Any) -> bool:
 
 
 __all__ = ["UnsupportedValue", "normalize", "normalize_metrics", "is_nonfinite"]
+
+
+def as_step(step: Any) -> int | None:
+    """An integer step from an int, a float with no fraction, or a numpy/torch scalar or 0-d tensor; ``None`` for
+    ``None``, a bool, or anything else that is not a whole number."""
+    if step is None or isinstance(step, bool):
+        return None
+    item = getattr(step, "item", None)
+    if callable(item):
+        step = item()
+    if isinstance(step, float) and step.is_integer():
+        return int(step)
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    return None

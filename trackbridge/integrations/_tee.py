@@ -11,19 +11,7 @@ import warnings
 from typing import Any
 
 from ..logger import LoggerWarning
-
-def as_step(step: Any) -> int | None:
-    """An integer step from an int, a float with no fraction, a 0-d tensor/array; None stays None."""
-    if step is None or isinstance(step, bool):
-        return None
-    item = getattr(step, "item", None)
-    if callable(item):
-        step = item()
-    if isinstance(step, float) and step.is_integer():
-        return int(step)
-    if isinstance(step, int):
-        return step
-    return None
+from ..values import as_step
 
 
 class Tee:

@@ -294,7 +294,6 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
     if not isinstance(entries, list):
         errors.append(MappingError("`entries` must be a list", file=f, line=line_of(doc, "entries"), entry=name))
         return
-    last = len(fw.releases) - 1
     for raw in entries:
         line = line_of(raw)
         if not isinstance(raw, dict):
