@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -18,6 +19,12 @@ os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Keep what trackbridge and wandb-core write outside the test folders (the migration ledger, wandb-core's debug
+# logs) out of the home folder too.
+_SCRATCH = tempfile.mkdtemp(prefix="trackbridge-tests-")
+os.environ.setdefault("TRACKBRIDGE_STATE_DIR", os.path.join(_SCRATCH, "state"))
+os.environ.setdefault("XDG_CACHE_HOME", os.path.join(_SCRATCH, "xdg-cache"))
 
 SHARED = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference"))
 

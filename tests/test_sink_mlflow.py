@@ -220,3 +220,36 @@ def test_long_names_are_shortened_and_recorded(db):
     sink.close()
     names = json.loads(read_chunked(sink.client.get_run(sink.run_id).data.tags, "trackbridge.names"))
     assert names[stored] == long
+
+
+def test_bulk_path_writes_exactly_what_log_batch_writes(tmp_path):
+    """The local-SQLite bulk path and MLflow's own log_batch leave identical metric histories and latest values
+    (NaN, +-inf, a repeated and a lower step, and a second write of the same records, which adds nothing)."""
+    import random
+
+    from mlflow.tracking import MlflowClient
+
+    rng = random.Random(0)
+    recs = []
+    for s in [0, 1, 2, 5, 3, 3, 7]:
+        m = {f"k{i}/v@{i % 3}": rng.random() for i in range(20)}
+        m.update({"nanv": float("nan"), "infv": float("inf"), "neg": -float("inf"),
+                  "h": Histogram.from_values([1.0, 2.0, 3.0])})
+        recs.append(Record(step=s, wall_time=T0 + s + rng.random(), metrics=m))
+    seen = {}
+    for bulk in ("1", "0"):
+        db = tmp_path / f"bulk{bulk}.db"
+        sink = make_sink(f"mlflow:sqlite:///{db}?experiment=e&bulk={bulk}")
+        sink.open(RunInfo(name="r", run_id="rid"))
+        assert (sink._bulk is not None) == (bulk == "1")
+        sink.write(recs)
+        sink.write(recs[:3])
+        sink.close()
+        c = MlflowClient(f"sqlite:///{db}")
+        (r,) = c.search_runs([c.get_experiment_by_name("e").experiment_id])
+        latest = {k: repr(v) for k, v in r.data.metrics.items()}
+        history = {k: sorted((p.step, p.timestamp, repr(p.value)) for p in c.get_metric_history(r.info.run_id, k))
+                   for k in latest}
+        seen[bulk] = (latest, history)
+    assert seen["1"] == seen["0"]
+    assert sum(len(v) for v in seen["1"][1].values()) == 7 * 28

@@ -16,7 +16,8 @@ telemetry host even for a local store; and ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BA
 What goes where in the MLflow run:
 
 * metrics -> ``log_batch`` in chunks of at most 1000, with ``timestamp = round(wall_time * 1000)`` (ms) and the
-  record's step (records without a step continue from the last one);
+  record's step (records without a step continue from the last one); for a local SQLite store the same rows are
+  inserted in bulk (:mod:`trackbridge.sinks._mlflow_bulk`, ``?bulk=0`` to use ``log_batch`` there too);
 * ``run.config`` -> params, flattened with dotted keys (``optim.lr``); values are JSON for non-strings, cut to 6000
   characters; params are immutable in MLflow, so on resume existing keys are skipped;
 * ``run.tags`` -> tags (values cut to 8000 characters);
@@ -51,6 +52,7 @@ from typing import Any
 
 from ..record import Histogram, Record, RunInfo
 from . import _sanitize
+from ._mlflow_bulk import BulkWriter
 from .base import Capabilities, Sink, SinkError
 
 TAG_ESCAPE = "trackbridge.key_escape"
@@ -162,6 +164,7 @@ class MlflowSink(Sink):
         self._closed = False
         self._text_seq = 0
         self._last_auto_ms = 0      # records without a wall time get distinct, increasing timestamps
+        self._bulk: BulkWriter | None = None   # local SQLite store: bulk inserts (see _mlflow_bulk)
 
     # -- open ------------------------------------------------------------------------------------------
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
@@ -170,6 +173,8 @@ class MlflowSink(Sink):
             self.client = make_client(self.location)
         except Exception as exc:  # noqa: BLE001 - report which sink failed and why
             raise SinkError(f"mlflow:{self.location}: cannot create an MLflow client: {exc}") from exc
+        if self.options.get("bulk", "1") != "0":
+            self._bulk = BulkWriter.for_client(self.client, tracking_uri(self.location))
         run_id = self.options.get("run")
         try:
             if run_id:                      # an explicit MLflow run id: reopen exactly that run
@@ -313,8 +318,11 @@ class MlflowSink(Sink):
         # by key (stable: steps keep their order): each log_batch then touches few keys, and MLflow's SQL store
         # updates latest_metrics per key of a batch -- 1.75x faster with 500 keys per step (benchmarks/bench_migrate.py)
         metrics.sort(key=_metric_key)
-        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+        if self._bulk is not None:
+            self._bulk.write(self.run_id, metrics)
+        else:
+            for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+                self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         if texts:
             self._write_texts(texts)
         new = self._names.take_new()
