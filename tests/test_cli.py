@@ -154,3 +154,19 @@ def test_replay_command(tmp_path):
     (reader,) = list(open_source(f"tensorboard:{dst}").runs())
     recs = [r for r in reader.records() if "reward/score/mean" in r.metrics]
     assert [r.step for r in recs] == [0, 1, 2, 3, 4]
+
+
+def test_lint_names_file_line_and_rule_of_a_bad_derived_rule(tmp_path):
+    bad = tmp_path / "rules.yaml"
+    bad.write_text("format: trackbridge.derived/1\nrules:\n"
+                   "  - name: perf/tokens_per_step\n    formula: \"progress/tokens / \"\n"
+                   "    description: broken on purpose\n    citation: none\n")
+    r = tb("mappings", "lint", bad)
+    assert r.returncode == 2
+    assert str(bad) in r.stderr and "perf/tokens_per_step" in r.stderr
+    cyc = tmp_path / "cycle.yaml"
+    cyc.write_text("format: trackbridge.derived/1\nrules:\n"
+                   "  - {name: policy/clip_frac_low, formula: \"policy/clip_frac - policy/clip_frac_high\", "
+                   "description: x, citation: y}\n")
+    r = tb("mappings", "lint", cyc)
+    assert r.returncode == 2 and "cycle" in r.stderr.lower() and str(cyc) in r.stderr

@@ -344,6 +344,23 @@ def test_inventory_key_covered(framework, label, key, first, last, trainer):
     for release in (first, last):
         hit = lookup(framework, key, release, trainer=trainer)
         assert hit is not None, f"{framework} {key!r} ({label}) has no entry at {release}"
+        # and the real engine translates it there with an entry of that release (no out-of-range fallback)
+        tr = _engine(framework, trainer, release)
+        before = len(tr.notes)
+        res = tr.translate({key: 1.0})
+        assert not res.unmapped, f"engine leaves {key!r} unmapped for {framework}/{trainer}@{release}"
+        assert len(tr.notes) == before, tr.notes[before:]
+
+
+_ENGINES: dict = {}
+
+
+def _engine(framework, trainer, release):
+    from trackbridge.translate import Translator
+    spec = f"{framework}/{trainer}@{release}" if trainer else f"{framework}@{release}"
+    if spec not in _ENGINES:
+        _ENGINES[spec] = Translator(spec, "canonical")
+    return _ENGINES[spec]
 
 
 def test_special_cases():

@@ -131,6 +131,11 @@ def test_values_of_any_type_never_crash(reg):
     assert res.metrics["time/gen"] == pytest.approx(1.0)
     assert math.isnan(res.metrics["kl/ref"]) and res.metrics["loss/total"] == math.inf
     assert res.metrics["time/ref"] == "not a number"
+    torch = pytest.importorskip("torch")
+    res = T(reg, "alpha/grpo").translate({"timing_ms/gen": torch.tensor(2500.0), "timing_ms/upd": np.array([1500.0]),
+                                          "entropy": torch.tensor([1.0, 2.0])})
+    assert res.metrics["time/gen"] == pytest.approx(2.5) and res.metrics["time/upd"] == pytest.approx(1.5)
+    assert list(res.metrics["policy/entropy"]) == [1.0, 2.0]      # not a scalar: carried through untouched
 
 
 def test_bad_specs(reg):

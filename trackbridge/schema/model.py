@@ -119,9 +119,22 @@ class Entry:
         return _apply(value, 1.0 / self.scale, -self.offset / self.scale)
 
 
+def _plain_number(value: Any) -> Any:
+    """The Python number inside a numpy or torch scalar / one-element tensor (duck-typed: nothing is imported);
+    any other value unchanged."""
+    item, shape = getattr(value, "item", None), getattr(value, "shape", None)
+    if isinstance(value, (int, float)) or not callable(item) or shape is None:
+        return value
+    try:
+        return item() if tuple(shape) in ((), (1,)) else value
+    except Exception:
+        return value
+
+
 def _apply(value: Any, scale: float, offset: float) -> Any:
     if scale == 1.0 and offset == 0.0:
         return value
+    value = _plain_number(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         values = getattr(value, "values", None)
         if isinstance(values, list):         # a Histogram of raw samples
