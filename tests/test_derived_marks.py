@@ -98,3 +98,28 @@ def test_stateful_rules_continue_across_a_resumed_run(env):
     assert per_step[3] == 200                        # after the resume: (450 - 250) / (3 - 2)
     assert per_step[5] == 225                        # across the missing step 4: (900 - 450) / (5 - 3)
     assert per_step[6] == 300
+
+
+def test_fidelity_is_stored_with_the_run_and_survives_migration(env):
+    """Which translations were approximate is stored in every tracker with the run, read back by the readers, and
+    kept when the run is migrated again (so `compare` can still warn)."""
+    from trackbridge.migrate import migrate
+
+    tmp = env
+    db = tmp / "m.db"
+    sinks = [f"tensorboard:{tmp / 'tb'}", f"mlflow:sqlite:///{db}?experiment=f", f"wandb:{tmp / 'wb'}",
+             f"trackio:{tmp / 'tio'}?project=f"]
+    run = trackbridge.init(project="f", name="v", run_id="fid", sinks=sinks, source="auto",
+                           spool=str(tmp / "spool"))
+    for s in range(3):
+        run.log({"actor/ppo_kl": 0.01, "critic/score/mean": 0.5, "actor/pg_clipfrac": 0.1,
+                 "training/global_step": s, "val-core/openai/gsm8k/acc/mean@1": 0.3}, step=s)
+    run.finish()
+    for loc in (f"tensorboard:{tmp / 'tb'}", f"mlflow:sqlite:///{db}?experiment=f", f"wandb:{tmp / 'wb'}",
+                f"trackio:{tmp / 'tio'}"):
+        (reader,) = list(open_source(loc).runs())
+        assert "kl/old_policy" in reader.info.approximate, (loc, reader.info.approximate)
+        assert (reader.info.source or "").startswith("verl"), (loc, reader.info.source)
+    migrate(f"tensorboard:{tmp / 'tb'}", f"jsonl:{tmp / 'copy'}", progress=False)
+    (reader,) = list(open_source(f"jsonl:{tmp / 'copy'}").runs())
+    assert "kl/old_policy" in reader.info.approximate

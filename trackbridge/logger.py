@@ -168,6 +168,7 @@ class _SinkWorker:
         finally:
             if self.opened:
                 try:
+                    self._sync_info()
                     self.sink.close()
                 except Exception as exc:
                     _warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
@@ -344,6 +345,17 @@ class _SinkWorker:
                     return False
                 self.cond.wait(left)
             return self.written_seq >= seq and not self.lost
+
+    def _sync_info(self) -> None:
+        """Give the sink's copy of the run info what was learnt while logging (the detected source, which
+        translations were approximate), so that it stores them with the run when it closes."""
+        run = getattr(self.sink, "run", None)
+        r = self.runref
+        if run is None:
+            return
+        if r.info.source:
+            run.source = r.info.source
+        run.approximate = {**(run.approximate or {}), **r.info.approximate}
 
     def _recover(self, *, final: bool) -> None:
         """Reopen a failed sink and give it, from the spool, the records it missed."""

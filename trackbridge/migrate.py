@@ -231,7 +231,8 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
     pipe = Pipeline(source, names, config=info.config, mappings=mappings, derive=derive)
     sink = make_sink(dst)
     out_info = RunInfo(name=info.name or label, project=info.project, run_id=run_id, config=dict(info.config),
-                       tags=dict(info.tags), source=info.source, extra=dict(info.extra))
+                       tags=dict(info.tags), source=info.source, extra=dict(info.extra),
+                       approximate=dict(info.approximate or {}))
     out_info.tags.setdefault("trackbridge.migrated_from", src)
     if info.run_id:
         out_info.tags.setdefault("trackbridge.source_run_id", str(info.run_id))

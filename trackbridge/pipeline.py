@@ -111,7 +111,7 @@ class Pipeline:
         if canon:
             out.extra = dict(out.extra)
             out.extra["canonical_config"] = canon
-        out.approximate = dict(self.stats.approximate)
+        out.approximate = {**(info.approximate or {}), **self.stats.approximate}   # kept from an earlier translation
         return out
 
     # ------------------------------------------------------------------------------------------------ streaming

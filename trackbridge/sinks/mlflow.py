@@ -98,6 +98,9 @@ def make_client(location: str):
     if uri.startswith(("http://", "https://")):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+    import logging
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):   # "Creating initial MLflow database
+        logging.getLogger(name).setLevel(logging.WARNING)                 # tables..." on every new store
     from mlflow.tracking import MlflowClient
     return MlflowClient(tracking_uri=uri)
 

@@ -45,6 +45,7 @@ from ..record import Histogram, Record, RunInfo, dumps
 from .base import Capabilities, Sink, SinkError
 
 DERIVED_DESCRIPTION = "derived by trackbridge (computed from other metrics, not logged by the trainer)"
+INFO_FILE = "trackbridge-run.json"   # the run info at close (see TensorBoardSink._write_final_info)
 RUN_TAG = "trackbridge/run"        # text summary holding RunInfo JSON
 META_PREFIX = "trackbridge/"       # tags this sink writes for itself (not metrics)
 HPARAMS_TAG = "_hparams_/session_start_info"
@@ -325,6 +326,17 @@ class TensorBoardSink(Sink):
             finally:
                 self._fh.close()
                 self._fh = None
+            self._write_final_info()
+
+    def _write_final_info(self) -> None:
+        """The run info as it stands at the end (the fidelity of the translations seen, derived metrics, sanitized
+        names) in ``trackbridge-run.json`` beside the event files; the reader prefers it to the ``trackbridge/run``
+        text written when the run opened (which keeps a copied event file self-describing)."""
+        if self.run is None or self.folder is None:
+            return
+        tmp = self.folder / (INFO_FILE + ".tmp")
+        tmp.write_text(dumps(self.run.to_json()), encoding="utf-8")
+        os.replace(tmp, self.folder / INFO_FILE)
 
     # -- resume ----------------------------------------------------------------------------------------------
     def last_step(self) -> int | None:

@@ -223,7 +223,7 @@ class WandbSink(Sink):
             return
         run, self._run = self._run, None
         try:
-            if self.run is not None and self.run.sanitized != self._sanitized_written:
+            if self.run is not None:      # the run info as it stands at the end (fidelity, derived, names)
                 run.config.update({META_KEY: self._meta(self.run)}, allow_val_change=True)
         finally:
             run.finish()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo
-from ..sinks.tensorboard import DERIVED_DESCRIPTION, HPARAMS_TAG, RUN_TAG, event_files, masked_crc32c
+from ..sinks.tensorboard import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, masked_crc32c
 from .base import RunReader, Source, SourceError
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
@@ -157,6 +157,12 @@ class TensorBoardRunReader(RunReader):
                         hp = _hparams_config(v)
                         if hp:
                             config.update(hp)
+        final = self.folder / INFO_FILE
+        if final.is_file():                     # the run info as the sink closed it: newer than the opening one
+            try:
+                run_json = final.read_text(encoding="utf-8")
+            except OSError as exc:
+                self.skip(str(final), f"unreadable ({exc}); using the run info of the event files")
         if run_json is not None:
             try:
                 info = RunInfo.from_json(json.loads(run_json))
