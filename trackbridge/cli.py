@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -39,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="JSON", help="run config as a JSON file (for config-dependent entries and "
                                                     "derived rules)")
     _add_mappings(p)
-    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+    p.add_argument("file", nargs="?", default="-", help="input: JSON lines, a trainer_state.json, a console log, a "
+                                                          "CSV export, any run locator, or - for stdin (default)")
 
     p = sub.add_parser("detect", help="name the framework, trainer and releases that logged these keys")
     p.add_argument("file", help="a file or folder (JSON lines, trainer_state.json, a console log, a CSV export, a "
@@ -88,12 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(f"trackbridge: {exc}", file=sys.stderr)
         return 2
-    except (ValueError, OSError) as exc:
-        print(f"trackbridge: {exc}", file=sys.stderr)
+    except BrokenPipeError:                 # `trackbridge translate ... | head`: the reader is gone, not an error
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except (ValueError, OSError, RuntimeError) as exc:     # includes SourceError, SinkError, UnicodeDecodeError
+        print(f"trackbridge: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("trackbridge: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not a text file ({exc.reason} at byte {exc.start}); is it a database or a binary log?"
+    return str(exc)
 
 
 # ---------------------------------------------------------------------------------------------------- translate
@@ -105,17 +119,17 @@ def _load_config(path: str | None) -> dict[str, Any]:
 
 
 def cmd_translate(args) -> int:
-    from .inputs import read_rows
     from .translate import Translator
     tr = Translator(args.source, args.target, mappings=args.mappings or None, config=_load_config(args.config),
                     derive=args.derive)
     problems: list[str] = []
+    rows = _input_rows(args.file, problems)
     mapped: set[str] = set()
     unmapped: dict[str, None] = {}
     approx: dict[str, str] = {}
     derived: dict[str, None] = {}
     out = sys.stdout
-    for row in read_rows(args.file, problems):
+    for row in rows:
         try:
             res = tr.translate(row.metrics, step=row.step if isinstance(row.step, int) else None,
                                wall_time=row.wall_time if isinstance(row.wall_time, (int, float)) else None)
@@ -165,6 +179,29 @@ def cmd_translate(args) -> int:
     return 0
 
 
+def _is_locator(text: str) -> bool:
+    return ":" in text.split("/", 1)[0] and not text.startswith(("/", "."))
+
+
+def _input_rows(path: str, problems: list[str]):
+    """Logged dicts from a JSON-lines or trainer_state.json file, or from anything a reader understands (a run
+    locator, or a plain path that looks like a console log, a CSV export, a TensorBoard or wandb folder)."""
+    from .inputs import Row, read_rows
+    from .sources import guess_locator, open_source
+    loc = path if _is_locator(path) else None
+    if loc is None and path != "-" and not path.endswith((".json", ".jsonl")):
+        guessed = guess_locator(path)
+        if guessed and not guessed.startswith("jsonl:"):
+            loc = guessed
+    if loc is None:
+        yield from read_rows(path, problems)
+        return
+    for run in open_source(loc).runs():
+        for i, rec in enumerate(run.records()):
+            yield Row(f"{loc} record {i}", rec.metrics, rec.step, rec.wall_time)
+        problems += [str(p) for p in run.problems if "without metrics" not in str(p)]
+
+
 def _json_default(obj: Any) -> Any:
     from .record import encode_value
     enc = encode_value(obj)
@@ -185,7 +222,7 @@ def cmd_detect(args) -> int:
     from .sources import guess_locator, open_source
     keys: set[str] = set()
     problems: list[str] = []
-    is_locator = ":" in args.file.split("/", 1)[0] and not args.file.startswith(("/", "."))
+    is_locator = _is_locator(args.file)
     guessed = None if is_locator or args.file.endswith(".json") else guess_locator(args.file)
     if is_locator or guessed:
         for run in open_source(guessed or args.file).runs():
@@ -218,7 +255,7 @@ def cmd_mappings(args, parser) -> int:
     from .schema import docs
     from .schema.loader import load_registry
     if args.mcommand is None:
-        parser.parse_args(["mappings", "--help"])
+        print("trackbridge mappings: choose an action: list, show NAME, lint [PATH...], docs", file=sys.stderr)
         return 2
     if args.mcommand == "lint":
         return docs.lint(args.paths)

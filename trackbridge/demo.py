@@ -3,8 +3,8 @@
 1. Reads a TRL GRPO run (``trainer_state.json``) and a veRL run (console log) shipped in ``examples/``.
 2. Translates both to canonical names (framework detected from the keys), fills in derived metrics, and writes each
    as a canonical JSON-lines stream, printing what was mapped, approximate and unmapped.
-3. Logs both runs through the multiplexing logger to every local tracker at once (JSONL, TensorBoard, MLflow on
-   SQLite, wandb offline, Trackio), skipping a tracker whose package is not installed.
+3. Writes both runs into every local tracker (TensorBoard, MLflow on SQLite, wandb offline, Trackio) through the
+   same sinks the logger uses, skipping a tracker whose package is not installed.
 4. Compares the two runs in a report (HTML, PNG charts, CSV and Markdown tables).
 """
 from __future__ import annotations
@@ -32,32 +32,42 @@ def _say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
+MARKER = ".trackbridge-demo"        # the demo only ever replaces a folder that holds this file
+
+
+def _prepare(out: Path) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"--out {out}: exists and is not a folder")
+        if any(out.iterdir()) and not (out / MARKER).is_file():
+            raise ValueError(f"--out {out}: the folder is not empty and was not made by `trackbridge demo`; "
+                             "choose another --out (the demo replaces only its own output)")
+        shutil.rmtree(out)
+    (out / "canonical").mkdir(parents=True)
+    (out / MARKER).write_text("output of `trackbridge demo`; the next demo run may replace this folder\n")
+
+
 def run_demo(out: Path) -> int:
     from .pipeline import Pipeline
     from .record import dumps
     from .sources import open_source
 
     out = Path(out)
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "canonical").mkdir(parents=True)
+    _prepare(out)
     ex = examples_dir()
     _say(f"trackbridge demo: example runs from {ex}\n")
     locators = []
     for label, kind, fname in EXAMPLES:
         loc = f"{kind}:{ex / fname}"
         locators.append(f"{label}={loc}")
-        src = open_source(loc)
-        for reader in src.runs():
+        for reader in open_source(loc).runs():
             info = reader.info
             pipe = Pipeline("auto", "canonical", config=info.config, derive=True)
+            records = list(pipe.process(reader.records()))      # small runs: the header then knows everything
             path = out / "canonical" / f"{label}.jsonl"
             with open(path, "w", encoding="utf-8") as fh:
-                first = True
-                for rec in pipe.process(reader.records()):
-                    if first:
-                        fh.write(dumps(pipe.run_info(info).to_json()) + "\n")
-                        first = False
+                fh.write(dumps(pipe.run_info(info).to_json()) + "\n")
+                for rec in records:
                     fh.write(dumps(rec.to_json()) + "\n")
             pipe.finish_notes()
             st = pipe.stats
@@ -66,14 +76,16 @@ def run_demo(out: Path) -> int:
             _say(f"   records     {st.records} steps, {st.points} values -> {path}")
             _say(f"   mapped      {len(st.renamed)} names renamed to canonical, e.g. "
                  + ", ".join(f"{k} -> {v}" for k, v in list(st.renamed.items())[:4]))
-            _say(f"   approximate {len(st.approximate)}" + ("".join(
-                f"\n      {k}: {why}" for k, why in list(st.approximate.items())[:6])))
-            _say(f"   derived     {len(st.derived)}" + (f": {', '.join(list(st.derived)[:8])}" if st.derived else ""))
+            _say(f"   approximate {len(st.approximate)} (translated, but not exactly the canonical quantity)"
+                 + "".join(f"\n      {k}: {why}" for k, why in st.approximate.items()))
+            _say(f"   derived     {len(st.derived)}" + (f": {', '.join(st.derived)}" if st.derived else ""))
             _say(f"   unmapped    {len(st.unmapped)}" + (f": {', '.join(st.unmapped)}" if st.unmapped else ""))
             for p in reader.problems:
-                _say(f"   skipped     {p}")
+                _say(f"   note        {p}")
+            if not reader.has_wall_time:
+                _say("   time axis   the source holds no wall times; none are made up")
             _say()
-    extra = _log_to_trackers(out, ex)
+    extra = _write_trackers(out)
     report = _compare(out, locators)
     _say("Output:")
     _say(f"  canonical JSON lines   {out / 'canonical'}")
@@ -84,35 +96,32 @@ def run_demo(out: Path) -> int:
     return 0
 
 
-def _log_to_trackers(out: Path, ex: Path) -> list[str]:
-    """Log the translated runs to every local tracker through the logger (when the logger is available)."""
-    try:
-        from .logger import init
-    except ImportError:
-        return []
-    from .record import read_stream, RunInfo
-    sinks = [f"tensorboard:{out / 'trackers' / 'tensorboard'}",
-             f"mlflow:sqlite:///{(out / 'trackers' / 'mlflow.db').resolve()}",
-             f"wandb:{out / 'trackers' / 'wandb'}",
-             f"trackio:{out / 'trackers' / 'trackio'}"]
-    needs = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb", "trackio": "trackio"}
-    active = [s for s in sinks if importlib.util.find_spec(needs[s.split(":", 1)[0]]) is not None]
+def _write_trackers(out: Path) -> list[str]:
+    """Write the translated runs into every local tracker whose package is installed, through the migration path
+    (the same sinks the logger uses; old runs keep their steps and get no invented wall times)."""
+    import os
+
+    from .migrate import migrate
+
+    trackers = out / "trackers"
+    sinks = [f"tensorboard:{trackers / 'tensorboard'}",
+             f"mlflow:sqlite:///{(trackers / 'mlflow.db').resolve()}?experiment=trackbridge-demo",
+             f"wandb:{trackers / 'wandb'}",
+             f"trackio:{trackers / 'trackio'}?project=trackbridge-demo"]
+    active = [s for s in sinks if importlib.util.find_spec(s.split(":", 1)[0]) is not None]
     missing = [s.split(":", 1)[0] for s in sinks if s not in active]
-    lines = []
-    for path in sorted((out / "canonical").glob("*.jsonl")):
-        with open(path, encoding="utf-8") as fh:
-            items = list(read_stream(fh))
-        info = next((i for i in items if isinstance(i, RunInfo)), RunInfo())
-        run = init(project="trackbridge-demo", name=path.stem, sinks=active, source="canonical",
-                   config=info.config, spool=str(out / "trackers" / "spool"), derive=False)
-        with run:
-            for rec in items:
-                if not isinstance(rec, RunInfo):
-                    run.log(rec.metrics, step=rec.step)
-    for s in active:
-        kind, _, where = s.partition(":")
-        lines.append(f"{kind:22s} {where}")
-    lines.append(f"{'jsonl spool':22s} {out / 'trackers' / 'spool'}")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    old_state = os.environ.get("TRACKBRIDGE_STATE_DIR")
+    os.environ["TRACKBRIDGE_STATE_DIR"] = str(out / ".state")      # the demo's own migration ledger
+    try:
+        for sink in active:
+            migrate(f"jsonl:{out / 'canonical'}", sink, source="canonical", names="canonical", progress=False)
+    finally:
+        if old_state is None:
+            os.environ.pop("TRACKBRIDGE_STATE_DIR", None)
+        else:
+            os.environ["TRACKBRIDGE_STATE_DIR"] = old_state
+    lines = [f"{s.split(':', 1)[0]:22s} {s.split(':', 1)[1].split('?')[0]}" for s in active]
     if missing:
         lines.append(f"(not installed, skipped: {', '.join(missing)})")
     return lines

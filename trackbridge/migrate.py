@@ -194,13 +194,14 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     if not readers:
         return result
     prog = Progress(len(readers), enabled=progress and not dry_run)
+    dest_missing = not _destination_exists(dst)        # checked once, before the first run recreates it
 
     def one(args: tuple[int, RunReader]) -> RunResult:
         idx, reader = args
         try:
             if dry_run:
                 return _dry_run(reader, src, source, names, derive, mappings, out)
-            return _migrate_run(idx, reader, src, dst, source, names, derive, mappings, prog)
+            return _migrate_run(idx, reader, src, dst, source, names, derive, mappings, prog, dest_missing)
         except Exception as exc:      # one run failing must not stop the others; reported in the summary
             res = RunResult(getattr(reader.info, "name", None) or str(idx), "", error=f"{type(exc).__name__}: {exc}")
             res.problems = list(reader.problems)
@@ -217,12 +218,16 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
 
 
 def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, names: str, derive: bool,
-                 mappings, prog: Progress) -> RunResult:
+                 mappings, prog: Progress, dest_missing: bool = False) -> RunResult:
     info = reader.info
     run_id = target_run_id(src, info, idx)
     label = info.name or info.run_id or f"run-{idx}"
     res = RunResult(label, run_id)
     ledger = Ledger(hashlib.sha1(f"{src}\0{dst}\0{names}\0{run_id}".encode()).hexdigest()[:24])
+    if ledger.written and dest_missing:
+        # the ledger says this run went there before, but the destination is gone: migrate it again
+        ledger.data = {}
+        ledger.save(records_written=0, complete=False)
     if ledger.complete:
         res.already_done = True
         res.stats.source = ledger.data.get("source", "")
@@ -295,6 +300,19 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
     res.has_wall_time = not no_time
     prog.run_done(label, res)
     return res
+
+
+def _destination_exists(dst: str) -> bool:
+    """False when a destination on the local disk (a folder, or an SQLite file) no longer exists; True otherwise
+    (including servers, which cannot be checked cheaply)."""
+    loc = parse(dst)
+    where = loc.location
+    if loc.kind == "mlflow":
+        if where.startswith("sqlite:///"):
+            where = where[len("sqlite:///"):]
+        elif "://" in where:
+            return True
+    return Path(where).expanduser().exists()
 
 
 def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool, mappings, out) -> RunResult:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .schema.loader import Registry
-from .schema.versions import VersionError, is_version
+from .schema.versions import VersionError
 from .schema.yamlfile import MappingError
 
 
@@ -51,8 +51,9 @@ def parse_spec(text: str, registry: Registry, *, allow_auto: bool = True) -> Spe
     name = name.strip().lower()
     version = version.strip() or None
     if name == "canonical":
-        if version and not is_version(version):
-            raise SpecError(f"{raw!r}: {version!r} is not a version of the canonical schema")
+        known = [v for v, _ in registry.canonical.renames] or [registry.canonical.version]
+        if version and not any(v.lstrip("v") == version.lstrip("v") for v in known):
+            raise SpecError(f"{raw!r}: the canonical schema has no version {version!r}; known: {', '.join(known)}")
         return Spec("canonical", canonical_version=version)
     if name == "auto":
         if not allow_auto:

@@ -84,6 +84,7 @@ class Translator:
         self._derive = derive
         self._mapping_paths = list(mappings or [])
         self.notes: list[str] = []
+        self._outside: list[str] = []
 
     # ------------------------------------------------------------------------------------------------ public
     @property
@@ -121,6 +122,8 @@ class Translator:
                 res.metrics[key] = value
                 res.unmapped.append(key)
                 continue
+            if plan.note and plan.note not in self.notes:
+                self.notes.append(plan.note)
             out = plan.out
             val = value
             if plan.fwd is not None:
@@ -157,8 +160,6 @@ class Translator:
                 res.renamed[key] = out
             if plan.approx:
                 res.approximate[out] = plan.approx
-            if plan.note and plan.note not in self.notes:
-                self.notes.append(plan.note)
         if self._derive:
             self.apply_derive(res, step, wall_time)
         res.notes = list(self.notes)
@@ -247,7 +248,11 @@ class Translator:
             return None
         entry, caps, note = hit
         canon = entry.canonical_template.fill(caps) if entry.canonical_template and caps else entry.canonical
-        return self._to_target(canon, None if split == "train" else split, entry, key, note)
+        plan = self._to_target(canon, None if split == "train" else split, entry, key,
+                               None if isinstance(note, tuple) else note)
+        if isinstance(note, tuple) and plan.approx is None:
+            plan = _Plan(plan.out, plan.canonical, plan.fwd, plan.rev, note[1], plan.note)
+        return plan
 
     def _forward(self, fw: FrameworkMapping, key: str, src: Spec):
         hits = fw.lookup(key)
@@ -257,15 +262,32 @@ class Translator:
         chosen = _choose(hits, src.trainer, lo, hi, self.flat_config)
         note = None
         if chosen is None:       # logged outside the detected/requested releases or by another trainer: use the
-            chosen = _choose(hits, src.trainer, 0, float("inf"), self.flat_config) \
-                or _choose(hits, None, 0, float("inf"), self.flat_config)   # nearest meaning, and say so
+            chosen = _nearest(hits, src.trainer, lo, hi, self.flat_config) \
+                or _nearest(hits, None, lo, hi, self.flat_config)          # nearest release's meaning, and say so
             if chosen is None:
                 return None
+            self._outside.append(key)
+            note = self._outside_note(src)
+        else:
+            # a range of releases (detected, or FRAMEWORK without a version) may hold the name with another fidelity
+            # in some of its releases: then the translation is only as good as the worst of them
             e = chosen[0]
-            note = (f"{key!r} is not logged by {src.describe(self.registry)} according to the mappings; "
-                    f"translated with the entry for {fw.release_name(e.since)}..{_until(fw, e)}"
-                    + (f" ({', '.join(sorted(e.trainers))})" if e.trainers else ""))
+            if e.exact and lo != hi:
+                worse = [h for h, _ in hits if h is not e and not h.exact and h.canonical == e.canonical
+                         and h.applies(src.trainer, lo, hi) and h.condition_holds(self.flat_config) is not False]
+                if worse:
+                    w = worse[0]
+                    note = ("approx", f"{_reason(w)} (in {fw.release_name(w.since)}..{_until(fw, w)}; the releases "
+                                      f"{src.describe(self.registry)} include these, so the release matters)")
         return chosen[0], chosen[1], note
+
+    def _outside_note(self, src: Spec) -> str:
+        """One note for every key translated with an entry of another release or trainer than the source's."""
+        text = (f"{len(self._outside)} key(s) are not logged by {src.describe(self.registry)} according to the "
+                f"mappings and were translated with the nearest release's entry: {', '.join(self._outside[:12])}"
+                + (" ..." if len(self._outside) > 12 else ""))
+        self.notes = [n for n in self.notes if not n.startswith(f"{len(self._outside) - 1} key(s) are not logged")]
+        return text
 
     def _to_target(self, canon: str, split: str | None, fwd: Entry | None, key: str, note: str | None = None) -> _Plan:
         approx = _reason(fwd)
@@ -402,6 +424,19 @@ def _choose(hits, trainer, lo, hi, config):
                 1 if (trainer and e.trainers) else 0,
                 min(e.until, hi), e.since,
                 e.key_template.literal_len if e.key_template else 10 ** 6)
+        if best_rank is None or rank > best_rank:
+            best, best_rank = (e, caps), rank
+    return best
+
+
+def _nearest(hits, trainer, lo, hi, config):
+    """The entry whose releases lie nearest to lo..hi (for a key the mappings place outside that range)."""
+    best, best_rank = None, None
+    for e, caps in hits:
+        if not e.applies(trainer, 0, float("inf")) or e.condition_holds(config) is False:
+            continue
+        distance = max(0.0, e.since - hi, lo - e.until)
+        rank = (-distance, 1 if (trainer and e.trainers) else 0, min(e.until, hi))
         if best_rank is None or rank > best_rank:
             best, best_rank = (e, caps), rank
     return best

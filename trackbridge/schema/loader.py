@@ -8,6 +8,7 @@ collected and raised together as :class:`MappingErrors`, each naming file, line 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from .templates import TemplateError, compile_template, is_template, placeholder
 from .versions import VersionError, is_version, normalize, version_key
 from .yamlfile import LineDict, MappingError, MappingErrors, line_of, load_yaml
 
+_PH_NAME = re.compile(r"\{[^}]*\}")
 CANONICAL_FORMAT = "trackbridge.canonical/1"
 MAPPING_FORMAT = "trackbridge.mapping/1"
 DERIVED_FORMAT = "trackbridge.derived/1"
@@ -312,7 +314,10 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
         target = strip_types(target)
         cm = canonical.metrics.get(target)
         if cm is None:
-            errors.append(MappingError(f"canonical target {target!r} does not exist in canonical.yaml", file=f,
+            shape = _PH_NAME.sub("{}", target)
+            alike = [n for n in canonical.metrics if "{" in n and _PH_NAME.sub("{}", n) == shape]
+            hint = f" (did you mean {alike[0]!r}? placeholder names must match)" if alike else ""
+            errors.append(MappingError(f"canonical target {target!r} does not exist in canonical.yaml{hint}", file=f,
                                        line=line, entry=label))
             continue
         ktpl = ctpl = None

@@ -59,7 +59,22 @@ def guess_locator(path: str) -> str | None:
         return f"wandb:{os.path.dirname(path) or '.'}"
     if suffix in (".log", ".txt", ".out", ".err"):
         return f"console:{path}"
+    if suffix in (".db", ".sqlite", ".sqlite3"):
+        tables = _sqlite_tables(p)
+        if "experiments" in tables and "latest_metrics" in tables:
+            return f"mlflow:sqlite:///{p.resolve()}"
+        if "metrics" in tables and "configs" in tables:
+            return f"trackio:{p.parent}"
     return None
+
+
+def _sqlite_tables(path) -> set[str]:
+    import sqlite3
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error:
+        return set()
 
 
 def open_source(spec: "str | Locator") -> Source:

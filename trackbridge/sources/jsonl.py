@@ -98,12 +98,23 @@ class JsonlRunReader(RunReader):
         if "metrics" not in obj and isinstance(obj.get("data"), dict):   # veRL "file" backend line
             return Record(step=obj.get("step"), wall_time=obj.get("wall_time"),
                           metrics={k: decode_value(v) for k, v in obj["data"].items()})
+        if "metrics" not in obj:
+            # a plain logged dict per line (what `trackbridge translate` reads): numbers and strings are metrics;
+            # `step` / `_step` / `global_step` give the step and `_timestamp` / `wall_time` the wall time
+            metrics = {k: decode_value(v) for k, v in obj.items()
+                       if k not in _PLAIN_AXES and (isinstance(v, (int, float, str)) or v is None)}
+            step = next((obj[k] for k in ("step", "_step", "global_step") if isinstance(obj.get(k), int)), None)
+            wall = next((obj[k] for k in ("wall_time", "_timestamp") if isinstance(obj.get(k), (int, float))), None)
+            return Record(step=step, wall_time=wall, metrics=metrics)
         if not isinstance(obj.get("metrics", {}), dict):
             raise ValueError("'metrics' is not an object")
         step = obj.get("step")
         if step is not None and not isinstance(step, int):
             raise ValueError(f"step {step!r} is not an integer")
         return Record.from_json(obj)
+
+
+_PLAIN_AXES = {"step", "_step", "global_step", "wall_time", "_timestamp", "_runtime"}
 
 
 class JsonlSource(Source):
