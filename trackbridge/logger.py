@@ -67,7 +67,10 @@ class LoggerWarning(RuntimeWarning):
 
 
 def _warn(message: str) -> None:
-    log.warning(message)
+    """A warning users see once: through ``warnings`` (LoggerWarning), and also through the ``trackbridge`` logger
+    when the application configured logging (otherwise logging's last-resort handler would print it twice)."""
+    if log.hasHandlers():
+        log.warning(message)
     warnings.warn(message, LoggerWarning, stacklevel=3)
 
 

@@ -188,7 +188,15 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     t0 = time.monotonic()
     out = out or sys.stdout
     src_loc = parse(src, allow_label=True)
-    parse(dst)                                   # fail early on a bad destination
+    from .sinks import REGISTRY as SINKS
+    parse(dst, kinds=tuple(SINKS))               # fail early on a bad destination ...
+    if names != "keep":                          # ... and on a naming scheme that does not exist
+        from .schema.loader import load_registry
+        from .spec import parse_spec
+        reg = load_registry(mappings or None)
+        parse_spec(names, reg, allow_auto=False)
+        if source not in ("auto", "keep"):
+            parse_spec(source, reg)
     readers = list(open_source(src_loc).runs())
     result = MigrationResult()
     if not readers:

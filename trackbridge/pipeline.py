@@ -144,7 +144,6 @@ class Pipeline:
             st.unmapped.update(dict.fromkeys(res.unmapped))
             st.approximate.update(res.approximate)
             st.conflicts.update(res.conflicts)
-            st.renamed.update(res.renamed)
             if self._to_names is not None:
                 res2 = self._to_names.translate(metrics)
                 metrics = res2.metrics
@@ -152,6 +151,13 @@ class Pipeline:
                 derived = [rename.get(d, d) for d in derived]
                 for k, v in res2.approximate.items():
                     st.approximate.setdefault(k, v)
+                # input name -> the name finally written (through canonical)
+                for k in rec.metrics:
+                    final = rename.get(res.renamed.get(k, k), res.renamed.get(k, k))
+                    if final != k:
+                        st.renamed[k] = final
+            else:
+                st.renamed.update(res.renamed)
             out = Record(rec.step, rec.wall_time, metrics, derived)
         st.records += 1
         st.points += len(out.metrics)

@@ -99,6 +99,9 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     chosen, missing = select(metrics, available, is_axis=is_axis)
     result.missing = missing
     axes = {r.label: run_axis(r, x) for r in runs}
+    if x != "step" and not any(a.available for a in axes.values()):
+        result.warnings.insert(0, f"no run has a {x} axis, so the charts are empty (the tables do not depend on "
+                                  f"the x axis); use --x step for charts")
     for r in runs:
         for p in r.problems:
             result.warnings.append(f"{r.label}: skipped while reading: {p}")

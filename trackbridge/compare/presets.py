@@ -109,7 +109,8 @@ def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
     chosen: dict[str, None] = {}
     missing: list[str] = []
     for item in items:
-        if item in PRESETS:
+        if item.lower() in PRESETS:
+            item = item.lower()
             hits = [n for n in avail if any(_match(n, p) for p in PRESETS[item])]
             hits.sort(key=order_key)
             if not hits:

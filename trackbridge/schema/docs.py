@@ -60,14 +60,23 @@ def listing(reg: Registry) -> str:
 
 
 def show(reg: Registry, name: str) -> str | None:
-    resolved = reg.resolve_alias(name)
-    if resolved is not None:
-        fw = reg.frameworks[resolved[0]]
-        trainer = resolved[1].get("trainer")
+    """A framework, alias or FRAMEWORK/TRAINER[@VERSION] (its names), or a canonical metric (every framework's name)."""
+    from ..spec import SpecError, parse_spec
+    spec = None
+    if reg.resolve_alias(name.partition("/")[0].partition("@")[0]) is not None:
+        try:
+            spec = parse_spec(name, reg)
+        except SpecError:
+            spec = None
+    if spec is not None and spec.kind == "framework":
+        fw = reg.frameworks[spec.framework]
+        trainer = spec.trainer
+        lo, hi = spec.bounds(len(fw.releases))
+        shown = [r for i, r in enumerate(fw.releases) if lo <= i <= hi]
         lines = [f"# {fw.name}{' / ' + trainer if trainer else ''}: {fw.description}".rstrip(),
-                 f"releases: {', '.join(fw.releases)}", ""]
+                 f"releases: {', '.join(shown)}", ""]
         for e in fw.entries:
-            if trainer and e.trainers is not None and trainer not in e.trainers:
+            if not e.applies(trainer, lo, hi):
                 continue
             fid = "exact" if e.exact else f"approximate ({e.reason})"
             tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""

@@ -267,7 +267,13 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
                 errors.append(MappingError(f"release {r!r} unknown to framework {name!r}", file=f,
                                            line=line_of(doc, "releases"), entry=name))
     fw.trainers.update({k: dict(v or {}) for k, v in (doc.get("trainers") or {}).items()})
-    fw.aliases.update({k: dict(v or {}) for k, v in (doc.get("aliases") or {}).items()})
+    for alias, spec in (doc.get("aliases") or {}).items():
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]*", str(alias)):
+            errors.append(MappingError(f"alias {alias!r}: use lower-case letters, digits, '-', '_' or '.' ('/' "
+                                       "separates a trainer and '@' a release)", file=f,
+                                       line=line_of(doc.get("aliases"), alias), entry=name))
+            continue
+        fw.aliases[str(alias)] = dict(spec or {})
     for p in doc.get("prefixes") or []:
         if not isinstance(p, dict) or "prefix" not in p or p.get("split") not in ("train", "eval", "test"):
             errors.append(MappingError("prefix needs {prefix: TEXT, split: train|eval|test}", file=f,

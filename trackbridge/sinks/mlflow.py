@@ -105,6 +105,24 @@ def make_client(location: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def _check_reachable(location: str, timeout: float = 3.0) -> None:
+    """For a tracking server, a quick TCP connect: a server that is down fails at once with a clear error."""
+    import socket
+    from urllib.parse import urlsplit
+
+    uri = tracking_uri(location)
+    if not uri.startswith(("http://", "https://")):
+        return
+    parts = urlsplit(uri)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise SinkError(f"mlflow:{location}: tracking server {parts.hostname}:{port} is not reachable ({exc})") \
+            from None
+
+
 def chunk_tags(prefix: str, text: str) -> dict[str, str]:
     """Split ``text`` into tags ``prefix.count``, ``prefix.0`` ... (see the module docstring)."""
     pieces = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)] or [""]
@@ -172,6 +190,7 @@ class MlflowSink(Sink):
     # -- open ------------------------------------------------------------------------------------------
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
+        _check_reachable(self.location)       # fail in a moment, not after MLflow's HTTP retries
         try:
             self.client = make_client(self.location)
         except Exception as exc:  # noqa: BLE001 - report which sink failed and why

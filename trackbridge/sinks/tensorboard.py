@@ -228,6 +228,14 @@ class TensorBoardSink(Sink):
                             f"open with resume=True to continue that run, or give the run another name")
         self._max_step = self._scan_last_step() if existing else None
         self._step = self._max_step or 0
+        self._pending_open = bool(existing)      # resuming: the new event file is made at the first write only
+        if not existing:
+            self._create_file()
+
+    def _create_file(self) -> None:
+        event_pb2, summary_pb2 = self._pb
+        run = self.run
+        self._pending_open = False
         now = time.time()
         name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}."
                 f"{next(_FILE_COUNTER)}.trackbridge")
@@ -280,6 +288,8 @@ class TensorBoardSink(Sink):
 
     # -- write -----------------------------------------------------------------------------------------------
     def write(self, records: list[Record]) -> None:
+        if self._fh is None and getattr(self, "_pending_open", False):
+            self._create_file()
         if self._fh is None:
             raise SinkError(f"tensorboard sink {self.location}: write() before open() or after close()")
         event_pb2, summary_pb2 = self._pb
@@ -326,6 +336,9 @@ class TensorBoardSink(Sink):
             finally:
                 self._fh.close()
                 self._fh = None
+            self._write_final_info()
+        elif getattr(self, "_pending_open", False):      # resumed, nothing new: only the run info may have grown
+            self._pending_open = False
             self._write_final_info()
 
     def _write_final_info(self) -> None:

@@ -210,7 +210,8 @@ class TrackioSink(Sink):
         self.project = self.options.get("project") or run.project or "trackbridge"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = init_db(self.dir, self.project)
-        run_id = self.options.get("run") or (run.run_id if resume else None)
+        # the Trackio run id is trackbridge's run id, so that resume (and replay) find the same run again
+        run_id = self.options.get("run") or (str(run.run_id) if run.run_id else None)
         with contextlib.closing(connect(self.db)) as conn:
             row = None
             if run_id:
@@ -219,10 +220,9 @@ class TrackioSink(Sink):
                 has_points = conn.execute("SELECT 1 FROM metrics WHERE run_id = ? LIMIT 1", (run_id,)).fetchone()
                 if row is None and not has_points and self.options.get("run"):
                     raise SinkError(f"trackio:{self.db}: no run {run_id!r} to resume")
-        if run_id:
-            self.run_id = run_id
-        else:
-            self.run_id = uuid.uuid4().hex
+                if (row is not None or has_points) and not resume and not self.options.get("run"):
+                    run_id, row = f"{run_id}-{uuid.uuid4().hex[:6]}", None     # a new run that reuses an id
+        self.run_id = run_id or uuid.uuid4().hex
         self.run_name = (row["run_name"] if row is not None else None) or run.name or f"trackbridge-{self.run_id[:8]}"
         if row is not None:
             self._created = row["created_at"]
