@@ -355,6 +355,9 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
         if not raw.get("source"):
             errors.append(MappingError("missing `source` (file@release it was read from)", file=f, line=line,
                                        entry=label))
+        elif "@" not in str(raw["source"]):
+            errors.append(MappingError(f"source {raw['source']!r} names no release: write path/in/repo.py@RELEASE",
+                                       file=f, line=line, entry=label))
         scale, offset = 1.0, 0.0
         tr = raw.get("transform")
         if tr is not None:
