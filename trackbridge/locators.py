@@ -100,3 +100,15 @@ def _default_label(loc: Locator) -> str:
     loc_text = loc.location.rstrip("/")
     base = loc_text.rsplit("/", 1)[-1] or loc.kind
     return base
+
+
+def load_registered(registry: dict[str, str], kind: str, what: str):
+    """The class registered for ``kind`` as ``"module:Class"``, imported only now (so a tracker's package is
+    imported only when its sink or reader is used)."""
+    import importlib
+    try:
+        target = registry[kind]
+    except KeyError:
+        raise LocatorError(f"unknown {what} kind {kind!r}; expected one of {', '.join(registry)}") from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)

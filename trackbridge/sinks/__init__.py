@@ -1,9 +1,7 @@
 """Tracker sinks, one module per tracker behind :class:`~trackbridge.sinks.base.Sink`; imported lazily by kind."""
 from __future__ import annotations
 
-import importlib
-
-from ..locators import Locator, LocatorError, parse
+from ..locators import Locator, load_registered, parse
 from .base import Capabilities, Sink, SinkError
 
 # kind -> "module:Class"; a module imports its tracker only when the sink is opened.
@@ -17,12 +15,7 @@ REGISTRY = {
 
 
 def sink_class(kind: str) -> type[Sink]:
-    try:
-        target = REGISTRY[kind]
-    except KeyError:
-        raise LocatorError(f"unknown sink kind {kind!r}; expected one of {', '.join(REGISTRY)}") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load_registered(REGISTRY, kind, "sink")
 
 
 def make_sink(spec: "str | Locator | Sink") -> Sink:

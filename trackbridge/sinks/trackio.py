@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..record import Histogram, Record, RunInfo
+from ..record import Histogram, Record, RunInfo, encode_value
 from . import _sanitize
 from .base import Capabilities, Sink, SinkError
 
@@ -84,11 +84,7 @@ def encode(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return value
     if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
+        return encode_value(value)          # NaN and infinities as "NaN", "Infinity", "-Infinity" (trackio's form)
     try:
         return encode(float(value))
     except (TypeError, ValueError):

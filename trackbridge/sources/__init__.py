@@ -1,9 +1,7 @@
 """Run readers, one module per place runs live behind :class:`~trackbridge.sources.base.Source`; imported lazily."""
 from __future__ import annotations
 
-import importlib
-
-from ..locators import Locator, LocatorError, parse
+from ..locators import Locator, load_registered, parse
 from .base import Problem, RunReader, Source, SourceError
 
 REGISTRY = {
@@ -19,12 +17,7 @@ REGISTRY = {
 
 
 def source_class(kind: str) -> type[Source]:
-    try:
-        target = REGISTRY[kind]
-    except KeyError:
-        raise LocatorError(f"unknown source kind {kind!r}; expected one of {', '.join(REGISTRY)}") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load_registered(REGISTRY, kind, "source")
 
 
 def guess_locator(path: str) -> str | None:
