@@ -98,7 +98,9 @@ def test_detect_public_log():
 
 
 def test_mappings_show_list_docs(tmp_path):
-    r = tb("mappings", "show", "objective/kl")
+    r = tb("mappings", "show", "objective/kl")          # a framework key: the canonical quantity behind it
+    assert r.returncode == 0 and "'objective/kl' is canonical 'kl/ref_seq_sum'" in r.stdout
+    r = tb("mappings", "show", "no/such/name")
     assert r.returncode == 2
     r = tb("mappings", "show", "kl/old_policy")
     assert r.returncode == 0 and "actor/ppo_kl" in r.stdout and "ppo_kl" in r.stdout

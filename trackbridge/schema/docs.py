@@ -84,7 +84,7 @@ def show(reg: Registry, name: str) -> str | None:
         return "\n".join(lines)
     metric = reg.canonical.metrics.get(name) or reg.canonical.find(name)
     if metric is None:
-        return None
+        return _show_framework_key(reg, name)
     lines = [f"# {metric.name}", metric.description, f"unit: {metric.unit}; kind: {metric.kind}; "
              f"better: {metric.better}" + (f"; estimator: {metric.estimator}" if metric.estimator else "")
              + (f"; reduction: {metric.reduction}" if metric.reduction else ""), ""]
@@ -95,6 +95,26 @@ def show(reg: Registry, name: str) -> str | None:
                 tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""
                 lines.append(f"{fw.name:9s} {e.key:40s} {_range(fw, e)}{tr}  {fid}  ({e.source})")
     return "\n".join(lines)
+
+
+def _show_framework_key(reg: Registry, key: str) -> str | None:
+    """A framework's key (``objective/kl``): the canonical quantity it is in each trainer and release, and every
+    framework's name for that quantity."""
+    found: dict[str, list[tuple[FrameworkMapping, Entry]]] = {}
+    for fw in reg.frameworks.values():
+        split, rest = fw.split_prefix(key)
+        for e, caps in fw.lookup(key) or (fw.lookup(rest) if split else []):
+            canon = e.canonical_template.fill(caps) if e.canonical_template is not None and caps else e.canonical
+            found.setdefault(canon, []).append((fw, e))
+    if not found:
+        return None
+    parts = []
+    for canon, hits in found.items():
+        where = "; ".join(f"{fw.name} {_range(fw, e)}" + (f" [{', '.join(sorted(e.trainers))}]" if e.trainers else "")
+                          for fw, e in hits)
+        parts.append(f"{key!r} is canonical {canon!r} in {where}\n")
+        parts.append(show(reg, canon) or "")
+    return "\n\n".join(parts)
 
 
 def reference(reg: Registry) -> str:
