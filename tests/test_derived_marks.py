@@ -123,3 +123,22 @@ def test_fidelity_is_stored_with_the_run_and_survives_migration(env):
     migrate(f"tensorboard:{tmp / 'tb'}", f"jsonl:{tmp / 'copy'}", progress=False)
     (reader,) = list(open_source(f"jsonl:{tmp / 'copy'}").runs())
     assert "kl/old_policy" in reader.info.approximate
+
+
+def test_no_time_axis_stays_missing_when_read_back(env):
+    """A source without wall times migrated into trackers that must store some time: trackbridge's own readers
+    give the records back without wall times and say the run has no time axis."""
+    from pathlib import Path
+
+    from trackbridge.migrate import migrate
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "trl_grpo_trainer_state.json"
+    tmp = env
+    dests = [f"tensorboard:{tmp / 'tb'}", f"mlflow:sqlite:///{tmp / 'm.db'}?experiment=t", f"trackio:{tmp / 'tio'}"]
+    for d in dests:
+        migrate(f"trainer-state:{example}", d, progress=False)
+    for d in dests:
+        (reader,) = list(open_source(d.replace("?experiment=t", "")).runs())
+        recs = list(reader.records())
+        assert recs and not reader.has_wall_time, d
+        assert all(r.wall_time is None for r in recs), d

@@ -25,17 +25,13 @@ from .pipeline import Pipeline, Stats
 from .record import Record, RunInfo
 from .sinks import make_sink
 from .sources import open_source
-from .sources.base import Problem, RunReader
+from .sources.base import TIME_AXIS, Problem, RunReader
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
-TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's source held no wall times
-
-
 def _no_wall_time(reader: RunReader) -> bool:
-    """True when the run has no time axis: its reader says so, or an earlier migration marked it (the tracker it
-    was written to then had to store *some* time, which is not the run's)."""
-    return (not reader.has_wall_time) or (reader.info.extra or {}).get(TIME_AXIS) == "missing"
+    """True when the run has no time axis (its reader says so; a run marked by an earlier migration included)."""
+    return not reader.has_wall_time
 
 
 def _without_wall_time(records: Iterable[Record]) -> Iterable[Record]:

@@ -16,6 +16,9 @@ from typing import Iterator
 from ..record import Record, RunInfo
 
 
+TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's source held no wall times
+
+
 @dataclass
 class Problem:
     """Something a reader skipped: where (file and offset or line) and why."""
@@ -48,7 +51,9 @@ class RunReader(ABC):
 
     @property
     def has_wall_time(self) -> bool:
-        return True
+        """False when the run has no time axis of its own: an earlier migration marked it (the tracker it went to
+        had to store *some* time, which is not the run's)."""
+        return (self.info.extra or {}).get(TIME_AXIS) != "missing" if isinstance(self.info.extra, dict) else True
 
     def skip(self, where: str, what: str) -> None:
         self.problems.append(Problem(where, what))
@@ -67,12 +72,17 @@ class Source(ABC):
 
 
 def mark_derived(info: RunInfo, records: Iterator[Record]) -> Iterator[Record]:
-    """Restore the per-record ``derived`` marks from the run's list of derived metrics (``info.extra["derived"]``),
-    for stores that keep the mark per run (a tag or config entry) rather than per point."""
-    derived = set((info.extra or {}).get("derived") or ()) if isinstance(info.extra, dict) else set()
+    """Restore what a store keeps per run rather than per point: the ``derived`` marks (``info.extra["derived"]``),
+    and the absence of a time axis (``info.extra["time_axis"] == "missing"``: the write-time timestamps the tracker
+    had to store are dropped, never passed off as the run's wall times)."""
+    extra_info = info.extra if isinstance(info.extra, dict) else {}
+    derived = set(extra_info.get("derived") or ())
+    no_time = extra_info.get(TIME_AXIS) == "missing"
     for rec in records:
         if derived:
             extra = [k for k in rec.metrics if k in derived and k not in rec.derived]
             if extra:
                 rec.derived = [*rec.derived, *extra]
+        if no_time and rec.wall_time is not None:
+            rec.wall_time = None
         yield rec

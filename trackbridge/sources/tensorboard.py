@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo
 from ..sinks.tensorboard import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, masked_crc32c
-from .base import RunReader, Source, SourceError
+from .base import RunReader, Source, SourceError, mark_derived
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
 
@@ -174,6 +174,9 @@ class TensorBoardRunReader(RunReader):
 
     # -- records ---------------------------------------------------------------------------------------------
     def records(self) -> Iterator[Record]:
+        return mark_derived(self.info, self._stored_records())
+
+    def _stored_records(self) -> Iterator[Record]:
         from tensorboard.compat.proto import event_pb2
 
         info = self.info
