@@ -92,6 +92,11 @@ def test_unknown_keys_pass_through_and_are_reported(reg):
     assert res.unmapped == ["my_custom", "weird"]
 
 
+def test_doubly_prefixed_keys(reg):
+    res = T(reg, "alpha/grpo").translate({"train/eval_entropy": 0.3, "train/train/loss": 1.0})
+    assert res.metrics == {"eval/policy/entropy": 0.3, "loss/total": 1.0}
+
+
 def test_splits_are_kept(reg):
     res = T(reg, "alpha/grpo").translate({"eval_entropy": 0.3, "train/loss": 1.0})
     assert res.metrics == {"eval/policy/entropy": 0.3, "loss/total": 1.0}

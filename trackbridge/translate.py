@@ -244,6 +244,13 @@ class Translator:
             split, rest = fw.split_prefix(key)
             if split is not None:
                 hit = self._forward(fw, rest, src)
+                if hit is None:
+                    # a trainer that prefixed its own keys (TRL KTO v0.8.2-v0.8.6 wrote `eval/...`), prefixed again by
+                    # the tracker integration (`train/eval/...`): the inner prefix is the split
+                    inner, rest2 = fw.split_prefix(rest)
+                    if inner is not None:
+                        hit = self._forward(fw, rest2, src)
+                        split = inner if inner != "train" else split
         if hit is None:
             return None
         entry, caps, note = hit
