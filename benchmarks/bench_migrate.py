@@ -127,20 +127,25 @@ def m_hand_mlflow(src_folder: str, db: str) -> dict:
     df = _read_tbparse(src_folder)
     exp = client.create_experiment("hand")
     run = client.create_run(exp, run_name="big").info.run_id
-    batch = []
-    n = 0
-    for tag, step, value, wall in zip(df["tag"].tolist(), df["step"].tolist(), df["value"].tolist(),
-                                      df["wall_time"].tolist()):
-        batch.append(Metric(tag.replace("@", "_"), float(value), int(wall * 1000), int(step)))
+    n = _log_in_chunks(client, run, (Metric(tag.replace("@", "_"), float(value), int(wall * 1000), int(step))
+                                     for tag, step, value, wall in zip(df["tag"].tolist(), df["step"].tolist(),
+                                                                       df["value"].tolist(), df["wall_time"].tolist())))
+    client.set_terminated(run)
+    return {"seconds": time.perf_counter() - t, "points": n, "rss": _rss_mb(), "base": base}
+
+
+def _log_in_chunks(client, run: str, metrics) -> int:
+    """``MlflowClient.log_batch`` in chunks of 1,000 (its limit per call); returns the number of points."""
+    batch, n = [], 0
+    for m in metrics:
+        batch.append(m)
         if len(batch) == 1000:
             client.log_batch(run, metrics=batch)
-            n += len(batch)
-            batch = []
+            n, batch = n + len(batch), []
     if batch:
         client.log_batch(run, metrics=batch)
         n += len(batch)
-    client.set_terminated(run)
-    return {"seconds": time.perf_counter() - t, "points": n, "rss": _rss_mb(), "base": base}
+    return n
 
 
 def m_mlflow_floor(tags: int, steps: int, db: str) -> dict:
@@ -153,20 +158,9 @@ def m_mlflow_floor(tags: int, steps: int, db: str) -> dict:
     run = client.create_run(exp, run_name="floor").info.run_id
     base = _rss_mb()
     t = time.perf_counter()
-    batch = []
-    n = 0
     t0 = 1_763_700_000.0
-    for s in range(steps):
-        ts = int((t0 + s * 0.25) * 1000)
-        for i, name in enumerate(names):
-            batch.append(Metric(name, (s * tags + i) * 1e-4, ts, s))
-            if len(batch) == 1000:
-                client.log_batch(run, metrics=batch)
-                n += len(batch)
-                batch = []
-    if batch:
-        client.log_batch(run, metrics=batch)
-        n += len(batch)
+    n = _log_in_chunks(client, run, (Metric(name, (s * tags + i) * 1e-4, int((t0 + s * 0.25) * 1000), s)
+                                     for s in range(steps) for i, name in enumerate(names)))
     return {"seconds": time.perf_counter() - t, "points": n, "rss": _rss_mb(), "base": base}
 
 
