@@ -219,20 +219,10 @@ def cmd_detect(args) -> int:
     from .detect import detect
     from .schema.loader import load_registry
     reg = load_registry(args.mappings or None)
-    from .sources import guess_locator, open_source
     keys: set[str] = set()
     problems: list[str] = []
-    is_locator = _is_locator(args.file)
-    guessed = None if is_locator or args.file.endswith(".json") else guess_locator(args.file)
-    if is_locator or guessed:
-        for run in open_source(guessed or args.file).runs():
-            for rec in run.records():
-                keys.update(rec.metrics)
-            problems += [str(p) for p in run.problems if "without metrics" not in str(p)]
-    else:
-        from .inputs import read_rows
-        for row in read_rows(args.file, problems):
-            keys.update(row.metrics)
+    for row in _input_rows(args.file, problems):      # the same inputs `translate` accepts
+        keys.update(row.metrics)
     det = detect(keys, reg)
     for p in problems:
         print(f"trackbridge: {p}", file=sys.stderr)

@@ -63,9 +63,11 @@ def _keys_of(fw: FrameworkMapping, key: str):
     return hits
 
 
-def _best_for_framework(fw: FrameworkMapping, keys: list[str]) -> tuple[Candidate | None, set[str]]:
+def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[str] | None = None
+                        ) -> tuple[Candidate | None, set[str]]:
+    """The best candidate of one framework (over ``trainers``: all of its trainers by default)."""
     n_rel = len(fw.releases)
-    trainers: list[str | None] = list(fw.trainers) or [None]
+    trainers = list(trainers or fw.trainers) or [None]
     counts = {t: [0] * n_rel for t in trainers}
     specific = {t: 0 for t in trainers}
     explained_any: set[str] = set()
@@ -170,11 +172,8 @@ def detect(keys: Iterable[str], registry: Registry) -> Detection:
                      [c.describe(registry) for c, _ in cands[1:4]], reason)
 
 
-def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int]:
-    sub = FrameworkMapping(fw.name, fw.description, fw.releases, {trainer: fw.trainers[trainer]}, fw.aliases,
-                           fw.prefixes, fw.config, fw.internal, fw.entries)
-    sub.exact_index, sub.template_entries = fw.exact_index, fw.template_entries
-    best, _ = _best_for_framework(sub, keys)
+def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int, int]:
+    best, _ = _best_for_framework(fw, keys, [trainer])
     return best.rank() if best else (0, 0, 0)
 
 
@@ -193,10 +192,7 @@ def _observed(fw: FrameworkMapping, keys: list[str]) -> set[str]:
 
 
 def _range_for(fw: FrameworkMapping, keys: list[str], trainer: str, fallback: Candidate) -> tuple[int, int]:
-    sub = FrameworkMapping(fw.name, fw.description, fw.releases, {trainer: fw.trainers[trainer]}, fw.aliases,
-                           fw.prefixes, fw.config, fw.internal, fw.entries)
-    sub.exact_index, sub.template_entries = fw.exact_index, fw.template_entries
-    best, _ = _best_for_framework(sub, keys)
+    best, _ = _best_for_framework(fw, keys, [trainer])
     return (best.lo, best.hi) if best else (fallback.lo, fallback.hi)
 
 
