@@ -53,7 +53,7 @@ from typing import Any, Callable
 from . import _rank
 from .record import Record, RunInfo
 from .replay import iter_spool, names_translator, scan_spool, spool_file
-from .sinks.base import Sink
+from .sinks.base import Sink, Unreachable, check_reachable
 from .values import as_step, normalize_metrics
 
 log = logging.getLogger("trackbridge")
@@ -775,20 +775,14 @@ def _precheck_location(spec: str, sink: Sink, registry: dict[str, str]) -> None:
         raise ValueError(f"sink {spec!r}: folder {probe} is not writable")
 
 
-def _check_server(spec: str, url: str, timeout: float = 2.0) -> None:
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-    if not host:
-        raise ValueError(f"sink {spec!r}: no host in {url!r}")
+def _check_server(spec: str, url: str) -> None:
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except OSError as exc:
-        _warn(f"trackbridge: sink {spec!r}: server {host}:{port} is not reachable now ({exc}); training goes on, "
-              f"the sink is retried later and catches up from the spool")
+        check_reachable(url)
+    except ValueError as exc:
+        raise ValueError(f"sink {spec!r}: {exc}") from None
+    except Unreachable as exc:
+        _warn(f"trackbridge: sink {spec!r}: server {exc.host}:{exc.port} is not reachable now ({exc.reason}); "
+              f"training goes on, the sink is retried later and catches up from the spool")
 
 
 def init(project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,

@@ -22,6 +22,31 @@ class Capabilities:
     wall_time: bool = True       # keeps the wall time we give it
 
 
+class Unreachable(OSError):
+    """Nothing answers at ``host``:``port`` (``reason`` says what the connect attempt got)."""
+
+    def __init__(self, host: str | None, port: int, reason: str) -> None:
+        super().__init__(f"{host}:{port} is not reachable ({reason})")
+        self.host, self.port, self.reason = host, port, reason
+
+
+def check_reachable(url: str, timeout: float = 2.0) -> None:
+    """A quick TCP connect to the host and port of an ``http(s)://`` URL; raises :class:`Unreachable` when nothing
+    answers there, ValueError when the URL names no host."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    if not host:
+        raise ValueError(f"no host in {url!r}")
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise Unreachable(host, port, str(exc)) from None
+
+
 class SinkError(RuntimeError):
     """A sink could not do what was asked; the message names the sink."""
 

@@ -53,7 +53,7 @@ from typing import Any
 from ..record import Histogram, Record, RunInfo
 from . import _sanitize
 from ._mlflow_bulk import BulkWriter
-from .base import Capabilities, Sink, SinkError
+from .base import Capabilities, Sink, SinkError, Unreachable, check_reachable
 
 TAG_ESCAPE = "trackbridge.key_escape"
 TAG_NAMES = "trackbridge.names"
@@ -105,22 +105,15 @@ def make_client(location: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def _check_reachable(location: str, timeout: float = 3.0) -> None:
+def _check_reachable(location: str) -> None:
     """For a tracking server, a quick TCP connect: a server that is down fails at once with a clear error."""
-    import socket
-    from urllib.parse import urlsplit
-
     uri = tracking_uri(location)
-    if not uri.startswith(("http://", "https://")):
-        return
-    parts = urlsplit(uri)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname, port), timeout=timeout):
-            pass
-    except OSError as exc:
-        raise SinkError(f"mlflow:{location}: tracking server {parts.hostname}:{port} is not reachable ({exc})") \
-            from None
+    if uri.startswith(("http://", "https://")):
+        try:
+            check_reachable(uri, timeout=3.0)
+        except Unreachable as exc:
+            raise SinkError(f"mlflow:{location}: tracking server {exc.host}:{exc.port} is not reachable "
+                            f"({exc.reason})") from None
 
 
 def chunk_tags(prefix: str, text: str) -> dict[str, str]:
