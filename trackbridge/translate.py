@@ -253,12 +253,11 @@ class Translator:
                         split = inner if inner != "train" else split
         if hit is None:
             return None
-        entry, caps, note = hit
+        entry, caps, note, range_reason = hit
         canon = entry.canonical_template.fill(caps) if entry.canonical_template and caps else entry.canonical
-        plan = self._to_target(canon, None if split == "train" else split, entry, key,
-                               None if isinstance(note, tuple) else note)
-        if isinstance(note, tuple) and plan.approx is None:
-            plan = _Plan(plan.out, plan.canonical, plan.fwd, plan.rev, note[1], plan.note)
+        plan = self._to_target(canon, None if split == "train" else split, entry, key, note)
+        if range_reason and plan.approx is None:
+            plan = _Plan(plan.out, plan.canonical, plan.fwd, plan.rev, range_reason, plan.note)
         return plan
 
     def _forward(self, fw: FrameworkMapping, key: str, src: Spec):
@@ -267,7 +266,7 @@ class Translator:
             return None
         lo, hi = src.bounds(len(fw.releases))
         chosen = _choose(hits, src.trainer, lo, hi, self.flat_config)
-        note = None
+        note = range_reason = None
         if chosen is None:       # logged outside the detected/requested releases or by another trainer: use the
             chosen = _nearest(hits, src.trainer, lo, hi, self.flat_config) \
                 or _nearest(hits, None, lo, hi, self.flat_config)          # nearest release's meaning, and say so
@@ -284,9 +283,9 @@ class Translator:
                          and h.applies(src.trainer, lo, hi) and h.condition_holds(self.flat_config) is not False]
                 if worse:
                     w = worse[0]
-                    note = ("approx", f"{_reason(w)} (in {fw.release_name(w.since)}..{_until(fw, w)}; the releases "
-                                      f"{src.describe(self.registry)} include these, so the release matters)")
-        return chosen[0], chosen[1], note
+                    range_reason = (f"{_reason(w)} (in {fw.release_name(w.since)}..{_until(fw, w)}; the releases "
+                                    f"{src.describe(self.registry)} include these, so the release matters)")
+        return chosen[0], chosen[1], note, range_reason
 
     def _outside_note(self, src: Spec) -> str:
         """One note for every key translated with an entry of another release or trainer than the source's."""
