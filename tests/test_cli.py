@@ -38,7 +38,7 @@ def test_translate_jsonl_with_report(tmp_path):
     assert lines[0]["reward/score/mean"] == 0.4 and lines[0]["val/openai/gsm8k/acc/mean@1"] == 0.5
     assert lines[0]["my_key"] == 3 and lines[1]["kl/old_policy"] == 0.001
     rep = json.loads(report.read_text())
-    assert rep["unmapped"] == ["my_key"] and rep["mapped"] == 5 and rep["source"].startswith("verl@")
+    assert rep["unmapped"] == ["my_key"] and rep["mapped"] == 5 and rep["source"].startswith("verl/ppo@")
     assert "actor/pg_loss" in rep["approximate"] or rep["approximate"] == {} or isinstance(rep["approximate"], dict)
     r = tb("translate", "--from", "verl@0.4.1", "--strict", src)
     assert r.returncode == 1 and "unmapped keys: my_key" in r.stderr

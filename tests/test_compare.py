@@ -411,7 +411,7 @@ def test_from_option_names_the_framework(tmp_path):
     """`?from=` skips detection: the veRL log (~v0.3) read with the v0.3.0.post1 mapping entries."""
     res = compare_runs([f"verl=console:{VERL_FILE}?from=verl@v0.3.0.post1"], metrics="policy/entropy",
                        out=tmp_path / "r")
-    assert res.runs[0].source.startswith("verl@v0.3"), res.runs[0].source
+    assert res.runs[0].source.startswith("verl/ppo@v0.3"), res.runs[0].source   # trainer detected within the release given
     mr = res.metric("policy/entropy")
     assert mr is not None and mr.runs == ["verl"]
     want = pipeline_approximate(f"console:{VERL_FILE}", "verl@v0.3.0.post1").get("policy/entropy")

@@ -62,7 +62,7 @@ def run_demo(out: Path) -> int:
         locators.append(f"{label}={loc}")
         for reader in open_source(loc).runs():
             info = reader.info
-            pipe = Pipeline("auto", "canonical", config=info.config, derive=True)
+            pipe = Pipeline.for_run(info, "canonical", derive=True)
             records = list(pipe.process(reader.records()))      # small runs: the header then knows everything
             path = out / "canonical" / f"{label}.jsonl"
             with open(path, "w", encoding="utf-8") as fh:

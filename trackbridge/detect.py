@@ -7,6 +7,7 @@ with the margin over the runner-up framework; below a floor, detection says it c
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -26,9 +27,10 @@ class Candidate:
     explained: int
     specific: int
     missing: int = 0          # keys the trainer logs on every call ("always") that are absent
+    literal: int = 0          # keys named literally (not through a template) by the trainer's own entries
 
-    def rank(self) -> tuple[int, int, int]:
-        return (self.explained, -self.missing, self.specific)
+    def rank(self) -> tuple[int, int, int, int]:
+        return (self.explained, -self.missing, self.literal, self.specific)
 
     def describe(self, registry: Registry) -> str:
         fw = registry.frameworks[self.framework]
@@ -63,13 +65,29 @@ def _keys_of(fw: FrameworkMapping, key: str):
     return hits
 
 
-def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[str] | None = None
-                        ) -> tuple[Candidate | None, set[str]]:
-    """The best candidate of one framework (over ``trainers``: all of its trainers by default)."""
+def _release_window(fw: FrameworkMapping, within: Spec | None) -> tuple[int, int]:
+    """The releases (indices, inclusive) a detection may name: all, or those of the spec it is restricted to."""
     n_rel = len(fw.releases)
+    if within is None:
+        return 0, n_rel - 1
+    hi = min(n_rel - 1, math.floor(min(within.hi, n_rel - 1)))
+    lo = max(0, math.ceil(within.lo))
+    return (min(lo, hi), hi)
+
+
+def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[str] | None = None,
+                        within: Spec | None = None) -> tuple[Candidate | None, set[str]]:
+    """The best candidate of one framework (over ``trainers``: all of its trainers by default), naming only
+    releases inside ``within`` when given."""
+    n_rel = len(fw.releases)
+    w_lo, w_hi = _release_window(fw, within)
     trainers = list(trainers or fw.trainers) or [None]
     counts = {t: [0] * n_rel for t in trainers}
+    # a trainer explains keys only in the releases in which it exists
+    span = {t: (fw.trainer_span(t) if t is not None else (0, float("inf"))) for t in trainers}
+    span = {t: (a, min(b, n_rel - 1)) for t, (a, b) in span.items()}
     specific = {t: 0 for t in trainers}
+    literal = {t: 0 for t in trainers}
     explained_any: set[str] = set()
     for key in keys:
         if key in fw.internal:
@@ -80,17 +98,22 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
         explained_any.add(key)
         for t in trainers:
             covered = [False] * n_rel
-            spec_hit = False
+            spec_hit = lit_hit = False
             for e, _ in hits:
                 if t is not None and e.trainers is not None and t not in e.trainers:
                     continue
+                if e.since > span[t][1] or e.until < span[t][0]:
+                    continue
                 if e.trainers is not None:
                     spec_hit = True
-                hi = int(min(e.until, n_rel - 1))
-                for r in range(e.since, hi + 1):
+                    lit_hit = lit_hit or e.key_template is None
+                hi = int(min(e.until, n_rel - 1, span[t][1]))
+                for r in range(max(e.since, int(span[t][0])), hi + 1):
                     covered[r] = True
             if spec_hit:
                 specific[t] += 1
+            if lit_hit:
+                literal[t] += 1
             row = counts[t]
             for r in range(n_rel):
                 if covered[r]:
@@ -101,7 +124,10 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
         top = max(row) if row else 0
         if top == 0:
             continue
-        best_rel = [r for r in range(n_rel) if row[r] == top]
+        top = max(row[w_lo:w_hi + 1])
+        if top == 0:
+            continue
+        best_rel = [r for r in range(w_lo, w_hi + 1) if row[r] == top]
         # of the releases that explain the most keys, keep those that miss the fewest always-logged keys
         missing = {r: _missing_always(fw, t, keys, r, r) for r in best_rel}
         fewest = min(missing.values())
@@ -109,16 +135,33 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
         lo, hi = best_rel[0], best_rel[-1]        # the span of releases that explain the most keys
         cand = Candidate(fw.name, t, lo, hi, top, specific[t])
         cand.missing = fewest
+        cand.literal = literal[t]
         if best is None or cand.rank() > best.rank():
             best = cand
     return best, explained_any
 
 
-def detect(keys: Iterable[str], registry: Registry) -> Detection:
+def config_trainers(fw: FrameworkMapping, config: dict | None) -> list[str]:
+    """The trainers whose distinguishing config fields (``config_fields`` in the mapping) appear in ``config``
+    (flattened: ``a.b`` keys; a field matches at any depth, since trackers nest the arguments differently)."""
+    if not config:
+        return []
+    tails = {str(k).rsplit(".", 1)[-1] for k in config}
+    return [t for t, spec in fw.trainers.items()
+            if any(isinstance(cf, dict) and cf.get("field") in tails for cf in spec.get("config_fields") or ())]
+
+
+def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
+           config: dict | None = None) -> Detection:
+    """The framework, trainer and release range that best explain ``keys``. ``within`` (a framework spec, perhaps
+    with a trainer or releases) restricts the answer to what it allows: ``trl@1.16.0`` detects only the trainer.
+    ``config`` (the run config, flattened) names the trainer when it holds fields only one trainer's config has."""
     keys = sorted({k for k in keys if isinstance(k, str)})
     n = len(keys)
     if n == 0:
         return Detection(None, "unknown", 0.0, 0, 0, reason="no keys to detect from")
+    if within is not None and within.kind == "framework":
+        return _detect_within(keys, registry, within, config)
     canon = registry.canonical
     canon_hits = 0
     for k in keys:
@@ -127,10 +170,10 @@ def detect(keys: Iterable[str], registry: Registry) -> Detection:
             canon_hits += 1
     cands: list[tuple[Candidate, set[str]]] = []
     for fw in registry.frameworks.values():
-        best, explained = _best_for_framework(fw, keys)
+        best, explained = _best_for_framework(fw, keys, config_trainers(fw, config) or None)
         if best is not None:
             cands.append((best, explained))
-    cands.sort(key=lambda c: (c[0].explained, c[0].specific), reverse=True)
+    cands.sort(key=lambda c: (c[0].explained, c[0].literal, c[0].specific), reverse=True)
     top = cands[0][0] if cands else None
     if canon_hits and (top is None or canon_hits > top.explained):
         second = top.explained if top else 0
@@ -148,10 +191,11 @@ def detect(keys: Iterable[str], registry: Registry) -> Detection:
     fw = registry.frameworks[top.framework]
     # a trainer is named only if it beats the others: ties on the keys explained are broken by how much of each
     # trainer's own key set (its trainer-specific names at the detected release) was observed
-    tie = [t for t in fw.trainers if t != top.trainer and _trainer_score(fw, keys, t) == top.rank()]
+    allowed = config_trainers(fw, config) or list(fw.trainers)
+    tie = [t for t in allowed if t != top.trainer and _trainer_score(fw, keys, t) == top.rank()]
     assumed = None
     if tie:
-        tied = [t for t in fw.trainers if t == top.trainer or t in tie]      # declared order: most common first
+        tied = [t for t in allowed if t == top.trainer or t in tie]      # declared order: most common first
         own = {t: _own_keys(fw, t, top.hi) for t in tied}
         observed = _observed(fw, keys)
         distinct = [t for t in tied if (own[t] & observed) - set().union(*(own[o] for o in tied if o != t))]
@@ -170,6 +214,50 @@ def detect(keys: Iterable[str], registry: Registry) -> Detection:
     explained_set = cands[0][1]
     return Detection(spec, spec.describe(registry), conf, n, top.explained, sorted(set(keys) - explained_set),
                      [c.describe(registry) for c, _ in cands[1:4]], reason)
+
+
+def _detect_within(keys: list[str], registry: Registry, within: Spec, config: dict | None = None) -> Detection:
+    """Detection inside one framework (and the trainer/releases ``within`` names): which trainer, which releases."""
+    fw = registry.frameworks[within.framework]
+    by_config = [] if within.trainer else config_trainers(fw, config)
+    trainers = [within.trainer] if within.trainer else (by_config or list(fw.trainers))
+    lo, hi = _release_window(fw, within)
+    trainers = [t for t in trainers if t is None or fw.trainer_alive(t, lo, hi)] or trainers
+    n = len(keys)
+    scored = []
+    for t in trainers:
+        best, explained = _best_for_framework(fw, keys, [t], within)
+        if best is not None:
+            scored.append((best, explained))
+    given = within.describe(registry)
+    if not scored:
+        return Detection(None, "unknown", 0.0, n, 0, list(keys), [],
+                         f"none of the keys is logged by {given} according to the mappings")
+    scored.sort(key=lambda c: c[0].rank(), reverse=True)
+    top, explained = scored[0]
+    tied = [c.trainer for c, _ in scored if c.rank() == top.rank()]
+    reason = f"{top.explained} of {n} keys are logged by {top.describe(registry)}"
+    conf = top.explained / n
+    if len(tied) > 1:
+        order = [t for t in fw.trainers if t in tied]
+        own = {t: _own_keys(fw, t, top.hi) for t in order}
+        observed = _observed(fw, keys)
+        distinct = [t for t in order if (own[t] & observed) - set().union(*(own[o] for o in order if o != t))]
+        winner = distinct[0] if len(distinct) == 1 else order[0]
+        if len(distinct) != 1:
+            reason += (f"; the keys fit {within.framework} trainers {', '.join(order)} equally, assuming {winner} "
+                       f"(the first declared; name the trainer to say otherwise)")
+            conf *= 0.9
+        top = next(c for c, _ in scored if c.trainer == winner)
+        explained = next(e for c, e in scored if c.trainer == winner)
+    if by_config:
+        reason += f"; the run config has fields only {'/'.join(by_config)}'s config class has"
+    spec_lo, spec_hi = (within.lo, within.hi) if within.version else (float(top.lo), float(top.hi))
+    spec = Spec("framework", framework=fw.name, trainer=top.trainer, lo=spec_lo, hi=spec_hi,
+                version=within.version)
+    runners = [c.describe(registry) for c, _ in scored[1:4]]
+    return Detection(spec, spec.describe(registry), conf, n, top.explained, sorted(set(keys) - explained),
+                     runners, reason)
 
 
 def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int, int]:

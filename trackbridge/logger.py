@@ -266,9 +266,7 @@ class _SinkWorker:
 
     def _open(self, *, first: bool) -> bool:
         r = self.runref
-        info = copy.deepcopy(r.info)
-        if not self.is_spool:
-            info.names = r.names
+        info = r.tracker_info(self.is_spool)
         resume = r.resume if first else True
 
         def do_open() -> None:
@@ -358,7 +356,7 @@ class _SinkWorker:
             return
         if r.info.source:
             run.source = r.info.source
-        run.approximate = {**(run.approximate or {}), **r.info.approximate}
+        run.approximate = {**(run.approximate or {}), **r.tracker_approximate(self.is_spool)}
 
     def _recover(self, *, final: bool) -> None:
         """Reopen a failed sink and give it, from the spool, the records it missed."""
@@ -370,8 +368,7 @@ class _SinkWorker:
             except Exception:
                 pass
             self.opened = False
-        info = copy.deepcopy(r.info)
-        info.names = r.names
+        info = r.tracker_info(self.is_spool)
         try:
             self.sink.open(info, resume=True)
         except Exception as exc:
@@ -520,7 +517,10 @@ class Run:
         built = [s for s in built if not (s.kind == "jsonl" and Path(s.location).expanduser().resolve() == spool_dir)]
         _precheck_location(spool_text, spool_sink, REGISTRY)
 
-        rename = self._rename = names_translator(self.names, mappings=mappings, config=cfg)
+        # trackers get the names asked for through the same pipeline as replay and migrate, judged from the
+        # source detected while logging and the approximations found so far (both live)
+        rename = self._rename = names_translator(self.names, mappings=mappings, config=cfg,
+                                                 origin=lambda: self.info.source, fidelity=self.info.approximate)
         self._spool_worker = _SinkWorker(self, spool_sink, is_spool=True, queue_size=queue_size,
                                          batch_size=max(batch_size, 1000), max_latency=self._flush_interval / 2,
                                          rename=None)
@@ -562,6 +562,17 @@ class Run:
         if self._finished:
             raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
         self._inbox.put((wall_time, step, values))
+
+    def tracker_info(self, is_spool: bool = False) -> RunInfo:
+        """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
+        the approximations under those names."""
+        return _tracker_info_impl(self, is_spool)
+
+    def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
+        if is_spool or self._rename is None:
+            return dict(self.info.approximate)
+        pipe = self._rename.pipeline()
+        return dict(pipe.stats.approximate) if pipe is not None else {}
 
     def finish(self, timeout: float | None = None) -> dict[str, Any]:
         """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
@@ -715,6 +726,14 @@ class Run:
                                           f"derivation is off for this run")
                 self._derive_fn = None
         return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived)
+
+
+def _tracker_info_impl(run: "Run", is_spool: bool) -> RunInfo:
+    info = copy.deepcopy(run.info)
+    if not is_spool:
+        info.names = run.names
+        info.approximate = run.tracker_approximate(is_spool)
+    return info
 
 
 class NoOpRun:

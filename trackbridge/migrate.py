@@ -237,7 +237,7 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
         res.stats.source = ledger.data.get("source", "")
         prog.run_done(label, res)
         return res
-    pipe = Pipeline(source, names, config=info.config, mappings=mappings, derive=derive)
+    pipe = Pipeline.for_run(info, names, source=source, mappings=mappings, derive=derive)
     sink = make_sink(dst)
     out_info = RunInfo(name=info.name or label, project=info.project, run_id=run_id, config=dict(info.config),
                        tags=dict(info.tags), source=info.source, extra=dict(info.extra),
@@ -322,7 +322,7 @@ def _destination_exists(dst: str) -> bool:
 def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool, mappings, out) -> RunResult:
     info = reader.info
     label = info.name or info.run_id or "run"
-    pipe = Pipeline(source, names, config=info.config, mappings=mappings, derive=derive)
+    pipe = Pipeline.for_run(info, names, source=source, mappings=mappings, derive=derive)
     res = RunResult(label, "(dry run)")
     originals: dict[str, None] = {}
     no_time = _no_wall_time(reader)

@@ -108,7 +108,7 @@ class RunInfo:
     config: dict[str, Any] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     source: str | None = None            # e.g. "verl@>=v0.4.0,<=v0.7.0" (what the names were translated from)
-    names: str = "canonical"             # naming scheme of the metric names in the records
+    names: str = "raw"                   # naming scheme of the records: canonical, FRAMEWORK[@V], raw (not known)
     sanitized: dict[str, str] = field(default_factory=dict)   # stored name -> original name
     approximate: dict[str, str] = field(default_factory=dict)  # canonical name -> why it is approximate
     extra: dict[str, Any] = field(default_factory=dict)

@@ -105,22 +105,27 @@ def iter_spool(path: str | os.PathLike, *, start: int = 0, stop: int | None = No
 
 
 def names_translator(target: str | None, *, mappings: list[str] | None = None,
-                     config: dict[str, Any] | None = None) -> Callable[[Record], Record] | None:
-    """A function renaming a canonical record's metrics to the ``target`` naming (``FRAMEWORK[@VERSION]``), or
-    ``None`` when the target is canonical or the translation engine is not available (names stay canonical)."""
+                     config: dict[str, Any] | None = None, origin: Any = None,
+                     fidelity: dict[str, str] | None = None) -> Callable[[Record], Record] | None:
+    """A function renaming a canonical record to the ``target`` naming (``FRAMEWORK[@VERSION]``) through the one
+    pipeline (derived marks follow their values; the target's trainer and the fidelity are judged from ``origin``,
+    the framework the canonical names came from, a value or a function returning it), or ``None`` when the target is
+    canonical. ``rename.pipeline()`` gives the pipeline (None before the first record) and its bookkeeping."""
     if not target or target == "canonical":
         return None
-    try:
-        from .translate import Translator  # the engine may not exist yet: names then stay canonical
-    except ImportError:
-        return None
-    tr = Translator(source="canonical", target=target, mappings=mappings, config=config or {})
+    from .pipeline import Pipeline
+    state: dict[str, Any] = {}
 
     def rename(rec: Record) -> Record:
-        res = tr.translate(rec.metrics)
-        derived = [n for n in rec.derived if n in res.metrics]
-        return Record(step=rec.step, wall_time=rec.wall_time, metrics=dict(res.metrics), derived=derived)
+        pipe = state.get("pipe")
+        if pipe is None:
+            org = origin() if callable(origin) else origin
+            pipe = state["pipe"] = Pipeline("canonical", target, config=config, mappings=mappings, derive=False,
+                                            origin=org, fidelity=fidelity)
+            pipe.setup(())
+        return pipe.one(rec)
 
+    rename.pipeline = lambda: state.get("pipe")        # type: ignore[attr-defined]
     return rename
 
 
@@ -180,7 +185,8 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     info = copy.deepcopy(scan.info)
     target = names or info.extra.get("names") or "canonical"
     info.names = target
-    rename = names_translator(target, mappings=mappings or info.extra.get("mappings"), config=info.config)
+    rename = names_translator(target, mappings=mappings or info.extra.get("mappings"), config=info.config,
+                              origin=info.source, fidelity=info.approximate)
     result = ReplayResult(sink=sink.describe(), problems=list(scan.problems))
     sink.open(info, resume=True)
     try:

@@ -9,6 +9,7 @@ unchanged and are reported; nothing is dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections import OrderedDict
 from typing import Any, Iterable, Mapping
 
 from .detect import Detection, detect
@@ -20,16 +21,36 @@ SPLITS = ("eval", "test")       # canonical split prefixes; "train" is the defau
 
 
 @dataclass
-class Translation:
-    metrics: dict[str, Any]                                   # translated names -> values (input order kept)
-    unmapped: list[str] = field(default_factory=list)         # input keys passed through unchanged
+class Report:
+    """What happened to the names: the one bookkeeping type of every path (a single dict's :class:`Translation`, a
+    whole run's :class:`trackbridge.pipeline.Stats`)."""
+
+    source: str = ""                                           # resolved source, e.g. "verl/ppo@v0.4.0..v0.7.0"
+    mapped: int = 0                                            # number of input keys that were translated
+    unmapped: list[str] = field(default_factory=list)          # input keys passed through unchanged
     approximate: dict[str, str] = field(default_factory=dict)  # output key -> why the translation is approximate
-    derived: list[str] = field(default_factory=list)          # output keys computed by derived rules
-    source: str = ""                                          # resolved source, e.g. "verl/ppo@v0.4.0..v0.7.0"
-    mapped: int = 0                                           # number of input keys that were translated
-    renamed: dict[str, str] = field(default_factory=dict)     # input key -> output key, where they differ
-    conflicts: dict[str, str] = field(default_factory=dict)   # input key kept as is because its output was taken
+    derived: list[str] = field(default_factory=list)           # output keys computed by derived rules
+    renamed: dict[str, str] = field(default_factory=dict)      # input key -> output key, where they differ
+    conflicts: dict[str, str] = field(default_factory=dict)    # input key kept as is because its output was taken
     notes: list[str] = field(default_factory=list)
+
+    def merge(self, other: "Report") -> None:
+        self.mapped += other.mapped
+        self.unmapped += [k for k in other.unmapped if k not in self.unmapped]
+        for k, v in other.approximate.items():
+            self.approximate.setdefault(k, v)
+        self.derived += [k for k in other.derived if k not in self.derived]
+        self.renamed.update(other.renamed)
+        self.conflicts.update(other.conflicts)
+        self.notes += [n for n in other.notes if n not in self.notes]
+
+
+@dataclass
+class Translation(Report):
+    """One translated dict: ``metrics`` in the target's names (input order kept, derived values after) and its
+    bookkeeping."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     def report(self) -> dict[str, Any]:
         out = {"mapped": self.mapped, "unmapped": list(self.unmapped), "approximate": dict(self.approximate),
@@ -64,19 +85,32 @@ class Translator:
     ``source``: ``auto``, ``canonical`` or ``FRAMEWORK[/TRAINER][@VERSION]``; ``target``: ``canonical[@VERSION]`` or
     ``FRAMEWORK[/TRAINER][@VERSION]``. ``config`` is the run's config in the *source* framework's names (used for
     entries whose meaning depends on it, and by :meth:`translate_config`). ``mappings`` adds user mapping files.
-    With ``derive=True`` derived rules fill in canonical metrics the source did not log.
+    With ``derive=True`` derived rules fill in canonical metrics the source did not log, in the target's names.
+
+    Trainers left out are resolved (see docs/mapping-format.md, "Trainer resolution"): a source's from its keys
+    within the framework and releases given; a target's as the counterpart of the source's trainer (same trainer,
+    else the first declared trainer of the same kind alive in the target's releases). With a canonical source,
+    ``origin`` names the framework the canonical names came from (a spool's ``RunInfo.source``) and ``fidelity``
+    their approximations (canonical name -> reason), so that renaming them again is judged as the direct path is.
     """
 
     def __init__(self, source: str = "auto", target: str = "canonical", *, mappings: Iterable[str] | None = None,
                  config: Mapping[str, Any] | None = None, derive: bool = False,
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, origin: str | None = None,
+                 fidelity: Mapping[str, str] | None = None) -> None:
         self.registry = registry or load_registry(mappings)
         self.source_spec = parse_spec(source, self.registry)
         self.target_spec = parse_spec(target, self.registry, allow_auto=False)
+        self.origin_spec = _parse_origin(origin, self.registry) if self.source_spec.kind == "canonical" else None
+        self.input_fidelity = fidelity if isinstance(fidelity, dict) else dict(fidelity or {})   # live: a logger adds
+        self._tgt_trainer: str | None | bool = False       # False: not resolved yet
+        self._tgt_note: str | None = None
+        self._pinned = False
+        self._tgt_from_keys = False
         self.raw_config = dict(config or {})
         self.flat_config = flatten_config(self.raw_config)
         self.detection: Detection | None = None
-        self._src: Spec | None = None if self.source_spec.kind == "auto" else self.source_spec
+        self._src: Spec | None = None if self._needs_detection() else self.source_spec
         self._seen: set[str] = set()
         self._plans: dict[str, _Plan | None] = {}
         self._rev_cache: dict[str, tuple[Entry, dict | None] | None] = {}
@@ -92,7 +126,7 @@ class Translator:
         if self._src is None:
             return "auto (undetected)"
         text = self._src.describe(self.registry)
-        if self.detection is not None and self._src is self.detection.spec:
+        if self.detection is not None and self._src is self.detection.spec and self.source_spec.kind == "auto":
             text += f" (detected, confidence {self.detection.confidence:.2f})"
         return text
 
@@ -107,7 +141,12 @@ class Translator:
             raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
         if self._src is None or any(k not in self._plans for k in metrics):
             self._maybe_detect(metrics)
+        if self._tgt_trainer is False and self.target_spec.kind == "framework":
+            self._resolve_target_trainer(metrics)
+        if self._tgt_note is not None and self._tgt_note not in self.notes:
+            self.notes.append(self._tgt_note)
         res = Translation(metrics={}, source=self.source)
+        canon: dict[str, Any] | None = {} if self._derive else None     # canonical view, for derivation
         owner: dict[str, tuple[str, Any, bool]] = {}      # output -> (input key, input value, from a primary entry)
         for key, value in metrics.items():
             if not isinstance(key, str):
@@ -128,6 +167,8 @@ class Translator:
             val = value
             if plan.fwd is not None:
                 val = plan.fwd.to_canonical(val)
+            if canon is not None:
+                canon.setdefault(plan.canonical, val)
             if plan.rev is not None:
                 val = plan.rev.from_canonical(val)
             if out in res.metrics:
@@ -160,12 +201,26 @@ class Translator:
                 res.renamed[key] = out
             if plan.approx:
                 res.approximate[out] = plan.approx
-        if self._derive:
-            self.apply_derive(res, step, wall_time)
+        if canon is not None:
+            self._derive_into(res, canon, step, wall_time)
         res.notes = list(self.notes)
         return res
 
     __call__ = translate
+
+    def fresh(self) -> "Translator":
+        """A translator with the same settings and none of the state a translation leaves (detection, notes,
+        derived-rule history); the compiled plans of a fixed source are shared."""
+        new = Translator.__new__(Translator)
+        new.__dict__.update(self.__dict__)
+        new.notes, new._outside, new._deriver, new._seen = [], [], None, set()
+        new.detection = None
+        if self._needs_detection():
+            new._src, new._plans, new._rev_cache = None, {}, {}
+        if self._needs_detection() or self._tgt_from_keys:
+            new._plans, new._rev_cache, new._tgt_trainer, new._tgt_note = {}, {}, False, None
+            new._tgt_from_keys = False
+        return new
 
     def translate_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Canonical config names (``kl_coef``, ``num_generations`` ...) found in a run config (nested or dotted)."""
@@ -202,15 +257,40 @@ class Translator:
             return canonical_key
         return self._framework_out(hit[0], hit[1], split)
 
+    def resolve_source(self, keys: Iterable[str]) -> None:
+        """Detect the source (framework, trainer, releases: what the spec leaves out) from ``keys`` once and keep
+        it: later dicts are translated with it even if they bring new keys (a stored run read with look-ahead)."""
+        self._maybe_detect(dict.fromkeys(k for k in keys if isinstance(k, str)))
+        if self._src is None and self.source_spec.kind == "framework":
+            self._src = self.source_spec
+        if self._src is None:
+            why = self.detection.reason if self.detection is not None else "no keys"
+            self.notes.append(f"could not detect the framework ({why}); names treated as canonical, others passed "
+                              "through unchanged")
+            self._src = Spec("canonical")
+        self._pinned = True
+
     # ------------------------------------------------------------------------------------------------ detection
+    def _needs_detection(self) -> bool:
+        """``auto``, or a framework given without its trainer while it has several (``trl@1.16.0``, ``verl``)."""
+        if self._pinned:
+            return False
+        sp = self.source_spec
+        if sp.kind == "auto":
+            return True
+        return sp.kind == "framework" and sp.trainer is None and len(self.registry.frameworks[sp.framework].trainers) > 1
+
     def _maybe_detect(self, metrics: Mapping[str, Any]) -> None:
-        if self.source_spec.kind != "auto":
+        if not self._needs_detection():
             return
         new = {k for k in metrics if isinstance(k, str)} - self._seen
         if not new and self._src is not None:
             return
         self._seen |= new
-        det = detect(self._seen, self.registry)
+        within = self.source_spec if self.source_spec.kind == "framework" else None
+        det = detect(self._seen, self.registry, within=within, config=self.flat_config)
+        if within is not None and det.spec is None:
+            det.spec = within          # no trainer explains the keys: every trainer's entries stay usable
         if det.spec is None:
             if self.detection is None or self._src is None:
                 self.detection = det
@@ -218,12 +298,92 @@ class Translator:
         if self._src is None or det.spec != self._src:
             self.detection = det
             self._src = det.spec
+            if within is not None:
+                self._note_source_trainer(det)
             self._plans.clear()
+            self._rev_cache.clear()
+            if self.target_spec.kind == "framework" and not self.target_spec.trainer:
+                self._tgt_trainer = False
             old, self._deriver = self._deriver, None
             if old is not None:          # keep the stateful rules' history under the newly detected source
                 new = self._get_deriver()
                 if new is not None:
                     new.from_state(old.to_state())
+
+    def _note_source_trainer(self, det: Detection) -> None:
+        given = self.source_spec.describe(self.registry)
+        if det.spec is self.source_spec:
+            text = f"source {given}: the trainer could not be told from the keys ({det.reason}); every trainer's names used"
+        else:
+            text = f"source {given}: trainer detected from the keys as {det.source} ({det.reason})"
+        self.notes = [n for n in self.notes if not n.startswith(f"source {given}: ")] + [text]
+
+    # ------------------------------------------------------------------------------------------------ trainers
+    def _source_trainer(self) -> tuple[FrameworkMapping | None, str | None]:
+        """The framework and trainer the input names come from (the source's, or a canonical source's origin)."""
+        sp = self._src if self._src is not None and self._src.kind == "framework" else self.origin_spec
+        if sp is None or sp.kind != "framework":
+            return None, None
+        return self.registry.frameworks[sp.framework], sp.trainer
+
+    def _resolve_target_trainer(self, metrics: Mapping[str, Any] | None = None) -> str | None:
+        """The target trainer when the target spec leaves it out: the counterpart of the source's trainer (see
+        docs/mapping-format.md). ``\0none`` when the target framework has no trainer of that kind (only names every
+        trainer shares are then used)."""
+        tgt = self.target_spec
+        if tgt.kind != "framework" or tgt.trainer:
+            return tgt.trainer
+        if self._tgt_trainer is not False:
+            return self._tgt_trainer            # type: ignore[return-value]
+        fw = self.registry.frameworks[tgt.framework]
+        lo, hi = tgt.bounds(len(fw.releases))
+        newest = min(hi, len(fw.releases) - 1)
+        alive = [t for t in fw.trainers if fw.trainer_alive(t, lo, hi)]
+        alive.sort(key=lambda t: 0 if fw.trainer_alive(t, newest, newest) else 1)    # alive in the newest first
+        if len(fw.trainers) <= 1:
+            self._tgt_trainer = None
+            return None
+        src_fw, src_trainer = self._source_trainer()
+        label = tgt.describe(self.registry)
+        if src_trainer is not None and src_fw is not None:
+            kind = src_fw.trainer_kind(src_trainer)
+            same = [t for t in alive if kind is not None and fw.trainer_kind(t) == kind]
+            if kind is None and src_trainer in alive and fw is src_fw:
+                same = [src_trainer]        # a trainer of no declared kind is only its own counterpart
+            if src_trainer in same:
+                choice = src_trainer
+            elif same:
+                choice = same[0]
+            else:
+                choice = "\0none"
+            what = f"{src_fw.name}/{src_trainer} ({kind or 'no kind'})"
+            if choice == "\0none":
+                note = (f"target {label}: no trainer of kind {kind!r} (the counterpart of {what}); only names "
+                        f"shared by every {fw.name} trainer are used, other canonical names pass through")
+            else:
+                note = f"target {label}: trainer {choice}, the counterpart of {what}"
+        else:
+            keys = [k for k in (metrics or {}) if isinstance(k, str)]
+            score = {t: sum(1 for k in keys if self._has_reverse(fw, _split_canonical(k)[1], t, lo, hi))
+                     for t in alive}
+            choice = max(alive, key=lambda t: score[t]) if alive else None     # ties: declared order
+            note = (f"target {label}: the source's trainer is unknown; trainer {choice} chosen as the one with "
+                    f"names for most of the keys ({score.get(choice, 0)} of {len(keys)})")
+            self._tgt_from_keys = True
+        self._tgt_note = note
+        if note not in self.notes:
+            self.notes.append(note)
+        self._tgt_trainer = choice
+        self._rev_cache.clear()
+        return choice
+
+    @staticmethod
+    def _has_reverse(fw: FrameworkMapping, canon: str, trainer: str, lo: float, hi: float) -> bool:
+        for e in fw.entries:
+            if e.reverse and e.trainers is not None and trainer in e.trainers and e.applies(trainer, lo, hi):
+                if e.canonical == canon or (e.canonical_template is not None and e.canonical_template.match(canon)):
+                    return True
+        return False
 
     # ------------------------------------------------------------------------------------------------ planning
     def _plan(self, key: str) -> _Plan | None:
@@ -275,9 +435,11 @@ class Translator:
             self._outside.append(key)
             note = self._outside_note(src)
         else:
+            e = chosen[0]
+            if lo != hi:
+                note = self._meaning_note(fw, key, hits, e, src, lo, hi)
             # a range of releases (detected, or FRAMEWORK without a version) may hold the name with another fidelity
             # in some of its releases: then the translation is only as good as the worst of them
-            e = chosen[0]
             if e.exact and lo != hi:
                 worse = [h for h, _ in hits if h is not e and not h.exact and h.canonical == e.canonical
                          and h.applies(src.trainer, lo, hi) and h.condition_holds(self.flat_config) is not False]
@@ -286,6 +448,20 @@ class Translator:
                     range_reason = (f"{_reason(w)} (in {fw.release_name(w.since)}..{_until(fw, w)}; the releases "
                                     f"{src.describe(self.registry)} include these, so the release matters)")
         return chosen[0], chosen[1], note, range_reason
+
+    def _meaning_note(self, fw: FrameworkMapping, key: str, hits, chosen: Entry, src: Spec, lo: float,
+                      hi: float) -> str | None:
+        """A note when ``key`` means different quantities in different releases of the range in use."""
+        others = [h for h, _ in hits if h is not chosen and h.canonical != chosen.canonical
+                  and h.applies(src.trainer, lo, hi) and h.condition_holds(self.flat_config) is not False
+                  and (src.trainer is None or h.trainers is None or chosen.trainers is None
+                       or bool(h.trainers & chosen.trainers))]
+        if not others:
+            return None
+        spans = "; ".join(f"{h.canonical} in {fw.release_name(h.since)}..{_until(fw, h)}" for h in others[:3])
+        return (f"{fw.name} {key!r} changed meaning within {src.describe(self.registry)}: {spans}; translated as "
+                f"{chosen.canonical} ({fw.release_name(chosen.since)}..{_until(fw, chosen)}); give the release to "
+                f"choose")
 
     def _outside_note(self, src: Spec) -> str:
         """One note for every key translated with an entry of another release or trainer than the source's."""
@@ -296,8 +472,12 @@ class Translator:
         return text
 
     def _to_target(self, canon: str, split: str | None, fwd: Entry | None, key: str, note: str | None = None) -> _Plan:
-        approx = _reason(fwd)
         canon_key = f"{split}/{canon}" if split else canon
+        approx = _reason(fwd) if fwd is not None else self.input_fidelity.get(canon_key)
+        if fwd is None and self.origin_spec is not None and self.target_spec.kind == "framework":
+            fwd_like = self._origin_entry(canon)      # the entry the origin wrote this canonical name from
+        else:
+            fwd_like = fwd
         if self.target_spec.kind == "canonical":
             return _Plan(self._canonical_out(canon_key), canon_key, fwd, None, approx, note)
         hit = self._reverse(canon)
@@ -306,8 +486,8 @@ class Translator:
             return _Plan(canon_key, canon_key, fwd, None, approx,
                          note or f"{tgt} has no name for canonical {canon!r}; kept the canonical name")
         rev, caps = hit
-        if fwd is not None and rev.framework == fwd.framework and \
-                self.registry.frameworks[rev.framework].same_quantity(fwd, rev):
+        if fwd_like is not None and rev.framework == fwd_like.framework and \
+                self.registry.frameworks[rev.framework].same_quantity(fwd_like, rev):
             approx = None     # the same entry there and back, or a declared rename: the same quantity
         else:
             r2 = _reason(rev)
@@ -335,6 +515,21 @@ class Translator:
             return self._rev_cache[canon]
         tgt = self.target_spec
         fw = self.registry.frameworks[tgt.framework]
+        lo, hi = tgt.bounds(len(fw.releases))
+        chosen = self._reverse_in(fw, canon, self._resolve_target_trainer(), lo, hi)
+        self._rev_cache[canon] = chosen
+        return chosen
+
+    def _origin_entry(self, canon: str) -> Entry | None:
+        org = self.origin_spec
+        fw = self.registry.frameworks[org.framework]
+        lo, hi = org.bounds(len(fw.releases))
+        hit = self._reverse_in(fw, canon, org.trainer, lo, hi)
+        return hit[0] if hit else None
+
+    def _reverse_in(self, fw: FrameworkMapping, canon: str, trainer: str | None, lo: float, hi: float
+                    ) -> tuple[Entry, dict | None] | None:
+        """The entry of ``fw`` that writes canonical ``canon`` for ``trainer`` within releases lo..hi."""
         hits: list[tuple[Entry, dict | None]] = []
         literal = canon in self.registry.canonical.metrics     # a name of its own is never a template instance
         for e in fw.entries:
@@ -347,25 +542,70 @@ class Translator:
                 caps = e.canonical_template.match(canon)
                 if caps is not None:
                     hits.append((e, caps))
-        lo, hi = tgt.bounds(len(fw.releases))
-        chosen = _choose(hits, tgt.trainer, lo, hi, self.flat_config) if hits else None
-        self._rev_cache[canon] = chosen
-        return chosen
+        return _choose(hits, trainer, lo, hi, self.flat_config) if hits else None
 
     # ------------------------------------------------------------------------------------------------ derive
     def apply_derive(self, res: Translation, step=None, wall_time=None) -> None:
-        """Fill ``res.metrics`` (canonical names) with derived metrics; sets ``res.derived``. The logger calls this
-        after it has chosen the step; ``translate(derive=True)`` calls it itself."""
-        if self.target_spec.kind != "canonical":
-            return           # derivation runs in canonical space
+        """Add derived metrics to ``res`` (already translated by this translator, without ``derive``): computed in
+        canonical space, written under the target's names, never over a logged value, listed in ``res.derived``
+        and, when their inputs were approximate, in ``res.approximate``. The logger calls this once the step is
+        known; ``translate(derive=True)`` calls it itself."""
+        canon: dict[str, Any] = {}
+        for key, value in res.metrics.items():
+            plan = self._plans.get(key)
+            if key in res.renamed.values():
+                continue
+            canon[key if plan is None else plan.canonical] = value
+        for key, out in res.renamed.items():
+            plan = self._plans.get(key)
+            if plan is not None and out in res.metrics:
+                val = res.metrics[out]
+                canon.setdefault(plan.canonical, plan.rev.to_canonical(val) if plan.rev is not None else val)
+        self._derive_into(res, canon, step, wall_time)
+
+    def _derive_into(self, res: Translation, canon: dict[str, Any], step, wall_time) -> None:
         d = self._get_deriver()
         if d is None:
             return
-        d.fidelity.update(res.approximate)
-        res.derived = d.apply(res.metrics, step=step, wall_time=wall_time)
+        d.fidelity.update(self._canonical_fidelity(res))
+        new = d.apply(canon, step=step, wall_time=wall_time)
+        target_is_canonical = self.target_spec.kind == "canonical"
+        for name in new:
+            value = canon[name]
+            if target_is_canonical:
+                out, rev = self._canonical_out(name), None
+            else:
+                split, base = _split_canonical(name)
+                hit = self._reverse(base)
+                if hit is None:
+                    out, rev = name, None
+                    note = (f"{self.target_spec.describe(self.registry)} has no name for derived {base!r}; kept the "
+                            f"canonical name")
+                    if note not in self.notes:
+                        self.notes.append(note)
+                else:
+                    rev = hit[0]
+                    out = self._framework_out(rev, hit[1], split)
+                    value = rev.from_canonical(value)
+            if out in res.metrics:
+                continue                       # logged under the target's name: a derived value never overwrites
+            res.metrics[out] = value
+            res.derived.append(out)
+            reasons = [r for r in (d.approximate.get(name), _reason(rev)) if r]
+            if reasons:
+                res.approximate[out] = "; ".join(dict.fromkeys(reasons))
         for n in getattr(d, "notes", []):
             if n not in self.notes:
                 self.notes.append(n)
+
+    def _canonical_fidelity(self, res: Translation) -> dict[str, str]:
+        """The approximations of this dict's inputs, by canonical name (what the deriver judges its inputs by)."""
+        out = dict(self.input_fidelity) if self.source_spec.kind == "canonical" else {}
+        for key, name in res.renamed.items():
+            plan = self._plans.get(key)
+            if plan is not None and plan.fwd is not None and not plan.fwd.exact:
+                out[plan.canonical] = _reason(plan.fwd) or "approximate"
+        return out
 
     def warm_derive(self, records) -> int:
         """Feed earlier canonical records to the stateful derived rules (``delta``, ``rate`` ...) without producing
@@ -388,6 +628,19 @@ class Translator:
             self._deriver = make_deriver(self.registry, self._mapping_paths, config=self.translate_config(),
                                          source=self.source_spec_text)
         return self._deriver
+
+
+def _parse_origin(origin: str | None, registry: Registry) -> Spec | None:
+    """The framework spec a canonical stream was translated from (``RunInfo.source``, perhaps with a
+    ``(detected, ...)`` remark); None when unknown or canonical."""
+    if not origin:
+        return None
+    text = str(origin).split(" (", 1)[0].strip()
+    try:
+        sp = parse_spec(text, registry)
+    except SpecError:
+        return None
+    return sp if sp.kind == "framework" else None
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -461,11 +714,42 @@ def flatten_config(config: Mapping[str, Any] | None, prefix: str = "") -> dict[s
     return out
 
 
+_COMPILED: "OrderedDict[tuple, Translator]" = OrderedDict()
+_COMPILED_MAX = 32
+
+
 def translate(metrics: Mapping[str, Any], source: str = "auto", target: str = "canonical", *,
               mappings: Iterable[str] | None = None, config: Mapping[str, Any] | None = None,
               derive: bool = False) -> Translation:
-    """Translate one logged dict. For many dicts, build a :class:`Translator` once and call it."""
-    return Translator(source, target, mappings=mappings, config=config, derive=derive).translate(metrics)
+    """Translate one logged dict (one-shot: nothing carries over to the next call, as if a new
+    :class:`Translator` were built). The compiled translator is cached by source, target, mappings and config, so
+    repeated calls cost about what a reused Translator does; derivation, whose rules keep history, is not cached."""
+    if derive:
+        return Translator(source, target, mappings=mappings, config=config, derive=True).translate(metrics)
+    try:
+        key = (source, target, tuple(str(m) for m in mappings or ()), _freeze(config))
+        hash(key)
+    except TypeError:
+        key = None
+    tr = _COMPILED.get(key) if key is not None else None
+    if tr is None:
+        tr = Translator(source, target, mappings=mappings, config=config)
+        if key is not None:
+            _COMPILED[key] = tr
+            while len(_COMPILED) > _COMPILED_MAX:
+                _COMPILED.popitem(last=False)
+    else:
+        _COMPILED.move_to_end(key)
+        tr = tr.fresh()
+    return tr.translate(metrics)
 
 
-__all__ = ["Translation", "Translator", "translate", "flatten_config", "SpecError"]
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+__all__ = ["Report", "Translation", "Translator", "translate", "flatten_config", "SpecError"]

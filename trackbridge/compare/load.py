@@ -92,10 +92,7 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
 def load_one(label: str, locator: str, reader, *, mappings=None, source: str = "auto",
              derive: bool = True) -> LoadedRun:
     info = reader.info
-    src = source
-    if src == "auto" and getattr(info, "names", None) == "canonical":
-        src = "canonical"            # a canonical stream (jsonl sink output) needs no detection
-    pipe = Pipeline(src, "canonical", config=info.config, mappings=mappings, derive=derive)
+    pipe = Pipeline.for_run(info, "canonical", source=source, mappings=mappings, derive=derive)
     records = list(pipe.process(reader.records()))
     pipe.finish_notes()
     st = pipe.stats

@@ -408,10 +408,25 @@ def _overlap(a: Entry, b: Entry) -> bool:
 
 def _check_framework(fw: FrameworkMapping, errors: list[MappingError]) -> None:
     for name, spec in fw.trainers.items():
-        unknown = set(spec) - {"description", "source", "always", "note"}
+        unknown = set(spec) - {"kind", "since", "until", "description", "source", "always", "note", "config_fields"}
         if unknown:
-            errors.append(MappingError(f"trainer {name!r}: unknown field(s) {sorted(unknown)} (allowed: description, "
-                                       "source, always, note)", file=fw.file, entry=name))
+            errors.append(MappingError(f"trainer {name!r}: unknown field(s) {sorted(unknown)} (allowed: kind, since, "
+                                       "until, description, source, always, note, config_fields)", file=fw.file,
+                                       entry=name))
+        for bound in ("since", "until"):
+            if spec.get(bound) is not None:
+                try:
+                    version_key(str(spec[bound]))
+                except Exception as exc:
+                    errors.append(MappingError(f"trainer {name!r}: {bound} {spec[bound]!r}: {exc}", file=fw.file,
+                                               entry=name))
+        if "kind" in spec and not isinstance(spec.get("kind"), str):
+            errors.append(MappingError(f"trainer {name!r}: `kind` must be a word (rl, preference, sft, reward, ...)",
+                                       file=fw.file, entry=name))
+        for cf in spec.get("config_fields") or []:
+            if not isinstance(cf, dict) or not isinstance(cf.get("field"), str) or not cf.get("source"):
+                errors.append(MappingError(f"trainer {name!r}: config_fields items need `field` and `source`",
+                                           file=fw.file, entry=name))
         for k in spec.get("always") or []:
             if not any(e.key == k and (e.trainers is None or name in e.trainers) for e in fw.entries):
                 errors.append(MappingError(f"trainer {name!r}: `always` key {k!r} has no entry for this trainer",

@@ -187,6 +187,35 @@ class FrameworkMapping:
             x = self._lineage[x]
         return x
 
+    def trainer_kind(self, trainer: str | None) -> str | None:
+        """The trainer's declared ``kind`` (rl, preference, sft, reward, ...): what a counterpart must share."""
+        if trainer is None:
+            return None
+        return (self.trainers.get(trainer) or {}).get("kind")
+
+    def trainer_span(self, trainer: str) -> tuple[float, float]:
+        """The releases in which the trainer logs anything (from its own entries); every release when it has none."""
+        span = getattr(self, "_spans", None)
+        if span is None:
+            span = {}
+            for e in self.entries:
+                for t in e.trainers or ():
+                    lo, hi = span.get(t, (float("inf"), -1.0))
+                    span[t] = (min(lo, e.since), max(hi, e.until))
+            for t, spec in self.trainers.items():      # declared first and last releases win
+                lo, hi = span.get(t, (0.0, float("inf")))
+                if spec.get("since") is not None:      # a release not listed: the next listed one
+                    lo = self.release_index(str(spec["since"])) + (0 if self.has_release(str(spec["since"])) else 1)
+                if spec.get("until") is not None:
+                    hi = self.release_index(str(spec["until"]))
+                span[t] = (lo, hi)
+            self._spans = span
+        return span.get(trainer, (0.0, float("inf")))
+
+    def trainer_alive(self, trainer: str, lo: float, hi: float) -> bool:
+        a, b = self.trainer_span(trainer)
+        return not (b < lo or a > hi)
+
     def same_quantity(self, a: Entry, b: Entry) -> bool:
         """True when one entry is a declared rename of the other (directly or along a chain of renames)."""
         return a is b or self._root(id(a)) == self._root(id(b))
