@@ -145,7 +145,7 @@ def cmd_translate(args) -> int:
         for k in res.conflicts:
             unmapped.setdefault(k)
         for k, why in res.approximate.items():
-            approx[inv.get(k, k)] = why
+            approx[k] = why          # by output name, as translate() and every other path report it
         for k in res.derived:
             derived.setdefault(k)
         if row.shape == "record":

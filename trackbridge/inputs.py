@@ -62,7 +62,17 @@ def read_rows(path: str, problems: list[str]) -> Iterator[Row]:
         if isinstance(obj.get("metrics"), dict) and "step" in obj:
             yield Row(f"{name}:{lineno}", obj["metrics"], obj.get("step"), obj.get("wall_time"), "record")
         else:
-            yield Row(f"{name}:{lineno}", obj)
+            yield Row(f"{name}:{lineno}", *_split_step(obj))
+
+
+def _split_step(obj: dict) -> tuple[dict, Any]:
+    """A plain row's ``step`` (what ``translate`` writes beside the names, and what trainers log as their x axis) is
+    the row's step, not a metric."""
+    step = obj.get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        obj = {k: v for k, v in obj.items() if k != "step"}
+        return obj, step
+    return obj, None
 
 
 def _whole_document(text: str) -> Any:

@@ -488,7 +488,10 @@ class Translator:
         rev, caps = hit
         if fwd_like is not None and rev.framework == fwd_like.framework and \
                 self.registry.frameworks[rev.framework].same_quantity(fwd_like, rev):
-            approx = None     # the same entry there and back, or a declared rename: the same quantity
+            # the same entry there and back, or a declared rename: the same quantity. A canonical input keeps a
+            # reason that is not the entry's own (the release range it came from holds another fidelity), as the
+            # direct path adds that reason back after planning
+            approx = None if fwd is not None or approx == _reason(fwd_like) else approx
         else:
             r2 = _reason(rev)
             if r2 and r2 != approx:
