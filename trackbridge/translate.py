@@ -8,7 +8,7 @@ unchanged and are reported; nothing is dropped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping
 
@@ -71,6 +71,26 @@ class _Plan:
     approx: str | None                # reason, or None if exact
     note: str | None = None
 
+    def __post_init__(self) -> None:
+        # compiled once: the value conversions (None when the value passes as is) and whether the input name is
+        # the framework's primary one (it keeps the output name in a clash)
+        fwd = self.fwd if self.fwd is not None and (self.fwd.scale != 1.0 or self.fwd.offset != 0.0) else None
+        rev = self.rev if self.rev is not None and (self.rev.scale != 1.0 or self.rev.offset != 0.0) else None
+        object.__setattr__(self, "to_canon", fwd.to_canonical if fwd is not None else None)
+        if fwd is None and rev is None:
+            conv = None
+        elif rev is None:
+            conv = fwd.to_canonical
+        elif fwd is None:
+            conv = rev.from_canonical
+        else:
+            conv = lambda v, a=fwd.to_canonical, b=rev.from_canonical: b(a(v))   # noqa: E731
+        object.__setattr__(self, "conv", conv)
+        object.__setattr__(self, "primary", self.fwd is None or self.fwd.reverse)
+
+
+_NOT_PLANNED = object()
+
 
 def _split_canonical(key: str) -> tuple[str | None, str]:
     head, sep, rest = key.partition("/")
@@ -105,6 +125,8 @@ class Translator:
         self.input_fidelity = fidelity if isinstance(fidelity, dict) else dict(fidelity or {})   # live: a logger adds
         self._tgt_trainer: str | None | bool = False       # False: not resolved yet
         self._tgt_note: str | None = None
+        self._src_note: str | None = None
+        self._source_cache: tuple | None = None
         self._pinned = False
         self._tgt_from_keys = False
         self.raw_config = dict(config or {})
@@ -121,6 +143,12 @@ class Translator:
         self._outside: list[str] = []
 
     # ------------------------------------------------------------------------------------------------ public
+    def _source_text(self) -> str:
+        cached = self._source_cache
+        if cached is None or cached[0] is not self._src or cached[1] is not self.detection:
+            cached = self._source_cache = (self._src, self.detection, self.source)
+        return cached[2]
+
     @property
     def source(self) -> str:
         if self._src is None:
@@ -139,71 +167,73 @@ class Translator:
                   wall_time: float | None = None) -> Translation:
         if not isinstance(metrics, Mapping):
             raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
-        if self._src is None or any(k not in self._plans for k in metrics):
+        if self._src is None or (not self._pinned and self._needs_detection()
+                                 and any(k not in self._plans for k in metrics)):
             self._maybe_detect(metrics)
         if self._tgt_trainer is False and self.target_spec.kind == "framework":
             self._resolve_target_trainer(metrics)
-        if self._tgt_note is not None and self._tgt_note not in self.notes:
-            self.notes.append(self._tgt_note)
-        res = Translation(metrics={}, source=self.source)
+        notes = self.notes
+        for n in (self._src_note, self._tgt_note):
+            if n is not None and n not in notes:
+                notes.append(n)
+        res = Translation(source=self._source_text())
+        out_metrics = res.metrics
+        renamed = res.renamed
+        approximate = res.approximate
         canon: dict[str, Any] | None = {} if self._derive else None     # canonical view, for derivation
-        owner: dict[str, tuple[str, Any, bool]] = {}      # output -> (input key, input value, from a primary entry)
+        plans = self._plans
+        mapped = 0
         for key, value in metrics.items():
-            if not isinstance(key, str):
-                raise TypeError(f"metric names must be strings; got {key!r} ({type(key).__name__})")
-            plan = self._plans.get(key, 0)
-            if plan == 0:
-                plan = self._plans[key] = self._plan(key)
+            plan = plans.get(key, _NOT_PLANNED)
+            if plan is _NOT_PLANNED:
+                if not isinstance(key, str):
+                    raise TypeError(f"metric names must be strings; got {key!r} ({type(key).__name__})")
+                plan = plans[key] = self._plan(key)
             if plan is None:
-                if key in res.metrics:
+                if key in out_metrics:
                     res.conflicts[key] = key
                     continue
-                res.metrics[key] = value
+                out_metrics[key] = value
                 res.unmapped.append(key)
                 continue
-            if plan.note and plan.note not in self.notes:
-                self.notes.append(plan.note)
+            if plan.note is not None and plan.note not in notes:
+                notes.append(plan.note)
             out = plan.out
-            val = value
-            if plan.fwd is not None:
-                val = plan.fwd.to_canonical(val)
             if canon is not None:
-                canon.setdefault(plan.canonical, val)
-            if plan.rev is not None:
-                val = plan.rev.from_canonical(val)
-            if out in res.metrics:
+                canon.setdefault(plan.canonical, value if plan.to_canon is None else plan.to_canon(value))
+            val = value if plan.conv is None else plan.conv(value)
+            if out in out_metrics:
                 # two inputs name one quantity (an old and a new name logged side by side, or two aliases)
-                if _same_value(res.metrics[out], val):
-                    res.mapped += 1          # the same value twice: kept once, and said so
-                    res.renamed[key] = out
+                if _same_value(out_metrics[out], val):
+                    mapped += 1          # the same value twice: kept once, and said so
+                    renamed[key] = out
                     note = f"{key!r} and another key both give {out!r} with the same value; kept once"
-                    if note not in self.notes:
-                        self.notes.append(note)
+                    if note not in notes:
+                        notes.append(note)
                     continue
                 # different values: the primary name (the one the framework logs at that release) keeps the
                 # canonical name; the other is passed through under its own name and reported
-                primary = plan.fwd is None or plan.fwd.reverse
-                old_key, old_value, old_primary = owner[out]
-                if primary and not old_primary:
-                    res.metrics[old_key] = old_value
+                old_key, old_value, old_primary = _owner(metrics, plans, out, key, res.conflicts)
+                if plan.primary and not old_primary:
+                    out_metrics[old_key] = old_value
                     res.conflicts[old_key] = out
-                    res.renamed.pop(old_key, None)
-                    res.approximate.pop(out, None)
-                    res.mapped -= 1
+                    renamed.pop(old_key, None)
+                    approximate.pop(out, None)
+                    mapped -= 1
                 else:
                     res.conflicts[key] = out
-                    res.metrics[key] = value
+                    out_metrics[key] = value
                     continue
-            res.metrics[out] = val
-            res.mapped += 1
-            owner[out] = (key, value, plan.fwd is None or plan.fwd.reverse)
+            out_metrics[out] = val
+            mapped += 1
             if out != key:
-                res.renamed[key] = out
+                renamed[key] = out
             if plan.approx:
-                res.approximate[out] = plan.approx
+                approximate[out] = plan.approx
+        res.mapped = mapped
         if canon is not None:
             self._derive_into(res, canon, step, wall_time)
-        res.notes = list(self.notes)
+        res.notes = list(notes)
         return res
 
     __call__ = translate
@@ -214,7 +244,8 @@ class Translator:
         new = Translator.__new__(Translator)
         new.__dict__.update(self.__dict__)
         new.notes, new._outside, new._deriver, new._seen = [], [], None, set()
-        new.detection = None
+        if not self._pinned:
+            new.detection, new._src_note = None, None
         if self._needs_detection():
             new._src, new._plans, new._rev_cache = None, {}, {}
         if self._needs_detection() or self._tgt_from_keys:
@@ -317,6 +348,7 @@ class Translator:
         else:
             text = f"source {given}: trainer detected from the keys as {det.source} ({det.reason})"
         self.notes = [n for n in self.notes if not n.startswith(f"source {given}: ")] + [text]
+        self._src_note = text
 
     # ------------------------------------------------------------------------------------------------ trainers
     def _source_trainer(self) -> tuple[FrameworkMapping | None, str | None]:
@@ -417,7 +449,7 @@ class Translator:
         canon = entry.canonical_template.fill(caps) if entry.canonical_template and caps else entry.canonical
         plan = self._to_target(canon, None if split == "train" else split, entry, key, note)
         if range_reason and plan.approx is None:
-            plan = _Plan(plan.out, plan.canonical, plan.fwd, plan.rev, range_reason, plan.note)
+            plan = replace(plan, approx=range_reason)
         return plan
 
     def _forward(self, fw: FrameworkMapping, key: str, src: Spec):
@@ -646,6 +678,23 @@ def _parse_origin(origin: str | None, registry: Registry) -> Spec | None:
     return sp if sp.kind == "framework" else None
 
 
+def _owner(metrics: Mapping[str, Any], plans: dict, out: str, before: str,
+           conflicts: Mapping[str, str]) -> tuple[str, Any, bool]:
+    """The input key (and its value, and whether its entry is primary) that holds ``out`` when ``before`` clashes
+    with it: looked up only on a clash, which is rare, so the loop keeps no per-key record of it."""
+    found = None
+    for k, v in metrics.items():
+        if k == before:
+            break
+        p = plans.get(k)
+        if p is not None and p is not _NOT_PLANNED and p.out == out and k not in conflicts:
+            found = (k, v, p.primary)      # the first that is not displaced holds it (a same-valued later one
+            break                          # was folded into it)
+    if found is None:
+        raise KeyError(out)
+    return found
+
+
 def _same_value(a: Any, b: Any) -> bool:
     try:
         return a == b or (a != a and b != b)      # NaN == NaN here
@@ -743,8 +792,26 @@ def translate(metrics: Mapping[str, Any], source: str = "auto", target: str = "c
                 _COMPILED.popitem(last=False)
     else:
         _COMPILED.move_to_end(key)
-        tr = tr.fresh()
-    return tr.translate(metrics)
+    if tr._needs_detection():
+        # the detection depends only on the keys (and the config in the key): a translator pinned to what these
+        # keys detect is reused for the same key set
+        try:
+            k2 = (key, frozenset(k for k in metrics if isinstance(k, str))) if key is not None else None
+        except TypeError:
+            k2 = None
+        pinned = _COMPILED.get(k2) if k2 is not None else None
+        if pinned is None:
+            pinned = tr.fresh()
+            pinned._maybe_detect(metrics)
+            pinned._pinned = pinned._src is not None
+            if k2 is not None and pinned._pinned:
+                _COMPILED[k2] = pinned
+                while len(_COMPILED) > _COMPILED_MAX:
+                    _COMPILED.popitem(last=False)
+            else:
+                return pinned.translate(metrics)
+        tr = pinned
+    return tr.fresh().translate(metrics)
 
 
 def _freeze(value: Any) -> Any:
