@@ -281,3 +281,23 @@ def test_every_tracker_gets_the_same_names_values_and_marks(tmp_path):
             loc_ = f"trackio:{tmp_path / 'trackio'}?project=p"
         vals, der, _info = _points(loc_)
         _assert_same_points((ref_vals, ref_der), (vals, der), f"init(names=verl) -> {kind}", rel=1e-6)
+
+
+def test_compare_detects_a_tensorboard_run_trackbridge_did_not_write(tmp_path):
+    """A veRL run in a plain TensorBoard folder (written by tensorboardX, as trainers write it) is detected and
+    compared under canonical names with its fidelity notes, as `trackbridge detect` sees it."""
+    tbx = pytest.importorskip("tensorboardX")
+    from trackbridge.compare import compare_runs
+    raw = _raw_records(SOURCES["verl"][0])[:20]
+    w = tbx.SummaryWriter(str(tmp_path / "tb"))
+    for rec in raw:
+        for k, v in rec.metrics.items():
+            if isinstance(v, (int, float)):
+                w.add_scalar(k, v, rec.step)
+    w.close()
+    res = compare_runs([f"verl=tensorboard:{tmp_path / 'tb'}"], out=None)
+    run = res.runs[0]
+    assert run.source.startswith("verl/ppo@"), run.source
+    names = {k for r in run.records for k in r.metrics}
+    assert "reward/score/mean" in names and "critic/score/mean" not in names
+    assert run.approximate, "veRL's approximate translations are reported"
