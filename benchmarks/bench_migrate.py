@@ -1,7 +1,9 @@
 """Benchmark: ``trackbridge migrate`` of a big TensorBoard run vs the obvious hand-written way.
 
-Workload (default): one TensorBoard run of 500 tags x 2,000 steps = 1,000,000 scalar points, written with
-trackbridge's TensorBoard sink (one event per step). It is migrated
+Workload (default): one TensorBoard run of 500 tags x 2,000 steps = 1,000,000 scalar points laid out as trainers
+write them (``--layout per-value``, the default: one event per value, as ``SummaryWriter.add_scalar`` in TRL,
+transformers and torch does, each with its own wall time); ``--layout per-step`` writes trackbridge's own files (one
+event per step, ~4.6x faster to read). It is migrated
 
 * into a new TensorBoard folder: ``migrate("tensorboard:SRC", "tensorboard:DST")`` vs tbparse into pandas, then
   tensorboardX ``add_scalar`` per value;
@@ -51,7 +53,7 @@ def tag_names(n: int) -> list[str]:
     return names
 
 
-def make_source(folder: Path, tags: int, steps: int) -> None:
+def make_source(folder: Path, tags: int, steps: int, layout: str = "per-value") -> None:
     from trackbridge.record import Record, RunInfo
     from trackbridge.sinks.tensorboard import TensorBoardSink
 
@@ -61,8 +63,11 @@ def make_source(folder: Path, tags: int, steps: int) -> None:
     t0 = 1_763_700_000.0
     batch = []
     for s in range(steps):
-        batch.append(Record(s, t0 + s * 0.25, {n: (s * tags + i) * 1e-4 for i, n in enumerate(names)}))
-        if len(batch) == 64:
+        if layout == "per-step":
+            batch.append(Record(s, t0 + s * 0.25, {n: (s * tags + i) * 1e-4 for i, n in enumerate(names)}))
+        else:          # one event per value, microseconds apart, as add_scalar writes them
+            batch += [Record(s, t0 + s * 0.25 + i * 1e-6, {n: (s * tags + i) * 1e-4}) for i, n in enumerate(names)]
+        if len(batch) >= 64:
             sink.write(batch)
             batch = []
     if batch:
@@ -185,6 +190,8 @@ def main() -> None:
     ap.add_argument("--tags", type=int, default=500)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--only", choices=["tb", "mlflow"], default=None)
+    ap.add_argument("--layout", choices=["per-value", "per-step"], default="per-value",
+                    help="source event layout: one event per value (as trainers write) or per step (trackbridge's)")
     ap.add_argument("--keep", default=None, help="work in this folder and keep it")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -200,9 +207,9 @@ def main() -> None:
     points = a.tags * a.steps
     print(f"workload: {a.tags} tags x {a.steps} steps = {points:,} points; work folder {work}", file=sys.stderr)
     t = time.perf_counter()
-    make_source(work / "src", a.tags, a.steps)
+    make_source(work / "src", a.tags, a.steps, a.layout)
     quarter = max(1, a.steps // 4)
-    make_source(work / "src-quarter", a.tags, quarter)
+    make_source(work / "src-quarter", a.tags, quarter, a.layout)
     print(f"source written in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     src = f"tensorboard:{work / 'src'}"
     rows = []
@@ -236,7 +243,8 @@ def main() -> None:
         assert ml["points"] == points and hand["points"] == points, (ml["points"], hand["points"])
         ratios.append(("into MLflow", ml["rate"] / hand["rate"], 1.5, ml, mlq))
 
-    print(f"\n{a.tags} tags x {a.steps} steps = {points:,} scalar points\n")
+    print(f"\n{a.tags} tags x {a.steps} steps = {points:,} scalar points, source layout: {a.layout} "
+          f"({'one event per value, as trainers write' if a.layout == 'per-value' else 'one event per step'})\n")
     print("| way | points | seconds | points/s | peak RSS MB | above imports MB |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
