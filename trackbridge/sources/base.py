@@ -6,17 +6,59 @@ MLflow experiment holds many runs; a ``trainer_state.json`` holds one). A run re
 with any sanitization that trackbridge recorded in the run already undone. Readers stream: they never load a whole run
 into memory. Anything they cannot read is reported in :attr:`RunReader.problems` (with file and offset or line) and
 skipped; a partial point is never yielded.
+
+Records per step and split: a reader that has to gather separately stored points into records (TensorBoard files
+from other writers hold one Event per value; MLflow holds points, not rows) puts two points into one record only
+when they have the same step, and either the same wall time exactly (one logged row, kept whole) or the same split
+(:func:`split_of`: ``eval/``, ``eval_``, ``test/``, ``test_`` prefixes; anything else is ``train``) and wall times at
+most :data:`WALL_TIME_TOLERANCE` seconds apart, and the record does not hold that name yet (see :func:`same_row`).
+A record's wall time is its first point's. So the training row and the evaluation row of one step stay two records,
+each with its own wall time, while the values a ``SummaryWriter`` writes one ``add_scalar`` after another
+(microseconds apart) stay one row. Readers of row-based stores (wandb, Trackio, JSONL, CSV, ``trainer_state.json``,
+console logs) give one record per stored row and never merge rows.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from ..record import Record, RunInfo
 
 
 TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's source held no wall times
+
+WALL_TIME_TOLERANCE = 1.0      # seconds: points further apart than this from a record's first point are not merged
+_SPLITS = (("eval/", "eval"), ("eval_", "eval"), ("test/", "test"), ("test_", "test"))
+
+
+def split_of(name: str) -> str:
+    """The split a metric name belongs to: ``eval`` (``eval/``, ``eval_``), ``test`` (``test/``, ``test_``), else
+    ``train`` (``train/`` or no prefix)."""
+    for prefix, split in _SPLITS:
+        if name.startswith(prefix):
+            return split
+    return "train"
+
+
+def splits_of(names: Iterable[str]) -> frozenset[str]:
+    return frozenset(split_of(n) for n in names)
+
+
+def same_row(step: int | None, wall_time: float | None, splits: frozenset[str], other_step: int | None,
+             other_wall_time: float | None, other_splits: frozenset[str],
+             tolerance: float = WALL_TIME_TOLERANCE) -> bool:
+    """Whether points at ``other_step``/``other_wall_time`` (of ``other_splits``) may join the record at
+    ``step``/``wall_time`` holding ``splits`` (the caller also checks that no name repeats): same step, and the
+    same wall time exactly, or one and the same split and wall times at most ``tolerance`` seconds apart."""
+    if step != other_step:
+        return False
+    if wall_time == other_wall_time:
+        return True
+    if wall_time is None or other_wall_time is None:
+        return False
+    return (len(splits) == 1 and splits == other_splits
+            and abs(other_wall_time - wall_time) <= tolerance)
 
 
 @dataclass
@@ -47,7 +89,8 @@ class RunReader(ABC):
 
     @abstractmethod
     def records(self) -> Iterator[Record]:
-        """The run's points, in stored order, grouped per (step, wall time) where the store allows."""
+        """The run's points, in stored order: one record per stored row, or, where the store keeps points rather
+        than rows, per step and split (see the module docstring)."""
 
     @property
     def has_wall_time(self) -> bool:

@@ -15,12 +15,21 @@ What is read from each ``Summary.Value``:
   (limits = right edges, counts, min, max, num; sum and sum_squares only where the proto has them);
 * text plugin tensors -> ``str``;
 * the hparams plugin's ``session_start_info`` -> the run's config (when the run has no ``trackbridge/run``);
+* the run's training arguments and model config as transformers' ``TensorBoardCallback`` writes them
+  (``add_text("args", args.to_json_string())``, ``add_text("model_config", ...)``: tags ``args/text_summary`` and
+  ``model_config/text_summary``, at step 0) -> ``config["args"]`` and ``config["model_config"]``, parsed from the
+  JSON text (text that is not JSON is kept as the string and reported), not metrics (when the run has no
+  ``trackbridge/run``; a later, different text under those tags stays a text metric, so nothing is lost);
 * ``trackbridge/run`` (written by :class:`~trackbridge.sinks.tensorboard.TensorBoardSink`) -> the run info, exactly;
 * anything else (images, audio, PR curves, ...) is skipped and counted in one problem per tag.
 
 Grouping: values are gathered into one :class:`Record` per Event for files written by trackbridge (one Event per
-record). For other writers (one Event per value, e.g. tensorboardX) consecutive Events with the same step are merged
-into one record (with the first Event's wall time) until a tag repeats.
+record). For other writers (one Event per value: ``SummaryWriter.add_scalar``, tensorboardX) consecutive Events are
+merged into one record, with the first Event's wall time, per step and split (see
+:mod:`trackbridge.sources.base`): same step, same split (``eval/``/``eval_``, ``test/``/``test_``, else train),
+wall times at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) from the record's first, no tag
+twice. The values of one logged row (microseconds apart) are one record; the evaluation row transformers writes at
+the same step after evaluating is a record of its own, with its own wall time.
 """
 from __future__ import annotations
 
@@ -32,9 +41,12 @@ from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo
 from ..sinks.tensorboard import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, masked_crc32c
-from .base import RunReader, Source, SourceError, mark_derived
+from .base import RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
+# text tags that transformers' TensorBoardCallback writes at train begin: the run's config, not metrics
+CONFIG_TEXT_TAGS = {"args": "args", "args/text_summary": "args",
+                    "model_config": "model_config", "model_config/text_summary": "model_config"}
 
 
 def _truthy(value: str | None, default: bool = True) -> bool:
@@ -128,6 +140,7 @@ class TensorBoardRunReader(RunReader):
         self.files = files if files is not None else event_files(self.folder)
         self._info: RunInfo | None = None
         self._ours = False
+        self._config_texts: dict[str, str] = {}     # tag -> the text read into the config (not a metric)
 
     # -- run info --------------------------------------------------------------------------------------------
     @property
@@ -141,8 +154,9 @@ class TensorBoardRunReader(RunReader):
 
         run_json = None
         config: dict[str, Any] = {}
+        texts: dict[str, tuple[str, str]] = {}       # tag -> (where, text) of the last config text
         for path in self.files:
-            for n, (_, data) in enumerate(read_event_records(path, None, verify=self.verify)):
+            for n, (offset, data) in enumerate(read_event_records(path, None, verify=self.verify)):
                 if n >= _INFO_SCAN_EVENTS:
                     break
                 ev = event_pb2.Event()
@@ -157,6 +171,10 @@ class TensorBoardRunReader(RunReader):
                         hp = _hparams_config(v)
                         if hp:
                             config.update(hp)
+                    elif (v.tag in CONFIG_TEXT_TAGS and v.WhichOneof("value") == "tensor" and v.tensor.string_val
+                          and v.metadata.plugin_data.plugin_name == "text"):
+                        texts[v.tag] = (f"{path}:{offset}",
+                                        "\n".join(x.decode("utf-8", errors="replace") for x in v.tensor.string_val))
         final = self.folder / INFO_FILE
         if final.is_file():                     # the run info as the sink closed it: newer than the opening one
             try:
@@ -170,6 +188,15 @@ class TensorBoardRunReader(RunReader):
                 return info
             except (ValueError, TypeError) as exc:
                 self.skip(f"{self.folder}", f"unreadable {RUN_TAG} text ({exc}); using folder name and hparams")
+        for tag, (where, text) in texts.items():
+            key = CONFIG_TEXT_TAGS[tag]
+            try:
+                config[key] = json.loads(text)
+            except ValueError as exc:
+                config[key] = text
+                self.skip(where, f"text {tag!r} is not JSON ({exc}); kept as a string in the run config "
+                                 f"under {key!r}")
+            self._config_texts[tag] = text
         return RunInfo(name=self.name, run_id=self.name, config=config)
 
     # -- records ---------------------------------------------------------------------------------------------
@@ -186,6 +213,7 @@ class TensorBoardRunReader(RunReader):
         plugins: dict[str, str] = {}
         unsupported: dict[str, int] = {}
         cur: Record | None = None
+        cur_splits = frozenset()
         for path in self.files:
             for offset, data in read_event_records(path, self, verify=self.verify):
                 ev = event_pb2.Event()
@@ -202,14 +230,18 @@ class TensorBoardRunReader(RunReader):
                 if rename:
                     metrics = {rename.get(k, k): v for k, v in metrics.items()}
                 derived = [rename.get(t, t) for t in self._derived if t in metrics or rename.get(t, t) in metrics]
-                if (merge and cur is not None and cur.step == ev.step
+                splits = splits_of(metrics) if merge else cur_splits
+                if (merge and cur is not None
+                        and same_row(cur.step, cur.wall_time, cur_splits, int(ev.step), ev.wall_time, splits)
                         and not (metrics.keys() & cur.metrics.keys())):
                     cur.metrics.update(metrics)
                     cur.derived += derived
+                    cur_splits = cur_splits | splits
                     continue
                 if cur is not None:
                     yield cur
                 cur = Record(step=int(ev.step), wall_time=ev.wall_time, metrics=metrics, derived=sorted(derived))
+                cur_splits = splits
         if cur is not None:
             yield cur
         for tag, count in unsupported.items():
@@ -233,6 +265,10 @@ class TensorBoardRunReader(RunReader):
                 plugin = plugins.get(tag, "")
             if tag == RUN_TAG or tag == HPARAMS_TAG or plugin == "hparams":
                 continue
+            if tag in self._config_texts and kind == "tensor" and plugin == "text" and \
+                    "\n".join(x.decode("utf-8", errors="replace") for x in v.tensor.string_val) \
+                    == self._config_texts[tag]:
+                continue                         # read into the run config (see _scan_info)
             if kind == "histo":
                 h = v.histo
                 out[tag] = Histogram(limits=list(h.bucket_limit), counts=list(h.bucket), min=h.min, max=h.max,
