@@ -5,9 +5,15 @@ reads every run of every experiment in the store. Runs are found with paged ``se
 
 Points are streamed per run: each metric's history is fetched page by page through the tracking store's paged
 ``get_metric_history`` (falling back to ``MlflowClient.get_metric_history``), and the per-key streams are merged
-on ``(timestamp, step)`` -- the SQL store's own order -- and grouped into one :class:`Record` per (step, timestamp).
-Memory is one page per metric key, not the whole run. Text points (the sink's ``trackbridge/text/*.jsonl``
-artifacts) are small and are loaded up front, then merged in.
+on ``(timestamp, step)`` -- the SQL store's own order. MLflow keeps points, not rows, so they are grouped into
+records per step and split (see :mod:`trackbridge.sources.base`), each point by its own timestamp: points of one
+step share a record when their timestamps are equal (one ``log_batch``/``log_metrics`` call, or one record written
+by :class:`~trackbridge.sinks.mlflow.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
+``test/``/``test_``, else train) and at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) after the
+record's first point, and the record does not hold that name yet. The record's wall time is its first point's
+timestamp (MLflow keeps milliseconds). A training row and an evaluation row of the same step are two records, each
+with its own wall time. Memory is one page per metric key plus the records of the last second, not the whole run.
+Text points (the sink's ``trackbridge/text/*.jsonl`` artifacts) are small and are loaded up front, then merged in.
 
 Names and config: for runs written by :class:`~trackbridge.sinks.mlflow.MlflowSink` (tag
 ``trackbridge.key_escape``) stored names are restored from the recorded map, then by the escape rule, the
@@ -20,6 +26,7 @@ from __future__ import annotations
 import heapq
 import json
 import tempfile
+from collections import deque
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,7 +34,7 @@ from ..record import Record, RunInfo
 from ..sinks import _sanitize
 from ..sinks.mlflow import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
                             restore_inf, tracking_uri)
-from .base import RunReader, Source, SourceError, mark_derived
+from .base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, split_of
 
 PAGE = 10_000
 
@@ -154,19 +161,37 @@ class MlflowRunReader(RunReader):
         for key in keys:
             streams.append(self._points(key))
         streams.append(iter(self._texts()))
-        current: Record | None = None
-        current_key = None
+        # records still open to more points (first point at most the tolerance ago), oldest first, and the same
+        # entries by step; points arrive in timestamp order, so a record is complete once a point is past its
+        # tolerance. An entry is [record, its splits].
+        pending: deque[list[Any]] = deque()
+        by_step: dict[Any, list[list[Any]]] = {}
+        tol_ms = WALL_TIME_TOLERANCE * 1000.0
         for ts, step, is_text, name, value in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
             if not is_text and self.ours:
                 value = restore_inf(value)
-            if current is None or current_key != (step, ts):
-                if current is not None:
-                    yield current
-                current = Record(step=step, wall_time=ts / 1000.0, metrics={})
-                current_key = (step, ts)
-            current.metrics[name] = value
-        if current is not None:
-            yield current
+            while pending and ts - pending[0][0].wall_time * 1000.0 > tol_ms:
+                done = pending.popleft()
+                same = by_step[done[0].step]
+                del same[0]                 # the oldest of its step too (by identity: NaN != NaN)
+                if not same:
+                    del by_step[done[0].step]
+                yield done[0]
+            wall = ts / 1000.0
+            split = frozenset((split_of(name),))
+            for entry in by_step.get(step, ()):
+                rec, splits = entry
+                if name not in rec.metrics and same_row(rec.step, rec.wall_time, splits, step, wall, split):
+                    rec.metrics[name] = value
+                    if not split <= splits:
+                        entry[1] = splits | split
+                    break
+            else:
+                entry = [Record(step=step, wall_time=wall, metrics={name: value}), split]
+                pending.append(entry)
+                by_step.setdefault(step, []).append(entry)
+        for rec, _ in pending:
+            yield rec
 
 
 class MlflowSource(Source):
