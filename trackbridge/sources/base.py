@@ -12,6 +12,8 @@ from other writers hold one Event per value; MLflow holds points, not rows) puts
 when they have the same step, and either the same wall time exactly (one logged row, kept whole) or the same split
 (:func:`split_of`: ``eval/``, ``eval_``, ``test/``, ``test_`` prefixes; anything else is ``train``) and wall times at
 most :data:`WALL_TIME_TOLERANCE` seconds apart, and the record does not hold that name yet (see :func:`same_row`).
+The epoch belongs to no split (``epoch``, ``train/epoch``: transformers adds it to every row, evaluation rows too,
+and its TensorBoard callback writes it as ``train/epoch``), so it stays with the row it was logged in.
 A record's wall time is its first point's. So the training row and the evaluation row of one step stay two records,
 each with its own wall time, while the values a ``SummaryWriter`` writes one ``add_scalar`` after another
 (microseconds apart) stay one row. Readers of row-based stores (wandb, Trackio, JSONL, CSV, ``trainer_state.json``,
@@ -30,11 +32,14 @@ TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's sou
 
 WALL_TIME_TOLERANCE = 1.0      # seconds: points further apart than this from a record's first point are not merged
 _SPLITS = (("eval/", "eval"), ("eval_", "eval"), ("test/", "test"), ("test_", "test"))
+NO_SPLIT = frozenset({"epoch", "train/epoch"})     # logged in every row, of every split
 
 
-def split_of(name: str) -> str:
+def split_of(name: str) -> str | None:
     """The split a metric name belongs to: ``eval`` (``eval/``, ``eval_``), ``test`` (``test/``, ``test_``), else
-    ``train`` (``train/`` or no prefix)."""
+    ``train`` (``train/`` or no prefix); None for the epoch (:data:`NO_SPLIT`), which every row carries."""
+    if name in NO_SPLIT:
+        return None
     for prefix, split in _SPLITS:
         if name.startswith(prefix):
             return split
@@ -42,7 +47,8 @@ def split_of(name: str) -> str:
 
 
 def splits_of(names: Iterable[str]) -> frozenset[str]:
-    return frozenset(split_of(n) for n in names)
+    """The splits of ``names`` (the epoch counts for none)."""
+    return frozenset(s for s in map(split_of, names) if s is not None)
 
 
 def same_row(step: int | None, wall_time: float | None, splits: frozenset[str], other_step: int | None,
@@ -50,15 +56,15 @@ def same_row(step: int | None, wall_time: float | None, splits: frozenset[str], 
              tolerance: float = WALL_TIME_TOLERANCE) -> bool:
     """Whether points at ``other_step``/``other_wall_time`` (of ``other_splits``) may join the record at
     ``step``/``wall_time`` holding ``splits`` (the caller also checks that no name repeats): same step, and the
-    same wall time exactly, or one and the same split and wall times at most ``tolerance`` seconds apart."""
+    same wall time exactly, or at most one split between them (see :func:`splits_of`) and wall times at most
+    ``tolerance`` seconds apart."""
     if step != other_step:
         return False
     if wall_time == other_wall_time:
         return True
     if wall_time is None or other_wall_time is None:
         return False
-    return (len(splits) == 1 and splits == other_splits
-            and abs(other_wall_time - wall_time) <= tolerance)
+    return len(splits | other_splits) <= 1 and abs(other_wall_time - wall_time) <= tolerance
 
 
 @dataclass

@@ -9,7 +9,7 @@ on ``(timestamp, step)`` -- the SQL store's own order. MLflow keeps points, not 
 records per step and split (see :mod:`trackbridge.sources.base`), each point by its own timestamp: points of one
 step share a record when their timestamps are equal (one ``log_batch``/``log_metrics`` call, or one record written
 by :class:`~trackbridge.sinks.mlflow.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
-``test/``/``test_``, else train) and at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) after the
+``test/``/``test_``, else train; the epoch is of none) and at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) after the
 record's first point, and the record does not hold that name yet. The record's wall time is its first point's
 timestamp (MLflow keeps milliseconds). A training row and an evaluation row of the same step are two records, each
 with its own wall time. Memory is one page per metric key plus the records of the last second, not the whole run.
@@ -34,7 +34,7 @@ from ..record import Record, RunInfo
 from ..sinks import _sanitize
 from ..sinks.mlflow import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
                             restore_inf, tracking_uri)
-from .base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, split_of
+from .base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 PAGE = 10_000
 
@@ -167,6 +167,7 @@ class MlflowRunReader(RunReader):
         pending: deque[list[Any]] = deque()
         by_step: dict[Any, list[list[Any]]] = {}
         tol_ms = WALL_TIME_TOLERANCE * 1000.0
+        split_cache: dict[str, frozenset[str]] = {}
         for ts, step, is_text, name, value in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
             if not is_text and self.ours:
                 value = restore_inf(value)
@@ -178,14 +179,16 @@ class MlflowRunReader(RunReader):
                     del by_step[done[0].step]
                 yield done[0]
             wall = ts / 1000.0
-            split = frozenset((split_of(name),))
-            for entry in by_step.get(step, ()):
-                rec, splits = entry
-                if name not in rec.metrics and same_row(rec.step, rec.wall_time, splits, step, wall, split):
-                    rec.metrics[name] = value
-                    if not split <= splits:
-                        entry[1] = splits | split
-                    break
+            split = split_cache.get(name)
+            if split is None:
+                split = split_cache[name] = splits_of((name,))
+            same = [e for e in by_step.get(step, ()) if name not in e[0].metrics]
+            # a record of this very timestamp first (one logged row), else the oldest one the point may join
+            entry = next((e for e in same if e[0].wall_time == wall), None) or next(
+                (e for e in same if same_row(e[0].step, e[0].wall_time, e[1], step, wall, split)), None)
+            if entry is not None:
+                entry[0].metrics[name] = value
+                entry[1] = entry[1] | split
             else:
                 entry = [Record(step=step, wall_time=wall, metrics={name: value}), split]
                 pending.append(entry)

@@ -26,8 +26,8 @@ What is read from each ``Summary.Value``:
 Grouping: values are gathered into one :class:`Record` per Event for files written by trackbridge (one Event per
 record). For other writers (one Event per value: ``SummaryWriter.add_scalar``, tensorboardX) consecutive Events are
 merged into one record, with the first Event's wall time, per step and split (see
-:mod:`trackbridge.sources.base`): same step, same split (``eval/``/``eval_``, ``test/``/``test_``, else train),
-wall times at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) from the record's first, no tag
+:mod:`trackbridge.sources.base`): same step, same split (``eval/``/``eval_``, ``test/``/``test_``, else train;
+the epoch is of none), wall times at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) from the record's first, no tag
 twice. The values of one logged row (microseconds apart) are one record; the evaluation row transformers writes at
 the same step after evaluating is a record of its own, with its own wall time.
 """
@@ -41,7 +41,7 @@ from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo
 from ..sinks.tensorboard import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, masked_crc32c
-from .base import RunReader, Source, SourceError, mark_derived, same_row, splits_of
+from .base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
 # text tags that transformers' TensorBoardCallback writes at train begin: the run's config, not metrics
@@ -213,7 +213,20 @@ class TensorBoardRunReader(RunReader):
         plugins: dict[str, str] = {}
         unsupported: dict[str, int] = {}
         cur: Record | None = None
-        cur_splits = frozenset()
+        cur_splits: frozenset[str] = frozenset()
+        split_cache: dict[str, frozenset[str]] = {}
+        interned: dict[frozenset[str], frozenset[str]] = {}
+
+        def splits_for(names: Any) -> frozenset[str]:
+            out: frozenset[str] = frozenset()
+            for n in names:
+                fs = split_cache.get(n)
+                if fs is None:
+                    fs = splits_of((n,))
+                    fs = split_cache[n] = interned.setdefault(fs, fs)     # one object per split: `is` compares
+                out = (out | fs if fs is not out else out) if out else fs
+            return out
+
         for path in self.files:
             for offset, data in read_event_records(path, self, verify=self.verify):
                 ev = event_pb2.Event()
@@ -230,14 +243,24 @@ class TensorBoardRunReader(RunReader):
                 if rename:
                     metrics = {rename.get(k, k): v for k, v in metrics.items()}
                 derived = [rename.get(t, t) for t in self._derived if t in metrics or rename.get(t, t) in metrics]
-                splits = splits_of(metrics) if merge else cur_splits
-                if (merge and cur is not None
-                        and same_row(cur.step, cur.wall_time, cur_splits, int(ev.step), ev.wall_time, splits)
-                        and not (metrics.keys() & cur.metrics.keys())):
-                    cur.metrics.update(metrics)
-                    cur.derived += derived
-                    cur_splits = cur_splits | splits
-                    continue
+                if merge:
+                    splits = split_cache.get(next(iter(metrics))) if len(metrics) == 1 else None
+                    if splits is None:
+                        splits = splits_for(metrics)
+                    # records per step and split (same_row), with the common case (one split, cached) inline
+                    if (cur is not None and cur.step == ev.step
+                            and (abs(ev.wall_time - cur.wall_time) <= WALL_TIME_TOLERANCE
+                                 if splits is cur_splits and len(splits) == 1 else
+                                 same_row(cur.step, cur.wall_time, cur_splits, ev.step, ev.wall_time, splits))
+                            and not (metrics.keys() & cur.metrics.keys())):
+                        cur.metrics.update(metrics)
+                        if derived:
+                            cur.derived += derived
+                        if splits is not cur_splits:
+                            cur_splits = cur_splits | splits
+                        continue
+                else:
+                    splits = cur_splits
                 if cur is not None:
                     yield cur
                 cur = Record(step=int(ev.step), wall_time=ev.wall_time, metrics=metrics, derived=sorted(derived))
