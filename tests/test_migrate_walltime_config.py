@@ -315,3 +315,18 @@ def test_row_readers_keep_rows(tmp_path):
     (reader,) = open_source(f"trainer-state:{tmp_path / 'trainer_state.json'}").runs()
     assert _rows(list(reader.records())) == [(2, None, ["learning_rate", "loss"]),
                                              (2, None, ["eval_loss", "eval_runtime"])]
+
+
+def test_mlflow_run_without_time_axis_keeps_its_rows(env):
+    # trainer_state.json holds no wall times: MLflow gets one made-up timestamp per record (1 ms apart), and the
+    # reader keeps those rows apart even when they are of one step and split
+    state = env / "trainer_state.json"
+    state.write_text(json.dumps({"global_step": 2, "log_history": [
+        {"loss": 0.5, "learning_rate": 1e-05, "step": 2}, {"eval_loss": 0.75, "step": 2},
+        {"train_runtime": 12.5, "train_loss": 0.6, "step": 2}]}))
+    ml = location("mlflow", env / "mlflow")
+    hop(f"trainer-state:{state}", ml)
+    (reader,) = open_source(ml).runs()
+    assert not reader.has_wall_time
+    assert [(r.step, r.wall_time, sorted(r.metrics)) for r in reader.records()] == [
+        (2, None, ["learning_rate", "loss"]), (2, None, ["eval_loss"]), (2, None, ["train_loss", "train_runtime"])]

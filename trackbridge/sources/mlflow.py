@@ -4,16 +4,18 @@ Chooses runs by ``run`` (one id), else by ``experiment`` (name) and/or ``name`` 
 reads every run of every experiment in the store. Runs are found with paged ``search_runs``.
 
 Points are streamed per run: each metric's history is fetched page by page through the tracking store's paged
-``get_metric_history`` (falling back to ``MlflowClient.get_metric_history``), and the per-key streams are merged
-on ``(timestamp, step)`` -- the SQL store's own order. MLflow keeps points, not rows, so they are grouped into
-records per step and split (see :mod:`trackbridge.sources.base`), each point by its own timestamp: points of one
-step share a record when their timestamps are equal (one ``log_batch``/``log_metrics`` call, or one record written
-by :class:`~trackbridge.sinks.mlflow.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
-``test/``/``test_``, else train; the epoch is of none) and at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) after the
-record's first point, and the record does not hold that name yet. The record's wall time is its first point's
-timestamp (MLflow keeps milliseconds). A training row and an evaluation row of the same step are two records, each
-with its own wall time. Memory is one page per metric key plus the records of the last second, not the whole run.
-Text points (the sink's ``trackbridge/text/*.jsonl`` artifacts) are small and are loaded up front, then merged in.
+``get_metric_history`` (falling back to ``MlflowClient.get_metric_history``), and the per-key streams are merged on
+``(timestamp, step)`` -- the SQL store's own order. MLflow keeps points, not rows, so they are grouped into records
+per step and split (see :mod:`trackbridge.sources.base`), each point by its own timestamp: points of one step share
+a record when their timestamps are equal (one ``log_batch``/``log_metrics`` call, or one record written by
+:class:`~trackbridge.sinks.mlflow.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
+``test/``/``test_``, else train; the epoch is of none) and at most
+:data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) after the record's first point, and the record does not
+hold that name yet. The record's wall time is its first point's timestamp (MLflow keeps milliseconds). In a run
+without a time axis (``extra["time_axis"] == "missing"``: the sink made up one distinct timestamp per record) only
+equal timestamps share a record. A training row and an evaluation row of the same step are two records, each with
+its own wall time. Memory is one page per metric key plus the records of the last second, not the whole run. Text
+points (the sink's ``trackbridge/text/*.jsonl`` artifacts) are small and are loaded up front, then merged in.
 
 Names and config: for runs written by :class:`~trackbridge.sinks.mlflow.MlflowSink` (tag
 ``trackbridge.key_escape``) stored names are restored from the recorded map, then by the escape rule, the
@@ -166,7 +168,10 @@ class MlflowRunReader(RunReader):
         # tolerance. An entry is [record, its splits].
         pending: deque[list[Any]] = deque()
         by_step: dict[Any, list[list[Any]]] = {}
-        tol_ms = WALL_TIME_TOLERANCE * 1000.0
+        # a run without a time axis (marked by an earlier migration) has made-up timestamps, one per record
+        # (MlflowSink: distinct and increasing): only the very same timestamp is one record there
+        tolerance = WALL_TIME_TOLERANCE if self.has_wall_time else 0.0
+        tol_ms = tolerance * 1000.0
         split_cache: dict[str, frozenset[str]] = {}
         for ts, step, is_text, name, value in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
             if not is_text and self.ours:
@@ -185,7 +190,7 @@ class MlflowRunReader(RunReader):
             same = [e for e in by_step.get(step, ()) if name not in e[0].metrics]
             # a record of this very timestamp first (one logged row), else the oldest one the point may join
             entry = next((e for e in same if e[0].wall_time == wall), None) or next(
-                (e for e in same if same_row(e[0].step, e[0].wall_time, e[1], step, wall, split)), None)
+                (e for e in same if same_row(e[0].step, e[0].wall_time, e[1], step, wall, split, tolerance)), None)
             if entry is not None:
                 entry[0].metrics[name] = value
                 entry[1] = entry[1] | split

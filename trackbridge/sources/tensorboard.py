@@ -25,11 +25,11 @@ What is read from each ``Summary.Value``:
 
 Grouping: values are gathered into one :class:`Record` per Event for files written by trackbridge (one Event per
 record). For other writers (one Event per value: ``SummaryWriter.add_scalar``, tensorboardX) consecutive Events are
-merged into one record, with the first Event's wall time, per step and split (see
-:mod:`trackbridge.sources.base`): same step, same split (``eval/``/``eval_``, ``test/``/``test_``, else train;
-the epoch is of none), wall times at most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) from the record's first, no tag
-twice. The values of one logged row (microseconds apart) are one record; the evaluation row transformers writes at
-the same step after evaluating is a record of its own, with its own wall time.
+merged into one record, with the first Event's wall time, per step and split (see :mod:`trackbridge.sources.base`):
+same step, same split (``eval/``/``eval_``, ``test/``/``test_``, else train; the epoch is of none), wall times at
+most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) from the record's first, no tag twice. The values
+of one logged row (microseconds apart) are one record; the evaluation row transformers writes at the same step after
+evaluating is a record of its own, with its own wall time.
 """
 from __future__ import annotations
 
