@@ -330,3 +330,19 @@ def test_mlflow_run_without_time_axis_keeps_its_rows(env):
     assert not reader.has_wall_time
     assert [(r.step, r.wall_time, sorted(r.metrics)) for r in reader.records()] == [
         (2, None, ["learning_rate", "loss"]), (2, None, ["eval_loss"]), (2, None, ["train_loss", "train_runtime"])]
+
+
+def test_mlflow_reader_keeps_a_rewritten_point_once(env):
+    # text points live in one artifact per written batch: writing a batch again (a replay) repeats them there
+    from trackbridge.sinks import make_sink
+
+    loc = location("mlflow", env / "mlflow")
+    recs = [Record(2, T0, {**TRAIN, "sample": "a"}), Record(2, T0 + EVAL_DELAY, {**EVAL, "eval/sample": "b"})]
+    sink = make_sink(loc)
+    sink.open(RunInfo(name="r", run_id="r1"))
+    sink.write(recs)
+    sink.write(recs[1:])
+    sink.close()
+    (reader,) = open_source(loc).runs()
+    assert _rows(list(reader.records())) == [(2, T0, sorted([*TRAIN, "sample"])),
+                                             (2, T0 + EVAL_DELAY, sorted([*EVAL, "eval/sample"]))]

@@ -165,7 +165,7 @@ class MlflowRunReader(RunReader):
         streams.append(iter(self._texts()))
         # records still open to more points (first point at most the tolerance ago), oldest first, and the same
         # entries by step; points arrive in timestamp order, so a record is complete once a point is past its
-        # tolerance. An entry is [record, its splits].
+        # tolerance. An entry is [record, its splits, {name: the point's own timestamp}].
         pending: deque[list[Any]] = deque()
         by_step: dict[Any, list[list[Any]]] = {}
         # a run without a time axis (marked by an earlier migration) has made-up timestamps, one per record
@@ -187,19 +187,28 @@ class MlflowRunReader(RunReader):
             split = split_cache.get(name)
             if split is None:
                 split = split_cache[name] = splits_of((name,))
-            same = [e for e in by_step.get(step, ()) if name not in e[0].metrics]
+            candidates = by_step.get(step, ())
+            if any(e[2].get(name) == ts and _same_value(e[0].metrics[name], value) for e in candidates):
+                continue      # the very same point twice (a rewritten text artifact, a file store): kept once,
+                #               as MLflow's SQL store keeps a metric row identical in key, value, timestamp, step
+            same = [e for e in candidates if name not in e[0].metrics]
             # a record of this very timestamp first (one logged row), else the oldest one the point may join
             entry = next((e for e in same if e[0].wall_time == wall), None) or next(
                 (e for e in same if same_row(e[0].step, e[0].wall_time, e[1], step, wall, split, tolerance)), None)
             if entry is not None:
                 entry[0].metrics[name] = value
                 entry[1] = entry[1] | split
+                entry[2][name] = ts
             else:
-                entry = [Record(step=step, wall_time=wall, metrics={name: value}), split]
+                entry = [Record(step=step, wall_time=wall, metrics={name: value}), split, {name: ts}]
                 pending.append(entry)
                 by_step.setdefault(step, []).append(entry)
-        for rec, _ in pending:
-            yield rec
+        for entry in pending:
+            yield entry[0]
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
 
 
 class MlflowSource(Source):
