@@ -17,9 +17,10 @@ What is read from each ``Summary.Value``:
 * the hparams plugin's ``session_start_info`` -> the run's config (when the run has no ``trackbridge/run``);
 * the run's training arguments and model config as transformers' ``TensorBoardCallback`` writes them
   (``add_text("args", args.to_json_string())``, ``add_text("model_config", ...)``: tags ``args/text_summary`` and
-  ``model_config/text_summary``, at step 0) -> ``config["args"]`` and ``config["model_config"]``, parsed from the
-  JSON text (text that is not JSON is kept as the string and reported), not metrics (when the run has no
-  ``trackbridge/run``; a later, different text under those tags stays a text metric, so nothing is lost);
+  ``model_config/text_summary``, at step 0; bare ``args``/``model_config`` text tags when they hold JSON) ->
+  ``config["args"]`` and ``config["model_config"]``, parsed from the JSON text (text that is not JSON is kept as
+  the string and reported), not metrics (when the run has no ``trackbridge/run``; a later, different text under
+  those tags stays a text metric, so nothing is lost);
 * ``trackbridge/run`` (written by :class:`~trackbridge.sinks.tensorboard.TensorBoardSink`) -> the run info, exactly;
 * anything else (images, audio, PR curves, ...) is skipped and counted in one problem per tag.
 
@@ -191,11 +192,14 @@ class TensorBoardRunReader(RunReader):
         for tag, (where, text) in texts.items():
             key = CONFIG_TEXT_TAGS[tag]
             try:
-                config[key] = json.loads(text)
+                value = json.loads(text)
             except ValueError as exc:
-                config[key] = text
+                if "/" not in tag:            # a bare "args" text (not a SummaryWriter's): config only as JSON
+                    continue
+                value = text
                 self.skip(where, f"text {tag!r} is not JSON ({exc}); kept as a string in the run config "
                                  f"under {key!r}")
+            config[key] = value
             self._config_texts[tag] = text
         return RunInfo(name=self.name, run_id=self.name, config=config)
 
