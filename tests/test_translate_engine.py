@@ -182,3 +182,13 @@ def test_round_trip_is_identity_for_exact_entries(reg, metrics):
     assert set(back.metrics) == set(metrics)
     for k, v in metrics.items():
         assert back.metrics[k] == pytest.approx(v, rel=1e-12, abs=1e-300)
+
+
+def test_config_found_under_one_wrapping_key():
+    """transformers' TensorBoard text summary puts TrainingArguments under `args`: canonical config names are still
+    found there (and at the top level, as before)."""
+    from trackbridge import Translator
+    tr = Translator("trl/grpo@1.16.0", "canonical")
+    assert tr.translate_config({"args": {"beta": 0.1, "num_generations": 4}}) == {"kl_coef": 0.1,
+                                                                                  "num_generations": 4}
+    assert tr.translate_config({"beta": 0.2}) == {"kl_coef": 0.2}

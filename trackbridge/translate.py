@@ -260,16 +260,22 @@ class Translator:
         specs = [self._src] if self._src is not None and self._src.kind == "framework" else []
         frameworks = [self.registry.frameworks[s.framework] for s in specs] or list(self.registry.frameworks.values())
         trainer = specs[0].trainer if specs else None
+        # trackers nest the arguments one level down at times (transformers' TensorBoard text `args`, a wandb
+        # config group): a key is also found under one wrapping key
+        wrapped = {k.split(".", 1)[1]: v for k, v in flat.items()
+                   if "." in k and isinstance(flat.get(k.split(".", 1)[0]), Mapping)}
         for fw in frameworks:
             lo, hi = specs[0].bounds(len(fw.releases)) if specs else (0, float("inf"))
             for c in fw.config:
-                if c.canonical in out or c.key not in flat:
+                if c.canonical in out:
+                    continue
+                if c.key not in flat and c.key not in wrapped:
                     continue
                 if trainer and c.trainers is not None and trainer not in c.trainers:
                     continue
                 if c.until < lo or c.since > hi:
                     continue
-                val = flat[c.key]
+                val = flat[c.key] if c.key in flat else wrapped[c.key]
                 if c.scale != 1.0 and isinstance(val, (int, float)) and not isinstance(val, bool):
                     val = val * c.scale
                 out[c.canonical] = val
