@@ -18,13 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trackbridge.schema.loader import _load_cached, load_registry  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "public-logs" / "01_verl.json"
+VERL_LOG = Path(__file__).resolve().parents[1] / "tests" / "data" / "public-logs" / "01_verl.json"
 
 
 def verl_dict(n: int = 100) -> dict[str, float]:
-    keys: list[str] = []
-    if SHARED.is_file():
-        keys = [k for k in json.loads(SHARED.read_text())["keys"] if k != "step"]
+    """A real veRL run's keys (a public console log, tests/data), topped up with validation keys to ``n``."""
+    keys = [k for k in json.loads(VERL_LOG.read_text())["keys"] if k != "step"]
     stages = ["gen", "ref", "values", "adv", "update_critic", "update_actor", "step", "reward", "old_log_prob"]
     keys += [f"timing_s/{s}" for s in stages] + [f"val-core/openai/gsm8k_{i}/acc/mean@4" for i in range(40)]
     keys = list(dict.fromkeys(keys))[:n]

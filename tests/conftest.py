@@ -26,7 +26,8 @@ _SCRATCH = tempfile.mkdtemp(prefix="trackbridge-tests-")
 os.environ.setdefault("TRACKBRIDGE_STATE_DIR", os.path.join(_SCRATCH, "state"))
 os.environ.setdefault("XDG_CACHE_HOME", os.path.join(_SCRATCH, "xdg-cache"))
 
-SHARED = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference"))
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # every fact a test needs (README)
+SHARED = DATA      # the public logs and framework inventories, copied into tests/data
 
 
 def pytest_addoption(parser):
@@ -46,7 +47,5 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def shared_reference():
-    """Path of ../shared/reference (the frameworks' inventories and the public logs)."""
-    if not os.path.isdir(SHARED):
-        pytest.skip(f"shared reference material not found at {SHARED}")
+    """Path of tests/data (the frameworks' inventories and the public logs, with their origin in its README)."""
     return SHARED

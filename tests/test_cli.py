@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = ROOT.parent / "shared" / "reference" / "public-logs"
+PUBLIC = ROOT / "tests" / "data" / "public-logs"
 
 
 def tb(*args, stdin: str | None = None, cwd=None):
@@ -53,7 +53,7 @@ def test_translate_framework_to_framework_via_stdin():
 
 
 def test_translate_trainer_state_and_derive(tmp_path):
-    rows = json.loads((PUBLIC / "12_trl_ppo.json").read_text())["rows"] if PUBLIC.is_dir() else pytest.skip()
+    rows = json.loads((PUBLIC / "12_trl_ppo.json").read_text())["rows"]
     for r in rows:
         r.pop("objective/rlhf_reward")
     state = tmp_path / "trainer_state.json"
@@ -84,8 +84,6 @@ def test_bad_spec_and_missing_file_exit_2(tmp_path):
 
 
 def test_detect_public_log():
-    if not PUBLIC.is_dir():
-        pytest.skip("no shared public logs")
     r = tb("detect", "--json", PUBLIC / "01_verl.json")
     assert r.returncode == 0, r.stderr
     det = json.loads(r.stdout)

@@ -1,4 +1,4 @@
-"""`trackbridge compare` on REAL runs: a TRL GRPO run against a veRL run (both from the shared public logs).
+"""`trackbridge compare` on REAL runs: a TRL GRPO run against a veRL run (both from the public logs in tests/data).
 
 * examples/trl_grpo_trainer_state.json is public-log 05_trl_grpo.json (TRL GRPOTrainer, trainer_state.json);
 * examples/verl_console.log holds the first 200 step lines of public-log 01_verl.json (veRL console logger).

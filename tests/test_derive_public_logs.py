@@ -13,8 +13,7 @@ import pytest
 
 from trackbridge.derive import Deriver, load_rules
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "public-logs"
-pytestmark = pytest.mark.skipif(not LOGS.is_dir(), reason="shared public logs not available")
+LOGS = Path(__file__).resolve().parent / "data" / "public-logs"
 
 VERL = {
     "global_seqlen/min": "perf/global_seqlen/min",

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REF = Path(__file__).resolve().parent / "data"
 SPANS = REF / "frameworks" / "trl-metric-spans.csv"
 LOGS = REF / "public-logs"
 

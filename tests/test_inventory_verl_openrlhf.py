@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPINGS = ROOT / "mappings"
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "frameworks"
+REFERENCE = Path(__file__).resolve().parent / "data" / "frameworks"
 
 ENTRY_FIELDS = {"key", "canonical", "since", "until", "trainers", "fidelity", "differs", "reason", "transform",
                 "when", "reverse", "source", "note", "renamed_from"}

@@ -1,4 +1,4 @@
-"""Migrate real runs (examples/ and the shared public logs) into every tracker with canonical names, and read back.
+"""Migrate real runs (examples/ and the public logs in tests/data) into every tracker with canonical names, and read back.
 
 Checked for each (log, tracker): the canonical names the pipeline gives are the names stored; every value equals the
 source's (float32 in TensorBoard); the steps are the source's; the source has no wall times and none are invented
@@ -80,7 +80,7 @@ def test_examples_into_each_tracker(example, kind, env):
     check_migrated(EXAMPLES[example], kind, dst, env)
 
 
-# -- the shared public logs, rebuilt as the files their users have --------------------------------------------
+# -- the public logs (tests/data), rebuilt as the files their users have --------------------------------------------
 def _public_log_file(path: Path, out: Path) -> str:
     """A console log (veRL, printed dicts) or a trainer_state.json holding the public log's rows verbatim."""
     data = json.loads(path.read_text())

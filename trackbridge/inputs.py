@@ -1,7 +1,7 @@
 """Reading logged dicts from a file for ``trackbridge translate`` / ``detect``.
 
 Accepted: JSON lines (one logged dict per line, or trackbridge stream records ``{"step", "metrics"}``), a Hugging
-Face ``trainer_state.json`` (its ``log_history``), and a JSON document with a ``rows`` list (the shared public-log
+Face ``trainer_state.json`` (its ``log_history``), and a JSON document with a ``rows`` list (the public-log
 fixtures). Bad lines are reported with file and line number and skipped; nothing else is lost.
 """
 from __future__ import annotations
