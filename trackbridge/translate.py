@@ -168,7 +168,7 @@ class Translator:
         if not isinstance(metrics, Mapping):
             raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
         if self._src is None or (not self._pinned and self._needs_detection()
-                                 and any(k not in self._plans for k in metrics)):
+                                 and not metrics.keys() <= self._plans.keys()):
             self._maybe_detect(metrics)
         if self._tgt_trainer is False and self.target_spec.kind == "framework":
             self._resolve_target_trainer(metrics)
@@ -183,6 +183,7 @@ class Translator:
         canon: dict[str, Any] | None = {} if self._derive else None     # canonical view, for derivation
         plans = self._plans
         mapped = 0
+        noted = set(notes)
         for key, value in metrics.items():
             plan = plans.get(key, _NOT_PLANNED)
             if plan is _NOT_PLANNED:
@@ -196,7 +197,8 @@ class Translator:
                 out_metrics[key] = value
                 res.unmapped.append(key)
                 continue
-            if plan.note is not None and plan.note not in notes:
+            if plan.note is not None and plan.note not in noted:
+                noted.add(plan.note)
                 notes.append(plan.note)
             out = plan.out
             if canon is not None:
