@@ -145,3 +145,62 @@ def test_lint_cli_exit_codes(tmp_path):
 def test_shipped_files_exist():
     names = {p.name for p in shipped_files()}
     assert {"canonical.yaml", "trl.yaml", "verl.yaml", "openrlhf.yaml"} <= names
+
+
+# -- the compiled registry cache ---------------------------------------------------------------------------------
+def _fresh_load(monkeypatch, cache_dir, extra=()):
+    from trackbridge.schema import loader
+    monkeypatch.setenv("TRACKBRIDGE_CACHE_DIR", str(cache_dir))
+    loader._load_cached.cache_clear()
+    try:
+        return loader.load_registry(list(extra))
+    finally:
+        loader._load_cached.cache_clear()
+
+
+def _summary(reg):
+    return ({n: [(e.key, e.canonical, e.since, e.until, e.trainers, e.fidelity) for e in fw.entries]
+             for n, fw in reg.frameworks.items()}, sorted(reg.canonical.metrics))
+
+
+def test_compiled_cache_gives_the_same_registry(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRACKBRIDGE_NO_CACHE", raising=False)
+    first = _fresh_load(monkeypatch, tmp_path)
+    assert len(list(tmp_path.glob("registry-*.pickle"))) == 1
+    second = _fresh_load(monkeypatch, tmp_path)           # read from the cache
+    assert second is not first and _summary(second) == _summary(first)
+    # renames survive the round trip (they are linked by identity in memory)
+    fw = second.frameworks["trl"]
+    old = next(e for e in fw.entries if e.key == "completion_length")
+    new = next(e for e in fw.entries if e.key == "completions/mean_length" and "grpo" in (e.trainers or ()))
+    assert fw.same_quantity(old, new)
+    from trackbridge import Translator
+    res = Translator("trl/grpo@0.16.0", "trl/grpo@1.16.0", registry=second).translate({"completion_length": 5.0})
+    assert res.metrics == {"completions/mean_length": 5.0} and not res.approximate
+
+
+def test_compiled_cache_follows_the_files(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRACKBRIDGE_NO_CACHE", raising=False)
+    user = tmp_path / "mine.yaml"
+    user.write_text("format: trackbridge.mapping/1\nframework: verl\nentries:\n"
+                    "  - {key: my/a, canonical: reward/score/mean, reverse: false, source: my.py@v1}\n")
+    cache = tmp_path / "cache"
+    reg = _fresh_load(monkeypatch, cache, [user])
+    assert any(e.key == "my/a" for e in reg.frameworks["verl"].entries)
+    user.write_text(user.read_text().replace("my/a", "my/b"))     # an edited file is compiled again
+    reg = _fresh_load(monkeypatch, cache, [user])
+    keys = {e.key for e in reg.frameworks["verl"].entries}
+    assert "my/b" in keys and "my/a" not in keys
+
+
+def test_broken_or_disabled_cache_falls_back(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRACKBRIDGE_NO_CACHE", raising=False)
+    _fresh_load(monkeypatch, tmp_path)
+    (f,) = tmp_path.glob("registry-*.pickle")
+    f.write_bytes(b"\x80\x04not a pickle")                  # a partial or foreign file
+    reg = _fresh_load(monkeypatch, tmp_path)
+    assert "trl" in reg.frameworks
+    monkeypatch.setenv("TRACKBRIDGE_NO_CACHE", "1")
+    other = tmp_path / "off"
+    reg = _fresh_load(monkeypatch, other)
+    assert "trl" in reg.frameworks and not other.exists()

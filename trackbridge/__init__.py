@@ -1,8 +1,32 @@
 """trackbridge: translate, multiplex, migrate and compare RL fine-tuning metrics."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .logger import NoOpRun, Run, init  # noqa: E402  (standard library only; trackers load lazily)
-from .translate import Translation, Translator, translate  # noqa: E402
-from .integrations import unwrap, wrap  # noqa: E402  (standard library only; the wrapped tracker loads on use)
-
 __all__ = ["__version__", "init", "Run", "NoOpRun", "translate", "Translator", "Translation", "wrap", "unwrap"]
+
+# The public names load on first use, so that `trackbridge --help` or `trackbridge detect FILE` import only what
+# they need (the logger, sinks and integrations are never imported by a command that does not use them).
+_LAZY = {"init": "logger", "Run": "logger", "NoOpRun": "logger", "translate": "translate",
+         "Translator": "translate", "Translation": "translate", "wrap": "integrations", "unwrap": "integrations"}
+
+if TYPE_CHECKING:       # pragma: no cover
+    from .integrations import unwrap, wrap
+    from .logger import NoOpRun, Run, init
+    from .translate import Translation, Translator, translate
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'trackbridge' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -176,6 +176,19 @@ class FrameworkMapping:
     _lineage: dict[int, int] = field(default_factory=dict)
     declared_prefixes: list[tuple[str, str]] = field(default_factory=list)   # as declared: the first is native
 
+    def __getstate__(self) -> dict:
+        # renames are linked by object identity; a pickled copy (the compiled registry cache) links by position
+        state = dict(self.__dict__)
+        pos = {id(e): i for i, e in enumerate(self.entries)}
+        state["_lineage"] = {pos[a]: pos[b] for a, b in self._lineage.items()}
+        state.pop("_spans", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        lineage = state.pop("_lineage")
+        self.__dict__.update(state)
+        self._lineage = {id(self.entries[a]): id(self.entries[b]) for a, b in lineage.items()}
+
     def link(self, old: Entry, new: Entry) -> None:
         """Declare ``new`` a pure rename of ``old`` (the same quantity under another key)."""
         a, b = self._root(id(old)), self._root(id(new))

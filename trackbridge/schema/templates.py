@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path|int|segment))?\}")
 
@@ -19,10 +20,21 @@ class TemplateError(ValueError):
 @dataclass(frozen=True)
 class Template:
     text: str
-    regex: re.Pattern
+    pattern: str              # the anchored regular expression (compiled on first use)
     names: tuple[str, ...]
     literal_len: int          # characters of literal text: more literal = more specific
     prefix: str               # literal text before the first placeholder
+
+    @cached_property
+    def regex(self) -> re.Pattern:
+        return re.compile(self.pattern, re.S)
+
+    def __getstate__(self) -> dict:
+        # the compiled registry cache stores the pattern; most templates are never matched in a short command
+        return {k: v for k, v in self.__dict__.items() if k != "regex"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def match(self, key: str) -> dict[str, str] | None:
         m = self.regex.match(key)
@@ -59,8 +71,8 @@ def compile_template(text: str) -> Template:
     parts.append(re.escape(tail))
     if not names:
         raise TemplateError(f"{text!r} has no placeholder")
-    return Template(text=text, regex=re.compile("^" + "".join(parts) + "$", re.S), names=tuple(names),
-                    literal_len=literal, prefix=prefix or "")
+    return Template(text=text, pattern="^" + "".join(parts) + "$", names=tuple(names), literal_len=literal,
+                    prefix=prefix or "")
 
 
 def placeholder_names(text: str) -> set[str]:

@@ -37,11 +37,15 @@ class LineDict(dict):
     key_lines: dict
 
 
-class _Loader(yaml.SafeLoader):
+class _PyLoader(yaml.SafeLoader):
     pass
 
 
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> LineDict:
+# libyaml's parser when PyYAML was built with it (the wheels are): the same safe constructors, ~10x faster
+_Loader: type = type("_Loader", (yaml.CSafeLoader,), {}) if getattr(yaml, "__with_libyaml__", False) else _PyLoader
+
+
+def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> LineDict:
     loader.flatten_mapping(node)
     out = LineDict()
     out.line = node.start_mark.line + 1
@@ -60,7 +64,8 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
     return out
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+for _cls in {_Loader, _PyLoader}:
+    _cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def load_yaml(path: str | Path) -> Any:
