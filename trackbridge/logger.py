@@ -43,6 +43,7 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -356,6 +357,8 @@ class _SinkWorker:
             return
         if r.info.source:
             run.source = r.info.source
+        if "outcome" in r.info.extra:
+            run.extra = {**(run.extra or {}), "outcome": r.info.extra["outcome"]}
         run.approximate = {**(run.approximate or {}), **r.tracker_approximate(self.is_spool)}
 
     def _recover(self, *, final: bool) -> None:
@@ -509,6 +512,8 @@ class Run:
                 sink = make_sink(spec)
             except (LocatorError, Exception) as exc:
                 raise ValueError(f"sink {spec!r}: {exc}") from None
+            _check_packages(spec, sink)
+            _ready_for_shutdown()
             if isinstance(spec, str):
                 _precheck_location(spec, sink, REGISTRY)
             built.append(sink)
@@ -574,8 +579,10 @@ class Run:
         pipe = self._rename.pipeline()
         return dict(pipe.stats.approximate) if pipe is not None else {}
 
-    def finish(self, timeout: float | None = None) -> dict[str, Any]:
+    def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
+        ``failed=True`` records that training failed (MLflow FAILED, wandb exit code 1, ``outcome`` in the run
+        info); leaving a ``with`` block by an exception, or the interpreter exiting on an uncaught one, does it.
         Safe to call twice. Returns :meth:`status`."""
         with self._lock:
             if self._finished:
@@ -585,6 +592,10 @@ class Run:
             atexit.unregister(self._atexit)
         except Exception:
             pass
+        outcome = "failed" if failed else "finished"
+        self.info.extra["outcome"] = outcome
+        for w in self._workers:
+            w.sink.outcome = outcome
         self._inbox.put(_STOP)
         end = None if timeout is None else time.monotonic() + timeout
         self._dispatcher.join(None if end is None else max(0.0, end - time.monotonic()))
@@ -644,12 +655,14 @@ class Run:
     def __enter__(self) -> "Run":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.finish()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(failed=exc_type is not None)
 
     def _atexit(self) -> None:
+        # at interpreter exit after an uncaught exception, Python has set sys.last_value (PyErr_Print)
+        dying = getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
         try:
-            self.finish(timeout=60.0)
+            self.finish(timeout=60.0, failed=dying)
         except Exception:
             pass
 
@@ -748,7 +761,7 @@ class NoOpRun:
         if not isinstance(metrics, dict):
             normalize_metrics(metrics)   # raises the same TypeError as on rank 0
 
-    def finish(self, timeout: float | None = None) -> dict[str, Any]:
+    def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         return self.status
 
     @property
@@ -771,6 +784,28 @@ def _as_step(step: Any) -> int:
         kind = "bool" if isinstance(step, bool) else type(step).__name__
         raise TypeError(f"log(step=...) must be an integer, got {kind} {step!r}")
     return out
+
+
+def _ready_for_shutdown() -> None:
+    """Tracker clients started by a sink's thread may create a thread pool, which registers with the interpreter's
+    shutdown; once the main thread has ended (a script that never calls finish()) that is refused ("can't register
+    atexit after shutdown") and the run would reach no tracker. Importing the pool module now registers it in time."""
+    import concurrent.futures.thread  # noqa: F401
+
+
+def _check_packages(spec: Any, sink: Sink) -> None:
+    """Fail at init, naming the extra to install, when a sink's tracker package is missing (rather than retrying
+    in the background and losing the tracker for the whole run)."""
+    import importlib.util
+    for pkg in getattr(sink, "requires", ()):
+        try:
+            found = importlib.util.find_spec(pkg) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            extra = getattr(sink, "extra", "") or "all"
+            raise ValueError(f"sink {spec!r} needs the {pkg!r} package, which is not installed: "
+                             f"pip install 'trackbridge[{extra}]'")
 
 
 def _precheck_location(spec: str, sink: Sink, registry: dict[str, str]) -> None:

@@ -57,6 +57,13 @@ class Sink(ABC):
     kind: str = "sink"
     capabilities = Capabilities()
 
+    #: packages the sink needs (checked at ``init``, before training starts) and the extra that installs them
+    requires: tuple[str, ...] = ()
+    extra: str = ""
+    #: how the run ended, set before ``close()``: "finished", or "failed" when training raised (trackers that keep
+    #: a run status record it: MLflow FAILED, wandb exit code 1; the others store it with the run info)
+    outcome: str = "finished"
+
     def __init__(self, location: str = "", **options: str) -> None:
         self.location = location
         self.options = dict(options)

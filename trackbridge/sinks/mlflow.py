@@ -165,6 +165,8 @@ class MlflowSink(Sink):
     """Writes records to one MLflow run (see the module docstring for the layout)."""
 
     kind = "mlflow"
+    requires = ("mlflow",)
+    extra = "mlflow"
     capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:
@@ -365,7 +367,7 @@ class MlflowSink(Sink):
             return
         self._closed = True
         self._put_tags(self._run_tags())
-        self.client.set_terminated(self.run_id, status="FINISHED")
+        self.client.set_terminated(self.run_id, status="FAILED" if self.outcome == "failed" else "FINISHED")
 
     def last_step(self) -> int | None:
         """Highest step among the run's latest metric values (MLflow keeps the max-step point per key)."""

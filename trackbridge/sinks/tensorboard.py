@@ -188,6 +188,8 @@ class TensorBoardSink(Sink):
     """Writes event files to ``DIR/<run name>/``. Options: ``bins=N`` (histogram buckets for raw values)."""
 
     kind = "tensorboard"
+    requires = ("tensorboard",)
+    extra = "tensorboard"
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -73,6 +73,8 @@ class WandbSink(Sink):
     ``flush_timeout`` (seconds close() waits for the offline file to be complete)."""
 
     kind = "wandb"
+    requires = ("wandb",)
+    extra = "wandb"
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:
@@ -226,7 +228,7 @@ class WandbSink(Sink):
             if self.run is not None:      # the run info as it stands at the end (fidelity, derived, names)
                 run.config.update({META_KEY: self._meta(self.run)}, allow_val_change=True)
         finally:
-            run.finish()
+            run.finish(exit_code=1 if self.outcome == "failed" else 0)
         if self.mode == "offline" and self._file is not None:
             self._wait_for_file(self._file)
 
