@@ -2,8 +2,8 @@
 
 Workload (default): one TensorBoard run of 500 tags x 2,000 steps = 1,000,000 scalar points laid out as trainers
 write them (``--layout per-value``, the default: one event per value, as ``SummaryWriter.add_scalar`` in TRL,
-transformers and torch does, each with its own wall time); ``--layout per-step`` writes trackbridge's own files (one
-event per step, ~4.6x faster to read). It is migrated
+transformers and torch does, each with its own wall time, no trackbridge run information); ``--layout per-step`` writes
+trackbridge's own files (one event per step, several times faster to read). It is migrated
 
 * into a new TensorBoard folder: ``migrate("tensorboard:SRC", "tensorboard:DST")`` vs tbparse into pandas, then
   tensorboardX ``add_scalar`` per value;
@@ -53,7 +53,31 @@ def tag_names(n: int) -> list[str]:
     return names
 
 
+def make_plain_source(folder: Path, tags: int, steps: int) -> None:
+    """A TensorBoard folder as trainers leave it: one ``Event`` per scalar value (``add_scalar``), each with its own
+    wall time, and no trackbridge run information. Written with TensorBoard's own protobufs and the standard TFRecord
+    framing (faster than calling tensorboardX a million times; the files are the same)."""
+    from tensorboard.compat.proto import event_pb2
+    from trackbridge.sinks.tensorboard import frame
+
+    names = tag_names(tags)
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = 1_763_700_000.0
+    with open(folder / f"events.out.tfevents.{int(t0)}.bench", "wb") as fh:
+        fh.write(frame(event_pb2.Event(wall_time=t0, file_version="brain.Event:2").SerializeToString()))
+        for s in range(steps):
+            chunk = []
+            for i, n in enumerate(names):
+                ev = event_pb2.Event(wall_time=t0 + s * 0.25 + i * 1e-6, step=s)
+                ev.summary.value.add(tag=n, simple_value=(s * tags + i) * 1e-4)
+                chunk.append(frame(ev.SerializeToString()))
+            fh.write(b"".join(chunk))
+
+
 def make_source(folder: Path, tags: int, steps: int, layout: str = "per-value") -> None:
+    if layout == "per-value":
+        make_plain_source(folder, tags, steps)
+        return
     from trackbridge.record import Record, RunInfo
     from trackbridge.sinks.tensorboard import TensorBoardSink
 
@@ -63,10 +87,7 @@ def make_source(folder: Path, tags: int, steps: int, layout: str = "per-value") 
     t0 = 1_763_700_000.0
     batch = []
     for s in range(steps):
-        if layout == "per-step":
-            batch.append(Record(s, t0 + s * 0.25, {n: (s * tags + i) * 1e-4 for i, n in enumerate(names)}))
-        else:          # one event per value, microseconds apart, as add_scalar writes them
-            batch += [Record(s, t0 + s * 0.25 + i * 1e-6, {n: (s * tags + i) * 1e-4}) for i, n in enumerate(names)]
+        batch.append(Record(s, t0 + s * 0.25, {n: (s * tags + i) * 1e-4 for i, n in enumerate(names)}))
         if len(batch) >= 64:
             sink.write(batch)
             batch = []

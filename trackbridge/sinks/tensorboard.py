@@ -102,7 +102,7 @@ def _pick_crc32c() -> tuple[Callable[[bytes], int], str]:
         import google_crc32c as _g  # type: ignore
 
         if getattr(_g, "implementation", "c") == "c":
-            return (lambda d: _g.value(bytes(d))), "google_crc32c"
+            return _g.value, "google_crc32c"
     except Exception:
         pass
     return _crc32c_py, "python"

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo
-from ..sinks.tensorboard import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, masked_crc32c
+from ..sinks.tensorboard import (DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, crc32c, event_files,
+                                masked_crc32c)
 from .base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
@@ -56,8 +57,54 @@ def _truthy(value: str | None, default: bool = True) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
+_CHUNK = 1 << 22      # bytes read at a time: memory stays flat whatever the file's size
+
+
 def read_event_records(path: Path, reader: RunReader | None, *, verify: bool = True) -> Iterator[tuple[int, bytes]]:
-    """``(offset, serialized Event)`` for each valid TFRecord of ``path``; damage goes to ``reader.skip``."""
+    """``(offset, serialized Event)`` for each valid TFRecord of ``path``; damage goes to ``reader.skip``.
+
+    The file is read in large chunks and framed in memory (an ordinary TensorBoard file holds one small record per
+    scalar value); at the first sign of damage the record-by-record reader takes over from that offset and says
+    what it skipped."""
+    crc = crc32c
+    unpack_from = struct.unpack_from
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        buf, base, pos = b"", 0, 0
+        while base + pos < size:
+            if len(buf) - pos < 12:
+                buf, base, pos = buf[pos:] + fh.read(_CHUNK), base + pos, 0
+                if len(buf) < 12:
+                    break                                   # a truncated header: reported below
+            length, hcrc = unpack_from("<QI", buf, pos)
+            x = crc(buf[pos:pos + 8])
+            if hcrc != (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF:
+                break                                       # damage: the careful reader reports and resyncs
+            need = 16 + length
+            if len(buf) - pos < need:
+                more = fh.read(max(_CHUNK, need - (len(buf) - pos)))
+                if not more:
+                    break                                   # truncated record
+                buf, base, pos = buf[pos:] + more, base + pos, 0
+                continue
+            data = buf[pos + 12:pos + 12 + length]
+            if verify:
+                x = crc(data)
+                if unpack_from("<I", buf, pos + 12 + length)[0] != (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF:
+                    if reader is not None:
+                        reader.skip(f"{path}:{base + pos}", "bad data CRC; record skipped")
+                    pos += need
+                    continue
+            yield base + pos, data
+            pos += need
+        else:
+            return
+    yield from _read_careful(path, reader, verify=verify, start=base + pos)
+
+
+def _read_careful(path: Path, reader: RunReader | None, *, verify: bool = True, start: int = 0
+                  ) -> Iterator[tuple[int, bytes]]:
+    """Record by record from ``start``, reporting truncation and bad CRCs and resyncing after damage."""
 
     def report(offset: int, what: str) -> None:
         if reader is not None:
@@ -65,7 +112,7 @@ def read_event_records(path: Path, reader: RunReader | None, *, verify: bool = T
 
     size = path.stat().st_size
     with open(path, "rb") as fh:
-        offset = 0
+        offset = start
         while offset < size:
             fh.seek(offset)
             header = fh.read(12)
@@ -246,7 +293,8 @@ class TensorBoardRunReader(RunReader):
                     continue
                 if rename:
                     metrics = {rename.get(k, k): v for k, v in metrics.items()}
-                derived = [rename.get(t, t) for t in self._derived if t in metrics or rename.get(t, t) in metrics]
+                derived = [rename.get(t, t) for t in self._derived if t in metrics or rename.get(t, t) in metrics] \
+                    if self._derived else []
                 if merge:
                     splits = split_cache.get(next(iter(metrics))) if len(metrics) == 1 else None
                     if splits is None:
