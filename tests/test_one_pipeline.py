@@ -317,3 +317,12 @@ def test_compare_detects_a_tensorboard_run_trackbridge_did_not_write(tmp_path):
     names = {k for r in run.records for k in r.metrics}
     assert "reward/score/mean" in names and "critic/score/mean" not in names
     assert run.approximate, "veRL's approximate translations are reported"
+
+
+def test_public_names_survive_submodule_imports():
+    """`trackbridge.translate` stays the function after `trackbridge.translate` (the module) has been imported."""
+    import importlib
+    importlib.import_module("trackbridge.translate")
+    importlib.import_module("trackbridge.logger")
+    assert callable(trackbridge.translate) and callable(trackbridge.init)
+    assert trackbridge.translate({"actor/ppo_kl": 0.1}, source="verl@0.4.1").metrics == {"kl/old_policy": 0.1}

@@ -7,15 +7,16 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "init", "Run", "NoOpRun", "translate", "Translator", "Translation", "wrap", "unwrap"]
 
-# The public names load on first use, so that `trackbridge --help` or `trackbridge detect FILE` import only what
-# they need (the logger, sinks and integrations are never imported by a command that does not use them).
-_LAZY = {"init": "logger", "Run": "logger", "NoOpRun": "logger", "translate": "translate",
-         "Translator": "translate", "Translation": "translate", "wrap": "integrations", "unwrap": "integrations"}
+# `translate` is imported at once: the submodule of the same name would otherwise shadow the function once anything
+# imports it. The logger and the integrations load on first use, so that `trackbridge --help` or `trackbridge detect
+# FILE` import only what they need.
+from .translate import Translation, Translator, translate  # noqa: E402
+
+_LAZY = {"init": "logger", "Run": "logger", "NoOpRun": "logger", "wrap": "integrations", "unwrap": "integrations"}
 
 if TYPE_CHECKING:       # pragma: no cover
     from .integrations import unwrap, wrap
     from .logger import NoOpRun, Run, init
-    from .translate import Translation, Translator, translate
 
 
 def __getattr__(name: str) -> Any:
