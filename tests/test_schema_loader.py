@@ -94,6 +94,30 @@ def test_yaml_syntax_error_names_line(tmp_path):
     assert info.value.line is not None
 
 
+@pytest.mark.parametrize("text", [
+    "a: 1\nb: [1, 2\nc: 3\n",                 # unclosed flow sequence
+    "a: 1\n\tb: 2\n",                         # tab indentation
+    "a: 1\n- b\n",                            # mapping then sequence
+    "a: &x 1\nb: *y\n",                        # undefined alias
+    "a: \"open\nb: 1\n",                        # unterminated string
+    "a: 1\nb:\n  x: 1\n  x: 2\n",               # duplicate key (our own check)
+    "a: !!python/object:os.system x\n",         # unsafe tag
+])
+def test_yaml_errors_read_the_same_with_libyaml(tmp_path, monkeypatch, text):
+    """libyaml parses the files, but a broken file is reported exactly as the pure-Python parser words it."""
+    from trackbridge.schema import yamlfile
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    messages = []
+    for loader in (yamlfile._Loader, yamlfile._PyLoader):
+        monkeypatch.setattr(yamlfile, "_Loader", loader)
+        with pytest.raises(MappingError) as info:
+            yamlfile.load_yaml(f)
+        messages.append((str(info.value), info.value.line, type(info.value)))
+    assert messages[0] == messages[1]
+    assert messages[0][0].startswith(f"{f}:{messages[0][1]}: ")
+
+
 def test_duplicate_yaml_key_rejected(tmp_path):
     with pytest.raises(MappingError) as info:
         _load(tmp_path, FW + "framework: toy2\n")

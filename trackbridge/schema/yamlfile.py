@@ -68,6 +68,13 @@ for _cls in {_Loader, _PyLoader}:
     _cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+class _SyntaxProblem(Exception):
+    """A YAML error, before it is reported as a MappingError."""
+
+    def __init__(self, message: str, line: int | None):
+        self.message, self.line = message, line
+
+
 def load_yaml(path: str | Path) -> Any:
     """Load one YAML file safely; errors name the file and line."""
     path = Path(path)
@@ -75,18 +82,34 @@ def load_yaml(path: str | Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MappingError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
-    loader = _Loader(text)
-    loader.name = str(path)
+    try:
+        return _parse(_Loader, text, str(path))
+    except _SyntaxProblem as exc:
+        problem = exc
+    if _Loader is not _PyLoader:
+        # libyaml words syntax errors its own way; the pure-Python parser gives the usual message (a broken file
+        # is parsed twice, a good one once)
+        try:
+            _parse(_PyLoader, text, str(path))
+        except _SyntaxProblem as exc:
+            problem = exc
+        except MappingError:
+            pass
+    raise MappingError(problem.message, file=str(path), line=problem.line)
+
+
+def _parse(loader_cls: type, text: str, name: str) -> Any:
+    loader = loader_cls(text)
+    loader.name = name
     try:
         return loader.get_single_data()
     except MappingError:
         raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        raise MappingError(f"YAML syntax error: {exc.problem or exc}", file=str(path), line=line) from None
+        raise _SyntaxProblem(f"YAML syntax error: {exc.problem or exc}", mark.line + 1 if mark else None) from None
     except yaml.YAMLError as exc:
-        raise MappingError(f"YAML error: {exc}", file=str(path)) from None
+        raise _SyntaxProblem(f"YAML error: {exc}", None) from None
     finally:
         loader.dispose()
 
