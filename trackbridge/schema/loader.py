@@ -109,7 +109,8 @@ def _cache_key(files: list[str]) -> str | None:
     h = hashlib.sha256(f"{__version__}|{sys.version}|{__file__}".encode())
     here = Path(__file__).parent
     try:
-        for f in [*(str(here / m) for m in ("model.py", "templates.py", "loader.py", "versions.py")), *files]:
+        code = ("model.py", "templates.py", "loader.py", "versions.py", "yamlfile.py")   # what shapes the pickle
+        for f in [*(str(here / m) for m in code), *files]:
             h.update(f.encode() + b"\0")
             h.update(Path(f).read_bytes())
             h.update(b"\0")
