@@ -176,8 +176,10 @@ def test_file_store_duplicates_on_rewrite(tmp_path, monkeypatch):
 def test_unstorable_value_names_the_metric(db):
     sink = make_sink(f"mlflow:{db}?experiment=bad")
     sink.open(RunInfo(name="bad"))
-    with pytest.raises(SinkError, match=r"step 3, metric 'obj'"):
-        sink.write([Record(step=3, wall_time=T0, metrics={"obj": object()})])
+    sink.write([Record(step=3, wall_time=T0, metrics={"obj": object(), "ok": 1.0})])   # that key only is left out
+    ((key, step, why),) = sink.take_rejected()
+    assert (key, step) == ("obj", 3) and "cannot store a object" in why
+    assert [m.step for m in sink.client.get_metric_history(sink.run_id, "ok")] == [3]
     sink.close()
 
 

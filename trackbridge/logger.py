@@ -55,7 +55,7 @@ from . import _rank
 from .record import Record, RunInfo
 from .replay import iter_spool, names_translator, scan_spool, spool_file
 from .sinks.base import Sink, Unreachable, check_reachable
-from .values import as_step, normalize_metrics
+from .values import STEP_MAX, as_step, check_step, normalize_metrics, utf8_ok
 
 log = logging.getLogger("trackbridge")
 
@@ -306,7 +306,84 @@ class _SinkWorker:
                 chunk = [self.rename(rec) for rec in chunk]
             self._check_capabilities(chunk)
             self.sink.write(chunk)
+            self._report_rejected()
             self.caught_up += len(chunk)
+
+    def _isolate(self, recs: list[Record]) -> bool:
+        """After a batch failed every retry: find out whether values are to blame rather than the tracker. The
+        records are written one by one; one that fails is split in halves by key, recursively, down to the keys
+        the tracker refuses, which are left out (reported once per key like the sink's own refusals). Returns
+        False, having given up, as soon as a record and both its halves fail before any write succeeded (the
+        tracker itself is down: three quick attempts, no back-off, then the usual failure handling)."""
+        class Down(Exception):
+            pass
+
+        state = {"proved": False}
+        bad: list[tuple[str, int | None, str]] = []
+
+        def attempt(rec: Record) -> bool:
+            try:
+                self.sink.write([rec])
+            except Exception as exc:
+                self.last_error = f"write: {type(exc).__name__}: {exc}"
+                return False
+            state["proved"] = True
+            return True
+
+        def sub(rec: Record, items: list[tuple[str, Any]]) -> Record:
+            keys = {k for k, _ in items}
+            return Record(step=rec.step, wall_time=rec.wall_time, metrics=dict(items),
+                          derived=[d for d in rec.derived if d in keys])
+
+        def split(rec: Record, items: list[tuple[str, Any]]) -> None:
+            if len(items) <= 1:
+                why = (self.last_error or "refused")[:300]
+                bad.append((_printable(items[0][0]) if items else "step", rec.step, why))
+                return
+            half = len(items) // 2
+            a, b = items[:half], items[half:]
+            ok_a, ok_b = attempt(sub(rec, a)), attempt(sub(rec, b))
+            if not ok_a and not ok_b and not state["proved"]:
+                raise Down
+            if not ok_a:
+                split(rec, a)
+            if not ok_b:
+                split(rec, b)
+
+        try:
+            skip = self.sink.written_of(recs)
+        except Exception:
+            skip = 0
+        try:
+            for rec in recs[skip:]:
+                if not attempt(rec):
+                    split(rec, list(rec.metrics.items()))
+        except Down:
+            return False
+        if bad and not state["proved"]:
+            return False
+        for key, step, why in bad:
+            self.sink.reject(key, step, why)
+        return True
+
+    def _report_rejected(self) -> None:
+        """Warn once per key about what the sink left out of records because its tracker cannot take it."""
+        if not getattr(self.sink, "_rejected", None):
+            return
+        for key, step, why in self.sink.take_rejected():
+            tag = f"rejected {key}"
+            if tag in self.notes:
+                continue
+            self.notes.add(tag)
+            where = ("left out of the spool (no tracker gets it)" if self.is_spool else
+                     "left out of this tracker only (the spool and the other trackers keep it)")
+            if key == "step":
+                message = f"sink {self.name} cannot store step {step} ({why}); records at such steps are {where}"
+            else:
+                message = (f"sink {self.name} cannot take metric {key!r} (first at step {step}: {why}); that "
+                           f"metric is {where}")
+            self.runref.problems.append(message)
+            _warn(f"trackbridge: {message}")
 
     def _write(self, batch: list[tuple[int, Record]]) -> None:
         recs = [rec for _s, rec in batch]
@@ -315,12 +392,14 @@ class _SinkWorker:
         def do_write() -> None:
             self.sink.write(recs)
 
-        if self._retrying("write", do_write):
+        if self._retrying("write", do_write) or self._isolate(recs):
+            self._report_rejected()
             self.written += len(recs)
             self.acked = batch[-1][0]
             if self.is_spool:
                 self._spool_advance(self.acked)
             return
+        self._report_rejected()
         with self.lock:
             self.dropped_hi = batch[-1][0] if self.dropped_hi is None else max(self.dropped_hi, batch[-1][0])
             self._mark_failed_locked(f"after {self.runref._retries + 1} attempts to write")
@@ -555,13 +634,17 @@ class Run:
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Log one step's metrics. Returns as soon as the values are validated and queued.
 
-        Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step``, ``RuntimeError`` after
-        ``finish()``. A value no tracker can store is left out with a warning (see ``run.problems``).
+        Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step``, ``ValueError`` for a step
+        outside 0 .. 2**53 - 1 (nothing is logged for that call), ``RuntimeError`` after ``finish()``. A value or
+        name no tracker can store (an empty name, a lone surrogate, ...) is left out with a one-time warning naming
+        it (see ``run.problems``); the other values of the call are logged.
         """
         wall_time = time.time()
         values, problems = normalize_metrics(metrics)
         if step is not None:
             step = _as_step(step)
+            if not 0 <= step <= STEP_MAX:
+                check_step(step)
         if problems:
             self._report_values(problems)
         if self._finished:
@@ -726,6 +809,10 @@ class Run:
             axis = metrics.get(STEP_AXIS)
             if isinstance(axis, (int, float)) and not isinstance(axis, bool) and math.isfinite(axis):
                 step = int(axis)
+                if not 0 <= step <= STEP_MAX:
+                    self._warn_once("step-axis", f"{STEP_AXIS} = {axis!r} is outside 0 .. 2**53 - 1 (what every "
+                                                 f"tracker stores); the record is logged at the next step instead")
+                    step = self._next_step
             else:
                 step = self._next_step
         self._next_step = max(self._next_step, step + 1)
@@ -741,8 +828,39 @@ class Run:
         return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived)
 
 
+_INFO_LOCK = threading.Lock()
+
+
+def _clean_info(run: "Run") -> RunInfo:
+    """A copy of the run info that every sink can store: the config made plain JSON (see
+    :func:`trackbridge.values.sanitize_config`; each change is reported once, naming the key), tags as strings, no
+    lone surrogate in the name or project. Sink workers open concurrently, hence the lock."""
+    import dataclasses
+    from .values import sanitize_config
+    with _INFO_LOCK:
+        src = run.info
+        config, notes = sanitize_config(src.config)
+        for key, message in notes:
+            run._warn_once(f"config:{key}", message)
+        fix = _fix_text
+        info = copy.deepcopy(dataclasses.replace(src, config={}, extra={}))
+        info.config = config
+        info.extra, _ = sanitize_config(src.extra)
+        info.name = fix(info.name) if isinstance(info.name, str) else info.name
+        info.project = fix(info.project) if isinstance(info.project, str) else info.project
+        info.tags = {fix(str(k)): fix(v if isinstance(v, str) else str(v)) for k, v in (info.tags or {}).items()}
+    return info
+
+
+def _fix_text(text: str) -> str:
+    return text if utf8_ok(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_printable = _fix_text
+
+
 def _tracker_info_impl(run: "Run", is_spool: bool) -> RunInfo:
-    info = copy.deepcopy(run.info)
+    info = _clean_info(run)
     if not is_spool:
         info.names = run.names
         info.approximate = run.tracker_approximate(is_spool)

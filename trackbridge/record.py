@@ -34,19 +34,51 @@ class Histogram:
     num: float | None = None
     sum: float | None = None
     sum_squares: float | None = None
+    nonfinite: float | None = None   # NaN/+-inf samples left out of ``values`` (None when there were none)
 
     @classmethod
     def from_values(cls, values: Iterable[Any]) -> "Histogram":
+        """A raw-samples histogram. NaN and infinities are left out of ``values`` (no tracker can bucket them, and
+        the spool must stay strict JSON); how many were left out is kept in ``nonfinite``."""
         vals = [float(v) for v in values]
-        finite = [v for v in vals if math.isfinite(v)]
+        finite = [v for v in vals if v - v == 0.0]      # v - v is NaN for NaN and +-inf
+        dropped = len(vals) - len(finite)
+        try:
+            sq = float(sum(v * v for v in finite)) if finite else 0.0
+        except OverflowError:    # pragma: no cover - float products overflow to inf, never raise
+            sq = math.inf
         return cls(
-            values=vals,
+            values=finite,
             min=min(finite) if finite else None,
             max=max(finite) if finite else None,
-            num=float(len(vals)),
+            num=float(len(finite)),
             sum=float(sum(finite)) if finite else 0.0,
-            sum_squares=float(sum(v * v for v in finite)) if finite else 0.0,
+            sum_squares=sq,
+            nonfinite=float(dropped) if dropped else None,
         )
+
+    def is_finite(self) -> bool:
+        """True when every number in the histogram is finite (what strict JSON and every tracker can take)."""
+        for seq in (self.values, self.limits, self.counts):
+            if seq:
+                for x in seq:
+                    if not math.isfinite(x):
+                        return False
+        for x in (self.min, self.max, self.num, self.sum, self.sum_squares, self.nonfinite):
+            if x is not None and not math.isfinite(x):
+                return False
+        return True
+
+    def finite(self) -> "Histogram | None":
+        """This histogram with NaN/+-inf samples moved out of ``values`` into ``nonfinite`` (statistics recomputed);
+        ``None`` when bucket edges, counts or statistics are not finite (such a histogram cannot be repaired)."""
+        if self.is_finite():
+            return self
+        if self.limits is not None or self.counts is not None or self.values is None:
+            return None
+        out = Histogram.from_values(self.values)
+        out.nonfinite = (out.nonfinite or 0.0) + (self.nonfinite or 0.0) or None
+        return out if out.is_finite() else None
 
     def summary(self) -> dict[str, float]:
         """Summary statistics for trackers that hold no histograms (``mean``, ``std``, ``min``, ``max``, ``count``)."""
@@ -72,7 +104,8 @@ class Histogram:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Histogram":
-        return cls(**{k: v for k, v in obj.items() if k != "_type"})
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in obj.items() if k in known})
 
 
 @dataclass
@@ -123,23 +156,49 @@ class RunInfo:
 
 
 def encode_value(v: Any) -> Any:
-    """JSON form of a metric value. NaN and infinities become strings so that the file stays strict JSON."""
+    """JSON form of a metric value, so that the file stays strict JSON.
+
+    * a float NaN / +inf / -inf becomes the bare string ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"`` (the form every
+      stream ever written uses, and trackio's);
+    * a *string* value that is exactly one of those three words is tagged, ``{"_type": "str", "value": "NaN"}``, so
+      that it reads back as a string (before this rule it read back as a float);
+    * a histogram becomes ``{"_type": "histogram", ...}``.
+
+    The rule for readers (:func:`decode_value`): a bare special word is always a float, in old and new streams alike;
+    only the tagged form is a string. Old streams stay readable unchanged, and so does every stream without such a
+    string (the tag appears only for those three exact strings).
+    """
+    t = type(v)
+    if t is float:
+        if v != v:
+            return "NaN"
+        if v in _INFS:
+            return "Infinity" if v > 0 else "-Infinity"
+        return v
+    if t is str:
+        return {"_type": "str", "value": v} if v in _SPECIAL else v
     if isinstance(v, Histogram):
         return v.to_json()
     if isinstance(v, float):
-        if math.isnan(v):
-            return "NaN"
-        if math.isinf(v):
-            return "Infinity" if v > 0 else "-Infinity"
+        return encode_value(float(v))
+    if isinstance(v, str):
+        return encode_value(str(v))
     return v
 
 
 _SPECIAL = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+_INFS = (float("inf"), float("-inf"))
 
 
 def decode_value(v: Any) -> Any:
-    if isinstance(v, dict) and v.get("_type") == "histogram":
-        return Histogram.from_json(v)
+    """Inverse of :func:`encode_value` (see its rule)."""
+    if isinstance(v, dict):
+        t = v.get("_type")
+        if t == "histogram":
+            return Histogram.from_json(v)
+        if t == "str" and isinstance(v.get("value"), str):
+            return v["value"]
+        return v
     if isinstance(v, str) and v in _SPECIAL:
         return _SPECIAL[v]
     return v

@@ -137,37 +137,132 @@ def _scalar(item: Any, key: str, original: Any) -> Any:
                                f"not a number") from None
 
 
+# Keys already checked (a str, not empty, encodable as UTF-8): training logs the same names every step, so each is
+# checked once; a set lookup costs what the old ``type(k) is str`` test did. Bounded: cleared when it grows past
+# _GOOD_KEYS_MAX (a trainer that makes up new names every step only pays the check again).
+_GOOD_KEYS: set[str] = set()
+_GOOD_KEYS_MAX = 200_000
+
+#: the largest step every tracker stores exactly (wandb and Trackio's dashboards are JavaScript: 2**53 - 1)
+STEP_MAX = 2 ** 53 - 1
+_FLOAT_MAX_INT = 2 ** 1023      # ints at least this large may not convert to a float (TensorBoard, MLflow need one)
+
+
+def utf8_ok(text: str) -> bool:
+    """True when ``text`` can be written as UTF-8 (no lone surrogate such as ``"\\ud800"``)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _key_problem(k: Any, prefix: str) -> str | None:
+    """Why a metric name cannot be logged (``None`` when it can; it is then remembered as good). Raises
+    :class:`TypeError` for a name that is not a string (a programming error)."""
+    if type(k) is not str:
+        if not isinstance(k, str):
+            raise TypeError(f"log(): metric names must be strings, got {_describe(k)} key {k!r}"
+                            + (f" under {prefix.rstrip('/')!r}" if prefix else ""))
+        k = str(k)
+    if not k:
+        where = f" under {prefix.rstrip('/')!r}" if prefix else ""
+        return f"metric {prefix + k!r}: an empty metric name{where} cannot be stored by a tracker"
+    if not utf8_ok(k):
+        return (f"metric {(prefix + k).encode('utf-8', 'backslashreplace').decode()!r}: the name holds a lone "
+                f"surrogate (invalid Unicode), which no tracker can store")
+    if len(_GOOD_KEYS) >= _GOOD_KEYS_MAX:
+        _GOOD_KEYS.clear()
+    _GOOD_KEYS.add(k)
+    return None
+
+
+def _value_problem(name: str, v: Any) -> tuple[Any, str | None]:
+    """The slow checks of a str/int/Histogram value: ``(value to log, None)`` or ``(None, why it is left out)``."""
+    if type(v) is str or isinstance(v, str):
+        if utf8_ok(v):
+            return v, None
+        return None, (f"metric {name!r}: the string value holds a lone surrogate (invalid Unicode), which no "
+                      f"tracker can store")
+    if isinstance(v, int):
+        if -_FLOAT_MAX_INT < v < _FLOAT_MAX_INT:
+            return v, None
+        try:
+            return float(v), None
+        except OverflowError:
+            return None, f"metric {name!r}: the integer {str(v)[:20]}... is too large for any tracker (> 1.8e308)"
+    if isinstance(v, Histogram):
+        fixed = v.finite()
+        if fixed is None:
+            return None, (f"metric {name!r}: the histogram's bucket edges, counts or statistics are NaN or "
+                          f"infinite, which no tracker can store")
+        return fixed, None
+    return v, None
+
+
 def normalize_metrics(metrics: Any, *, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
     """Validate and normalise a ``log()`` dict.
 
     Returns ``(values, problems)``: ``problems`` holds one message per value that was left out because no tracker
-    could store it. Raises :class:`TypeError` for a non-dict or a non-string key (a programming error, reported at
-    once in the caller's thread rather than in a worker nobody sees).
+    could store it (each message starts with ``metric '<name>'``): an empty name, a name or string holding a lone
+    surrogate, an integer beyond the float range, a histogram whose edges/counts are not finite, an unsupported
+    type. NaN/inf samples of a list or array are left out of its histogram (counted in ``Histogram.nonfinite``).
+    Raises :class:`TypeError` for a non-dict or a non-string key (a programming error, reported at once in the
+    caller's thread rather than in a worker nobody sees).
     """
     if not isinstance(metrics, dict):
         raise TypeError(f"log() takes a dict of metric name -> value, got {_describe(metrics)}"
                         + (" (did you mean log({name: value})?)" if isinstance(metrics, (int, float, str)) else ""))
     out: dict[str, Any] = {}
     problems: list[str] = []
+    good = _GOOD_KEYS
     for k, v in metrics.items():
-        if type(k) is not str:
-            raise TypeError(f"log(): metric names must be strings, got {_describe(k)} key {k!r}"
-                            + (f" under {prefix.rstrip('/')!r}" if prefix else ""))
+        if k not in good:
+            bad = _key_problem(k, prefix)
+            if bad is not None:
+                problems.append(bad)
+                continue
+            k = str(k)
         tv = type(v)
-        if tv is float or tv is int or tv is str or v is None:
+        if tv is float or v is None:
             out[prefix + k if prefix else k] = v
             continue
         name = prefix + k if prefix else k
-        if isinstance(v, dict):
+        if tv is int:
+            if -_FLOAT_MAX_INT < v < _FLOAT_MAX_INT:
+                out[name] = v
+                continue
+        elif tv is str:
+            if v.isascii():
+                out[name] = v
+                continue
+        elif isinstance(v, dict):
             inner, inner_problems = normalize_metrics(v, prefix=name + "/")
             out.update(inner)
             problems.extend(inner_problems)
             continue
         try:
-            out[name] = normalize(v, name)
+            value = normalize(v, name)
         except UnsupportedValue as exc:
             problems.append(str(exc))
+            continue
+        value, bad = _value_problem(name, value)
+        if bad is not None:
+            problems.append(bad)
+        else:
+            out[name] = value
     return out, problems
+
+
+def check_step(step: int) -> int:
+    """``step`` when every tracker can store it (0 <= step <= :data:`STEP_MAX`), else :class:`ValueError`."""
+    if 0 <= step <= STEP_MAX:
+        return step
+    raise ValueError(f"log(step={step!r}): steps must be between 0 and 2**53 - 1 = {STEP_MAX} (the range every "
+                     f"tracker stores exactly: wandb and Trackio show steps in JavaScript, TensorBoard and MLflow "
+                     f"keep 64-bit integers); nothing was logged for this call")
 
 
 def is_nonfinite(value: Any) -> bool:
@@ -175,7 +270,7 @@ def is_nonfinite(value: Any) -> bool:
     return type(value) is float and not math.isfinite(value)
 
 
-__all__ = ["UnsupportedValue", "normalize", "normalize_metrics", "is_nonfinite"]
+__all__ = ["UnsupportedValue", "normalize", "normalize_metrics", "is_nonfinite", "check_step", "utf8_ok", "STEP_MAX"]
 
 
 def as_step(step: Any) -> int | None:
@@ -191,3 +286,109 @@ def as_step(step: Any) -> int | None:
     if isinstance(step, int) and not isinstance(step, bool):
         return step
     return None
+
+
+# -- the run's config: made JSON before any sink sees it ----------------------------------------------------------
+def _fix_text(text: str) -> str:
+    return text if utf8_ok(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _config_value(v: Any, path: str, notes: list[tuple[str, str]], depth: int = 0) -> Any:
+    t = type(v)
+    if v is None or t is bool or t is int or t is str:
+        if t is str and not utf8_ok(v):
+            notes.append((path, f"config {path!r}: a lone surrogate in the text was written as a \\u escape"))
+            return _fix_text(v)
+        return v
+    if t is float:
+        if v - v == 0.0:
+            return v
+        text = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+        notes.append((path, f"config {path!r}: {v!r} is not JSON; stored as the string {text!r}"))
+        return text
+    if depth > 50:
+        notes.append((path, f"config {path!r}: nested too deep; stored as its repr()"))
+        return _fix_text(repr(v)[:2000])
+    if isinstance(v, dict):
+        out: dict[str, Any] = {}
+        for k, x in v.items():
+            key = k if type(k) is str else (str(k) if isinstance(k, (str, int, float, bool)) or k is None else repr(k))
+            if not utf8_ok(key):
+                key = _fix_text(key)
+                notes.append((key, f"config {key!r}: a lone surrogate in the key was written as a \\u escape"))
+            sub = f"{path}.{key}" if path else key
+            if key is not k and not isinstance(k, (str, int, float, bool)) and k is not None:
+                notes.append((sub, f"config {sub!r}: the key is a {_describe(k)}, not a string; stored as its repr()"))
+            out[key] = _config_value(x, sub, notes, depth + 1)
+        return out
+    if isinstance(v, (list, tuple)):
+        return [_config_value(x, f"{path}[{i}]", notes, depth + 1) for i, x in enumerate(v)]
+    if isinstance(v, (set, frozenset)):
+        items = [_config_value(x, f"{path}{{}}", notes, depth + 1) for x in v]
+        try:
+            items.sort()
+        except TypeError:
+            items.sort(key=repr)
+        notes.append((path, f"config {path!r}: a {t.__name__} is not JSON; stored as a sorted list"))
+        return items
+    if isinstance(v, (str, int, float)):          # subclasses (enums, numpy floats ...)
+        base = str if isinstance(v, str) else (int if isinstance(v, int) else float)
+        return _config_value(base(v), path, notes, depth + 1)
+    import os
+    if isinstance(v, os.PathLike):
+        return _fix_text(os.fspath(v) if not isinstance(os.fspath(v), bytes) else repr(os.fspath(v)))
+    item = getattr(v, "item", None)
+    if callable(item) and _size(v) in (None, 1):
+        try:
+            return _config_value(item(), path, notes, depth + 1)
+        except Exception:
+            pass
+    tolist = getattr(v, "tolist", None)
+    if callable(tolist):
+        try:
+            return _config_value(tolist(), path, notes, depth + 1)
+        except Exception:
+            pass
+    try:
+        text = repr(v)
+    except Exception:
+        text = f"<{_describe(v)}>"
+    notes.append((path, f"config {path!r}: a {_describe(v)} is not JSON; stored as its repr() {text[:80]!r}"))
+    return _fix_text(text)
+
+
+def _flat_names(config: dict[str, Any], sep: str, prefix: str, owner: str, seen: dict[str, str],
+                clashes: list[tuple[str, str, str]]) -> None:
+    for k, v in config.items():
+        name = f"{prefix}{sep}{k}" if prefix else k
+        path = f"{owner} > {k}" if owner else k
+        if isinstance(v, dict) and v:
+            _flat_names(v, sep, name, path, seen, clashes)
+        elif name in seen:
+            clashes.append((name, seen[name], path))
+        else:
+            seen[name] = path
+
+
+def sanitize_config(config: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The run config as plain JSON, for the spool and every tracker; returns ``(config, notes)``.
+
+    NaN/+-inf become the strings ``"NaN"``/``"Infinity"``/``"-Infinity"``; a ``pathlib.Path`` (any ``os.PathLike``)
+    its text (no note: the path is exact); a set a sorted list; tuples lists; a numpy scalar/array or 0-d tensor
+    its ``item()``/``tolist()``; a non-string key its ``str()``; a lone surrogate a ``\\udXXX`` escape; anything
+    else its ``repr()``. ``notes`` holds ``(key, message)`` for each change a user should hear about, and for nested
+    keys that flatten to the same name in a tracker that flattens the config (TensorBoard's hparams ``a/b``, MLflow's
+    params ``a.b``), where only one of them is kept.
+    """
+    notes: list[tuple[str, str]] = []
+    if not isinstance(config, dict):
+        config = {} if config is None else {"config": config}
+    clean = _config_value(config, "", notes)
+    for sep, where in (("/", "TensorBoard's hparams"), (".", "MLflow's params")):
+        clashes: list[tuple[str, str, str]] = []
+        _flat_names(clean, sep, "", "", {}, clashes)
+        for name, first, second in clashes:
+            notes.append((f"flat:{sep}{name}", f"config keys {first!r} and {second!r} both flatten to {name!r} in "
+                                              f"{where}; only the last one is kept there (the spool, wandb and "
+                                              f"Trackio keep the nested config)"))
+    return clean, notes

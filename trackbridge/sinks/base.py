@@ -51,6 +51,24 @@ class SinkError(RuntimeError):
     """A sink could not do what was asked; the message names the sink."""
 
 
+#: the steps a sink writes: trackers keep steps in signed 64-bit integers (a record outside is left out, see
+#: :meth:`Sink.reject`; the logger refuses steps outside 0 .. 2**53 - 1 already at ``log()``)
+STEP_MIN, STEP_LIMIT = -(2 ** 63), 2 ** 63 - 1
+
+
+def step_ok(step: int | None) -> bool:
+    return step is None or STEP_MIN <= step <= STEP_LIMIT
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print or store as UTF-8 (a lone surrogate becomes a ``\\udXXX`` escape)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class Sink(ABC):
     """Base class of every tracker sink. Subclasses set ``kind`` and ``capabilities``."""
 
@@ -99,6 +117,24 @@ class Sink(ABC):
                 self.run.extra = {**(self.run.extra or {}),
                                   "derived": sorted(set((self.run.extra or {}).get("derived") or ()) | seen)}
         return new
+
+    def reject(self, key: str, step: int | None, why: str) -> None:
+        """Note that this sink left ``key`` out of the record at ``step`` because its tracker cannot take the value
+        (``key`` is ``"step"`` when the whole record was left out for its step). The other keys are written; the
+        logger reports each key once per sink (see :meth:`take_rejected`). Never raises."""
+        self.__dict__.setdefault("_rejected", []).append((key, step, why))
+
+    def take_rejected(self) -> list[tuple[str, int | None, str]]:
+        """The ``(key, step, why)`` noted by :meth:`reject` since the last call."""
+        out = self.__dict__.get("_rejected") or []
+        self.__dict__["_rejected"] = []
+        return out
+
+    def written_of(self, records: list[Record]) -> int:
+        """How many leading records of ``records``, whose :meth:`write` just raised, are in the tracker already.
+        0 for a sink whose write is all-or-nothing or idempotent; a sink that writes record by record and cannot
+        take a row back (wandb) says how far it got, so that the logger does not write those rows twice."""
+        return 0
 
     def record_sanitized(self, mapping: dict[str, str]) -> None:
         """Remember stored-name -> original-name pairs so that readers can restore the originals."""

@@ -20,8 +20,8 @@ import re
 import uuid
 from pathlib import Path
 
-from ..record import Record, RunInfo, dumps
-from .base import Capabilities, Sink, SinkError
+from ..record import Record, RunInfo, dumps, encode_value
+from .base import Capabilities, Sink, SinkError, printable
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -119,10 +119,33 @@ class JsonlSink(Sink):
             return
         try:
             data = "".join(dumps(r.to_json()) + "\n" for r in records).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise SinkError(f"jsonl sink {self.path}: a record is not JSON-serialisable: {exc}") from None
+        except (TypeError, ValueError):      # UnicodeEncodeError is a ValueError: find the values at fault
+            data = "".join(self._line(r) for r in records).encode("utf-8")
         self._fh.write(data)
         self._flush()
+
+    def _line(self, rec: Record) -> str:
+        """One record's line, leaving out (see :meth:`Sink.reject`) each value that is not strict JSON in UTF-8."""
+        try:
+            return (dumps(rec.to_json()) + "\n").encode("utf-8").decode("utf-8")
+        except (TypeError, ValueError):
+            pass
+        keep = {}
+        for k, v in rec.metrics.items():
+            try:
+                dumps({k: encode_value(v)}).encode("utf-8")
+            except (TypeError, ValueError) as exc:
+                self.reject(printable(k), rec.step, f"{type(exc).__name__}: {printable(str(exc))[:200]}")
+                continue
+            keep[k] = v
+        derived = [d for d in rec.derived if d in keep]
+        try:
+            return (dumps(Record(rec.step, rec.wall_time, keep, derived).to_json()) + "\n").encode("utf-8").decode(
+                "utf-8")
+        except (TypeError, ValueError) as exc:
+            self.reject("step", rec.step if isinstance(rec.step, int) else None,
+                        f"the record is not JSON ({type(exc).__name__}: {printable(str(exc))[:200]})")
+            return ""
 
     def _flush(self) -> None:
         assert self._fh is not None

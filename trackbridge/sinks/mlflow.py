@@ -51,9 +51,10 @@ from pathlib import Path
 from typing import Any
 
 from ..record import Histogram, Record, RunInfo
+from ..values import utf8_ok
 from . import _sanitize
 from ._mlflow_bulk import BulkWriter
-from .base import Capabilities, Sink, SinkError, Unreachable, check_reachable
+from .base import Capabilities, Sink, SinkError, Unreachable, check_reachable, printable, step_ok
 
 TAG_ESCAPE = "trackbridge.key_escape"
 TAG_NAMES = "trackbridge.names"
@@ -308,6 +309,9 @@ class MlflowSink(Sink):
         hist_before = len(self._hist)
         for rec in records:
             step = int(rec.step) if rec.step is not None else self._next_step
+            if not step_ok(step):
+                self.reject("step", step, "MLflow keeps steps in signed 64-bit integers; the record is left out")
+                continue
             self._next_step = max(self._next_step, step + 1)
             ts = _ms(rec.wall_time)
             if rec.wall_time is None:
@@ -317,21 +321,25 @@ class MlflowSink(Sink):
             for name, value in rec.metrics.items():
                 if value is None:
                     continue
-                if isinstance(value, Histogram):
-                    self._hist.add(name)
-                    for stat, v in value.summary().items():
-                        metrics.append(Metric(self._key(f"{name}/{stat}"), float(v), ts, step))
-                    continue
-                if isinstance(value, str):
-                    texts.append({"step": step, "timestamp": ts, "wall_time": rec.wall_time, "name": name,
-                                  "value": value})
-                    continue
                 try:
-                    number = float(value)
-                except (TypeError, ValueError):
-                    raise SinkError(f"mlflow:{self.location}: step {step}, metric {name!r}: cannot store a "
-                                    f"{type(value).__name__} value") from None
-                metrics.append(Metric(self._key(name), number, ts, step))
+                    if isinstance(value, Histogram):
+                        summary = [(self._key(f"{name}/{stat}"), float(v)) for stat, v in value.summary().items()]
+                        self._hist.add(name)
+                        metrics.extend(Metric(k, v, ts, step) for k, v in summary)
+                        continue
+                    if isinstance(value, str):
+                        if not (utf8_ok(name) and utf8_ok(value)):
+                            raise ValueError("a lone surrogate (invalid Unicode) in the name or the text")
+                        texts.append({"step": step, "timestamp": ts, "wall_time": rec.wall_time, "name": name,
+                                      "value": value})
+                        continue
+                    try:
+                        number = float(value)
+                    except (TypeError, ValueError, OverflowError):
+                        raise ValueError(f"cannot store a {type(value).__name__} value {str(value)[:40]}") from None
+                    metrics.append(Metric(self._key(name), number, ts, step))
+                except (SinkError, ValueError) as exc:     # this key only: the rest of the record is written
+                    self.reject(printable(name), step, printable(str(exc))[:300])
         # by key (stable: steps keep their order): each log_batch then touches few keys, and MLflow's SQL store
         # updates latest_metrics per key of a batch -- 1.75x faster with 500 keys per step (benchmarks/bench_migrate.py)
         metrics.sort(key=_metric_key)
@@ -350,6 +358,8 @@ class MlflowSink(Sink):
             self._put_tags(self._run_tags())
 
     def _key(self, name: str) -> str:
+        if not utf8_ok(name):
+            raise SinkError(f"mlflow:{self.location}: metric name with a lone surrogate (invalid Unicode)")
         try:
             return self._names(name)
         except ValueError as exc:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..record import Histogram, Record, RunInfo, dumps
-from .base import Capabilities, Sink, SinkError
+from .base import Capabilities, Sink, SinkError, printable
 
 DERIVED_DESCRIPTION = "derived by trackbridge (computed from other metrics, not logged by the trainer)"
 INFO_FILE = "trackbridge-run.json"   # the run info at close (see TensorBoardSink._write_final_info)
@@ -299,37 +299,68 @@ class TensorBoardSink(Sink):
         out = []
         for rec in records:
             step = rec.step if rec.step is not None else self._step
-            ev = Event(wall_time=rec.wall_time if rec.wall_time is not None else time.time(), step=step)
-            values = ev.summary.value
-            add = values.add
-            marks = self.note_derived([rec]) if rec.derived else ()
-            for tag, v in rec.metrics.items():
-                t = type(v)
-                if tag in marks and (t is float or t is int):
-                    # first value of a derived tag: TensorBoard keeps a tag's first metadata, shown as its description
-                    val = add(tag=tag, simple_value=v)
-                    val.metadata.summary_description = DERIVED_DESCRIPTION
-                elif t is float or t is int:
-                    add(tag=tag, simple_value=v)
-                elif t is bool:
-                    add(tag=tag, simple_value=float(v))
-                elif v is None:
+            try:
+                out.append(frame(self._event(Event, summary_pb2, rec, step).SerializeToString()))
+            except Exception:    # a value (or the step) TensorBoard cannot take: find it, write the rest
+                data = self._careful_event(Event, summary_pb2, rec, step)
+                if data is None:
                     continue
-                elif isinstance(v, str):
-                    values.append(self._text_value(tag, v))
-                elif isinstance(v, Histogram):
-                    add(tag=tag, histo=summary_pb2.HistogramProto(**histogram_parts(v, self.bins)))
-                elif isinstance(v, (int, float)):
-                    add(tag=tag, simple_value=float(v))
-                else:
-                    raise SinkError(f"tensorboard sink: metric {tag!r} at step {rec.step}: "
-                                    f"cannot write a {type(v).__name__}")
-            out.append(frame(ev.SerializeToString()))
+                out.append(data)
             self._step = step
             if self._max_step is None or step > self._max_step:
                 self._max_step = step
         self._fh.write(b"".join(out))
         self._fh.flush()
+
+    def _event(self, Event: Any, summary_pb2: Any, rec: Record, step: int, only: Any = None) -> Any:
+        """One Event holding every value of ``rec`` (or of the keys in ``only``)."""
+        ev = Event(wall_time=rec.wall_time if rec.wall_time is not None else time.time(), step=step)
+        values = ev.summary.value
+        add = values.add
+        marks = self.note_derived([rec]) if rec.derived and only is None else ()
+        for tag, v in rec.metrics.items() if only is None else only:
+            t = type(v)
+            if tag in marks and (t is float or t is int):
+                # first value of a derived tag: TensorBoard keeps a tag's first metadata, shown as its description
+                val = add(tag=tag, simple_value=v)
+                val.metadata.summary_description = DERIVED_DESCRIPTION
+            elif t is float or t is int:
+                add(tag=tag, simple_value=v)
+            elif t is bool:
+                add(tag=tag, simple_value=float(v))
+            elif v is None:
+                continue
+            elif isinstance(v, str):
+                values.append(self._text_value(tag, v))
+            elif isinstance(v, Histogram):
+                add(tag=tag, histo=summary_pb2.HistogramProto(**histogram_parts(v, self.bins)))
+            elif isinstance(v, (int, float)):
+                add(tag=tag, simple_value=float(v))
+            else:
+                raise SinkError(f"tensorboard sink: metric {tag!r} at step {rec.step}: "
+                                f"cannot write a {type(v).__name__}")
+        return ev
+
+    def _careful_event(self, Event: Any, summary_pb2: Any, rec: Record, step: Any) -> bytes | None:
+        """The framed Event of ``rec`` without the values TensorBoard refuses (each noted with :meth:`reject`);
+        ``None`` when the step itself cannot be stored (the record is left out)."""
+        try:
+            Event(step=step).SerializeToString()
+        except Exception as exc:
+            self.reject("step", step if isinstance(step, int) else None,
+                        f"TensorBoard cannot store step {step!r} ({type(exc).__name__}: {exc})")
+            return None
+        good = []
+        for tag, v in rec.metrics.items():
+            try:
+                self._event(Event, summary_pb2, rec, step, only=[(tag, v)]).SerializeToString()
+            except Exception as exc:
+                self.reject(printable(tag), step, f"{type(exc).__name__}: {printable(str(exc))[:200]}")
+                continue
+            good.append((tag, v))
+        sub = Record(step=rec.step, wall_time=rec.wall_time, metrics=dict(good),
+                     derived=[d for d in rec.derived if any(d == t for t, _ in good)])
+        return frame(self._event(Event, summary_pb2, sub, step).SerializeToString())
 
     def close(self) -> None:
         if self._fh is not None:

@@ -43,7 +43,7 @@ from typing import Any, Iterator
 
 from ..record import Histogram, Record, RunInfo, encode_value
 from . import _sanitize
-from .base import Capabilities, Sink, SinkError
+from .base import Capabilities, Sink, SinkError, printable, step_ok
 
 SCHEMA_VERSION = 2          # trackio 0.43.0's PRAGMA user_version
 CONFIG_KEY = "_trackbridge"
@@ -262,16 +262,24 @@ class TrackioSink(Sink):
         rows = []
         for rec in records:
             step = int(rec.step) if rec.step is not None else self._next_step
+            if not step_ok(step):
+                self.reject("step", step, "Trackio keeps steps in signed 64-bit integers; the record is left out")
+                continue
             self._next_step = max(self._next_step, step + 1)
             ts = iso(rec.wall_time) if rec.wall_time is not None else datetime.now(timezone.utc).isoformat()
             metrics: dict[str, Any] = {}
             for name, value in rec.metrics.items():
                 try:
                     metrics[self._names(name)] = encode(value)
-                except (TypeError, ValueError) as exc:
-                    raise SinkError(f"trackio:{self.db}: step {step}, metric {name!r}: {exc}") from None
-            blob = json.dumps(metrics, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-            log_id = hashlib.sha1(f"{self.run_id}\x00{step}\x00{ts}\x00{blob}".encode("utf-8")).hexdigest()
+                except (TypeError, ValueError) as exc:     # this key only: the rest of the record is written
+                    self.reject(printable(name), step, printable(str(exc))[:200])
+            try:
+                blob = json.dumps(metrics, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+                data = f"{self.run_id}\x00{step}\x00{ts}\x00{blob}".encode("utf-8")
+            except (TypeError, ValueError):     # NaN inside a histogram, a lone surrogate ...: find the keys
+                blob = self._careful_blob(metrics, step)
+                data = f"{self.run_id}\x00{step}\x00{ts}\x00{blob}".encode("utf-8")
+            log_id = hashlib.sha1(data).hexdigest()
             rows.append((ts, self.run_id, self.run_name, step, blob, log_id))
         if rows:
             with process_lock(self.dir, self.project), contextlib.closing(connect(self.db)) as conn, conn:
@@ -282,6 +290,18 @@ class TrackioSink(Sink):
             self.record_sanitized(new)
         if self.note_derived(records) or new:
             self._write_config()
+
+    def _careful_blob(self, metrics: dict[str, Any], step: int) -> str:
+        """The JSON of ``metrics`` without the keys that are not strict JSON in UTF-8 (each noted with reject)."""
+        keep = {}
+        for k, v in metrics.items():
+            try:
+                json.dumps({k: v}, ensure_ascii=False, allow_nan=False).encode("utf-8")
+            except (TypeError, ValueError) as exc:
+                self.reject(printable(_sanitize.trackio_unkey(k)), step, printable(str(exc))[:200])
+                continue
+            keep[k] = v
+        return json.dumps(keep, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
     def close(self) -> None:
         if self._closed or self.db is None:

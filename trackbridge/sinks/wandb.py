@@ -18,8 +18,13 @@ What wandb 0.31 does, and what this sink does about it (verified against the off
   pairwise). wandb keeps only edges and counts: ``sum``/``sum_squares`` are lost. Raw ``values`` are bucketed by
   wandb into ``bins`` buckets (option, default 64).
 * **Float 1.0 is stored as the integer 1** (wandb's JSON encoding); equal in value.
-* **Reserved names**: keys starting with ``_`` belong to wandb (``_step``, ``_runtime``, ``_timestamp``), so a metric
-  ``_x`` is stored as ``trackbridge/_x`` and the mapping is recorded (``RunInfo.sanitized``).
+* **Reserved names**: keys starting with ``_`` belong to wandb (``_step``, ``_runtime``, ``_timestamp``) and keys
+  starting with ``trackbridge/`` to this sink (``trackbridge/step``), so a metric ``_x`` is stored as
+  ``trackbridge/_x`` and a metric ``trackbridge/step`` as ``trackbridge/trackbridge/step``; the mapping is
+  recorded (``RunInfo.sanitized``) and the reader restores the names.
+* **What wandb cannot take** (a name or text with a lone surrogate, a value wandb refuses) is left out of that row
+  only, reported once per key by the logger; a record whose step is beyond +-(2**53 - 1) is left out. A batch
+  retried after ``run.log`` failed part-way continues after the rows already logged (no duplicate rows).
 * **Run info**: ``config`` is the run's config plus one entry ``_trackbridge`` holding the rest of the
   :class:`RunInfo` (name, project, tags, source, sanitization, ...), from which the reader restores it exactly.
   wandb tags (a list) are set to ``key=value`` strings (64 characters at most) for the UI.
@@ -41,12 +46,14 @@ from pathlib import Path
 from typing import Any
 
 from ..record import Histogram, Record, RunInfo
-from .base import Capabilities, Sink, SinkError
+from ..values import utf8_ok
+from .base import Capabilities, Sink, SinkError, printable
 
 STEP_KEY = "trackbridge/step"
 META_KEY = "_trackbridge"
 MAX_BINS = 512
 _RESERVED_PREFIX = "trackbridge/"
+WANDB_STEP_MAX = 2 ** 53 - 1     # wandb shows steps in JavaScript
 
 
 def _merge_buckets(edges: list[float], counts: list[float], limit: int) -> tuple[list[float], list[float]]:
@@ -92,6 +99,9 @@ class WandbSink(Sink):
         self._max_step: int | None = None
         self._sanitized_written: dict[str, str] = {}
         self._file: Path | None = None
+        self._stored: dict[str, str] = {}
+        self._partial_batch: list[Record] | None = None
+        self._partial_done = 0
         try:
             self.flush_timeout = float(options.get("flush_timeout", 60))
         except ValueError:
@@ -168,15 +178,31 @@ class WandbSink(Sink):
 
     # -- write -----------------------------------------------------------------------------------------------
     def _key(self, name: str) -> str:
-        if not name.startswith("_"):
-            return name
-        stored = _RESERVED_PREFIX + name
-        self.record_sanitized({stored: name})
+        """The stored name: names starting with ``_`` belong to wandb and names starting with ``trackbridge/`` to
+        this sink (``trackbridge/step``), so both get a ``trackbridge/`` prefix, recorded in ``RunInfo.sanitized``
+        (``_x`` -> ``trackbridge/_x``, ``trackbridge/step`` -> ``trackbridge/trackbridge/step``)."""
+        try:
+            return self._stored[name]
+        except KeyError:
+            pass
+        if not utf8_ok(name):
+            raise SinkError("the name holds a lone surrogate (invalid Unicode)")
+        if not name:
+            raise SinkError("an empty name")
+        stored = name
+        if name.startswith("_") or name.startswith(_RESERVED_PREFIX):
+            stored = _RESERVED_PREFIX + name
+            self.record_sanitized({stored: name})
+        self._stored[name] = stored
         return stored
 
     def _value(self, name: str, v: Any) -> Any:
         t = type(v)
-        if t is float or t is int or t is str or v is None:
+        if t is float or t is int or v is None:
+            return v
+        if t is str:
+            if not utf8_ok(v):
+                raise SinkError("the text holds a lone surrogate (invalid Unicode)")
             return v
         if t is bool:
             return int(v)
@@ -195,15 +221,34 @@ class WandbSink(Sink):
         if isinstance(v, (int, float)):
             return float(v)
         if isinstance(v, str):
-            return str(v)
-        raise SinkError(f"wandb sink: metric {name!r}: cannot write a {type(v).__name__}")
+            return self._value(name, str(v))
+        raise SinkError(f"cannot write a {type(v).__name__}")
+
+    def _row(self, rec: Record) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for k, v in rec.metrics.items():
+            try:
+                row[self._key(k)] = self._value(k, v)
+            except Exception as exc:           # this key only: the rest of the record is written
+                self.reject(printable(k), rec.step, f"{type(exc).__name__}: {printable(str(exc))[:200]}")
+        return row
 
     def write(self, records: list[Record]) -> None:
         if self._run is None:
             raise SinkError(f"wandb sink {self.location}: write() before open() or after close()")
         log = self._run.log
-        for rec in records:
-            row = {self._key(k): self._value(k, v) for k, v in rec.metrics.items()}
+        # a retry of a batch that failed part-way (the logger retries the same list) starts after the rows that
+        # were logged already: wandb cannot take a row back, and logging it again would duplicate it
+        start = self._partial_done if records is self._partial_batch else 0
+        self._partial_batch, self._partial_done = records, start
+        for i in range(start, len(records)):
+            rec = records[i]
+            if rec.step is not None and not -WANDB_STEP_MAX <= rec.step <= WANDB_STEP_MAX:
+                self.reject("step", rec.step, f"wandb cannot store step {rec.step} (beyond +-(2**53 - 1)); the "
+                                              f"record is left out")
+                self._partial_done = i + 1
+                continue
+            row = self._row(rec)
             row[STEP_KEY] = rec.step
             if rec.wall_time is not None:
                 row["_timestamp"] = float(rec.wall_time)
@@ -213,12 +258,17 @@ class WandbSink(Sink):
             except Exception as exc:
                 raise SinkError(f"wandb sink: run.log failed at step {rec.step}: {exc}") from exc
             self._wstep = step
+            self._partial_done = i + 1
             if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
                 self._max_step = rec.step
+        self._partial_batch, self._partial_done = None, 0
         if self.note_derived(records) and self.run is not None:
             # derived (not logged) metrics are marked in the run's config, beside trackbridge's run metadata
             self._run.config.update({META_KEY: self._meta(self.run),
                                      "trackbridge_derived": list(self.run.extra["derived"])}, allow_val_change=True)
+
+    def written_of(self, records: list[Record]) -> int:
+        return self._partial_done if records is self._partial_batch else 0
 
     def close(self) -> None:
         if self._run is None:
