@@ -6,10 +6,11 @@ fixtures). Bad lines are reported with file and line number and skipped; nothing
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from .record import iter_json_objects
 
@@ -37,32 +38,65 @@ def open_text(path: str) -> TextIO:
 
 
 def read_rows(path: str, problems: list[str]) -> Iterator[Row]:
+    """The rows of ``path`` (``-``: stdin), streamed: JSON lines are read and parsed one line at a time, so memory
+    does not grow with the file. A JSON document (``trainer_state.json``, a ``rows`` fixture) is one value and is
+    parsed whole, as before."""
     name = "<stdin>" if path == "-" else path
     fh = open_text(path)
     try:
-        first = fh.read(1)
-        while first and first.isspace():
-            first = fh.read(1)
-        if first == "{":
-            rest = fh.read()
-            text = first + rest
+        yield from _rows_of(fh, name, problems)
+    finally:
+        if fh is not sys.stdin:
+            fh.close()
+
+
+def _rows_of(fh: TextIO, name: str, problems: list[str]) -> Iterator[Row]:
+    head: list[str] = []            # the lines read ahead to tell a document from JSON lines, in order
+    first = ""
+    for line in fh:
+        head.append(line)
+        if line.strip():
+            first = line
+            break
+    lines: Iterable[str] = fh
+    if first.lstrip().startswith("{"):
+        doc, state = _first_line_document(first)
+        if state == "document":     # a one-line document, unless more lines follow (then: JSON lines)
+            for line in fh:
+                head.append(line)
+                if line.strip():
+                    break
+            else:
+                yield from _rows_of_document(name, doc, problems)
+                return
+        elif state == "open":        # the first line opens a multi-line value: perhaps a whole document
+            text = "".join(head) + fh.read()
             doc = _whole_document(text)
             if doc is not None:
                 yield from _rows_of_document(name, doc, problems)
                 return
-            lines = text.splitlines()
-        else:
-            lines = (first + fh.read()).splitlines()
-    finally:
-        if fh is not sys.stdin:
-            fh.close()
-    for lineno, obj in iter_json_objects(lines, name, problems):
+            head, lines = [], text.splitlines(keepends=True)
+    for lineno, obj in iter_json_objects(itertools.chain(head, lines), name, problems):
         if obj.get("type") == "run":
             continue
         if isinstance(obj.get("metrics"), dict) and "step" in obj:
             yield Row(f"{name}:{lineno}", obj["metrics"], obj.get("step"), obj.get("wall_time"), "record")
         else:
             yield Row(f"{name}:{lineno}", *_split_step(obj))
+
+
+def _first_line_document(line: str) -> tuple[Any, str]:
+    """What the first non-blank line starting with ``{`` is: ``("document", doc)`` a whole document on one line,
+    ``"line"`` a JSON line (or a broken one), ``"open"`` the start of a value continued on the next lines."""
+    text = line.strip()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # an error at the very end of the line: the value goes on (a pretty-printed document); elsewhere: a bad line
+        return None, ("open" if exc.pos >= len(text) else "line")
+    if isinstance(obj, dict) and (isinstance(obj.get("log_history"), list) or isinstance(obj.get("rows"), list)):
+        return obj, "document"
+    return None, "line"
 
 
 def _split_step(obj: dict) -> tuple[dict, Any]:
