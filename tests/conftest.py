@@ -49,3 +49,20 @@ def pytest_collection_modifyitems(config, items):
 def shared_reference():
     """Path of tests/data (the frameworks' inventories and the public logs, with their origin in its README)."""
     return SHARED
+
+
+@pytest.fixture(scope="module")
+def wandb_env(tmp_path_factory):
+    """Keep wandb's own cache/config/log files (and anything else under XDG_CACHE_HOME) inside the test's
+    temporary folder, for the tests of one module."""
+    home = tmp_path_factory.mktemp("wandb-home")
+    saved = {k: os.environ.get(k) for k in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR",
+                                                 "XDG_CACHE_HOME")}
+    for k in saved:
+        os.environ[k] = str(home / k.lower())
+    yield home
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

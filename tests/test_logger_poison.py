@@ -50,21 +50,6 @@ def _good(i: int) -> dict:
     return {"loss": 1.0 / (i + 1), "reward/mean": i * 0.5}
 
 
-@pytest.fixture(scope="module")
-def wandb_env(tmp_path_factory):
-    """Keep wandb's own cache/config/log files inside the test's temporary folder (as tests/test_sink_wandb.py)."""
-    home = tmp_path_factory.mktemp("wandb-home")
-    saved = {k: os.environ.get(k) for k in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")}
-    for k in saved:
-        os.environ[k] = str(home / k.lower())
-    yield home
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 class Cells:
     """Runs each fault once (all five trackers at once) and keeps what a test needs to read them back."""
 

@@ -36,22 +36,6 @@ RECORDS = [
 
 
 @pytest.fixture(scope="module")
-def wandb_env(tmp_path_factory):
-    """Keep wandb's own cache/config/log files inside the test's temporary folder."""
-    home = tmp_path_factory.mktemp("wandb-home")
-    saved = {k: os.environ.get(k) for k in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR",
-                                                 "XDG_CACHE_HOME")}
-    for k in saved:
-        os.environ[k] = str(home / k.lower())
-    yield home
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
 def written(tmp_path_factory, wandb_env):
     folder = tmp_path_factory.mktemp("wb")
     sink = make_sink(f"wandb:{folder}")

@@ -196,11 +196,8 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
     assumed = None
     if tie:
         tied = [t for t in allowed if t == top.trainer or t in tie]      # declared order: most common first
-        own = {t: _own_keys(fw, t, top.hi) for t in tied}
-        observed = _observed(fw, keys)
-        distinct = [t for t in tied if (own[t] & observed) - set().union(*(own[o] for o in tied if o != t))]
-        winner = distinct[0] if len(distinct) == 1 else tied[0]
-        if len(distinct) != 1:
+        winner, told = _tie_winner(fw, keys, tied, top.hi)
+        if not told:
             assumed = (winner, [t for t in tied if t != winner])
         top.trainer, tie = winner, []
         top.lo, top.hi = _range_for(fw, keys, winner, top)
@@ -240,11 +237,8 @@ def _detect_within(keys: list[str], registry: Registry, within: Spec, config: di
     conf = top.explained / n
     if len(tied) > 1:
         order = [t for t in fw.trainers if t in tied]
-        own = {t: _own_keys(fw, t, top.hi) for t in order}
-        observed = _observed(fw, keys)
-        distinct = [t for t in order if (own[t] & observed) - set().union(*(own[o] for o in order if o != t))]
-        winner = distinct[0] if len(distinct) == 1 else order[0]
-        if len(distinct) != 1:
+        winner, told = _tie_winner(fw, keys, order, top.hi)
+        if not told:
             reason += (f"; the keys fit {within.framework} trainers {', '.join(order)} equally, assuming {winner} "
                        f"(the first declared; name the trainer to say otherwise)")
             conf *= 0.9
@@ -258,6 +252,16 @@ def _detect_within(keys: list[str], registry: Registry, within: Spec, config: di
     runners = [c.describe(registry) for c, _ in scored[1:4]]
     return Detection(spec, spec.describe(registry), conf, n, top.explained, sorted(set(keys) - explained),
                      runners, reason)
+
+
+def _tie_winner(fw: FrameworkMapping, keys: list[str], tied: list[str], release: int) -> tuple[str, bool]:
+    """Of trainers that explain the keys equally (in declared order), the one whose own names (trainer-specific,
+    literal, at ``release``) were observed and no other's were; else the first declared. The flag says whether the
+    keys told it (False: assumed)."""
+    own = {t: _own_keys(fw, t, release) for t in tied}
+    observed = _observed(fw, keys)
+    distinct = [t for t in tied if (own[t] & observed) - set().union(*(own[o] for o in tied if o != t))]
+    return (distinct[0], True) if len(distinct) == 1 else (tied[0], False)
 
 
 def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int, int]:

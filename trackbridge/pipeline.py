@@ -140,10 +140,6 @@ class Pipeline:
         st.points += len(out.metrics)
         return out
 
-    def rename(self, rec: Record) -> Record:
-        """One record through the pipeline (the per-record form the logger's sinks and replay use)."""
-        return self.one(rec)
-
     def finish_notes(self) -> list[str]:
         notes = list(self.stats.notes)
         if self.translator is not None:

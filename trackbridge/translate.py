@@ -36,10 +36,14 @@ class Report:
 
     def merge(self, other: "Report") -> None:
         self.mapped += other.mapped
-        self.unmapped += [k for k in other.unmapped if k not in self.unmapped]
+        if other.unmapped:      # a run merges every record's report: set lookups, not list scans
+            seen = set(self.unmapped)
+            self.unmapped += [k for k in other.unmapped if k not in seen]
         for k, v in other.approximate.items():
             self.approximate.setdefault(k, v)
-        self.derived += [k for k in other.derived if k not in self.derived]
+        if other.derived:
+            seen = set(self.derived)
+            self.derived += [k for k in other.derived if k not in seen]
         self.renamed.update(other.renamed)
         self.conflicts.update(other.conflicts)
         self.notes += [n for n in other.notes if n not in self.notes]
