@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from . import _rank
 from .record import Record, RunInfo
-from .replay import iter_spool, names_translator, scan_spool, spool_file
+from .replay import iter_spool, names_translator, pending_file, scan_spool, spool_file, write_pending
 from .sinks.base import Sink, Unreachable, check_reachable
 from .values import STEP_MAX, as_step, check_step, normalize_metrics, utf8_ok
 
@@ -115,7 +115,11 @@ def _derive_hook(translator: Any) -> Callable[..., None] | None:
 
 # -- one worker per sink -----------------------------------------------------------------------------------------
 class _SinkWorker:
-    """Owns one sink: a bounded queue of ``(seq, record)``, a thread draining it in batches, retries, recovery."""
+    """Owns one sink: a bounded queue of ``(seq, record)``, a thread draining it in batches, retries, recovery.
+
+    States: ``pending`` (not opened yet), ``ok`` (fed through its queue), ``behind`` (its queue was full: it is
+    fed from the spool until it has caught up, so the dispatcher never waits for it), ``failed`` (its tracker
+    failed: retried every ``retry_interval`` seconds, then fed from the spool), ``closed``."""
 
     def __init__(self, run: "Run", sink: Sink, *, is_spool: bool, queue_size: int, batch_size: int,
                  max_latency: float, rename: Callable[[Record], Record] | None) -> None:
@@ -128,38 +132,55 @@ class _SinkWorker:
         self.max_latency = max_latency
         self.rename = rename
         self.lock = threading.Lock()
-        self.state = "pending"          # pending -> ok | failed -> ... -> closed
+        self.state = "pending"          # pending -> ok | behind | failed -> ... -> closed
         self.opened = False
         self.acked = run._seq_base - 1  # highest seq this sink holds
-        self.dropped_hi: int | None = None  # highest seq discarded while failed
+        self.dropped_hi: int | None = None  # highest seq not queued (failed or behind): to take from the spool
+        self.failed_since: int | None = None  # lowest step of a write that failed (it may have landed in part)
+        self.stopping = False
         self.written = 0
         self.caught_up = 0
         self.failures = 0
         self.recoveries = 0
+        self.behind_times = 0
         self.last_error: str | None = None
         self.next_retry = 0.0
         self.notes: set[str] = set()
         self.done = threading.Event()
+        self.probed = threading.Event()        # resume: the tracker was asked what it holds (or could not be)
+        self.resume_top: int | None = None      # resume: the highest step the tracker holds
         self.written_seq = run._seq_base - 1   # spool only: highest seq handed to the OS
         self.lost = False                       # spool only: some records could not be written
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._main, name=f"trackbridge-sink-{sink.kind}", daemon=True)
 
-    # -- producer side (dispatcher thread) --
-    def put(self, seq: int, rec: Record, stall_timeout: float) -> None:
+    # -- producer side (dispatcher thread): never waits on a tracker --
+    def put(self, seq: int, rec: Record) -> None:
+        if self.is_spool:
+            self.queue.put((seq, rec))     # the spool is the run's own durable log: back-pressure, never a drop
+            return
         with self.lock:
-            if self.state == "failed":
+            if self.state in ("failed", "behind"):
                 self.dropped_hi = seq if self.dropped_hi is None else max(self.dropped_hi, seq)
                 return
-        try:
-            self.queue.put((seq, rec), timeout=stall_timeout if not self.is_spool else None)
-        except queue.Full:
-            with self.lock:
-                self.dropped_hi = seq if self.dropped_hi is None else max(self.dropped_hi, seq)
-                self._mark_failed_locked(f"stalled: its queue stayed full for {stall_timeout:g} s")
+            try:
+                self.queue.put_nowait((seq, rec))
+                return
+            except queue.Full:
+                self.dropped_hi = seq
+                self.state = "behind"
+                self.behind_times += 1
+                if self.behind_times > 1:
+                    return
+        log.warning("trackbridge: sink %s fell behind (its queue of %d records is full); training goes on and the "
+                    "sink catches up from the spool", self.name, self.queue.maxsize)
 
     def stop(self) -> None:
-        self.queue.put(_STOP)
+        self.stopping = True
+        try:
+            self.queue.put_nowait(_STOP)
+        except queue.Full:
+            pass            # the worker sees ``stopping`` when it next looks at its queue
 
     # -- worker thread --
     def _main(self) -> None:
@@ -170,6 +191,7 @@ class _SinkWorker:
             with self.lock:
                 self.state = "failed"
         finally:
+            self.probed.set()
             if self.opened:
                 try:
                     self._sync_info()
@@ -177,41 +199,47 @@ class _SinkWorker:
                 except Exception as exc:
                     _warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
             with self.lock:
-                if self.state != "failed":
+                if self.state not in ("failed", "behind"):
                     self.state = "closed"
             with self.cond:
                 self.done.set()
                 self.cond.notify_all()
 
     def _loop(self) -> None:
+        r = self.runref
+        if r.resume and not self.is_spool:
+            self._open(first=True)      # at once: the run's step counter waits (briefly) for what trackers hold
+            self.probed.set()
         stopping = False
         while not stopping:
             batch, stopping = self._next_batch()
             if not self.opened and self.state == "pending":
                 self._open(first=True)
             with self.lock:
-                failed = self.state == "failed"
-                if failed and batch:
+                state = self.state
+                if state == "failed" and batch:
                     hi = batch[-1][0]
                     self.dropped_hi = hi if self.dropped_hi is None else max(self.dropped_hi, hi)
-            if failed:
+            if state == "failed":
                 if self.is_spool:
                     self._spool_skip(batch)
                 elif stopping or time.monotonic() >= self.next_retry:
                     self._recover(final=stopping)
                 continue
-            batch = [(s, r) for s, r in batch if s > self.acked]
+            batch = [(s, rec) for s, rec in batch if s > self.acked]
             if batch:
                 self._write(batch)
+            if state == "behind" and self.state == "behind" and (stopping or self.queue.empty()):
+                self._catch_up_behind(final=stopping)
 
     def _next_batch(self) -> tuple[list[tuple[int, Record]], bool]:
-        timeout = None
+        timeout = 0.25
         if self.state == "failed" and not self.is_spool:
-            timeout = max(0.05, self.next_retry - time.monotonic())
+            timeout = min(timeout, max(0.05, self.next_retry - time.monotonic()))
         try:
             first = self.queue.get(timeout=timeout)
         except queue.Empty:
-            return [], False
+            return [], self.stopping
         if first is _STOP:
             return [], True
         batch = [first]
@@ -278,36 +306,103 @@ class _SinkWorker:
             return False
         self.opened = True
         with self.lock:
-            self.state = "ok"
-        if first and r.resume and not self.is_spool and r._resume_scan.records:
+            if self.state == "pending":
+                self.state = "ok"
+        if first and r.resume and not self.is_spool:
             self._catch_up_resume()
         return True
 
     def _catch_up_resume(self) -> None:
-        """On resume: give the sink the spool records after its own last step."""
+        """On resume: give the tracker, from the spool, the points it lacks (per key and step: a batch that landed
+        in part before the process died is completed), and tell the run the highest step it holds."""
         r = self.runref
         try:
-            last = self.sink.last_step()
+            held = self.sink.held()
+            top = held.last_step() if held is not None else self.sink.last_step()
         except Exception as exc:
-            _warn(f"trackbridge: sink {self.name}: last_step() failed on resume ({exc}); "
+            _warn(f"trackbridge: sink {self.name}: could not read what it holds on resume ({exc}); "
                   f"not catching up from the spool (use trackbridge replay)")
             return
-        if last is not None and r._resume_scan.last_step is not None and last >= r._resume_scan.last_step:
+        self.resume_top = top
+        self.probed.set()
+        if not r._resume_scan.records:
             return
-        recs = [rec for _s, rec in iter_spool(r.spool_path, stop=r._seq_base)
-                if last is None or rec.step is None or rec.step > last]
-        if recs:
-            self._write_records(recs, "catch up on resume")
+        if held is None and top is not None and r._resume_scan.last_step is not None \
+                and top >= r._resume_scan.last_step:
+            return
+        recs = self._renamed(rec for _s, rec in iter_spool(r.spool_path, stop=r._seq_base))
+        if held is not None:
+            todo: Any = held.filter(recs)
+        else:
+            todo = (rec for rec in recs if top is None or rec.step is None or rec.step > top)
+        self._write_stream(todo)
 
-    def _write_records(self, recs: list[Record], what: str) -> None:
-        for i in range(0, len(recs), self.batch_size):
-            chunk = recs[i:i + self.batch_size]
-            if self.rename:
-                chunk = [self.rename(rec) for rec in chunk]
-            self._check_capabilities(chunk)
-            self.sink.write(chunk)
-            self._report_rejected()
-            self.caught_up += len(chunk)
+    def _renamed(self, recs: Any) -> Any:
+        if self.rename is None:
+            return recs
+        return (self.rename(rec) for rec in recs)
+
+    def _write_stream(self, recs: Any) -> None:
+        """Write records (already renamed) in batches; progress is counted per batch."""
+        chunk: list[Record] = []
+        for rec in recs:
+            chunk.append(rec)
+            if len(chunk) >= self.batch_size:
+                self._write_chunk(chunk)
+                chunk = []
+        if chunk:
+            self._write_chunk(chunk)
+
+    def _write_chunk(self, chunk: list[Record]) -> None:
+        self._check_capabilities(chunk)
+        self.sink.write(chunk)
+        self._report_rejected()
+        self.caught_up += len(chunk)
+
+    def _catch_up_range(self, hi: int, *, exact: bool, since: int | None) -> None:
+        """Give the tracker the spool's records ``acked+1 .. hi``. ``since``: a write at or after this step failed
+        and may have landed in part: those points are checked against what the tracker holds. ``exact=False``:
+        the spool itself lost records, so the tracker's own last step decides. Raises what the sink raises."""
+        r = self.runref
+        recs = self._renamed(rec for _s, rec in iter_spool(r.spool_path, start=self.acked + 1, stop=hi + 1))
+        if not exact:
+            last = self.sink.last_step()
+            recs = (rec for rec in recs if last is None or rec.step is None or rec.step > last)
+        elif since is not None:
+            held = self.sink.held(since)
+            if held is not None:
+                recs = held.filter(recs)
+        self._write_stream(recs)
+        self.acked = hi
+
+    def _catch_up_behind(self, *, final: bool) -> None:
+        """The queue overflowed and has drained: take what was not queued from the spool, then go back to the
+        queue. Records keep being taken from the spool until none was dropped since the last look."""
+        r = self.runref
+        spool = r._spool_worker
+        while True:
+            with self.lock:
+                hi = self.dropped_hi
+                if hi is None or hi <= self.acked:
+                    self.dropped_hi = None
+                    self.state = "ok"
+                    return
+            spool.wait_written(hi, timeout=max(5.0, 4 * r._flush_interval))
+            try:
+                self._catch_up_range(hi, exact=True, since=None)
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = f"catch up: {type(exc).__name__}: {exc}"
+                with self.lock:
+                    self._mark_failed_locked("while catching up from the spool")
+                return
+            with self.lock:
+                if self.dropped_hi == hi:
+                    self.dropped_hi = None
+                    self.state = "ok"
+                    return
+            if final and self.stopping and self.dropped_hi is None:
+                return
 
     def _isolate(self, recs: list[Record]) -> bool:
         """After a batch failed every retry: find out whether values are to blame rather than the tracker. The
@@ -400,6 +495,10 @@ class _SinkWorker:
                 self._spool_advance(self.acked)
             return
         self._report_rejected()
+        steps = [rec.step for rec in recs if rec.step is not None]
+        if steps:
+            low = min(steps)
+            self.failed_since = low if self.failed_since is None else min(self.failed_since, low)
         with self.lock:
             self.dropped_hi = batch[-1][0] if self.dropped_hi is None else max(self.dropped_hi, batch[-1][0])
             self._mark_failed_locked(f"after {self.runref._retries + 1} attempts to write")
@@ -467,16 +566,9 @@ class _SinkWorker:
             self.dropped_hi = None
         n_before = self.caught_up
         if hi is not None and hi > self.acked:
-            spool = r._spool_worker
-            exact = spool.wait_written(hi, timeout=max(5.0, 4 * r._flush_interval))
+            exact = r._spool_worker.wait_written(hi, timeout=max(5.0, 4 * r._flush_interval))
             try:
-                if exact:
-                    recs = [rec for _s, rec in iter_spool(r.spool_path, start=self.acked + 1, stop=hi + 1)]
-                else:   # the spool itself lost records: fall back on the tracker's own last step
-                    last = self.sink.last_step()
-                    recs = [rec for s, rec in iter_spool(r.spool_path, stop=hi + 1)
-                            if s > self.acked and (last is None or rec.step is None or rec.step > last)]
-                self._write_records(recs, "catch up")
+                self._catch_up_range(hi, exact=exact, since=self.failed_since)
             except Exception as exc:
                 self.failures += 1
                 self.last_error = f"catch up: {type(exc).__name__}: {exc}"
@@ -487,7 +579,7 @@ class _SinkWorker:
                     _warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); "
                           f"send it the run later with: trackbridge replay {r.spool_path} --to {self.sink.locator()}")
                 return
-            self.acked = hi
+        self.failed_since = None
         self.recoveries += 1
         log.warning("trackbridge: sink %s recovered; caught up %d records from the spool",
                     self.name, self.caught_up - n_before)
@@ -527,7 +619,7 @@ class Run:
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, flush_interval: float, queue_size: int,
                  batch_size: int, retries: int, backoff: float, retry_interval: float, stall_timeout: float,
-                 tags: dict[str, str] | None) -> None:
+                 finish_timeout: float, resume_wait: float, tags: dict[str, str] | None) -> None:
         from .locators import LocatorError, parse
         from .sinks import REGISTRY, make_sink
 
@@ -543,6 +635,8 @@ class Run:
         self._backoff = float(backoff)
         self._retry_interval = float(retry_interval)
         self._stall_timeout = float(stall_timeout)
+        self._finish_timeout = float(finish_timeout)
+        self._resume_wait = float(resume_wait)
         self._finished = False
         self._lock = threading.Lock()
         self._warned_values: set[str] = set()
@@ -680,40 +774,67 @@ class Run:
         for w in self._workers:
             w.sink.outcome = outcome
         self._inbox.put(_STOP)
-        end = None if timeout is None else time.monotonic() + timeout
-        self._dispatcher.join(None if end is None else max(0.0, end - time.monotonic()))
-        # wait for every sink while it makes progress; one that makes none for stall_timeout seconds (a hung or
-        # unreachable server) is left behind with a warning: its records are in the spool for `trackbridge replay`
-        spool_workers = [w for w in self._workers if w.is_spool]
-        for w in spool_workers:
-            w.thread.join(None if end is None else max(0.0, end - time.monotonic()))
-        last_progress = {w.name: (self._progress(w), time.monotonic()) for w in self._workers}
+        end = time.monotonic() + (self._finish_timeout if timeout is None else max(0.0, float(timeout)))
+        self._dispatcher.join(max(0.0, end - time.monotonic()))
+        self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
+        # wait for every tracker while it makes progress (records written or caught up, or requests answered, as
+        # the sink counts them); one that makes none for stall_timeout seconds (a hung or unreachable server) is
+        # left behind: what it lacks is written down for `trackbridge replay`
+        last_progress = {id(w): (self._progress(w), time.monotonic()) for w in self._workers}
         while True:
-            alive = [w for w in self._workers if w.thread.is_alive() and not w.is_spool]
-            if not alive or (end is not None and time.monotonic() >= end):
-                break
+            alive = [w for w in self._workers[1:] if w.thread.is_alive()]
             now = time.monotonic()
+            if not alive or now >= end:
+                break
             stalled = []
             for w in alive:
                 p = self._progress(w)
-                if p != last_progress[w.name][0]:
-                    last_progress[w.name] = (p, now)
-                elif now - last_progress[w.name][1] > self._stall_timeout:
+                if p != last_progress[id(w)][0]:
+                    last_progress[id(w)] = (p, now)
+                elif now - last_progress[id(w)][1] > self._stall_timeout:
                     stalled.append(w)
             if len(stalled) == len(alive):
                 break
-            alive[0].thread.join(0.2)
-        st = self.status
-        stuck = [w.name for w in self._workers if w.thread.is_alive()]
-        if stuck:
-            _warn(f"trackbridge: finish() timed out waiting for {', '.join(stuck)}; their records are in the "
-                  f"spool {self.spool_path}")
-        return st
+            alive[0].thread.join(0.1)
+        self._write_pending()
+        return self.status
+
+    def _left(self, w: "_SinkWorker") -> int:
+        """Records of this run the tracker is not known to hold (0 once its worker closed cleanly)."""
+        if not w.thread.is_alive() and w.state == "closed":
+            return 0
+        return max(0, self._seq - 1 - w.acked)
+
+    def _write_pending(self) -> None:
+        """After finish(): write down, beside the spool, which trackers lack which records (and say so), so that
+        ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left."""
+        left = [(w, self._left(w)) for w in self._workers[1:]]
+        left = [(w, n) for w, n in left if n]
+        path = pending_file(self.spool_path)
+        if not left:
+            if path.exists():
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            return
+        entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
+                    "records": self._seq, "state": w.state,
+                    "last_error": w.last_error} for w, n in left]
+        try:
+            write_pending(path, self.run_id, entries)
+        except OSError as exc:
+            _warn(f"trackbridge: could not write {path}: {exc}")
+        for w, n in left:
+            msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records ({w.state}"
+                   + (f"; last error: {w.last_error}" if w.last_error else "")
+                   + f"); they are in the spool: trackbridge replay {self.spool_path}")
+            self.problems.append(msg)
+            _warn(f"trackbridge: finish(): {msg}")
 
     @staticmethod
     def _progress(w: "_SinkWorker") -> tuple:
-        s = w.status()
-        return (s.get("written"), s.get("caught_up"), s.get("state"), s.get("failures"))
+        return (w.written, w.caught_up, w.state, w.failures, getattr(w.sink, "progress", 0))
 
     @property
     def status(self) -> dict[str, Any]:
@@ -764,8 +885,25 @@ class Run:
             self.problems.append(message)
             _warn(f"trackbridge: {message}")
 
+    def _resume_step(self) -> None:
+        """Resume: the step counter continues after the highest step any tracker holds (a tracker can hold steps
+        the spool lost when the process was killed). Waits for the trackers' answers at most ``resume_wait``
+        seconds; a tracker that has not answered by then is not waited for."""
+        end = time.monotonic() + self._resume_wait
+        tops = []
+        for w in self._workers[1:]:
+            w.probed.wait(max(0.0, end - time.monotonic()))
+            if w.resume_top is not None:
+                tops.append(w.resume_top)
+        if tops and max(tops) + 1 > self._next_step:
+            log.info("trackbridge: resume: a tracker holds steps up to %d; the step counter continues at %d",
+                     max(tops), max(tops) + 1)
+            self._next_step = max(tops) + 1
+
     def _dispatch_main(self) -> None:
         try:
+            if self.resume and len(self._workers) > 1:
+                self._resume_step()
             while True:
                 item = self._inbox.get()
                 if item is _STOP:
@@ -773,7 +911,7 @@ class Run:
                 rec = self._build(*item)
                 seq = self._seq
                 self._seq += 1
-                self._spool_worker.put(seq, rec, self._stall_timeout)
+                self._spool_worker.put(seq, rec)
                 out = rec
                 if self._rename is not None and len(self._workers) > 1:
                     try:
@@ -782,7 +920,7 @@ class Run:
                         self._warn_once("names", f"renaming to {self.names!r} failed ({type(exc).__name__}: "
                                                  f"{exc}); trackers get canonical names")
                 for w in self._workers[1:]:
-                    w.put(seq, out, self._stall_timeout)
+                    w.put(seq, out)
         except BaseException as exc:
             _warn(f"trackbridge: the dispatcher crashed ({type(exc).__name__}: {exc}); logging stopped")
         finally:
@@ -962,7 +1100,7 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
          run_id: str | None = None, resume: bool = False, derive: bool = True, mappings: list[str] | None = None,
          spool: str = "runs", flush_interval: float = 1.0, queue_size: int = 5000, batch_size: int = 500,
          retries: int = 3, backoff: float = 0.2, retry_interval: float = 30.0, stall_timeout: float = 30.0,
-         tags: dict[str, str] | None = None, rank_zero_only: bool = True, rank: int | None = None) -> Run | NoOpRun:
+         finish_timeout: float = 300.0, resume_wait: float = 10.0, tags: dict[str, str] | None = None, rank_zero_only: bool = True, rank: int | None = None) -> Run | NoOpRun:
     """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
 
     ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
@@ -981,7 +1119,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
                run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool,
                flush_interval=flush_interval, queue_size=queue_size, batch_size=batch_size, retries=retries,
-               backoff=backoff, retry_interval=retry_interval, stall_timeout=stall_timeout, tags=tags)
+               backoff=backoff, retry_interval=retry_interval, stall_timeout=stall_timeout,
+               finish_timeout=finish_timeout, resume_wait=resume_wait, tags=tags)
 
 
 __all__ = ["init", "Run", "NoOpRun", "LoggerWarning", "STEP_AXIS"]

@@ -9,8 +9,11 @@ its sink failed mid-run, the run was killed, or it was added later. The same cod
 * the logger on ``resume=True``, for a sink that holds fewer steps than the spool.
 
 How duplicates are avoided: the sink is opened with ``resume=True`` (so it reattaches to the run it already holds
-rather than creating a second one) and asked for :meth:`~trackbridge.sinks.base.Sink.last_step`; records with
-``step <= last_step`` are skipped. Per tracker:
+rather than creating a second one) and asked what it holds, per key and step
+(:meth:`~trackbridge.sinks.base.Sink.held`, see :mod:`trackbridge.holdings`); each record is cut down to the points
+the tracker lacks, so a batch that landed in part (some keys written, others not) is completed and nothing is
+written twice. A sink that cannot tell (wandb, whose rows land whole) is asked for its
+:meth:`~trackbridge.sinks.base.Sink.last_step` instead; records with ``step <= last_step`` are skipped. Per tracker:
 
 * **jsonl**: ``last_step`` is read from the file's last complete line; the file is appended to.
 * **TensorBoard**: ``last_step`` scans the run folder's event files; without it a second copy of every point
@@ -42,6 +45,45 @@ def spool_file(directory: str | os.PathLike, run_id: str) -> Path:
     """Where the spool of ``run_id`` lives under a spool directory (the ``jsonl`` sink's file naming)."""
     from .sinks.jsonl import run_file_name  # standard library only
     return Path(directory).expanduser() / run_file_name(run_id)
+
+
+def pending_file(spool: str | os.PathLike) -> Path:
+    """Where ``finish()`` writes down which trackers lack records of the run in ``spool``."""
+    p = Path(spool)
+    return p.with_name(p.name + ".pending.json")
+
+
+def write_pending(path: Path, run_id: str, entries: list[dict[str, Any]]) -> None:
+    import json
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"run_id": run_id, "sinks": entries}, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_pending(spool: str | os.PathLike) -> list[dict[str, Any]]:
+    """The trackers ``finish()`` left with records missing (``[]`` when none, or no note)."""
+    import json
+    path = pending_file(spool)
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable pending note ({exc})") from None
+    return [e for e in data.get("sinks") or [] if isinstance(e, dict) and e.get("sink")]
+
+
+def settle_pending(spool: str | os.PathLike, done: list[str]) -> None:
+    """Strike the sinks in ``done`` (locators) from the pending note; remove it when none is left."""
+    path = pending_file(spool)
+    left = [e for e in read_pending(spool) if e["sink"] not in done]
+    if not left:
+        if path.exists():
+            path.unlink()
+        return
+    import json
+    run_id = json.loads(path.read_text(encoding="utf-8")).get("run_id", "")
+    write_pending(path, run_id, left)
 
 
 @dataclass
@@ -151,13 +193,18 @@ class ReplayResult:
     """What a replay did: records written, records skipped as already present, the sink's last step before."""
 
     sink: str
-    written: int = 0
-    skipped: int = 0
+    written: int = 0                   # records written (in full or the points the tracker lacked)
+    skipped: int = 0                   # records the tracker held in full
     last_step_before: int | None = None
+    points_held: int = 0               # points the tracker held already (exact, per key)
+    exact: bool = False                # the tracker was read point by point (else: by its last step)
     problems: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         held = "nothing" if self.last_step_before is None else f"steps up to {self.last_step_before}"
+        if self.exact:
+            held = f"{self.points_held} points, checked per key and step; last step {self.last_step_before}" \
+                if self.points_held else "nothing of this run"
         text = f"{self.sink}: wrote {self.written} records, skipped {self.skipped} already present ({held})"
         if self.problems:
             text += f"; {len(self.problems)} spool lines skipped"
@@ -190,17 +237,28 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     result = ReplayResult(sink=sink.describe(), problems=list(scan.problems))
     sink.open(info, resume=True)
     try:
-        last = sink.last_step()
+        held = sink.held()
+        last = sink.last_step() if held is None else held.last_step()
         result.last_step_before = last
+        counts: dict[str, int] = {}
 
-        def todo() -> Iterator[Record]:
+        def renamed() -> Iterator[Record]:
             for _seq, rec in iter_spool(path, problems=result.problems):
+                yield rename(rec) if rename else rec
+
+        def by_last_step() -> Iterator[Record]:
+            for rec in renamed():
                 if last is not None and rec.step is not None and rec.step <= last:
                     result.skipped += 1
                     continue
                 yield rec
 
-        result.written = write_batched(sink, todo(), batch_size, rename)
+        todo = by_last_step() if held is None else held.filter(renamed(), counts)
+        result.written = write_batched(sink, todo, batch_size)
+        if held is not None:
+            result.skipped = counts.get("records_held", 0)
+            result.points_held = counts.get("points_held", 0)
+            result.exact = True
         result.problems = sorted(set(result.problems), key=result.problems.index)
     finally:
         if close:
@@ -208,5 +266,5 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     return result
 
 
-__all__ = ["ReplayResult", "SpoolScan", "iter_spool", "names_translator", "replay", "scan_spool", "spool_file",
-           "write_batched"]
+__all__ = ["ReplayResult", "SpoolScan", "iter_spool", "names_translator", "pending_file", "read_pending", "replay",
+           "scan_spool", "settle_pending", "spool_file", "write_batched", "write_pending"]

@@ -11,7 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from ..record import Record, RunInfo
+
+if TYPE_CHECKING:
+    from ..holdings import Holdings
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,9 @@ class Sink(ABC):
         self.location = location
         self.options = dict(options)
         self.run: RunInfo | None = None
+        # requests the tracker answered: a sink that writes a batch in several requests counts them, so that a slow
+        # tracker making progress is told from a hung one (finish() waits while this or the records written move)
+        self.progress = 0
 
     # -- the interface -------------------------------------------------------------------------------------
     @abstractmethod
@@ -103,6 +111,12 @@ class Sink(ABC):
     # -- optional ------------------------------------------------------------------------------------------
     def last_step(self) -> int | None:
         """The highest step this tracker already holds for the open run (for resume/replay without duplicates)."""
+        return None
+
+    def held(self, since: int | None = None) -> "Holdings | None":
+        """What the tracker really holds of the open run, per key and step (steps ``>= since`` only), read back from
+        the tracker under the names this sink was given, or ``None`` when the sink cannot tell (callers then go by
+        :meth:`last_step`, right only when whole records land or not at all). See :mod:`trackbridge.holdings`."""
         return None
 
     def note_derived(self, records: list[Record]) -> list[str]:

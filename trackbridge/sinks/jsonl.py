@@ -169,5 +169,26 @@ class JsonlSink(Sink):
             self._fh.flush()
         return last_complete_record_step(self.path)
 
+    def held(self, since: int | None = None):
+        """The points of the file's complete record lines (a partial last line holds nothing)."""
+        from ..holdings import Holdings
+        from ..record import iter_json_objects
+        if self.path is None:
+            return None
+        if self._fh is not None:
+            self._fh.flush()
+        h = Holdings()
+        if not self.path.exists():
+            return h
+        with open(self.path, "r", encoding="utf-8", errors="replace") as fh:
+            for _line, obj in iter_json_objects(fh, str(self.path), [], complete_lines=True):
+                step = obj.get("step")
+                if obj.get("type") == "run" or not isinstance(step, int) or (since is not None and step < since):
+                    continue
+                for key, value in (obj.get("metrics") or {}).items():
+                    if value is not None:
+                        h.add(key, step)
+        return h
+
     def describe(self) -> str:
         return f"jsonl:{self.path or self.location}"

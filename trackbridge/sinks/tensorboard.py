@@ -388,6 +388,19 @@ class TensorBoardSink(Sink):
     def last_step(self) -> int | None:
         return self._max_step
 
+    def held(self, since: int | None = None):
+        """The points of every event file in the run folder, read back with the TensorBoard reader."""
+        from ..holdings import Holdings
+        from ..sources.tensorboard import TensorBoardRunReader
+        if self.folder is None:
+            return None
+        if self._fh is not None:
+            self._fh.flush()
+        if not event_files(self.folder):
+            return Holdings()
+        reader = TensorBoardRunReader(self.folder, name=self.folder.name, verify=False)
+        return Holdings.from_records(r for r in reader.records() if since is None or (r.step or 0) >= since)
+
     def _scan_last_step(self) -> int | None:
         """Highest step of any metric event already in the run folder (read with the TensorBoard reader)."""
         from ..sources.tensorboard import TensorBoardRunReader

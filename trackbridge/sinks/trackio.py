@@ -317,6 +317,26 @@ class TrackioSink(Sink):
             row = conn.execute("SELECT MAX(step) FROM metrics WHERE run_id = ?", (self.run_id,)).fetchone()
         return row[0] if row and row[0] is not None else None
 
+    def held(self, since: int | None = None):
+        """The points of the run's rows in Trackio's SQLite store (one row per record, JSON of its values)."""
+        from ..holdings import Holdings
+        if self.db is None or self.run_id is None:
+            return None
+        h = Holdings()
+        unkey = dict(self._names.changed)
+        with contextlib.closing(connect(self.db)) as conn:
+            rows = conn.execute("SELECT step, metrics FROM metrics WHERE run_id = ? AND step >= ? ORDER BY id",
+                                (self.run_id, since if since is not None else -(2 ** 63)))
+            for step, blob in rows:
+                try:
+                    keys = json.loads(blob)
+                except (TypeError, ValueError):
+                    continue
+                for stored, value in keys.items():
+                    if value is not None:
+                        h.add(unkey.get(stored) or _sanitize.trackio_unkey(stored), step)
+        return h
+
     def describe(self) -> str:
         return f"trackio:{self.location}" + (f" (project {self.project}, run {self.run_name})" if self.run_name else "")
 
