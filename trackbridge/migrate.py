@@ -185,7 +185,10 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     out = out or sys.stdout
     src_loc = parse(src, allow_label=True)
     from .sinks import REGISTRY as SINKS
-    parse(dst, kinds=tuple(SINKS))               # fail early on a bad destination ...
+    dst_loc = parse(dst, kinds=tuple(SINKS))     # fail early on a bad destination ...
+    if dst_loc.kind == "mlflow":                 # ... on an SQLite file that is not an MLflow store ...
+        from .sinks.mlflow_store import check_sqlite_store
+        check_sqlite_store(dst_loc.location)
     if names != "keep":                          # ... and on a naming scheme that does not exist
         from .schema.loader import load_registry
         from .spec import parse_spec
@@ -291,6 +294,13 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
                 prog.add(pts)
             ledger.save(records_written=seen, records_pending=0, max_step=max_written, source=pipe.stats.source,
                         complete=False)
+        if not opened and reader.gave_up:
+            # nothing readable (binary junk, an empty file): no empty run in the destination, and the run fails
+            res.error = "nothing readable (see above); no run created in the destination"
+            res.stats = pipe.stats
+            res.problems = list(reader.problems)
+            prog.run_done(label, res)
+            return res
         if not opened:     # an empty run still gets created, with its config
             sink.open(pipe.run_info(out_info), resume=True)
             opened = True

@@ -5,7 +5,9 @@ MLflow experiment holds many runs; a ``trainer_state.json`` holds one). A run re
 :class:`~trackbridge.record.Record` objects *under the names as stored* (translation happens later in the pipeline),
 with any sanitization that trackbridge recorded in the run already undone. Readers stream: they never load a whole run
 into memory. Anything they cannot read is reported in :attr:`RunReader.problems` (with file and offset or line) and
-skipped; a partial point is never yielded.
+skipped; a partial point is never yielded. Where a reader gives up on a file (binary junk where text was expected, a
+file with nothing in it) the problem is *fatal* (:meth:`RunReader.stop`): reported once, and a run that yields no
+record and has a fatal problem is not created in a migration's destination (``migrate`` fails that run).
 
 Records per step and split: a reader that has to gather separately stored points into records (TensorBoard files
 from other writers hold one Event per value; MLflow holds points, not rows) puts two points into one record only
@@ -73,6 +75,7 @@ class Problem:
 
     where: str
     what: str
+    fatal: bool = False     # the reader gave up on the file here (see RunReader.stop)
 
     def __str__(self) -> str:
         return f"{self.where}: {self.what}"
@@ -106,6 +109,34 @@ class RunReader(ABC):
 
     def skip(self, where: str, what: str) -> None:
         self.problems.append(Problem(where, what))
+
+    def stop(self, where: str, what: str) -> None:
+        """Report that the reader gave up on a file at ``where`` (once; the reader then stops reading it)."""
+        self.problems.append(Problem(where, what, fatal=True))
+
+    @property
+    def gave_up(self) -> bool:
+        """True when some file of the run was abandoned (a fatal problem, see :meth:`stop`)."""
+        return any(p.fatal for p in self.problems)
+
+
+class UnreadableRun(RunReader):
+    """A run standing for a file that cannot be read at all (binary junk where a text format was expected): it
+    yields no record and reports the reason once, as a fatal problem, when its records are asked for."""
+
+    def __init__(self, name: str, where: str, what: str) -> None:
+        super().__init__()
+        self._info = RunInfo(name=name, run_id=name)
+        self._where, self._what = where, what
+
+    @property
+    def info(self) -> RunInfo:
+        return self._info
+
+    def records(self) -> Iterator[Record]:
+        if not self.gave_up:
+            self.stop(self._where, self._what)
+        return iter(())
 
 
 class Source(ABC):

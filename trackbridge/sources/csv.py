@@ -16,17 +16,25 @@ columns starting with ``_`` (wandb bookkeeping: ``_runtime``, unused ``_step``) 
 An empty cell means the metric was not logged in that row (it is *not* NaN). Wall time comes from ``_timestamp``
 when that column exists, otherwise there is none (never made up). Rows with the wrong number of cells (a cut-off
 last line, garbage) are skipped and reported with their line.
+
+Quotes: a quote that is opened and never closed would make the rest of the file one cell. Such a row is reported
+with the line it *starts* on, it is the one row lost (the message says so), and the lines after it are read again
+as rows; the same for a quoted cell that spans several lines and leaves the row with the wrong number of cells.
+Binary junk (NUL bytes, bytes that are not UTF-8) at the start of the file, or three unreadable rows in a row one
+of which is binary, ends the reading of that file with one fatal problem (see
+:class:`~trackbridge.sources._files.JunkGuard`); what came before is kept.
 """
 from __future__ import annotations
 
 import csv
 import re
+from collections import deque
 from pathlib import Path
 from typing import Any, Iterator
 
 from ..record import Record, RunInfo
-from ._files import LineSummary, existing_file, number_or_text, parse_number
-from .base import RunReader, Source, SourceError
+from ._files import JunkGuard, LineSummary, existing_file, not_text, number_or_text, parse_number, sniff_binary
+from .base import RunReader, Source, SourceError, UnreadableRun
 
 STEP_COLUMNS = ("Step", "train/global_step", "global_step", "_step")
 _PANEL_EXTREME = re.compile(r"__(?:MIN|MAX)$")
@@ -81,33 +89,66 @@ class CsvRun(RunReader):
     def has_wall_time(self) -> bool:
         return self.time_col is not None
 
+    def _swallowed(self, inner: list[tuple[int, str]], width: int) -> bool:
+        """Whether the lines inside a quoted cell that spans several lines look like rows of this table (as many
+        cells as the header, an integer step): then the quote was not closed where it should have been, and the
+        row has the right width only by accident."""
+        return any(_looks_like_row(text, width, self.step_col) for _, text in inner)
+
     def records(self) -> Iterator[Record]:
         where = str(self.path)
         width = len(self.header)
         no_step = LineSummary()
         non_scalar: dict[str, LineSummary] = {}
+        guard = JunkGuard(self, self.path, "a CSV table")
         ordinal = 0
         with open(self.path, newline="", encoding="utf-8-sig", errors="replace") as fh:
-            reader = csv.reader(fh)
+            lines = _Lines(fh)
+            reader = csv.reader(lines, strict=True)
             try:
                 next(reader)
-            except StopIteration:
+            except (StopIteration, csv.Error):
                 return
             while True:
+                lines.taken.clear()
                 try:
                     row = next(reader)
                 except StopIteration:
                     break
                 except csv.Error as exc:
-                    self.skip(f"{where}:{reader.line_num}", f"unreadable CSV row ({exc}); skipped")
+                    if not lines.taken:
+                        break
+                    line, text = lines.taken[0]
+                    rest = lines.taken[1:]
+                    if rest:
+                        what = (f"a quote opened on this line is not closed: the row runs over {len(rest) + 1} "
+                                f"lines to line {rest[-1][0]} ({exc}); this row is skipped (1 row lost) and the "
+                                f"{len(rest)} line(s) after it are read again as rows")
+                    else:
+                        what = f"unreadable CSV row ({exc}); skipped (1 row lost)"
+                    lines.push_back(rest)
+                    if guard.bad(line, None, text, f"{where}:{line}", what):
+                        return
                     continue
-                line = reader.line_num
+                line = lines.taken[0][0] if lines.taken else lines.n
                 if not row or all(not c.strip() for c in row):
                     continue
-                if len(row) != width:
-                    self.skip(f"{where}:{line}", f"row has {len(row)} cells, header has {width}; skipped "
-                                                 f"(cut off or not part of the table)")
+                if len(row) != width or (len(lines.taken) > 2 and self._swallowed(lines.taken[1:-1], width)):
+                    rest = lines.taken[1:]
+                    if rest:
+                        shape = (f"leaves a row of {len(row)} cells (header: {width})" if len(row) != width
+                                 else "holds lines that look like rows of the table")
+                        what = (f"a quoted cell opened on this line runs over {len(rest) + 1} lines to line "
+                                f"{rest[-1][0]} and {shape}: a quote that is not closed? This row is skipped "
+                                f"(1 row lost) and the {len(rest)} line(s) after it are read again as rows")
+                        lines.push_back(rest)
+                    else:
+                        what = (f"row has {len(row)} cells, header has {width}; skipped (cut off or not part of "
+                                f"the table)")
+                    if guard.bad(line, None, lines.taken[0][1] if lines.taken else "", f"{where}:{line}", what):
+                        return
                     continue
+                guard.good()
                 metrics: dict[str, Any] = {}
                 for i, name in self.columns.items():
                     cell = row[i]
@@ -133,10 +174,51 @@ class CsvRun(RunReader):
                     t = parse_number(row[self.time_col])
                     wall = float(t) if t is not None else None
                 yield Record(step=step, wall_time=wall, metrics=metrics)
+        guard.flush()
         if no_step.count:
             self.skip(where, no_step.text(f"rows with no integer {self.header[self.step_col]!r}"))
         for name, summary in non_scalar.items():
             self.skip(where, summary.text(f"non-scalar cells (media/tables) of {name!r}"))
+
+
+def _looks_like_row(text: str, width: int, step_col: int | None) -> bool:
+    try:
+        cells = next(csv.reader([text]), [])
+    except csv.Error:
+        return False
+    if len(cells) != width:
+        return False
+    if step_col is not None:
+        num = parse_number(cells[step_col])
+        return num is not None and float(num).is_integer()
+    return any(parse_number(c) is not None for c in cells)
+
+
+class _Lines:
+    """The lines of a text file for ``csv.reader``, numbered like an editor, with the lines of the current row kept
+    (``taken``: ``(line number, text)``) and lines that can be handed back to be read again (``push_back``)."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.n = 0
+        self.taken: list[tuple[int, str]] = []
+        self._again: deque[tuple[int, str]] = deque()
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        if self._again:
+            item = self._again.popleft()
+        else:
+            text = next(self.fh)
+            self.n += 1
+            item = (self.n, text)
+        self.taken.append(item)
+        return item[1]
+
+    def push_back(self, items: list[tuple[int, str]]) -> None:
+        self._again.extendleft(reversed(items))
 
 
 class CsvSource(Source):
@@ -153,6 +235,12 @@ class CsvSource(Source):
             yield from self._runs_of(f)
 
     def _runs_of(self, path: Path) -> Iterator[RunReader]:
+        with open(path, "rb") as fh:
+            bom = 3 if fh.read(3) == b"\xef\xbb\xbf" else 0
+        binary = sniff_binary(path, skip=bom)
+        if binary is not None:          # one run that says why, once; the other files of a folder are still read
+            yield UnreadableRun(path.stem, f"{path}:1", not_text(path, *binary, "a CSV export"))
+            return
         header = _read_header(path)
         want = self.options.get("step")
         if want and want not in header:

@@ -6,7 +6,10 @@ logger backend (``{"step": N, "data": {...}}``) are read too, since that is the 
 
 Streaming and damage: the file is read line by line as bytes, so offsets are exact. A line that is not JSON (for
 example the partial last line a crash leaves) is skipped and reported as ``file:line N (offset X)``; the lines
-around it are still read. Recorded name sanitization (``RunInfo.sanitized``) is undone. Option ``run=ID`` keeps
+around it are still read. Binary junk is not damage: a file whose first line holds NUL bytes or bytes that are not
+UTF-8, three unreadable lines in a row one of which is binary (:class:`~trackbridge.sources._files.JunkGuard`),
+or a file whose first 20 non-empty lines are all unreadable, is given up there, with one fatal problem naming the
+line and byte offset (what came before is kept). Recorded name sanitization (``RunInfo.sanitized``) is undone. Option ``run=ID`` keeps
 only runs whose id or name matches.
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..record import Record, RunInfo, decode_value
+from ._files import JunkGuard, not_text, sniff_binary
 from .base import RunReader, Source, SourceError
 
 
@@ -39,6 +43,8 @@ class JsonlRunReader(RunReader):
 
     def _read_header(self) -> RunInfo:
         """The first header line (the run info), or a RunInfo named after the file when there is none."""
+        if sniff_binary(self.path) is not None:
+            return RunInfo(name=self.path.stem, run_id=self.path.stem)
         with open(self.path, "rb") as fh:
             for raw in fh:
                 if not raw.strip():
@@ -53,8 +59,13 @@ class JsonlRunReader(RunReader):
         return RunInfo(name=self.path.stem, run_id=self.path.stem)
 
     def records(self) -> Iterator[Record]:
+        binary = sniff_binary(self.path)
+        if binary is not None:
+            self.stop(f"{self.path}:line 1", not_text(self.path, *binary, "JSON lines"))
+            return
         info = self.info
         rename = dict(info.sanitized)
+        guard = JunkGuard(self, self.path, "JSON lines")
         offset = 0
         with open(self.path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
@@ -67,18 +78,23 @@ class JsonlRunReader(RunReader):
                     try:
                         obj = _parse(raw)
                     except ValueError:
-                        self.skip(where, "partial last line (the writer stopped mid-line); skipped")
+                        if guard.bad(lineno, start, raw, where,
+                                     "partial last line (the writer stopped mid-line); skipped"):
+                            return
                         continue
                 else:
                     try:
                         obj = _parse(raw)
                     except ValueError as exc:
-                        self.skip(where, f"not JSON ({getattr(exc, 'msg', exc)}); skipped")
+                        if guard.bad(lineno, start, raw, where, f"not JSON ({getattr(exc, 'msg', exc)}); skipped"):
+                            return
                         continue
                 if not isinstance(obj, dict):
-                    self.skip(where, f"a JSON {type(obj).__name__}, not an object; skipped")
+                    if guard.bad(lineno, start, raw, where, f"a JSON {type(obj).__name__}, not an object; skipped"):
+                        return
                     continue
                 if obj.get("type") == "run":
+                    guard.good()
                     if lineno > 1:
                         later = RunInfo.from_json(obj)
                         rename.update(later.sanitized)
@@ -86,12 +102,15 @@ class JsonlRunReader(RunReader):
                 try:
                     rec = self._record(obj)
                 except (TypeError, ValueError, AttributeError) as exc:
-                    self.skip(where, f"not a record ({exc}); skipped")
+                    if guard.bad(lineno, start, raw, where, f"not a record ({exc}); skipped"):
+                        return
                     continue
+                guard.good()
                 if rename:
                     rec.metrics = {rename.get(k, k): v for k, v in rec.metrics.items()}
                     rec.derived = [rename.get(k, k) for k in rec.derived]
                 yield rec
+        guard.flush()
 
     @staticmethod
     def _record(obj: dict[str, Any]) -> Record:

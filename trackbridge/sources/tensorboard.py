@@ -4,7 +4,9 @@ Every folder under ``DIR`` that directly holds ``events.out.tfevents.*`` files i
 relative to ``DIR``); its files are read in name order, one at a time, record by record (streaming). The TFRecord
 framing is parsed here, so damage is reported precisely: a record whose length CRC is wrong is skipped by scanning
 forward to the next valid record, a record whose data CRC is wrong or whose Event does not parse is skipped, and a
-truncated last record ends that file -- each reported as ``file:offset``. ``?verify=0`` skips data CRC checks (3-5x
+truncated last record ends that file -- each reported as ``file:offset``. An event file with no value in it (0
+bytes, or only the ``file_version`` header a writer puts first) is reported naming the file; a run whose files are
+all like that has nothing to read (a fatal problem: ``migrate`` creates no empty run for it). ``?verify=0`` skips data CRC checks (3-5x
 faster in pure Python; length CRCs are always checked).
 
 What is read from each ``Summary.Value``:
@@ -279,7 +281,9 @@ class TensorBoardRunReader(RunReader):
             return out
 
         for path in self.files:
+            events = with_values = 0
             for offset, data in read_event_records(path, self, verify=self.verify):
+                events += 1
                 ev = event_pb2.Event()
                 try:
                     ev.ParseFromString(data)
@@ -288,6 +292,7 @@ class TensorBoardRunReader(RunReader):
                     continue
                 if not ev.HasField("summary") or not ev.summary.value:
                     continue
+                with_values += 1
                 metrics = self._values(ev, plugins, unsupported)
                 if not metrics:
                     continue
@@ -317,11 +322,29 @@ class TensorBoardRunReader(RunReader):
                     yield cur
                 cur = Record(step=int(ev.step), wall_time=ev.wall_time, metrics=metrics, derived=sorted(derived))
                 cur_splits = splits
+            if not with_values:
+                self._empty_file(path, events)
         if cur is not None:
             yield cur
         for tag, count in unsupported.items():
             self.skip(f"{self.folder}", f"tag {tag!r}: {count} value(s) of an unsupported kind "
                                         f"({plugins.get(tag) or 'no plugin'}) skipped")
+
+    def _empty_file(self, path: Path, events: int) -> None:
+        """An event file with no value in it is reported (a fatal problem for that file: there is nothing to read)
+        rather than read as nothing in silence."""
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        if size == 0:
+            why = "empty event file (0 bytes): the writer created it and wrote nothing; nothing read from it"
+        elif events == 0:
+            why = f"event file of {size} bytes without one readable record; nothing read from it"
+        else:
+            why = (f"event file holds no values ({events} event(s): only the file_version header or other "
+                   f"events without a summary); nothing read from it")
+        self.stop(str(path), why)
 
     def _values(self, ev: Any, plugins: dict[str, str], unsupported: dict[str, int]) -> dict[str, Any]:
         out: dict[str, Any] = {}

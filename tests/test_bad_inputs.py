@@ -1,0 +1,336 @@
+"""Bad input files and files that are not ours (issue 12, "bad input" and "never delete a user's file").
+
+Tried as a user would: ``python -m trackbridge migrate SRC DST`` and ``python -m trackbridge translate FILE`` in a
+child process, checking the messages and exit codes, and reading each destination back with trackbridge's readers
+or the tracker's own tools (sqlite3 on the MLflow store, ``MlflowClient``). Binary input is made with a seeded
+``random.Random`` (the same bytes every run); TensorBoard files with TensorBoard's own ``EventFileWriter``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from test_migrate_support import env, location, read_runs, run_cli, write_run  # noqa: F401
+from trackbridge.record import Record, RunInfo
+
+MB = 1_000_000
+
+
+def _junk(n: int, seed: int = 12) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def _lines(stderr: str, needle: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if needle in ln]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _plain_rows(n: int) -> bytes:
+    return b"".join(json.dumps({"step": i, "loss": 1.0 / (i + 1), "reward": i / 4}).encode() + b"\n"
+                    for i in range(n))
+
+
+# -- 1. binary junk read as JSON lines ---------------------------------------------------------------------------
+def test_binary_file_as_jsonl_is_refused_once_and_creates_no_run(env):
+    src = env / "junk.jsonl"
+    src.write_bytes(_junk(MB))
+    dst = env / "out"
+    p = run_cli("migrate", f"jsonl:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet")
+    assert p.returncode == 1, p.stderr           # nothing readable at all: the run fails, even without --strict
+    assert "Traceback" not in p.stderr
+    about = _lines(p.stderr, str(src))
+    assert len(about) == 1, p.stderr             # reported once (it used to be ~4,000 lines)
+    assert "not a text file" in about[0] and "at byte 0" in about[0] and "1,000,000 bytes" in about[0]
+    assert "no run created" in p.stderr
+    assert len(p.stderr.splitlines()) < 15
+    assert not dst.exists(), "no empty run in the destination"
+
+    q = run_cli("migrate", f"jsonl:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet", "--strict")
+    assert q.returncode == 1 and not dst.exists()
+
+    t = run_cli("translate", f"jsonl:{src}")
+    assert t.returncode == 1, t.stderr
+    assert len(_lines(t.stderr, str(src))) == 1, t.stderr
+    assert t.stdout == ""
+
+
+def test_jsonl_with_binary_tail_keeps_the_lines_before_it(env):
+    good = _plain_rows(40)
+    src = env / "run.jsonl"
+    src.write_bytes(good + _junk(MB, seed=3))
+    dst = env / "out"
+    p = run_cli("migrate", f"jsonl:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet")
+    assert p.returncode == 0, p.stderr
+    about = _lines(p.stderr, str(src))
+    assert len(about) == 1, p.stderr
+    assert f"{src}:line 41 (offset {len(good)})" in about[0], about[0]
+    assert "binary data" in about[0] and "was not read" in about[0]
+    (info, recs, _), = read_runs(f"jsonl:{dst}")
+    assert [r.step for r in recs] == list(range(40))
+    assert recs[7].metrics == {"loss": 1.0 / 8, "reward": 7 / 4}
+
+    q = run_cli("migrate", f"jsonl:{src}", f"jsonl:{env / 'out-strict'}", "--names", "keep", "--quiet", "--strict")
+    assert q.returncode == 1, q.stderr
+
+
+def test_jsonl_damage_is_still_reported_line_by_line(env):
+    """One bad line between good ones is damage, not junk: reported with its line, the rest is read."""
+    rows = _plain_rows(10).splitlines(keepends=True)
+    rows[4] = b'{"step": 4, "loss": 0.2\n'                         # cut off
+    rows[7] = b'\xff\xfe binary garbage\n'                         # one binary line alone
+    src = env / "run.jsonl"
+    src.write_bytes(b"".join(rows))
+    dst = env / "out"
+    p = run_cli("migrate", f"jsonl:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert f"{src}:line 5 " in p.stderr and f"{src}:line 8 " in p.stderr, p.stderr
+    assert "binary data" not in p.stderr
+    (info, recs, _), = read_runs(f"jsonl:{dst}")
+    assert [r.step for r in recs] == [0, 1, 2, 3, 5, 6, 8, 9]
+
+
+def test_text_that_is_not_jsonl_stops_after_twenty_lines(env):
+    src = env / "notes.jsonl"
+    src.write_text("".join(f"this is line {i} of a text file, not JSON\n" for i in range(5000)))
+    p = run_cli("migrate", f"jsonl:{src}", f"jsonl:{env / 'out'}", "--quiet")
+    assert p.returncode == 1, p.stderr
+    about = _lines(p.stderr, str(src))
+    assert len(about) == 1 and "first 20 non-empty lines" in about[0], p.stderr
+    assert not (env / "out").exists()
+
+
+# -- 1. CSV: unterminated quote, binary -------------------------------------------------------------------------
+def _csv_rows(n: int) -> list[str]:
+    return ["_step,train/loss,note"] + [f"{i},{i / 100},row {i}" for i in range(1, n + 1)]
+
+
+def test_csv_unterminated_quote_names_its_line_and_loses_one_row(env):
+    lines = _csv_rows(100)           # line 1 is the header, line k the row of step k - 1
+    lines[50] = '50,0.5,"an open quote that never closes'                  # line 51
+    src = env / "export.csv"
+    src.write_text("\n".join(lines) + "\n")
+    dst = env / "out"
+    p = run_cli("migrate", f"csv:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet")
+    assert p.returncode == 0, p.stderr
+    about = _lines(p.stderr, str(src))
+    assert len(about) == 1, p.stderr
+    assert f"{src}:51:" in about[0] and "not closed" in about[0] and "1 row lost" in about[0], about[0]
+    assert f"{src}:101" not in p.stderr
+    (info, recs, _), = read_runs(f"jsonl:{dst}")
+    steps = [r.step for r in recs]
+    assert steps == [s for s in range(1, 101) if s != 50]         # rows 52-101 are not swallowed
+    assert recs[-1].metrics == {"train/loss": 1.0, "note": "row 100"}
+    assert all("\n" not in str(v) for r in recs for v in r.metrics.values())
+
+    q = run_cli("migrate", f"csv:{src}", f"jsonl:{env / 'out-strict'}", "--names", "keep", "--quiet", "--strict")
+    assert q.returncode == 1
+
+    t = run_cli("translate", str(src))
+    assert t.returncode == 1, t.stderr
+    assert len(_lines(t.stderr, f"{src}:51:")) == 1, t.stderr
+    assert len(t.stdout.splitlines()) == 99
+
+
+def test_csv_quote_closed_much_later_is_not_one_giant_row(env):
+    lines = _csv_rows(30)
+    lines[10] = '10,0.1,"opens here'           # line 11; the next quote is on line 21
+    lines[20] = '20,0.2,closes here"'
+    src = env / "export.csv"
+    src.write_text("\n".join(lines) + "\n")
+    dst = env / "out"
+    p = run_cli("migrate", f"csv:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet")
+    assert f"{src}:11:" in p.stderr and "1 row lost" in p.stderr, p.stderr
+    (info, recs, _), = read_runs(f"jsonl:{dst}")
+    steps = [r.step for r in recs]
+    assert 10 not in steps and all(s in steps for s in range(11, 20)) and 30 in steps, steps
+
+
+def test_binary_file_as_csv(env):
+    src = env / "export.csv"
+    src.write_bytes(_junk(MB, seed=5))
+    dst = env / "out"
+    p = run_cli("migrate", f"csv:{src}", f"jsonl:{dst}", "--quiet")
+    assert p.returncode == 1, p.stderr
+    about = _lines(p.stderr, str(src))
+    assert len(about) == 1 and "not a text file" in about[0], p.stderr
+    assert not dst.exists()
+    t = run_cli("translate", str(src))
+    assert t.returncode != 0 and len(_lines(t.stderr, str(src))) == 1, t.stderr
+
+
+def test_csv_with_binary_tail(env):
+    src = env / "export.csv"
+    good = ("\n".join(_csv_rows(20)) + "\n").encode()
+    src.write_bytes(good + _junk(200_000, seed=9))
+    p = run_cli("migrate", f"csv:{src}", f"jsonl:{env / 'out'}", "--names", "keep", "--quiet")
+    assert p.returncode == 0, p.stderr
+    about = _lines(p.stderr, str(src))
+    assert any("binary data" in a for a in about), p.stderr
+    assert len(about) <= 3, p.stderr                   # not one message per line of junk
+    (info, recs, _), = read_runs(f"jsonl:{env / 'out'}")
+    assert [r.step for r in recs][:20] == list(range(1, 21))
+
+
+# -- 1. empty TensorBoard event files ------------------------------------------------------------------------------
+def _version_only(folder: Path) -> Path:
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    folder.mkdir(parents=True, exist_ok=True)
+    w = EventFileWriter(str(folder))
+    w.close()
+    (path,) = folder.glob("events.out.tfevents.*")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["zero_bytes", "file_version_only"])
+def test_empty_event_file_is_reported(env, kind):
+    pytest.importorskip("tensorboard")
+    run = env / "tb" / "run"
+    if kind == "zero_bytes":
+        run.mkdir(parents=True)
+        path = run / "events.out.tfevents.1763700000.host.1.0"
+        path.write_bytes(b"")
+    else:
+        path = _version_only(run)
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        ea = EventAccumulator(str(run))
+        ea.Reload()
+        assert ea.Tags()["scalars"] == []            # TensorBoard's own reader: a file without values
+    dst = env / "out"
+    p = run_cli("migrate", f"tensorboard:{env / 'tb'}", f"jsonl:{dst}", "--quiet")
+    assert p.returncode == 1, p.stderr
+    about = _lines(p.stderr, str(path))
+    assert len(about) == 1, p.stderr
+    assert ("0 bytes" if kind == "zero_bytes" else "file_version") in about[0]
+    assert not dst.exists()
+    t = run_cli("translate", f"tensorboard:{run}")
+    assert t.returncode == 1 and len(_lines(t.stderr, str(path))) == 1, t.stderr
+
+
+def test_empty_event_file_beside_a_good_one(env):
+    pytest.importorskip("tensorboard")
+    recs = [Record(step=i, wall_time=1763700000.0 + i, metrics={"loss": i / 2}) for i in range(5)]
+    write_run(f"tensorboard:{env / 'tb'}", RunInfo(name="run", run_id="r"), recs)
+    empty = env / "tb" / "run" / "events.out.tfevents.1999999999.host.2.0"     # sorts after the real one
+    empty.write_bytes(b"")
+    dst = env / "out"
+    p = run_cli("migrate", f"tensorboard:{env / 'tb'}", f"jsonl:{dst}", "--names", "keep", "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert len(_lines(p.stderr, str(empty))) == 1, p.stderr
+    (info, got, _), = read_runs(f"jsonl:{dst}")
+    assert [r.metrics for r in got] == [r.metrics for r in recs]
+    q = run_cli("migrate", f"tensorboard:{env / 'tb'}", f"jsonl:{env / 'o2'}", "--names", "keep", "--quiet",
+                "--strict")
+    assert q.returncode == 1
+
+
+# -- 2. an SQLite file that is not an MLflow store -----------------------------------------------------------------
+def _app_db(path: Path) -> Path:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    con.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, user INTEGER, total REAL)")
+    con.executemany("INSERT INTO users (name) VALUES (?)", [("ada",), ("grace",)])
+    con.commit()
+    con.close()
+    return path
+
+
+def _tables(path: Path) -> set[str]:
+    con = sqlite3.connect(path)
+    try:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        con.close()
+
+
+def test_migrate_refuses_an_sqlite_file_that_is_not_mlflow(env):
+    src = env / "run.jsonl"
+    src.write_bytes(_plain_rows(5))
+    db = _app_db(env / "app.db")
+    before = _sha(db)
+    for dst in (f"mlflow:sqlite:///{db}", f"mlflow:{db}", f"mlflow:sqlite:///{db}?experiment=x"):
+        p = run_cli("migrate", f"jsonl:{src}", dst, "--quiet")
+        assert p.returncode == 2, (dst, p.stderr)
+        assert "Traceback" not in p.stderr
+        assert str(db) in p.stderr and "not an MLflow store" in p.stderr and "users" in p.stderr, p.stderr
+    assert _sha(db) == before
+    assert _tables(db) == {"users", "orders"}
+
+
+def test_migrate_refuses_a_file_that_is_not_sqlite(env):
+    src = env / "run.jsonl"
+    src.write_bytes(_plain_rows(5))
+    db = env / "notes.db"
+    db.write_text("my notes, not a database\n")
+    p = run_cli("migrate", f"jsonl:{src}", f"mlflow:sqlite:///{db}", "--quiet")
+    assert p.returncode == 2 and "not an SQLite database" in p.stderr and str(db) in p.stderr, p.stderr
+    assert db.read_text() == "my notes, not a database\n"
+
+
+@pytest.mark.parametrize("start", ["missing", "zero_bytes", "no_tables", "mlflow_store"])
+def test_migrate_into_new_empty_or_mlflow_sqlite(env, start):
+    from trackbridge.sinks.mlflow import make_client
+
+    src = env / "run.jsonl"
+    src.write_bytes(_plain_rows(6))
+    if start == "mlflow_store":
+        loc = location("mlflow", env / "ml")
+        db = Path(loc.split("sqlite:///", 1)[1])
+    else:
+        db = env / "new.db"
+        if start == "zero_bytes":
+            db.write_bytes(b"")
+        elif start == "no_tables":
+            con = sqlite3.connect(db)
+            con.execute("PRAGMA user_version = 7")         # a valid SQLite file with no table
+            con.commit()
+            con.close()
+            assert db.stat().st_size > 0
+    p = run_cli("migrate", f"jsonl:{src}", f"mlflow:sqlite:///{db}?experiment=bad-inputs", "--names", "keep",
+                "--quiet")
+    assert p.returncode == 0, p.stderr
+    client = make_client(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("bad-inputs")
+    (run,) = client.search_runs([exp.experiment_id])
+    hist = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted(m.step for m in hist) == list(range(6))
+
+
+def test_mlflow_sink_open_refuses_before_mlflow_touches_the_file(env):
+    from trackbridge.sinks import make_sink
+    from trackbridge.sinks.base import SinkError
+
+    db = _app_db(env / "app.db")
+    before = _sha(db)
+    sink = make_sink(f"mlflow:sqlite:///{db}")
+    with pytest.raises(SinkError, match="not an MLflow store"):
+        sink.open(RunInfo(name="r", run_id="r"))
+    assert _sha(db) == before and _tables(db) == {"users", "orders"}
+    assert not (env / "mlartifacts").exists()
+
+
+def test_check_sqlite_store_rules(tmp_path):
+    from trackbridge.sinks.base import SinkError
+    from trackbridge.sinks.mlflow_store import check_sqlite_store, sqlite_path
+
+    assert sqlite_path("sqlite:////abs/x.db") == Path("/abs/x.db")
+    assert sqlite_path("sqlite:///rel/x.db?experiment=e") == Path("rel/x.db")
+    assert sqlite_path("x.db") == Path("x.db")
+    assert sqlite_path("http://127.0.0.1:5000") is None and sqlite_path("mlruns") is None
+    check_sqlite_store(f"sqlite:///{tmp_path / 'missing.db'}")           # nothing there: fine
+    assert not (tmp_path / "missing.db").exists()                          # and the check creates nothing
+    trackio_like = tmp_path / "proj.db"
+    con = sqlite3.connect(trackio_like)
+    con.execute("CREATE TABLE metrics (id INTEGER, run_name TEXT, step INTEGER, metrics TEXT)")
+    con.execute("CREATE TABLE configs (id INTEGER, run_name TEXT, config TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(SinkError, match="configs, metrics"):
+        check_sqlite_store(str(trackio_like))

@@ -1,0 +1,90 @@
+"""Is this SQLite file an MLflow store? Checked before MLflow opens it, with the standard library only.
+
+Opening ``sqlite:///x.db`` with MLflow runs its schema migrations: an SQLite database of anything else (an
+application's data, Trackio's metrics, a file that merely ends in ``.db``) silently gets ~50 MLflow tables added
+to it. The MLflow sink (and ``trackbridge migrate``'s check of where it writes) therefore calls
+:func:`check_sqlite_store` first. The rule:
+
+* a file that does not exist, or holds 0 bytes, is fine (MLflow creates a new store in it);
+* an SQLite database with no tables is fine (nothing in it to spoil);
+* an MLflow store is fine: it has the tables ``experiments``, ``runs`` and ``metrics``, and ``runs`` has MLflow's
+  ``run_uuid`` column (``alembic_version`` is not required, so that a store another process is creating this
+  moment is not refused);
+* anything else is refused with a :class:`~trackbridge.sinks.base.SinkError` naming the file and why: an SQLite
+  database with other tables (the first few are named), or a file that is not an SQLite database at all.
+
+The file is opened read-only (``mode=ro``), so the check itself never creates or changes anything. A database that
+cannot be checked for another reason (locked, unreadable) is left for MLflow to report.
+"""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from .base import SinkError
+
+MLFLOW_TABLES = ("experiments", "runs", "metrics")
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def sqlite_path(location: str) -> Path | None:
+    """The SQLite file of an MLflow locator's location (``sqlite:///x.db``, ``sqlite:////abs/x.db`` or a bare
+    ``x.db``), or None when the location is not a local SQLite store (a server, a file store, another database)."""
+    loc = location.strip().split("?", 1)[0]
+    if loc.startswith("sqlite:"):
+        rest = loc[len("sqlite:"):]
+        if not rest.startswith("///"):
+            return None                     # sqlite:// (in memory) or a malformed URI: MLflow reports it
+        path = rest[3:]
+        if not path or path == ":memory:":
+            return None
+        return Path(path).expanduser()
+    if "://" in loc or loc.startswith("file:"):
+        return None
+    if loc.endswith(".db"):
+        return Path(loc).expanduser()
+    return None
+
+
+def check_sqlite_store(location: str, what: str = "mlflow") -> None:
+    """Raise :class:`SinkError` when ``location`` names a local SQLite file that is not an MLflow store (see the
+    module docstring); return quietly otherwise. ``what`` prefixes the message (``mlflow:LOCATION``)."""
+    path = sqlite_path(location)
+    if path is None or not path.exists():
+        return
+    if path.is_dir():
+        raise SinkError(f"{what}:{location}: {path} is a folder, not an SQLite file")
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return
+        with open(path, "rb") as fh:
+            magic = fh.read(len(SQLITE_MAGIC))
+    except OSError:
+        return                              # unreadable: MLflow says why
+    if magic != SQLITE_MAGIC:
+        raise SinkError(f"{what}:{location}: {path} is not an SQLite database (it does not start with the SQLite "
+                        f"header); refusing to let MLflow write into it. Give a new file name (or an empty file).")
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return
+    try:
+        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        run_columns = {row[1] for row in con.execute("PRAGMA table_info(runs)")} if "runs" in tables else set()
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError):
+            return                          # locked, busy, ...: not a verdict on the file
+        raise SinkError(f"{what}:{location}: {path} is not a usable SQLite database ({exc}); refusing to let "
+                        f"MLflow write into it") from None
+    finally:
+        con.close()
+    tables = {t for t in tables if not t.startswith("sqlite_")}
+    if not tables:
+        return
+    if all(t in tables for t in MLFLOW_TABLES) and "run_uuid" in run_columns:
+        return
+    shown = ", ".join(sorted(tables)[:8]) + (", ..." if len(tables) > 8 else "")
+    raise SinkError(f"{what}:{location}: {path} is an SQLite database but not an MLflow store (it has the "
+                    f"table(s) {shown}, and not MLflow's {', '.join(MLFLOW_TABLES)}); MLflow would add its own "
+                    f"tables to it, so it is left untouched. Give a new file name (or an empty file).")
