@@ -334,3 +334,97 @@ def test_check_sqlite_store_rules(tmp_path):
     con.close()
     with pytest.raises(SinkError, match="configs, metrics"):
         check_sqlite_store(str(trackio_like))
+
+
+# -- 3. derived rules: depth and size bounds, override ------------------------------------------------------------
+def _rules_file(path: Path, *rules: tuple[str, str, str]) -> Path:
+    body = "".join(f"  - name: {name}\n    formula: \"{formula}\"\n    description: test rule\n"
+                   f"    citation: test/file.py@v1\n{extra}" for name, formula, extra in rules)
+    path.write_text("format: trackbridge.derived/1\nrules:\n" + body, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("parens_20000", "formula too long"),
+    ("parens_1000", "nested too deep"),
+    ("chain_400", "nested too deep"),
+    ("signs_3000", "nested too deep"),
+    ("calls_100", "nested too deep"),
+])
+def test_deep_or_huge_formula_is_an_error_with_file_line_and_rule(tmp_path, shape, message):
+    from trackbridge.derive import RuleError, load_rules
+
+    kind, n = shape.rsplit("_", 1)
+    n = int(n)
+    formula = {"parens": "(" * n + "kl/ref" + ")" * n,
+               "chain": " + ".join(["kl/ref"] * n),
+               "signs": "-" * n + "kl/ref",
+               "calls": "abs(" * n + "kl/ref" + ")" * n}[kind]
+    path = _rules_file(tmp_path / "mine.yaml", ("policy/entropy", "kl/ref * 2", ""),
+                       ("kl/ref_seq_sum", formula, ""))
+    with pytest.raises(RuleError) as err:
+        load_rules([str(path)])
+    text = str(err.value)
+    assert text.startswith(f"{path}:8: rule 'kl/ref_seq_sum': formula: "), text[:200]     # the formula's line
+    assert message in text and "recursion" not in text
+
+    p = run_cli("mappings", "lint", str(path))
+    assert p.returncode == 2, p.stderr
+    assert f"{path}:8: rule 'kl/ref_seq_sum'" in p.stderr and message in p.stderr
+    assert "Traceback" not in p.stderr and "recursion" not in p.stderr
+
+
+def test_formula_at_the_depth_bound_still_works(tmp_path):
+    from trackbridge.derive import Deriver, load_rules
+    from trackbridge.derive.expr import MAX_DEPTH, parse
+
+    chain = " + ".join(["kl/ref"] * MAX_DEPTH)          # 63 operators: depth 64
+    parse(chain)
+    parens = "(" * (MAX_DEPTH - 2) + "kl/ref * 2" + ")" * (MAX_DEPTH - 2)
+    parse(parens)
+    path = _rules_file(tmp_path / "mine.yaml", ("kl/ref_seq_sum", chain, ""))
+    rs = load_rules([str(path)])
+    m = {"kl/ref": 0.5}
+    assert "kl/ref_seq_sum" in Deriver(rs).apply(m, step=1)
+    assert m["kl/ref_seq_sum"] == pytest.approx(0.5 * MAX_DEPTH)
+
+
+def test_user_rule_with_a_shipped_name_needs_override(tmp_path):
+    from trackbridge.derive import Deriver, RuleError, load_rules
+    from trackbridge.derive.rules import mappings_dir
+
+    mine = _rules_file(tmp_path / "mine.yaml", ("preference/reward/margin", "preference/reward/chosen * 0", ""))
+    with pytest.raises(RuleError) as err:
+        load_rules([str(mine)])
+    text = str(err.value)
+    assert text.startswith(f"{mine}:3: rule 'preference/reward/margin'"), text
+    assert str(mappings_dir() / "derived.yaml") in text and "override: true" in text
+
+    _rules_file(mine, ("preference/reward/margin", "preference/reward/chosen * 0", "    override: true\n"))
+    rs = load_rules([str(mine)])
+    margin_rules = [r for r in rs if r.name == "preference/reward/margin"]
+    assert [r.file for r in margin_rules] == [str(mine)]          # the shipped one is replaced, not a fallback
+    m = {"preference/reward/chosen": 2.0, "preference/reward/rejected": 1.0}
+    assert Deriver(rs).apply(m) == ["preference/reward/margin"] and m["preference/reward/margin"] == 0.0
+    m = {"preference/reward/chosen": 2.0, "preference/reward/rejected": 1.0}
+    assert Deriver(load_rules()).apply(m) == ["preference/reward/margin"] and m["preference/reward/margin"] == 1.0
+
+    _rules_file(mine, ("preference/reward/margin", "preference/reward/chosen * 0", "    override: yes please\n"))
+    with pytest.raises(RuleError, match="'override' must be true or false"):
+        load_rules([str(mine)])
+
+
+def test_override_through_the_cli(env):
+    rows = env / "dpo.jsonl"
+    rows.write_text('{"step": 1, "rewards/chosen": 2.0, "rewards/rejected": 0.5}\n')
+    mine = _rules_file(env / "mine.yaml", ("preference/reward/margin", "preference/reward/chosen * 0", ""))
+    p = run_cli("translate", "--derive", "--from", "trl/dpo", "--mappings", str(mine), str(rows))
+    assert p.returncode == 2, p.stderr
+    assert f"{mine}:3" in p.stderr and "derived.yaml" in p.stderr and "override: true" in p.stderr
+    assert p.stdout == ""
+    _rules_file(mine, ("preference/reward/margin", "preference/reward/chosen * 0", "    override: true\n"))
+    p = run_cli("translate", "--derive", "--from", "trl/dpo", "--mappings", str(mine), str(rows))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["preference/reward/margin"] == 0.0
+    p = run_cli("translate", "--derive", "--from", "trl/dpo", str(rows))
+    assert json.loads(p.stdout)["preference/reward/margin"] == 1.5

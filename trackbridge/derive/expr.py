@@ -22,6 +22,9 @@ Syntax (one expression per formula)::
   steps where x was present), ``rate(x)`` (``delta(x)`` per second of wall time) and ``ema(x, alpha)`` (exponential
   moving average, ``alpha`` a constant in (0, 1]).
 * Names containing ``__`` are rejected; there is no attribute access, indexing or call of anything else.
+* Size is bounded: a formula longer than :data:`MAX_LENGTH` characters, or nested deeper than :data:`MAX_DEPTH`
+  (parentheses, function calls and signs, and chains such as ``a + b + c`` count one level per operator), is a
+  syntax error at the column where the limit is passed, never a "maximum recursion depth exceeded".
 
 Evaluation never raises for bad *values*: division by zero, NaN or infinite inputs and results, ``sqrt`` of a
 negative number, ``log`` of a non-positive number, a missing or non-numeric config value all raise
@@ -51,6 +54,10 @@ class ExprError(ValueError):
 
 class NoValue(Exception):
     """Raised during evaluation when the formula gives no value for these inputs (reason in ``args[0]``)."""
+
+
+MAX_LENGTH = 4096      # characters in one formula (the longest shipped formula has under 200)
+MAX_DEPTH = 64         # nesting of one formula: parentheses, calls, signs and operator chains
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer
@@ -207,10 +214,29 @@ STATEFUL = {"delta": 1, "cumsum": 1, "rate": 1, "ema": 2}
 # ------------------------------------------------------------------------------------------------ parser
 class _Parser:
     def __init__(self, text: str):
+        if isinstance(text, str) and len(text) > MAX_LENGTH:
+            raise ExprError(f"formula too long ({len(text):,} characters; at most {MAX_LENGTH:,})", text[:60] + " ...",
+                            0)
         self.text = text
         self.toks = tokenize(text)
         self.i = 0
         self.n_stateful = 0
+        self.nesting = 0                     # open parentheses, calls and signs around the current token
+        self.depths: dict[int, int] = {}     # id(node) -> depth of the subtree (operator chains nest too)
+
+    def _deeper(self, tok: Token) -> None:
+        self.nesting += 1
+        if self.nesting > MAX_DEPTH:
+            raise self.error(f"formula nested too deep (more than {MAX_DEPTH} levels of parentheses, calls or "
+                             f"signs)", tok)
+
+    def _node(self, node: Node, children: list[Node], tok: Token) -> Node:
+        depth = 1 + max((self.depths.get(id(c), 1) for c in children), default=0)
+        if depth > MAX_DEPTH:
+            raise self.error(f"formula nested too deep (more than {MAX_DEPTH} levels; a long chain of operators "
+                             f"counts one level per operator)", tok)
+        self.depths[id(node)] = depth
+        return node
 
     def peek(self) -> Token:
         return self.toks[self.i]
@@ -247,24 +273,31 @@ class _Parser:
         return node
 
     def expr(self) -> Node:
+        self._deeper(self.peek())
         node = self.term()
         while self.peek().kind == "op" and self.peek().text in "+-":
             t = self.next()
-            node = BinOp(t.text, node, self.term(), t.pos)
+            right = self.term()
+            node = self._node(BinOp(t.text, node, right, t.pos), [node, right], t)
+        self.nesting -= 1
         return node
 
     def term(self) -> Node:
         node = self.unary()
         while self.peek().kind == "op" and self.peek().text in "*/":
             t = self.next()
-            node = BinOp(t.text, node, self.unary(), t.pos)
+            right = self.unary()
+            node = self._node(BinOp(t.text, node, right, t.pos), [node, right], t)
         return node
 
     def unary(self) -> Node:
         t = self.peek()
         if t.kind == "op" and t.text in "+-":
             self.next()
-            return Unary(t.text, self.unary(), t.pos)
+            self._deeper(t)
+            operand = self.unary()
+            self.nesting -= 1
+            return self._node(Unary(t.text, operand, t.pos), [operand], t)
         return self.primary()
 
     def primary(self) -> Node:
@@ -324,14 +357,14 @@ class _Parser:
                 if not 0.0 < a.value <= 1.0:
                     raise ExprError(f"ema() alpha must be in (0, 1], got {a.value!r}", self.text, args[1].pos)
                 alpha = a.value
-            node = Stateful(fn, args[0], alpha, self.n_stateful, t.pos)
+            node = self._node(Stateful(fn, args[0], alpha, self.n_stateful, t.pos), args, t)
             self.n_stateful += 1
             return node
         _, lo, hi = FUNCTIONS[fn]
         if len(args) < lo or (hi is not None and len(args) > hi):
             want = f"{lo}" if lo == hi else f"at least {lo}"
             raise self.error(f"{fn}() takes {want} argument{'s' if lo > 1 or hi is None else ''}, got {len(args)}", t)
-        return Call(fn, args, t.pos)
+        return self._node(Call(fn, args, t.pos), args, t)
 
 
 def parse(text: str) -> Node:

@@ -12,6 +12,7 @@ A rules file::
         forbid_approximate: [preference/reward/chosen]                # optional: inputs that must be exact
         only: {stage: [ref, values]}                                  # optional: allowed placeholder values
         note: ...                                                     # optional
+        override: true                                                # user files only: replaces a shipped rule
 
 Everything is checked when the file is loaded, and every error names the file, the line and the rule:
 unknown format or fields, a formula that does not parse, an unknown metric or config name, an unknown function,
@@ -19,6 +20,13 @@ output placeholders that the inputs do not bind, and dependency cycles between r
 put in dependency order once (a rule runs after every rule that can produce one of its inputs); among rules with no
 order between them, rules from user files come before the shipped ones and file order is kept, so for one output
 the first applicable rule wins.
+
+A rule in a user file with the same name as a shipped rule must say ``override: true``; it then *replaces* every
+shipped rule of that name (they are left out). Without it loading fails with an error naming both files and lines,
+so that a shipped formula is never replaced by accident. ``override: true`` on a rule no shipped rule shares a name
+with changes nothing. Formulas are bounded (:data:`~trackbridge.derive.expr.MAX_LENGTH` characters,
+:data:`~trackbridge.derive.expr.MAX_DEPTH` levels of nesting); a formula past either bound is an error naming file,
+line and rule.
 """
 from __future__ import annotations
 
@@ -32,7 +40,8 @@ import yaml
 from . import expr as E
 
 FORMAT = "trackbridge.derived/1"
-_RULE_FIELDS = {"name", "formula", "description", "citation", "requires", "forbid_approximate", "only", "note"}
+_RULE_FIELDS = {"name", "formula", "description", "citation", "requires", "forbid_approximate", "only", "note",
+                "override"}
 _REQUIRES_FIELDS = {"sources", "config_absent"}
 _PH = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(:path)?\}")
 
@@ -160,6 +169,7 @@ class Rule:
     forbid_approximate: list[str] = field(default_factory=list)
     only: dict[str, list[str]] = field(default_factory=dict)
     note: str = ""
+    override: bool = False            # a user rule that replaces the shipped rule(s) of the same name
     file: str = ""
     line: int = 0
     key: str = ""                     # unique id: name@file:line (state and note keys)
@@ -323,6 +333,11 @@ def _parse_rule(node: yaml.Node, file: str, canonical: CanonicalNames, config_na
             rule.only[ph] = _str_list(allowed, f"only.{ph}", file, ol, name)
     if "note" in raw:
         rule.note = str(raw["note"][0] or "")
+    if "override" in raw:
+        val, ovl, _ = raw["override"]
+        if not isinstance(val, bool):
+            raise RuleError(f"'override' must be true or false, not {val!r}", file, ovl, name)
+        rule.override = val
     rule.key = f"{name}@{Path(file).name}:{line}"
     return rule
 
@@ -411,6 +426,25 @@ def order_rules(rules: list[Rule]) -> list[Rule]:
     return out
 
 
+def _apply_overrides(shipped: list[Rule], user: list[Rule]) -> list[Rule]:
+    """The shipped rules without those a user rule overrides; a user rule that shares a shipped rule's name without
+    ``override: true`` is a :class:`RuleError` naming both files."""
+    by_name: dict[str, Rule] = {}
+    for r in shipped:
+        by_name.setdefault(r.name, r)
+    replaced: set[str] = set()
+    for r in user:
+        first = by_name.get(r.name)
+        if first is None:
+            continue
+        if not r.override:
+            raise RuleError(f"a shipped rule already produces {r.name!r} ({first.where()}); a rule in your file "
+                            f"replaces it only with 'override: true' (or give your rule another name)",
+                            r.file, r.line, r.name)
+        replaced.add(r.name)
+    return [r for r in shipped if r.name not in replaced]
+
+
 def load_rules(paths: list[str] | None = None, *, canonical: Iterable[str] | Callable[[str], bool] | None = None,
                config_names: Iterable[str] | None = None, shipped: bool = True) -> RuleSet:
     """Load the shipped ``derived.yaml`` (unless ``shipped=False``) plus user rule files, check and order them.
@@ -438,6 +472,8 @@ def load_rules(paths: list[str] | None = None, *, canonical: Iterable[str] | Cal
         except OSError as exc:
             raise RuleError(f"cannot read rules file: {exc.strerror or exc}", f) from None
         per_file.append(parse_rules(text, f, names, cfg))
+    if shipped and per_file:
+        per_file[0] = _apply_overrides(per_file[0], [r for rules in per_file[1:] for r in rules])
     # user files first (later files first), the shipped file last: for one output, user rules are tried first
     flat = [r for rules in reversed(per_file) for r in rules]
     return RuleSet(order_rules(flat), files)
