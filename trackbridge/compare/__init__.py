@@ -14,6 +14,9 @@ in (:mod:`.load`), aligns the runs on steps, samples, tokens or wall time (:mod:
 Canonical names that only look alike (``kl/ref`` against ``kl/old_policy``) are different metrics, never one chart;
 the report says so when one run has one and another run the other. With ``into=SINK`` every run is also written,
 under canonical names, into one tracker (:mod:`.into`). One run gives the same report for a single run.
+
+Runs are streamed (:mod:`.load`): memory holds each run's statistics and the points its charts draw, not its
+records, so it does not grow with the inputs' size.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from typing import Iterable
 from .align import SMOOTH_KINDS, X_KINDS, Axis, run_axis, series
 from .load import LoadedRun, load_runs
 from .presets import LOOK_ALIKES, PRESETS, preset_of, select
-from .stats import MetricStats, metric_stats
+from .stats import MetricStats
 
 __all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS"]
 
@@ -144,7 +147,7 @@ def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis], sche
     mr = MetricReport(name=name, unit=getattr(meta, "unit", "") or "",
                       description=getattr(meta, "description", "") or "", preset=preset_of(name))
     for r in runs:
-        st = metric_stats(r, name)
+        st = r.metric_stats(name)
         if st is None:
             continue
         mr.runs.append(r.label)

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .load import LoadedRun, is_finite_number, is_number
+from .load import LoadedRun
 
 X_KINDS = ("step", "samples", "tokens", "time")
 COUNTERS = {"samples": "progress/samples", "tokens": "progress/tokens"}
@@ -40,44 +40,49 @@ class Axis:
 
 
 def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
+    """One x value per record of ``run`` (from the steps, wall times and counters it keeps, not its records)."""
     if kind not in X_KINDS:
         raise ValueError(f"unknown x axis {kind!r}; expected one of {', '.join(X_KINDS)}")
-    recs = run.records
+    d = run.data
+    n = d.count
     if kind == "step":
-        if all(r.step is not None for r in recs):
-            return Axis(kind, [float(r.step) for r in recs])
-        if all(r.step is None for r in recs):
-            return Axis(kind, [float(i + 1) for i in range(len(recs))],
-                        note=f"{run.label}: the source holds no steps; records numbered 1..{len(recs)} in log order")
-        vals = [float(r.step) if r.step is not None else None for r in recs]
-        missing = sum(v is None for v in vals)
-        return Axis(kind, vals, note=f"{run.label}: {missing} record(s) without a step left out")
+        steps = d.steps
+        have = sum(1 for s in steps if s == s)
+        if have == n:
+            return Axis(kind, list(steps))
+        if have == 0:
+            return Axis(kind, [float(i + 1) for i in range(n)],
+                        note=f"{run.label}: the source holds no steps; records numbered 1..{n} in log order")
+        return Axis(kind, [s if s == s else None for s in steps],
+                    note=f"{run.label}: {n - have} record(s) without a step left out")
     if kind == "time":
-        times = [r.wall_time for r in recs if is_finite_number(r.wall_time)]
+        walls = d.walls
+        times = [w for w in walls if w == w]
         if not times or not run.has_wall_time:
-            return Axis(kind, [None] * len(recs), available=False,
+            return Axis(kind, [None] * n, available=False,
                         note=f"{run.label}: the source holds no wall times, so this run is left out of the "
                              "time-axis charts (no time was made up)")
         t0 = min(times)
-        vals = [float(r.wall_time) - t0 if is_finite_number(r.wall_time) else None for r in recs]
-        missing = sum(v is None for v in vals)
+        vals = [w - t0 if w == w else None for w in walls]
+        missing = n - len(times)
         note = f"{run.label}: {missing} record(s) without a wall time left out" if missing else None
         return Axis(kind, vals, note=note)
     counter = COUNTERS[kind]
-    by_step: dict[int, float] = {}
-    for r in recs:
-        v = r.metrics.get(counter)
-        if is_finite_number(v) and r.step is not None:
-            by_step.setdefault(r.step, float(v))
+    col = d.column(counter)
+    steps = d.steps
+    by_step: dict[float, float] = {}
+    for v, s in zip(col, steps):
+        if v == v and s == s:
+            by_step.setdefault(s, v)
     vals: list[float | None] = []
-    for r in recs:
-        v = r.metrics.get(counter)
-        if is_finite_number(v):
-            vals.append(float(v))
-        elif r.step is not None and r.step in by_step:
-            vals.append(by_step[r.step])      # e.g. an eval row of the same step as the train row
+    for v, s in zip(col, steps):
+        if v == v:
+            vals.append(v)
+        elif s == s and s in by_step:
+            vals.append(by_step[s])      # e.g. an eval row of the same step as the train row
         else:
             vals.append(None)
+    by_step.clear()
     if any(v is not None for v in vals):
         missing = sum(v is None for v in vals)
         note = f"{run.label}: {missing} record(s) without {counter} left out" if missing else None
@@ -88,48 +93,47 @@ def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
     why = f"logs no {counter}"
     if kind in PER_STEP:
         why += f" (nor {PER_STEP[kind]} on consecutive steps to add up)"
-    return Axis(kind, [None] * len(recs), available=False,
+    return Axis(kind, [None] * n, available=False,
                 note=f"{run.label}: {why}, so it is left out of the charts on this axis")
 
 
 def _running_sum(run: LoadedRun, per_step: str | None) -> Axis | None:
     if per_step is None:
         return None
-    recs = run.records
-    steps: dict[int, float] = {}
-    for r in recs:
-        v = r.metrics.get(per_step)
-        if r.step is None:
-            continue
-        if is_finite_number(v):
-            steps.setdefault(r.step, float(v))
+    d = run.data
+    steps: dict[float, float] = {}
+    for v, s in zip(d.column(per_step), d.steps):
+        if s == s and v == v:
+            steps.setdefault(s, v)
     if not steps:
         return None
     order = sorted(steps)
     if order[-1] - order[0] + 1 != len(order):
         return None                          # gaps: the steps in between are unknown, summing would undercount
-    cum: dict[int, float] = {}
+    cum: dict[float, float] = {}
     total = 0.0
     for s in order:
         total += steps[s]
         cum[s] = total
-    vals = [cum.get(r.step) if r.step is not None else None for r in recs]
-    first = order[0]
+    vals = [cum.get(s) if s == s else None for s in d.steps]
+    first = int(order[0])
     note = (f"{run.label}: tokens seen = running sum of {per_step} from its first logged step ({first})"
             + ("; steps before it are not counted" if first > 1 else ""))
     return Axis("tokens", vals, note=note)
 
 
 def series(run: LoadedRun, metric: str, axis: Axis) -> tuple[list[float], list[float]]:
-    """(x, y) of one metric in one run: numbers only (NaN kept as NaN), records without an x left out."""
+    """(x, y) of one metric in one run: numbers only (NaN kept as NaN), records without an x left out. A long run
+    gives the points its chart keeps (see :mod:`.load`), not every point."""
     xs: list[float] = []
     ys: list[float] = []
-    for rec, x in zip(run.records, axis.values):
-        v = rec.metrics.get(metric)
-        if x is None or not is_number(v):
+    values = axis.values
+    for i, y in run.points(metric):
+        x = values[i]
+        if x is None:
             continue
         xs.append(x)
-        ys.append(float(v))
+        ys.append(y)
     return xs, ys
 
 
