@@ -11,7 +11,12 @@ trackbridge's own files (one event per step, several times faster to read). It i
   ``MlflowClient.log_batch`` in chunks of 1,000; and, as the floor, ``log_batch`` alone of the same points
   (already in memory, in step order as a live logger sends them), i.e. MLflow's own write speed. Note: tbparse
   returns points grouped by tag, which is MLflow's fastest order (each log_batch touches one key); trackbridge
-  streams step by step and sorts each batch of ~40 steps by key (1.6x the step-order floor).
+  streams step by step and sorts each batch of ~40 steps by key (1.6x the step-order floor);
+* out of MLflow (``--only mlflow-wandb``): the run, first migrated into an MLflow SQLite store (not measured), into
+  wandb (offline): ``migrate("mlflow:sqlite:///DB", "wandb:DIR")`` vs the hand-written way: ``MlflowClient``
+  ``get_metric_history`` per key, rows gathered per step, ``wandb.log(row, step=step)``. ``--baseline-root DIR``
+  also measures trackbridge from another checkout (e.g. ``git archive`` of a commit before a reader change), so
+  the ratio before and after is printed side by side.
 
 Every measurement runs in its own child process (fresh imports, its own peak memory): wall time from the start of
 the work (after imports, store creation excluded for all alike) to the end, points/s, and peak memory
@@ -19,7 +24,8 @@ the work (after imports, store creation excluded for all alike) to the end, poin
 also measured on a run of a quarter of the steps: it must not grow with the run's length (streaming).
 trackbridge migrates with canonical names (detection and translation included).
 
-    .venv/bin/python benchmarks/bench_migrate.py [--tags 500] [--steps 2000] [--only tb|mlflow] [--keep DIR]
+    .venv/bin/python benchmarks/bench_migrate.py [--tags 500] [--steps 2000] [--only tb|mlflow|mlflow-wandb]
+        [--keep DIR] [--baseline-root DIR]
 
 Prints a markdown table and the ratios against the targets (TensorBoard >= 5x, MLflow >= 1.5x).
 """
@@ -36,7 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("BENCH_ROOT") or str(ROOT))     # a child may measure another checkout
 
 VERL_NAMES = ["actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm", "actor/pg_clipfrac",
               "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean",
@@ -190,16 +196,45 @@ def m_mlflow_floor(tags: int, steps: int, db: str) -> dict:
     return {"seconds": time.perf_counter() - t, "points": n, "rss": _rss_mb(), "base": base}
 
 
-MEASURES = {"trackbridge": m_trackbridge, "hand_tb": m_hand_tb, "hand_mlflow": m_hand_mlflow,
+def m_hand_wandb(db: str, out: str) -> dict:
+    """The hand-written way out of MLflow into wandb: every key's history through MlflowClient, rows per step,
+    one ``wandb.log`` per step (offline)."""
+    import wandb
+    from trackbridge.sinks.mlflow import make_client
+    client = make_client(f"sqlite:///{db}")
+    client.search_experiments()
+    base = _rss_mb()
+    t = time.perf_counter()
+    n = 0
+    for exp in client.search_experiments():
+        for run in client.search_runs([exp.experiment_id]):
+            rows: dict[int, dict[str, float]] = {}
+            for key in run.data.metrics:
+                for m in client.get_metric_history(run.info.run_id, key):
+                    rows.setdefault(m.step, {})[key] = m.value
+            w = wandb.init(mode="offline", dir=out, project="hand", name=run.info.run_name,
+                           settings=wandb.Settings(silent=True, console="off"))
+            for step in sorted(rows):
+                w.log(rows[step], step=step)
+                n += len(rows[step])
+            w.finish()
+    return {"seconds": time.perf_counter() - t, "points": n, "rss": _rss_mb(), "base": base}
+
+
+MEASURES = {"trackbridge": m_trackbridge, "hand_wandb": m_hand_wandb, "hand_tb": m_hand_tb, "hand_mlflow": m_hand_mlflow,
             "mlflow_floor": m_mlflow_floor}
 
 
-def child(name: str, *args: str) -> dict:
+def child(name: str, *args: str, root: Path = ROOT) -> dict:
     env = dict(os.environ)
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    env.setdefault("WANDB_MODE", "offline")
+    env.setdefault("WANDB_SILENT", "true")
     env["TRACKBRIDGE_STATE_DIR"] = tempfile.mkdtemp(prefix="bench-state-")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, __file__, "--child", name, *args], env=env, capture_output=True, text=True)
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    env["BENCH_ROOT"] = str(root)
+    p = subprocess.run([sys.executable, __file__, "--child", name, *args], env=env, capture_output=True, text=True,
+                       cwd=root)
     shutil.rmtree(env["TRACKBRIDGE_STATE_DIR"], ignore_errors=True)
     if p.returncode != 0:
         raise SystemExit(f"{name} failed:\n{p.stderr[-3000:]}")
@@ -210,7 +245,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tags", type=int, default=500)
     ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--only", choices=["tb", "mlflow"], default=None)
+    ap.add_argument("--only", choices=["tb", "mlflow", "mlflow-wandb"], default=None)
+    ap.add_argument("--baseline-root", default=None, metavar="DIR",
+                    help="another trackbridge checkout to measure too (MLflow -> wandb: the ratio before/after)")
     ap.add_argument("--layout", choices=["per-value", "per-step"], default="per-value",
                     help="source event layout: one event per value (as trainers write) or per step (trackbridge's)")
     ap.add_argument("--keep", default=None, help="work in this folder and keep it")
@@ -264,6 +301,21 @@ def main() -> None:
         assert ml["points"] == points and hand["points"] == points, (ml["points"], hand["points"])
         ratios.append(("into MLflow", ml["rate"] / hand["rate"], 1.5, ml, mlq))
 
+    if a.only in (None, "mlflow-wandb"):
+        db = work / "src-mlflow.db"
+        if not db.exists():             # the source store: the same run, written by trackbridge (not measured)
+            child("trackbridge", src, f"mlflow:sqlite:///{db}?experiment=src")
+        msrc = f"mlflow:sqlite:///{db}"
+        tw = add("trackbridge MLflow -> wandb", child("trackbridge", msrc, f"wandb:{work / 'out-wandb'}"))
+        hand = add("MlflowClient.get_metric_history + wandb.log", child("hand_wandb", str(db),
+                                                                         str(work / "out-wandb-hand")))
+        assert tw["points"] == hand["points"], (tw["points"], hand["points"])
+        mlflow_wandb = [("after", tw["rate"] / hand["rate"])]
+        if a.baseline_root:
+            old = add("trackbridge MLflow -> wandb (baseline checkout)",
+                      child("trackbridge", msrc, f"wandb:{work / 'out-wandb-old'}", root=Path(a.baseline_root)))
+            mlflow_wandb.insert(0, ("baseline", old["rate"] / hand["rate"]))
+
     print(f"\n{a.tags} tags x {a.steps} steps = {points:,} scalar points, source layout: {a.layout} "
           f"({'one event per value, as trainers write' if a.layout == 'per-value' else 'one event per step'})\n")
     print("| way | points | seconds | points/s | peak RSS MB | above imports MB |")
@@ -278,6 +330,9 @@ def main() -> None:
               f"{'met' if ratio >= target else 'MISSED'}; "
               f"peak memory above imports {full['rss'] - full['base']:.0f} MB "
               f"for {a.steps} steps vs {q['rss'] - q['base']:.0f} MB for {quarter} steps ({grow:+.0f} MB)")
+    if a.only in (None, "mlflow-wandb"):
+        print("- out of MLflow into wandb: trackbridge " + ", ".join(f"{r:.2f}x ({w})" for w, r in mlflow_wandb)
+              + " the hand-written way (MlflowClient.get_metric_history + wandb.log; > 1 is faster)")
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
 
