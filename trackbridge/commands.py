@@ -34,10 +34,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
     p = sub.add_parser("replay", help="send a logged run from its JSONL spool to a tracker that missed it",
                        description="Send a finished or crashed run from its spool (runs/<run_id>.jsonl) to SINK, "
-                                   "skipping what the tracker already holds (its last step), so nothing is "
-                                   "written twice.")
+                                   "skipping what the tracker already holds (per key and step), so nothing is "
+                                   "written twice and a batch that landed in part is completed. Without --to: "
+                                   "to every tracker that finish() noted as lacking records "
+                                   "(runs/<run_id>.jsonl.pending.json).")
     p.add_argument("spool", help="the spool file of the run, e.g. runs/20261122-120000-abc123.jsonl")
-    p.add_argument("--to", required=True, dest="sink", help="sink locator, e.g. mlflow:sqlite:///runs/mlflow.db")
+    p.add_argument("--to", dest="sink", help="sink locator, e.g. mlflow:sqlite:///runs/mlflow.db (default: the "
+                                             "trackers noted by finish())")
     p.add_argument("--names", help="names to write (default: as the run was logged)")
     p.add_argument("--mappings", action="append", default=[], metavar="PATH", help="extra mapping file")
     _HANDLERS["replay"] = _replay
@@ -135,10 +138,31 @@ def _compare(args) -> int:
 def _replay(args) -> int:
     import sys
 
-    from .replay import replay
-    res = replay(args.spool, args.sink, names=args.names, mappings=args.mappings or None)
-    print(f"replayed {args.spool} into {res.sink}: {res.written} records written, {res.skipped} already there "
-          f"(tracker's last step before: {res.last_step_before})", file=sys.stderr)
-    for p in res.problems:
-        print(f"  skipped: {p}", file=sys.stderr)
-    return 0
+    from .replay import read_pending, replay, settle_pending
+    if args.sink:
+        targets = [args.sink]
+    else:
+        try:
+            targets = [e["sink"] for e in read_pending(args.spool)]
+        except ValueError as exc:
+            print(f"trackbridge replay: {exc}", file=sys.stderr)
+            return 2
+        if not targets:
+            print(f"trackbridge replay: no tracker of {args.spool} was left lacking records (no pending note); "
+                  f"give one with --to", file=sys.stderr)
+            return 0
+    done, code = [], 0
+    for target in targets:
+        try:
+            res = replay(args.spool, target, names=args.names, mappings=args.mappings or None)
+        except Exception as exc:  # noqa: BLE001 - one failing tracker does not stop the others
+            print(f"trackbridge replay: {target}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        done.append(target)
+        print(f"replayed {args.spool} into {res}", file=sys.stderr)
+        for p in res.problems:
+            print(f"  skipped: {p}", file=sys.stderr)
+    if done:
+        settle_pending(args.spool, done)
+    return code

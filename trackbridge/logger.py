@@ -134,6 +134,7 @@ class _SinkWorker:
         self.lock = threading.Lock()
         self.state = "pending"          # pending -> ok | behind | failed -> ... -> closed
         self.opened = False
+        self.open_tried = False
         self.acked = run._seq_base - 1  # highest seq this sink holds
         self.dropped_hi: int | None = None  # highest seq not queued (failed or behind): to take from the spool
         self.failed_since: int | None = None  # lowest step of a write that failed (it may have landed in part)
@@ -213,7 +214,7 @@ class _SinkWorker:
         stopping = False
         while not stopping:
             batch, stopping = self._next_batch()
-            if not self.opened and self.state == "pending":
+            if not self.opened and not self.open_tried:
                 self._open(first=True)
             with self.lock:
                 state = self.state
@@ -295,6 +296,7 @@ class _SinkWorker:
 
     def _open(self, *, first: bool) -> bool:
         r = self.runref
+        self.open_tried = True
         info = r.tracker_info(self.is_spool)
         resume = r.resume if first else True
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .holdings import Holdings
 from .locators import parse
 from .pipeline import Pipeline, Stats
 from .record import Record, RunInfo
@@ -257,6 +258,7 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
     check_n = ledger.pending if skip_n else None
     opened = False
     last_step: int | None = None
+    held: Holdings | None = None
     max_written: int | None = ledger.data.get("max_step")      # highest step written so far (per the ledger)
     seen = 0
     try:
@@ -266,20 +268,32 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
                 sink.open(pipe.run_info(out_info), resume=True)
                 opened = True
                 if skip_n == 0 or (check_n or 0) > skip_n:
-                    last_step = sink.last_step()
+                    # what the destination really holds, per key and step: a batch that landed in part is completed
+                    held = sink.held()
+                    last_step = held.last_step() if held is not None else sink.last_step()
                 if skip_n and max_written is not None:
-                    held = last_step if last_step is not None else sink.last_step()
-                    if held is None or held < max_written:
+                    top = last_step if last_step is not None else sink.last_step()
+                    if top is None or top < max_written:
                         # the destination lost what the ledger counted (wandb offline buffers writes in its
                         # service process; a kill loses them): trust the destination, as without a ledger
-                        skip_n, check_n, last_step = 0, None, held
+                        skip_n, check_n, last_step = 0, None, top
+                        held = held if held is not None else sink.held()
             todo = []
             for rec in batch:
                 seen += 1
-                if seen <= skip_n or (last_step is not None and rec.step is not None and rec.step <= last_step
-                                      and (check_n is None or seen <= check_n)):
+                if seen <= skip_n:
                     res.skipped_records += 1
                     continue
+                if check_n is None or seen <= check_n:
+                    if held is not None:
+                        part = held.lacking(rec)
+                        if part is None:
+                            res.skipped_records += 1
+                            continue
+                        rec = part
+                    elif last_step is not None and rec.step is not None and rec.step <= last_step:
+                        res.skipped_records += 1
+                        continue
                 todo.append(rec)
             if todo:
                 ledger.save(records_written=max(seen - len(batch), skip_n), records_pending=seen,

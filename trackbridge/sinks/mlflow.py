@@ -42,6 +42,7 @@ de-duplicate.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -187,6 +188,8 @@ class MlflowSink(Sink):
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
         _check_reachable(self.location)       # fail in a moment, not after MLflow's HTTP retries
+        from .mlflow_store import check_sqlite_store
+        check_sqlite_store(self.location)     # an SQLite file that is not an MLflow store: refused, left untouched
         try:
             self.client = make_client(self.location)
         except Exception as exc:  # noqa: BLE001 - report which sink failed and why
@@ -347,7 +350,8 @@ class MlflowSink(Sink):
             self._bulk.write(self.run_id, metrics)
         else:
             for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-                self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+                self._log_metrics(metrics[i:i + MAX_METRICS_PER_BATCH])
+                self.progress += 1
         if texts:
             self._write_texts(texts)
         new = self._names.take_new()
@@ -356,6 +360,31 @@ class MlflowSink(Sink):
         derived = self.note_derived(records)
         if new or derived or len(self._hist) != hist_before:
             self._put_tags(self._run_tags())
+
+    def _log_metrics(self, chunk: list[Any]) -> None:
+        """One ``log_batch`` request. A server refuses a whole request holding a point it already has (UNIQUE
+        constraint: same key, step, timestamp and value; a request that landed before its answer was lost, or a
+        catch-up racing a late write): then only the points it lacks are sent again."""
+        from mlflow.exceptions import MlflowException
+        try:
+            self.client.log_batch(self.run_id, metrics=chunk)
+        except MlflowException as exc:
+            if "UNIQUE constraint" not in str(exc) and "IntegrityError" not in str(exc):
+                raise
+            held = self._held_exact(chunk)
+            rest = [m for m in chunk if (m.key, m.step, m.timestamp, m.value) not in held]
+            if rest:
+                self.client.log_batch(self.run_id, metrics=rest)
+
+    def _held_exact(self, chunk: list[Any]) -> set[tuple[str, int, int, float]]:
+        """(key, step, timestamp, value) of the stored points of the keys in ``chunk`` at its steps."""
+        low = min(m.step for m in chunk)
+        out = set()
+        for key in {m.key for m in chunk}:
+            for m in self.client.get_metric_history(self.run_id, key):
+                if m.step >= low:
+                    out.add((m.key, m.step, m.timestamp, m.value))
+        return out
 
     def _key(self, name: str) -> str:
         if not utf8_ok(name):
@@ -390,6 +419,40 @@ class MlflowSink(Sink):
         else:
             steps = [m.step for m in objs]
         return max(steps) if steps else None
+
+    def held(self, since: int | None = None):
+        """The run's metric points, read from MLflow (plain SQL on a local SQLite store, the REST API otherwise),
+        under the names this sink was given: escaped names restored, a histogram counted once (its ``/count``)."""
+        from ..holdings import Holdings
+        if self.client is None or self.run_id is None:
+            return None
+        low = since if since is not None else -(2 ** 63)
+        unkey = dict(self._names.changed)
+        stats = ("/std", "/min", "/max", "/mean", "/sum")
+        h = Holdings()
+
+        def add(stored: str, step: int) -> None:
+            name = unkey.get(stored, stored)
+            if name.endswith("/count") and name[:-6] in self._hist:
+                name = name[:-6]
+            elif name.endswith(stats) and name.rsplit("/", 1)[0] in self._hist:
+                return
+            h.add(name, step)
+
+        uri = tracking_uri(self.location)
+        if uri.startswith("sqlite:///"):
+            import sqlite3
+            db = uri[len("sqlite:///"):]
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
+                for key, step in conn.execute("SELECT key, step FROM metrics WHERE run_uuid = ? AND step >= ?",
+                                              (self.run_id, low)):
+                    add(key, step)
+            return h
+        for key in self.client.get_run(self.run_id).data.metrics:
+            for m in self.client.get_metric_history(self.run_id, key):
+                if m.step >= low:
+                    add(key, m.step)
+        return h
 
     def describe(self) -> str:
         return f"mlflow:{self.location}" + (f" (run {self.run_id})" if self.run_id else "")

@@ -29,6 +29,7 @@ Needs the ``tensorboard`` package (imported in :meth:`TensorBoardSink.open`). A 
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -143,10 +144,63 @@ def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+MAX_FOLDER_NAME = 120      # characters of a run folder's name (file systems allow 255 bytes; ids are added)
+
+
 def run_folder_name(run: RunInfo) -> str:
+    """The run's folder name: its name with what file systems refuse replaced by ``_``; a name longer than
+    ``MAX_FOLDER_NAME`` is cut and ends in ``~`` and 8 hex digits of its hash. The full name is kept in the run
+    info (``trackbridge-run.json`` and the ``trackbridge/run`` text), which readers prefer to the folder name."""
     name = run.name or run.run_id or "run"
-    name = _UNSAFE_DIR.sub("_", name).strip(". ") or "run"
-    return name
+    safe = _UNSAFE_DIR.sub("_", name).strip(". ") or "run"
+    if len(safe) > MAX_FOLDER_NAME or len(safe.encode("utf-8")) > 2 * MAX_FOLDER_NAME:
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        cut = safe[:MAX_FOLDER_NAME - 9]
+        while len(cut.encode("utf-8")) > 2 * MAX_FOLDER_NAME - 9:
+            cut = cut[:-1]
+        safe = f"{cut}~{digest}"
+    return safe
+
+
+def folder_run_id(folder: Path) -> str | None:
+    """The trackbridge run id a run folder holds (from ``trackbridge-run.json``, else the ``trackbridge/run`` text
+    of its event files), or ``None`` when it holds none that is known."""
+    info = folder / INFO_FILE
+    if info.is_file():
+        try:
+            rid = json.loads(info.read_text(encoding="utf-8")).get("run_id")
+            return str(rid) if rid is not None else None
+        except (OSError, ValueError, AttributeError):
+            pass
+    if not event_files(folder):
+        return None
+    from ..sources.tensorboard import TensorBoardRunReader
+    try:
+        rid = TensorBoardRunReader(folder, name="\0", verify=False).info.run_id
+    except Exception:
+        return None
+    return None if rid in (None, "\0") else str(rid)
+
+
+def pick_run_folder(root: Path, run: RunInfo) -> Path:
+    """The folder for ``run`` under ``root``: the one that already holds this run id (resume, replay), else the
+    first of ``NAME``, ``NAME-2``, ``NAME-3`` ... that holds no event files. A new run never writes into another
+    run's folder, even when both have the same name."""
+    base = run_folder_name(run)
+    free: Path | None = None
+    for i in range(1, 10_000):
+        folder = root / (base if i == 1 else f"{base}-{i}")
+        if not folder.exists() or not event_files(folder):
+            if free is None:
+                free = folder
+            if not folder.exists():
+                break
+            continue
+        if run.run_id is not None and folder_run_id(folder) == str(run.run_id):
+            return folder
+    if free is None:
+        raise SinkError(f"tensorboard sink: no free folder for run {base!r} under {root}")
+    return free
 
 
 def event_files(folder: Path) -> list[Path]:
@@ -219,20 +273,23 @@ class TensorBoardSink(Sink):
         if run.run_id is None:
             run.run_id = uuid.uuid4().hex[:12]
         self.run = run
-        self.folder = Path(self.location).expanduser() / run_folder_name(run)
+        root = Path(self.location).expanduser()
         try:
+            root.mkdir(parents=True, exist_ok=True)
+            self.folder = pick_run_folder(root, run)
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise SinkError(f"tensorboard sink: cannot create {self.folder}: {exc}") from None
+            raise SinkError(f"tensorboard sink: cannot create a run folder under {root}: {exc}") from None
         existing = event_files(self.folder)
         if existing and not resume:
-            raise SinkError(f"tensorboard sink: {self.folder} already holds event files ({existing[0].name}); "
-                            f"open with resume=True to continue that run, or give the run another name")
+            raise SinkError(f"tensorboard sink: {self.folder} already holds run {run.run_id!r}; "
+                            f"open with resume=True to continue that run")
         self._max_step = self._scan_last_step() if existing else None
         self._step = self._max_step or 0
         self._pending_open = bool(existing)      # resuming: the new event file is made at the first write only
         if not existing:
             self._create_file()
+            self._write_final_info()      # the folder says whose it is from the start (and again at close)
 
     def _create_file(self) -> None:
         event_pb2, summary_pb2 = self._pb
