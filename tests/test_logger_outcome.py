@@ -98,3 +98,13 @@ def test_missing_tracker_package_fails_at_init(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "ERROR" in r.stdout and "trackbridge[wandb]" in r.stdout, (r.stdout, r.stderr)
     assert not (tmp_path / "wb").exists()
+
+
+def test_unusable_mapping_file_is_an_error_at_init_naming_file_and_line(tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("framework: mine\n  keys: [\n")
+    with pytest.raises(ValueError, match=r"mine\.yaml:2: YAML syntax error"):
+        trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), mappings=[str(bad)])
+    with pytest.raises(ValueError, match=r"missing\.yaml: cannot read"):
+        trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), mappings=[str(tmp_path / "missing.yaml")])
+    assert not list(tmp_path.glob("spool/*.jsonl")), "no run was started"

@@ -76,35 +76,16 @@ def _warn(message: str) -> None:
 
 
 # -- optional engines: translation and derivation (tolerate their absence) --------------------------------------
-class _Passthrough:
-    """Stands in for the translation engine while it is missing: names are taken as already canonical."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def translate(self, metrics: dict[str, Any]) -> Any:
-        from .translate import Translation
-        return Translation(metrics=dict(metrics), source=self.source if self.source != "auto" else "canonical")
-
-    def translate_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        return dict(config)
-
-
 def _make_translator(source: str, mappings: list[str] | None, config: dict[str, Any]) -> Any:
-    """Translator from ``source`` names to canonical ones; a passthrough while the engine does not exist (delete
-    the fallback once :mod:`trackbridge.translate` always ships ``Translator``)."""
-    try:
-        from .translate import Translator
-    except ImportError:
-        return _Passthrough(source)
+    """Translator from ``source`` names to canonical ones. A mapping file that cannot be used (the user's
+    ``mappings=`` or a shipped one) is an error at ``init``, naming the file: logging untranslated names into
+    trackers would be worse than not starting."""
+    from .translate import Translator
     try:
         return Translator(source=source, target="canonical", mappings=mappings, config=config)
     except Exception as exc:
-        if source != "canonical":
-            raise ValueError(f"init(source={source!r}): cannot build the translation: {exc}") from exc
-        _warn(f"trackbridge: the mapping files could not be loaded ({type(exc).__name__}: {str(exc)[:300]}); "
-              f"names are logged as given and nothing is derived")
-        return _Passthrough(source)
+        what = f"mappings={list(mappings)!r}" if mappings else f"source={source!r}"
+        raise ValueError(f"init({what}): cannot build the translation: {exc}") from exc
 
 
 def _derive_hook(translator: Any) -> Callable[..., None] | None:
