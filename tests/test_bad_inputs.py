@@ -8,6 +8,7 @@ or the tracker's own tools (sqlite3 on the MLflow store, ``MlflowClient``). Bina
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import json
 import random
 import sqlite3
@@ -428,3 +429,159 @@ def test_override_through_the_cli(env):
     assert json.loads(p.stdout)["preference/reward/margin"] == 0.0
     p = run_cli("translate", "--derive", "--from", "trl/dpo", str(rows))
     assert json.loads(p.stdout)["preference/reward/margin"] == 1.5
+
+
+# -- 4. commands delete only what they wrote ---------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MANIFEST = ".trackbridge-manifest.json"
+
+
+def _compare(out: Path, *metrics: str) -> "subprocess.CompletedProcess":
+    args = ["compare", f"grpo=trainer-state:{EXAMPLES / 'trl_grpo_trainer_state.json'}", "--out", str(out)]
+    if metrics:
+        args += ["--metrics", ",".join(metrics)]
+    return run_cli(*args)
+
+
+def test_compare_rerun_deletes_only_its_own_charts(env):
+    pytest.importorskip("matplotlib")
+    out = env / "cmp"
+    p = _compare(out)
+    assert p.returncode == 0, p.stderr
+    first = sorted(c.name for c in (out / "charts").glob("*.png"))
+    assert len(first) > 3
+    listed = json.loads((out / MANIFEST).read_text())
+    assert listed["command"] == "compare" and listed["complete"] is True
+    assert {f"charts/{c}" for c in first} | {"report.html", "summary.csv", "summary.md"} == set(listed["files"])
+
+    (out / "charts" / "my_own.png").write_bytes(b"\x89PNG mine")
+    (out / "notes.txt").write_text("my notes")
+    p = _compare(out, "kl/ref")                                  # a smaller report in the same folder
+    assert p.returncode == 0, p.stderr
+    now = sorted(c.name for c in (out / "charts").glob("*.png"))
+    assert now == ["001_kl_ref.png", "my_own.png"], now          # stale charts gone, the user's one kept
+    assert (out / "charts" / "my_own.png").read_bytes() == b"\x89PNG mine"
+    assert (out / "notes.txt").read_text() == "my notes"
+    assert "my_own.png" not in (out / MANIFEST).read_text()
+
+
+def test_compare_refuses_a_folder_with_files_it_did_not_write(env):
+    pytest.importorskip("matplotlib")
+    out = env / "cmp"
+    (out / "charts").mkdir(parents=True)
+    (out / "charts" / "figure1.png").write_bytes(b"\x89PNG paper figure")
+    p = _compare(out)
+    assert p.returncode == 2, p.stderr
+    assert str(out) in p.stderr and MANIFEST in p.stderr and "charts/figure1.png" in p.stderr
+    assert (out / "charts" / "figure1.png").read_bytes() == b"\x89PNG paper figure"
+    assert sorted(f.name for f in out.rglob("*")) == ["charts", "figure1.png"]
+
+
+def test_compare_overwrites_an_old_report_without_manifest(env):
+    """A folder holding only files this report writes (an earlier report, before manifests) is used."""
+    pytest.importorskip("matplotlib")
+    out = env / "cmp"
+    assert _compare(out, "kl/ref").returncode == 0
+    (out / MANIFEST).unlink()
+    p = _compare(out, "kl/ref")
+    assert p.returncode == 0, p.stderr
+    assert json.loads((out / MANIFEST).read_text())["files"] == ["charts/001_kl_ref.png", "report.html",
+                                                                 "summary.csv", "summary.md"]
+
+
+def test_demo_rerun_keeps_the_users_files(env):
+    pytest.importorskip("matplotlib")
+    out = env / "demo"
+    p = run_cli("demo", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    listed = json.loads((out / MANIFEST).read_text())
+    assert listed["command"] == "demo" and listed["complete"] is True
+    assert "canonical/trl-grpo.jsonl" in listed["files"]
+    assert not any(f.startswith("report/") for f in listed["files"])      # compare keeps its own list there
+    (out / "notes.txt").write_text("mine")
+    (out / "canonical" / "README.md").write_text("mine too")
+    (out / "report" / "charts" / "mine.png").write_bytes(b"png")
+    import importlib.util
+    have = {k: importlib.util.find_spec(k) is not None for k in ("mlflow", "wandb", "tensorboard")}
+    db = out / "trackers" / "mlflow.db"
+    old_db = db.stat().st_mtime_ns if have["mlflow"] else None
+    tb_loc = f"tensorboard:{out / 'trackers' / 'tensorboard'}"
+    tb_before = {i.name: len(recs) for i, recs, _ in read_runs(tb_loc)} if have["tensorboard"] else {}
+
+    p = run_cli("demo", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "canonical" / "README.md").read_text() == "mine too"
+    assert (out / "report" / "charts" / "mine.png").read_bytes() == b"png"
+    assert (out / "report" / "report.html").is_file() and (out / "canonical" / "verl-ppo.jsonl").is_file()
+    if have["mlflow"]:                                        # the tracker store was made again, not appended to
+        assert db.stat().st_mtime_ns != old_db
+        from trackbridge.sinks.mlflow import make_client
+        client = make_client(f"sqlite:///{db}")
+        exp = client.get_experiment_by_name("trackbridge-demo")
+        assert len(client.search_runs([exp.experiment_id])) == 2
+    if have["wandb"]:                                         # the earlier demo's wandb runs are gone
+        assert len(list((out / "trackers" / "wandb").rglob("run-*.wandb"))) == 2
+    if have["tensorboard"]:
+        runs = read_runs(tb_loc)
+        assert sorted(i.name for i, _, _ in runs) == ["trl_grpo_trainer_state", "verl_console"]
+        assert {i.name: len(recs) for i, recs, _ in runs} == tb_before      # written once, not appended
+
+def test_demo_refuses_a_folder_it_did_not_make(env):
+    out = env / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("months of work")
+    p = run_cli("demo", "--out", str(out))
+    assert p.returncode == 2, p.stderr
+    assert str(out) in p.stderr and "thesis.tex" in p.stderr and MANIFEST in p.stderr
+    assert sorted(f.name for f in out.iterdir()) == ["thesis.tex"]
+    assert (out / "thesis.tex").read_text() == "months of work"
+    # a folder of an older demo (its marker, no list of files) is refused too, not wiped
+    (out / ".trackbridge-demo").write_text("output of `trackbridge demo`")
+    p = run_cli("demo", "--out", str(out))
+    assert p.returncode == 2 and (out / "thesis.tex").is_file(), p.stderr
+
+
+def test_manifest_never_deletes_outside_its_folder(tmp_path):
+    from trackbridge.compare.report import OutputManifest
+
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "ours.txt").write_text("x")
+    (folder / MANIFEST).write_text(json.dumps({"command": "compare", "complete": True,
+                                               "files": ["ours.txt", "../precious.txt", str(outside)],
+                                               "dirs": [".."]}))
+    OutputManifest.prepare(folder, "compare")
+    assert outside.read_text() == "keep" and not (folder / "ours.txt").exists()
+    with pytest.raises(ValueError, match="trackbridge compare"):
+        OutputManifest.prepare(folder, "demo")
+
+
+# -- 5. config keys that flatten to the same name -------------------------------------------------------------------
+def test_config_keys_that_flatten_alike_are_reported_once_naming_both(tmp_path):
+    from trackbridge.values import sanitize_config
+
+    cfg = {"a": {"b": 1}, "a.b": 2, "opt": {"beta": 0.9}, "opt/beta": 0.95, "plain": {"x": 1}}
+    clean, notes = sanitize_config(cfg)
+    assert clean == cfg                                   # the nested config itself keeps both keys
+    texts = [t for _, t in notes]
+    assert len(texts) == 2, texts
+    (mlflow_note,) = [t for t in texts if "MLflow" in t]
+    assert "'a > b'" in mlflow_note and "'a.b'" in mlflow_note and "only the last one is kept" in mlflow_note
+    (tb_note,) = [t for t in texts if "TensorBoard" in t]
+    assert "'opt > beta'" in tb_note and "'opt/beta'" in tb_note
+    assert sanitize_config({"a": {"b": 1}, "c": 2})[1] == []
+
+    # what the note says is what MLflow holds: read back from a real store
+    from trackbridge.sinks import make_sink
+    from trackbridge.sinks.mlflow import make_client
+    db = tmp_path / "mlflow.db"
+    sink = make_sink(f"mlflow:sqlite:///{db}")
+    sink.open(RunInfo(name="r", run_id="r", config=clean))
+    sink.write([Record(step=0, wall_time=1763700000.0, metrics={"m": 1.0})])
+    sink.close()
+    client = make_client(f"sqlite:///{db}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.params["a.b"] == "2"

@@ -6,11 +6,14 @@
 3. Writes both runs into every local tracker (TensorBoard, MLflow on SQLite, wandb offline, Trackio) through the
    same sinks the logger uses, skipping a tracker whose package is not installed.
 4. Compares the two runs in a report (HTML, PNG charts, CSV and Markdown tables).
+
+The output folder is the demo's only where it says so: ``.trackbridge-manifest.json`` lists every file the demo
+wrote (the report folder has its own, written by ``compare``). A re-run deletes those files and nothing else; a
+non-empty folder without that list is refused (see :class:`trackbridge.compare.report.OutputManifest`).
 """
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
 from pathlib import Path
 
@@ -32,19 +35,19 @@ def _say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-MARKER = ".trackbridge-demo"        # the demo only ever replaces a folder that holds this file
+OLD_MARKER = ".trackbridge-demo"     # what demos before the manifest left (they replaced the whole folder)
+REPORT = "report"
 
 
-def _prepare(out: Path) -> None:
-    if out.exists():
-        if not out.is_dir():
-            raise ValueError(f"--out {out}: exists and is not a folder")
-        if any(out.iterdir()) and not (out / MARKER).is_file():
-            raise ValueError(f"--out {out}: the folder is not empty and was not made by `trackbridge demo`; "
-                             "choose another --out (the demo replaces only its own output)")
-        shutil.rmtree(out)
-    (out / "canonical").mkdir(parents=True)
-    (out / MARKER).write_text("output of `trackbridge demo`; the next demo run may replace this folder\n")
+def _prepare(out: Path):
+    from .compare.report import MANIFEST, OutputManifest
+
+    if (out / OLD_MARKER).is_file() and not (out / MANIFEST).is_file():
+        raise ValueError(f"--out {out}: made by an earlier trackbridge demo that kept no list of its files, so the "
+                         f"demo cannot tell them from yours; delete the folder yourself or choose another --out")
+    manifest = OutputManifest.prepare(out, "demo", skip_under=(f"{REPORT}/",))
+    (out / "canonical").mkdir(parents=True, exist_ok=True)
+    return manifest
 
 
 def run_demo(out: Path) -> int:
@@ -53,7 +56,11 @@ def run_demo(out: Path) -> int:
     from .sources import open_source
 
     out = Path(out)
-    _prepare(out)
+    try:
+        manifest = _prepare(out)
+    except ValueError as exc:
+        print(f"trackbridge demo: {exc}", file=sys.stderr)
+        return 2
     ex = examples_dir()
     _say(f"trackbridge demo: example runs from {ex}\n")
     locators = []
@@ -85,8 +92,11 @@ def run_demo(out: Path) -> int:
             if not reader.has_wall_time:
                 _say("   time axis   the source holds no wall times; none are made up")
             _say()
+    manifest.save(complete=False)
     extra = _write_trackers(out)
+    manifest.save(complete=False)
     report = _compare(out, locators)
+    manifest.save()
     _say("Output:")
     _say(f"  canonical JSON lines   {out / 'canonical'}")
     for line in extra:
