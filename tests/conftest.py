@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,26 @@ def wandb_env(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# -- the fault matrix (issue 12): cells record points written and points read back; with TRACKBRIDGE_FAULT_MATRIX=FILE
+# the session writes them as a Markdown table (the README's table is made this way) -------------------------------
+FAULT_CELLS: list[tuple[str, str, int, int]] = []
+
+
+@pytest.fixture
+def fault_cell():
+    """``fault_cell(cell, tracker, points_written, points_read_back)``: one cell of the fault matrix."""
+    def record(cell: str, tracker: str, written: int, read_back: int) -> None:
+        FAULT_CELLS.append((cell, tracker, int(written), int(read_back)))
+    return record
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = os.environ.get("TRACKBRIDGE_FAULT_MATRIX")
+    if not out or not FAULT_CELLS:
+        return
+    lines = ["| cell | tracker | points written | points read back |", "|---|---|---:|---:|"]
+    for cell, tracker, written, read_back in FAULT_CELLS:
+        lines.append(f"| {cell} | {tracker} | {written:,} | {read_back:,} |")
+    Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")

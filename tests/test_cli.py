@@ -147,9 +147,9 @@ def test_replay_command(tmp_path):
     dst = tmp_path / "tb"
     r = tb("replay", spool, "--to", f"tensorboard:{dst}")
     assert r.returncode == 0, r.stderr
-    assert "5 records written" in r.stderr
+    assert "wrote 5 records, skipped 0 already present" in r.stderr
     r = tb("replay", spool, "--to", f"tensorboard:{dst}")
-    assert r.returncode == 0 and "0 records written, 5 already there" in r.stderr
+    assert r.returncode == 0 and "wrote 0 records, skipped 5 already present (10 points, checked per key" in r.stderr
     from trackbridge.sources import open_source
     (reader,) = list(open_source(f"tensorboard:{dst}").runs())
     recs = [r for r in reader.records() if "reward/score/mean" in r.metrics]

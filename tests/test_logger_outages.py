@@ -116,7 +116,7 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 
 # -- a real server killed while a batch is in flight -------------------------------------------------------------
-def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path):
+def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault_cell):
     srv = MlflowServer(tmp_path / "srv").start()
     try:
         run = trackbridge.init(project="outage", name="killed-server", sinks=[f"mlflow:{srv.url}"],
@@ -152,6 +152,7 @@ def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path):
         after = mlflow_points(srv.url, run.run_id)
         assert_exact(after, KEYS, range(500))
         assert total(after) == 50_000
+        fault_cell("mlflow server SIGKILLed mid-batch, then replay", "mlflow (server)", 50_000, total(after))
         assert res.points_held == total(before)           # exactly what was there was not written again
 
         again = replay(run.spool_path, pending[0]["sink"])       # a second replay writes nothing
@@ -160,7 +161,7 @@ def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path):
         srv.stop()
 
 
-def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path):
+def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path, fault_cell):
     """``trackbridge replay SPOOL`` with no --to: the trackers finish() wrote down."""
     srv = MlflowServer(tmp_path / "srv").start()
     try:
@@ -179,14 +180,17 @@ def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path)
                            capture_output=True, text=True, env=env, timeout=300)
         assert p.returncode == 0, p.stderr
         assert "wrote 50 records" in p.stdout + p.stderr
-        assert_exact(mlflow_points(srv.url, run.run_id), KEYS, range(50))
+        got = mlflow_points(srv.url, run.run_id)
+        assert_exact(got, KEYS, range(50))
+        fault_cell("server down for the whole run, `trackbridge replay SPOOL` after", "mlflow (server)", 5_000,
+                   total(got))
         assert not pending_file(run.spool_path).exists()
     finally:
         srv.stop()
 
 
 # -- a server restarted while training goes on -------------------------------------------------------------------
-def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path):
+def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, fault_cell):
     srv = MlflowServer(tmp_path / "srv").start()
     try:
         run = trackbridge.init(project="outage", name="restarted", sinks=[f"mlflow:{srv.url}"],
@@ -207,6 +211,7 @@ def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path):
         assert not pending_file(run.spool_path).exists()
         points = mlflow_points(srv.url, run.run_id)
         assert_exact(points, KEYS, range(300))
+        fault_cell("mlflow server killed mid-run, restarted 100 steps later", "mlflow (server)", 30_000, total(points))
         assert mlflow_status(srv.url, run.run_id) == "FINISHED"
         assert max(times) < 0.5, f"log() waited {max(times):.2f} s while the server was down"
     finally:
@@ -254,7 +259,7 @@ def _log_times(run, n: int) -> list[float]:
     return times
 
 
-def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path):
+def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell):
     silent = _Silent()
     try:
         base = trackbridge.init(project="hung", name="baseline", sinks=[f"tensorboard:{tmp_path / 'tb0'}"],
@@ -280,7 +285,9 @@ def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path):
     assert took < 15, f"finish() took {took:.1f} s"
     # the other tracker got everything, once
     folder = next((tmp_path / "tb").iterdir())
-    assert_exact(tensorboard_points(folder), KEYS, range(3000))
+    tb_points = tensorboard_points(folder)
+    assert_exact(tb_points, KEYS, range(3000))
+    fault_cell("a server that accepts and never answers (beside it)", "tensorboard", 300_000, total(tb_points))
     assert [e["records_left"] for e in read_pending(run.spool_path)] == [3000]
     assert st["sinks"][2]["state"] in ("pending", "failed", "behind")
 
@@ -320,7 +327,7 @@ def _child(tmp_path, *args):
                             env=env, cwd=tmp_path)
 
 
-def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path):
+def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path, fault_cell):
     keys = [f"custom/k{j:03d}" for j in range(20)]
     spool, tb, ml, tio = tmp_path / "spool", tmp_path / "tb", tmp_path / "ml.db", tmp_path / "tio"
     proc = _child(tmp_path, spool, tb, ml, tio, 0, 0)
@@ -354,13 +361,14 @@ def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path):
         # each tracker: what it held, plus what the spool had that it lacked, plus the resumed steps; once each
         want = held_before | spool_steps | set(range(first, first + 300))
         assert_exact(pts, keys, want)
+        fault_cell("training SIGKILLed, then resumed", name, len(want) * len(keys), sum(sum(pts[k].values()) for k in keys))
     # nothing the spool had is missing anywhere
     for name, pts in after.items():
         assert spool_steps <= set(pts[keys[0]]), name
 
 
 # -- two runs, one name ----------------------------------------------------------------------------------------------
-def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_env):
+def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_env, fault_cell):
     sinks = [f"tensorboard:{tmp_path / 'tb'}", f"mlflow:sqlite:///{tmp_path / 'ml.db'}",
              f"trackio:{tmp_path / 'tio'}", f"wandb:{tmp_path / 'wb'}"]
     ids = []
@@ -376,12 +384,18 @@ def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_en
     assert folders == ["twin", "twin-2"]
     infos = [json.loads((tmp_path / "tb" / f / "trackbridge-run.json").read_text()) for f in folders]
     assert [i["run_id"] for i in infos] == ids
-    assert [sum(tensorboard_points(tmp_path / "tb" / f)["custom/a"].values()) for f in folders] == [100, 60]
-    assert [total(mlflow_points(f"sqlite:///{tmp_path / 'ml.db'}", i)) for i in ids] == [100, 60]
-    assert [total(trackio_points(tmp_path / "tio" / "same.db", i)) for i in ids] == [100, 60]
     from trackbridge.sources import open_source
-    wb = {r.info.run_id: sum(len(rec.metrics) for rec in r.records()) for r in open_source(f"wandb:{tmp_path / 'wb'}").runs()}
-    assert sorted(wb.values()) == [60, 100]
+    got = {
+        "tensorboard": [sum(tensorboard_points(tmp_path / "tb" / f)["custom/a"].values()) for f in folders],
+        "mlflow": [total(mlflow_points(f"sqlite:///{tmp_path / 'ml.db'}", i)) for i in ids],
+        "trackio": [total(trackio_points(tmp_path / "tio" / "same.db", i)) for i in ids],
+        "wandb (trackbridge's reader)": sorted((sum(len(rec.metrics) for rec in r.records())
+                                                for r in open_source(f"wandb:{tmp_path / 'wb'}").runs()),
+                                               reverse=True),
+    }
+    for tracker, counts in got.items():
+        assert counts == [100, 60], (tracker, counts)
+        fault_cell("two runs with one name (100 and 60 points)", tracker, 160, sum(counts))
 
 
 def test_resume_by_run_id_finds_its_own_folder_among_namesakes(tmp_path):

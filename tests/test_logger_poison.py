@@ -183,19 +183,18 @@ def _read(tracker: str, cell: dict, root: pathlib.Path):
     return _read_trackio(cell, root)
 
 
-MATRIX: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize("tracker", TRACKERS)
 @pytest.mark.parametrize("fault", FAULTS)
-def test_poison_cell(cells, fault, tracker):
+def test_poison_cell(cells, fault, tracker, fault_cell):
     cell = cells.get(fault)
     st = cell["status"]
     assert [s["state"] for s in st["sinks"]] == ["closed"] * 5, cell["run"].summary()
     assert all(s["failures"] == 0 for s in st["sinks"]), cell["run"].summary()
     want = _expected_steps(fault)
     steps, extra = _read(tracker, cell, cells.root)
-    MATRIX[(fault, tracker)] = f"{sum(len(v) for v in steps.values())}/{len(GOOD) * len(want)}"
+    fault_cell(f"poison: {fault}", tracker, len(GOOD) * len(want), sum(len(steps[k]) for k in GOOD))
     for key in GOOD:
         if fault == "past_the_door" and tracker == "jsonl":
             assert steps[key] == (want + [2 ** 63] if key == "loss" else want), key
@@ -253,14 +252,6 @@ def _check_config(tracker: str, cell: dict, extra: dict) -> None:
         assert {k: extra["config"][k] for k in SANE} == SANE
 
 
-def test_print_matrix(cells):
-    """Not a check: prints the points read back per cell (run with -s), for the record."""
-    print("\npoints read back / expected (good keys), per fault x tracker")
-    for fault in FAULTS:
-        print(f"  {fault:<16}" + "  ".join(f"{t}={MATRIX.get((fault, t), '-')}" for t in TRACKERS))
-
-
-# -- smaller cases --------------------------------------------------------------------------------------------
 def test_string_nan_round_trips_and_old_spools_still_read_nan():
     for text in ("NaN", "Infinity", "-Infinity", "nan", "hello"):
         assert decode_value(json.loads(json.dumps(encode_value(text)))) == text

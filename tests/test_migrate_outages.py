@@ -27,7 +27,7 @@ def _rows(conn: sqlite3.Connection) -> int:
         return 0
 
 
-def test_migration_killed_mid_batch_into_a_server_then_rerun_writes_every_point_once(env):
+def test_migration_killed_mid_batch_into_a_server_then_rerun_writes_every_point_once(env, fault_cell):
     src = f"jsonl:{env / 'src'}"
     info = RunInfo(name="big", project="proj", run_id="big")
     write_run(src, info, [Record(step=i, wall_time=1763700000.0 + i, metrics={k: i + j / 1000
@@ -58,6 +58,7 @@ def test_migration_killed_mid_batch_into_a_server_then_rerun_writes_every_point_
         after = mlflow_points(srv.url, run_id)
         assert_exact(after, KEYS, range(500))
         assert total(after) == 50_000
+        fault_cell("migrate SIGKILLed mid-batch into a server, run again", "mlflow (server)", 50_000, total(after))
         r = run_cli("migrate", src, dst, "--quiet")          # and once more: nothing written twice
         assert r.returncode == 0, r.stderr
         assert total(mlflow_points(srv.url, run_id)) == 50_000
