@@ -264,7 +264,8 @@ def test_derived_names_reach_the_record(tmp_path):
 
 def test_user_rules_are_tried_before_shipped_ones(tmp_path):
     metrics, config = shipped_canonical()
-    path = rules_file(tmp_path, rule("preference/reward/margin", "preference/reward/chosen * 0"))
+    path = rules_file(tmp_path, rule("preference/reward/margin", "preference/reward/chosen * 0",
+                                     "    override: true\n"))
     rs = load_rules([path], canonical=metrics, config_names=config)
     m = {"preference/reward/chosen": 2.0, "preference/reward/rejected": 1.0}
     assert Deriver(rs).apply(m) == ["preference/reward/margin"] and m["preference/reward/margin"] == 0.0

@@ -10,8 +10,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("demo", help="run the demo on the example runs shipped with trackbridge",
                        description="Translate a TRL GRPO run and a veRL run shipped with trackbridge, log them to "
                                    "every local tracker and compare them; prints where the output is.")
-    p.add_argument("--out", default="out/demo", help="output folder (default: out/demo); a folder an earlier demo "
-                                                     "made is replaced, any other non-empty folder is refused")
+    p.add_argument("--out", default="out/demo", help="output folder (default: out/demo); on a re-run only the files "
+                                                     "listed in its .trackbridge-manifest.json (what the demo wrote) "
+                                                     "are replaced; a non-empty folder without one is refused")
     _HANDLERS["demo"] = _demo
 
     p = sub.add_parser("migrate", help="copy runs between trackers/files, translating names on the way",
