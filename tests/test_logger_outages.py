@@ -412,3 +412,21 @@ def test_resume_by_run_id_finds_its_own_folder_among_namesakes(tmp_path):
     again.finish()
     assert sum(tensorboard_points(tmp_path / "tb" / "twin")["custom/a"].values()) == 2
     assert sum(tensorboard_points(tmp_path / "tb" / "twin-2")["custom/a"].values()) == 1
+
+
+@pytest.mark.parametrize("name", ["team/exp: lr=1e-5 (a|b)", "n" * 300])
+def test_names_are_made_safe_per_tracker_and_read_back_whole(tmp_path, wandb_env, name):
+    """A name with '/' and characters folders refuse, or longer than a folder name may be: every tracker takes the
+    run, and each one's reader gives the name back whole."""
+    from trackbridge.sources import open_source
+    sinks = [f"tensorboard:{tmp_path / 'tb'}", f"mlflow:sqlite:///{tmp_path / 'ml.db'}",
+             f"trackio:{tmp_path / 'tio'}", f"wandb:{tmp_path / 'wb'}"]
+    run = trackbridge.init(project="names", name=name, sinks=sinks, spool=str(tmp_path / "spool"), source="canonical")
+    for i in range(5):
+        run.log({"custom/a": float(i)}, step=i)
+    st = run.finish()
+    assert all(s["state"] == "closed" and s["failures"] == 0 for s in st["sinks"]), run.summary()
+    for loc in sinks:
+        (reader,) = list(open_source(loc).runs())
+        assert reader.info.name == name, (loc, reader.info.name)
+        assert sum(len(r.metrics) for r in reader.records() if "custom/a" in r.metrics) == 5, loc
