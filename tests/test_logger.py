@@ -292,6 +292,30 @@ def test_only_rank_zero_writes(tmp_path, monkeypatch):
     assert not isinstance(_init(tmp_path, []), NoOpRun)
 
 
+def test_noop_run_has_the_public_api_of_run(tmp_path, monkeypatch):
+    """Code that runs on every rank may use any public attribute of the run; rank != 0 gets a NoOpRun."""
+    import inspect
+
+    from trackbridge.logger import Run
+    public = {n for n in dir(Run) if not n.startswith("_")}
+    run = _init(tmp_path, [])
+    public |= {n for n in vars(run) if not n.startswith("_")}
+    run.finish()
+    monkeypatch.setenv("RANK", "3")
+    noop = trackbridge.init(project="p", name="n", sinks=[], spool=str(tmp_path / "spool"), config={"lr": 0.1})
+    assert isinstance(noop, NoOpRun)
+    missing = sorted(n for n in public if not hasattr(noop, n))
+    assert not missing, f"NoOpRun lacks {missing}"
+    for n in public:
+        a, b = getattr(Run, n, None), getattr(NoOpRun, n, None)
+        if callable(a) and callable(b):
+            assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters), n
+    assert noop.config == {"lr": 0.1} and noop.name == "n" and noop.info.project == "p"
+    with pytest.raises(ValueError):
+        noop.log({"x": 1}, step=-1)          # refused the same way on every rank
+    assert set(noop.status) >= {"run_id", "sinks", "problems", "spool", "finished", "logged"}
+
+
 def test_context_manager_and_capability_report(tmp_path):
     nonan = MemorySink("nonan", caps=Capabilities(histograms=False, text=False, nan=False))
     with _init(tmp_path, [nonan]) as run:

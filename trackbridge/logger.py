@@ -989,23 +989,52 @@ def _tracker_info_impl(run: "Run", is_spool: bool) -> RunInfo:
 
 
 class NoOpRun:
-    """What a non-zero rank gets: the same API, ``log()`` validates and discards, nothing is written."""
+    """What a non-zero rank gets: the same API as :class:`Run` (a test checks the two against each other);
+    ``log()`` validates and discards, nothing is written, ``config``/``name``/``info`` are what ``init`` was given."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, *, project: str | None = None, name: str | None = None,
+                 config: dict[str, Any] | None = None, run_id: str | None = None, names: str = "canonical",
+                 resume: bool = False) -> None:
         self.rank = rank
-        self.run_id = None
+        self.run_id = run_id
+        self.spool_path = None
         self.problems: list[str] = []
+        self.resume = bool(resume)
+        self.names = names or "canonical"
+        self.info = RunInfo(name=name, project=project, run_id=run_id, config=dict(config or {}))
+
+    @property
+    def id(self) -> str | None:
+        return self.run_id
+
+    @property
+    def name(self) -> str | None:
+        return self.info.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.info.config
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        if not isinstance(metrics, dict):
-            normalize_metrics(metrics)   # raises the same TypeError as on rank 0
+        normalize_metrics(metrics)        # the same TypeError as on rank 0 for what rank 0 would refuse
+        if step is not None:
+            step = _as_step(step)
+            if not 0 <= step <= STEP_MAX:
+                check_step(step)
+
+    def tracker_info(self, is_spool: bool = False) -> RunInfo:
+        return self.info
+
+    def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
+        return {}
 
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         return self.status
 
     @property
     def status(self) -> dict[str, Any]:
-        return {"run_id": None, "rank": self.rank, "writing": False, "sinks": []}
+        return {"run_id": self.run_id, "rank": self.rank, "writing": False, "spool": None, "finished": False,
+                "logged": 0, "sinks": [], "problems": []}
 
     def summary(self) -> str:
         return f"rank {self.rank}: not writing (only rank 0 writes; init(rank_zero_only=False) to change)"
@@ -1096,7 +1125,7 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     """
     r = _rank.global_rank() if rank is None else int(rank)
     if rank_zero_only and r != 0:
-        return NoOpRun(r)
+        return NoOpRun(r, project=project, name=name, config=config, run_id=run_id, names=names, resume=resume)
     if not rank_zero_only and _rank.world_size() > 1 and run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + f"-rank{r}"
     return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
