@@ -30,7 +30,9 @@ class Candidate:
     literal: int = 0          # keys named literally (not through a template) by the trainer's own entries
 
     def rank(self) -> tuple[int, int, int, int]:
-        return (self.explained, -self.missing, self.literal, self.specific)
+        # literal names before the always-logged check: a key a trainer names itself is better evidence than a
+        # template instance (GRPO's rewards/{reward_fn} also matches DPO's rewards/margins)
+        return (self.explained, self.literal, -self.missing, self.specific)
 
     def describe(self, registry: Registry) -> str:
         fw = registry.frameworks[self.framework]
@@ -141,14 +143,31 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
     return best, explained_any
 
 
-def config_trainers(fw: FrameworkMapping, config: dict | None) -> list[str]:
+def config_trainers(fw: FrameworkMapping, config: dict | None, within: Spec | None = None) -> list[str]:
     """The trainers whose distinguishing config fields (``config_fields`` in the mapping) appear in ``config``
-    (flattened: ``a.b`` keys; a field matches at any depth, since trackers nest the arguments differently)."""
+    (flattened: ``a.b`` keys; a field matches at any depth, since trackers nest the arguments differently).
+
+    A field with ``since``/``until`` is distinctive only in those releases (RLOOConfig v0.9.3-v0.9.6 still had
+    PPO's ``vf_coef``, ``cliprange_value`` and ``lam``): it counts only when ``within`` overlaps them, and when
+    several trainers are named, those named by a field distinctive in every release win over those named only by
+    release-bound ones (an RLOOConfig with ``rloo_k`` and ``vf_coef`` is RLOO's)."""
     if not config:
         return []
     tails = {str(k).rsplit(".", 1)[-1] for k in config}
-    return [t for t, spec in fw.trainers.items()
-            if any(isinstance(cf, dict) and cf.get("field") in tails for cf in spec.get("config_fields") or ())]
+    lo, hi = _release_window(fw, within) if within is not None else (0, len(fw.releases) - 1)
+    named: dict[str, bool] = {}                 # trainer -> named by a field distinctive in every release
+    for t, spec in fw.trainers.items():
+        for cf in spec.get("config_fields") or ():
+            if not isinstance(cf, dict) or cf.get("field") not in tails:
+                continue
+            a = fw.release_index(str(cf["since"])) if cf.get("since") else 0
+            b = fw.release_index(str(cf["until"])) if cf.get("until") else float("inf")
+            if b < lo or a > hi:
+                continue
+            named[t] = named.get(t, False) or not (cf.get("since") or cf.get("until"))
+    if len(named) > 1 and any(named.values()):
+        return [t for t, always in named.items() if always]
+    return list(named)
 
 
 def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
@@ -169,8 +188,10 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
         if canon.find(canon.upgrade(base)) is not None:
             canon_hits += 1
     cands: list[tuple[Candidate, set[str]]] = []
+    named: dict[str, list[str]] = {}
     for fw in registry.frameworks.values():
-        best, explained = _best_for_framework(fw, keys, config_trainers(fw, config) or None)
+        named[fw.name] = config_trainers(fw, config)
+        best, explained = _best_for_framework(fw, keys, named[fw.name] or None)
         if best is not None:
             cands.append((best, explained))
     cands.sort(key=lambda c: (c[0].explained, c[0].literal, c[0].specific), reverse=True)
@@ -191,12 +212,13 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
     fw = registry.frameworks[top.framework]
     # a trainer is named only if it beats the others: ties on the keys explained are broken by how much of each
     # trainer's own key set (its trainer-specific names at the detected release) was observed
-    allowed = config_trainers(fw, config) or list(fw.trainers)
+    by_config = named.get(fw.name) or []
+    allowed = by_config or list(fw.trainers)
     tie = [t for t in allowed if t != top.trainer and _trainer_score(fw, keys, t) == top.rank()]
     assumed = None
     if tie:
         tied = [t for t in allowed if t == top.trainer or t in tie]      # declared order: most common first
-        winner, told = _tie_winner(fw, keys, tied, top.hi)
+        winner, told = _tie_winner(fw, keys, tied)
         if not told:
             assumed = (winner, [t for t in tied if t != winner])
         top.trainer, tie = winner, []
@@ -205,8 +227,12 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
     reason = f"{top.explained} of {n} keys are logged by {top.describe(registry)}"
     if assumed:
         reason += (f"; the keys fit trainers {', '.join([assumed[0], *assumed[1]])} equally, assuming "
-                   f"{assumed[0]} (pass source=... to say otherwise)")
+                   f"{assumed[0]} (pass source=... or the run config to say otherwise)"
+                   + _differing(fw, keys, assumed[0], assumed[1]))
         conf *= 0.9
+    if by_config:
+        reason += f"; the run config has fields only {'/'.join(by_config)}'s config class has"
+
     spec = Spec("framework", framework=top.framework, trainer=trainer, lo=float(top.lo), hi=float(top.hi))
     explained_set = cands[0][1]
     return Detection(spec, spec.describe(registry), conf, n, top.explained, sorted(set(keys) - explained_set),
@@ -216,7 +242,7 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
 def _detect_within(keys: list[str], registry: Registry, within: Spec, config: dict | None = None) -> Detection:
     """Detection inside one framework (and the trainer/releases ``within`` names): which trainer, which releases."""
     fw = registry.frameworks[within.framework]
-    by_config = [] if within.trainer else config_trainers(fw, config)
+    by_config = [] if within.trainer else config_trainers(fw, config, within)
     trainers = [within.trainer] if within.trainer else (by_config or list(fw.trainers))
     lo, hi = _release_window(fw, within)
     trainers = [t for t in trainers if t is None or fw.trainer_alive(t, lo, hi)] or trainers
@@ -237,10 +263,11 @@ def _detect_within(keys: list[str], registry: Registry, within: Spec, config: di
     conf = top.explained / n
     if len(tied) > 1:
         order = [t for t in fw.trainers if t in tied]
-        winner, told = _tie_winner(fw, keys, order, top.hi)
+        winner, told = _tie_winner(fw, keys, order, within)
         if not told:
             reason += (f"; the keys fit {within.framework} trainers {', '.join(order)} equally, assuming {winner} "
-                       f"(the first declared; name the trainer to say otherwise)")
+                       f"(the first declared; name the trainer or pass the run config to say otherwise)"
+                       + _differing(fw, keys, winner, [t for t in order if t != winner], within))
             conf *= 0.9
         top = next(c for c, _ in scored if c.trainer == winner)
         explained = next(e for c, e in scored if c.trainer == winner)
@@ -254,25 +281,65 @@ def _detect_within(keys: list[str], registry: Registry, within: Spec, config: di
                      runners, reason)
 
 
-def _tie_winner(fw: FrameworkMapping, keys: list[str], tied: list[str], release: int) -> tuple[str, bool]:
+def _tie_winner(fw: FrameworkMapping, keys: list[str], tied: list[str], within: Spec | None = None
+                ) -> tuple[str, bool]:
     """Of trainers that explain the keys equally (in declared order), the one whose own names (trainer-specific,
-    literal, at ``release``) were observed and no other's were; else the first declared. The flag says whether the
+    literal, in the releases where that trainer explains the keys best) were observed and no other's were; else the
+    first declared. Each trainer is judged on its own releases: PPOv2 (v0.9.3-v1.12.0) and RLOO (v0.9.3-v0.21.0)
+    log the same names, and at PPO's newest release RLOO's own names are another API's. The flag says whether the
     keys told it (False: assumed)."""
-    own = {t: _own_keys(fw, t, release) for t in tied}
+    own = {t: _own_keys_in(fw, keys, t, within) for t in tied}
     observed = _observed(fw, keys)
     distinct = [t for t in tied if (own[t] & observed) - set().union(*(own[o] for o in tied if o != t))]
     return (distinct[0], True) if len(distinct) == 1 else (tied[0], False)
 
 
+def _own_keys_in(fw: FrameworkMapping, keys: list[str], trainer: str, within: Spec | None) -> set[str]:
+    best, _ = _best_for_framework(fw, keys, [trainer], within)
+    if best is None:
+        return set()
+    return {e.key for e in fw.entries if e.trainers is not None and trainer in e.trainers and e.key_template is None
+            and e.since <= best.hi and e.until >= best.lo}
+
+
+def _meanings(fw: FrameworkMapping, key: str, trainer: str, release: int) -> set[tuple]:
+    hits = _keys_of(fw, key)
+    specific = [e for e, _ in hits if e.trainers is not None and trainer in e.trainers
+                and e.applies(trainer, release, release)]
+    chosen = specific or [e for e, _ in hits if e.trainers is None and e.applies(trainer, release, release)]
+    return {(e.canonical, e.fidelity, e.differs, e.reason) for e in chosen}
+
+
+def _differing(fw: FrameworkMapping, keys: list[str], winner: str, others: list[str],
+               within: Spec | None = None) -> str:
+    """``; for rloo these keys mean something else ...``: the keys an assumed trainer translates differently from
+    a trainer it was tied with (canonical name or fidelity), judged at the newest release where both explain the
+    keys, so the reader knows what the guess costs."""
+    spans = {}
+    for t in [winner, *others]:
+        best, _ = _best_for_framework(fw, keys, [t], within)
+        if best is not None:
+            spans[t] = (best.lo, best.hi)
+    if winner not in spans:
+        return ""
+    out = []
+    for o in others:
+        if o not in spans:
+            continue
+        common = min(spans[winner][1], spans[o][1])
+        r_w = r_o = common if common >= max(spans[winner][0], spans[o][0]) else None
+        if r_w is None:                      # no release in common: each at its own newest
+            r_w, r_o = spans[winner][1], spans[o][1]
+        diff = [k for k in keys if _meanings(fw, k, winner, r_w) != _meanings(fw, k, o, r_o)]
+        if diff:
+            out.append(f"for {o} (at {fw.release_name(r_o)}) these keys mean something else or with another "
+                       f"fidelity: {', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}")
+    return "; " + "; ".join(out) if out else ""
+
+
 def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int, int]:
     best, _ = _best_for_framework(fw, keys, [trainer])
     return best.rank() if best else (0, 0, 0)
-
-
-def _own_keys(fw: FrameworkMapping, trainer: str, release: int) -> set[str]:
-    """The trainer's own (trainer-specific, literal) keys at ``release``."""
-    return {e.key for e in fw.entries if e.trainers is not None and trainer in e.trainers and e.key_template is None
-            and e.since <= release <= e.until}
 
 
 def _observed(fw: FrameworkMapping, keys: list[str]) -> set[str]:

@@ -213,6 +213,8 @@ class Translator:
                 if _same_value(out_metrics[out], val):
                     mapped += 1          # the same value twice: kept once, and said so
                     renamed[key] = out
+                    if not plan.approx:  # an exact key vouches for the value another key gave approximately
+                        approximate.pop(out, None)
                     note = f"{key!r} and another key both give {out!r} with the same value; kept once"
                     if note not in notes:
                         notes.append(note)
@@ -485,8 +487,13 @@ class Translator:
             # a range of releases (detected, or FRAMEWORK without a version) may hold the name with another fidelity
             # in some of its releases: then the translation is only as good as the worst of them
             if e.exact and lo != hi:
+                # (an entry for a non-default config counts only when the run config confirms it, and the
+                # unconditional entry only where no confirmed `when` entry replaces it: `when` entries are
+                # alternatives by config, not by release)
                 worse = [h for h, _ in hits if h is not e and not h.exact and h.canonical == e.canonical
-                         and h.applies(src.trainer, lo, hi) and h.condition_holds(self.flat_config) is not False]
+                         and h.applies(src.trainer, lo, hi)
+                         and (h.condition_holds(self.flat_config) is True if h.when else
+                              not (e.when and e.since <= h.since and h.until <= e.until))]
                 if worse:
                     w = worse[0]
                     range_reason = (f"{_reason(w)} (in {fw.release_name(w.since)}..{_until(fw, w)}; the releases "
