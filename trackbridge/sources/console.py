@@ -9,8 +9,14 @@ tqdm's carriage-return progress updates are removed):
 * a printed transformers/TRL log dict on its own: ``{'loss': 0.1, 'grad_norm': 2.3, 'epoch': 0.5}``. Evaluated with
   ``ast`` (never ``eval``); ``np.float64(...)``/``tensor(...)`` wrappers, ``nan``/``inf`` and numbers printed as
   strings (transformers >= 4.5x prints floats as ``'0.1234'``, i.e. rounded to 4 significant digits) are accepted.
+* a tqdm progress bar with a postfix, as OpenRLHF's trainers print them (``pbar.set_postfix(...)``):
+  ``Train epoch [1/1]:  50%|#####     | 2/4 [00:10<00:10, 5.0s/it, act_loss=0.0123, reward=0.5, kl=0.001]``. Each
+  ``key=value`` of the postfix becomes a metric under its printed key (``pg``, ``rm``, ``glen``, ``act_loss`` ...: the
+  framework mappings translate them); tqdm prints numbers with 3 significant digits, and the bar shows the value of
+  one micro-batch, not the step's mean (:attr:`RunInfo.extra` ``progress_bar`` says so). A postfix repeated
+  unchanged by tqdm's refreshes is one record; steps are in log order.
 
-Steps come from ``step:N``; else from a ``step``/``global_step`` key of the dict (or the key named by the
+Steps come from ``step:N``; else (progress bars: always) from a ``step``/``global_step`` key of the dict (or the key named by the
 ``?step=KEY`` option); else from log order (1, 2, 3, ...), and :attr:`RunInfo.extra` says ``step_source: ordinal``.
 A console log holds no wall times, so none are given. Lines that are not metrics are skipped and summarised in one
 problem; lines that look like metrics but cannot be read (truncated, malformed) are each reported with their line.
@@ -28,6 +34,8 @@ from .base import RunReader, Source, SourceError
 # "step:12 - a:1 - b:2" at the start of a segment or after a space/bracket (Ray and logging prefixes).
 _STEP_LINE = re.compile(r"(?:^|(?<=[\s\])]))step:(?P<step>-?\d+)(?P<rest>(?: - .*)?)$")
 _RAY_PREFIX = re.compile(r"^\((?:[\w.]+) pid=\d+(?:, ip=[\d.]+)?\)\s*")
+# tqdm: "desc: 50%|bar| 2/4 [00:10<00:10, 5.0s/it, k=v, k=v]" (the n/total and [elapsed<remaining, rate...] part)
+_TQDM = re.compile(r"\|\s*(?P<n>\d+)(?:/(?P<total>\d+))?\s*\[(?P<inside>[^\[\]]*)\]\s*$")
 _LOG_EXTS = (".log", ".txt", ".out", ".err")
 
 
@@ -81,12 +89,29 @@ class ConsoleRun(RunReader):
         noise = LineSummary()
         ordinal = 0
         rounded = False
+        last_bar: dict[str, Any] | None = None
         for lineno, text, complete in iter_lines(self.path):
             found = False
             clean = ANSI.sub("", text)
-            for seg in clean.split("\r"):
+            segments = clean.split("\r")
+            for i, seg in enumerate(segments):
                 seg = _RAY_PREFIX.sub("", seg.strip())
                 if not seg:
+                    continue
+                bar = _TQDM.search(seg)
+                values = self._postfix(bar.group("inside")) if bar and not seg.startswith("{") else None
+                if values and not _STEP_LINE.search(seg):
+                    found = True        # a bar without a postfix holds no metrics (and stays noise)
+                    if not complete and i == len(segments) - 1:
+                        continue        # a bar cut off while writing: its postfix may be partial
+                    if values != last_bar:
+                        last_bar = values
+                        ordinal += 1
+                        if self._info is not None:
+                            self._info.extra["progress_bar"] = (
+                                "progress-bar postfix values: one micro-batch each (not the step's mean), "
+                                "printed by tqdm with 3 significant digits; steps are in log order")
+                        yield Record(step=ordinal, wall_time=None, metrics=dict(values)), "tqdm:ordinal"
                     continue
                 m = _STEP_LINE.search(seg)
                 if m:
@@ -115,6 +140,20 @@ class ConsoleRun(RunReader):
             if rounded and self._info is not None:
                 self._info.extra["rounded"] = ("printed dicts held numbers as strings (transformers prints floats "
                                                "with 4 significant digits): values are rounded")
+
+    @staticmethod
+    def _postfix(inside: str) -> dict[str, Any]:
+        """The numeric ``key=value`` items of a tqdm bar's bracket (after elapsed<remaining and the rate)."""
+        out: dict[str, Any] = {}
+        for item in inside.split(", "):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                continue
+            num = parse_number(value)
+            if num is not None:
+                out[key] = num
+        return out
 
     def _step_line(self, m: re.Match, where: str, report: bool, complete: bool) -> Record | None:
         rest = m.group("rest")
