@@ -104,6 +104,9 @@ def lookup(framework, key, release, trainer=None, config=None):
     return None if best is None else (best[1], best[2])
 
 
+PASSTHROUGH: set = set()   # inventory rows deliberately left unmapped (filled while reading the inventories)
+
+
 def canonical_names():
     return set(CANONICAL["metrics"])
 
@@ -112,16 +115,23 @@ def canonical_names():
 def verl_inventory():
     """(row label, concrete keys, first release, last release) from verl-key-spans.tsv.
 
-    The TSV gives the first tag; removed keys' last releases come from verl-openrlhf-metrics.md and the source
-    (noted per row). Rows map to one or more concrete keys that the trainer really emits."""
-    last = "v0.7.0"
-    rows = {}
+    The TSV gives the first tag (`[first tag: X]`) and, for keys no longer logged, the last (`[last tag: Y]`);
+    rows marked `[passthrough: why]` are keys a release logs that are deliberately left unmapped. Other removed
+    keys' last releases are corrected below from the source (noted per row). Rows map to one or more concrete keys
+    that the trainer really emits."""
+    last = FILES["verl"]["releases"][-1]
+    rows, lasts = {}, {}
     for line in (REFERENCE / "verl-key-spans.tsv").read_text().splitlines():
         if not line.strip():
             continue
-        label, first_col = line.split("\t")[:2]
+        label, first_col, last_col = (line.split("\t") + ["", ""])[:3]
         m = re.search(r"\[first tag: ([^\]]+)\]", first_col)
         rows[label] = m.group(1) if m else None
+        m = re.search(r"\[last tag: ([^\]]+)\]", last_col)
+        if m:
+            lasts[label] = m.group(1)
+        if "[passthrough:" in first_col:
+            PASSTHROUGH.add(label)
     keys = {
         "critic/score/mean": ["critic/score/mean", "critic/score/max", "critic/score/min"],
         "critic/rewards/mean": ["critic/rewards/mean", "critic/rewards/max"],
@@ -194,7 +204,47 @@ def verl_inventory():
         "SFT train/loss": ["train/loss"],
         "SFT train/lr(1e-3)": ["train/lr(1e-3)"],
         "SFT val/loss": ["val/loss"],
+        # read from the released wheels 0.7.1 .. 0.9.1 (and tags v0.1, v0.2 for the old names)
+        "actor/lr(1e-4) (old)": ["actor/lr(1e-4)"],
+        "critic/lr(1e-4) (old)": ["critic/lr(1e-4)"],
+        "mfu/actor (old)": ["mfu/actor"],
+        "mfu/critic (old)": ["mfu/critic"],
+        "actor/entropy_loss (engine)": ["actor/entropy_loss"],
+        "timing_s/agent_loop/num_preempted": ["timing_s/agent_loop/num_preempted/mean",
+                                              "timing_s/agent_loop/num_preempted/max",
+                                              "timing_s/agent_loop/slowest/num_preempted"],
+        "gdpo/{key}": ["gdpo/format_reward/mean", "gdpo/acc/std", "gdpo/acc/max", "gdpo/acc/min"],
+        "mtp_losses (legacy megatron)": ["mtp_losses/mtp_1_loss"],
+        "actor/mtp_losses (engine)": ["actor/mtp_losses/mtp_1_loss"],
+        "actor/perf/ memory (engine)": ["actor/perf/max_memory_allocated_gb", "actor/perf/max_memory_reserved_gb",
+                                        "actor/perf/cpu_memory_used_gb"],
+        "critic/perf/ memory (engine)": ["critic/perf/max_memory_allocated_gb", "critic/perf/max_memory_reserved_gb",
+                                         "critic/perf/cpu_memory_used_gb"],
+        "SFT engine perf/ memory": ["perf/max_memory_allocated_gb", "perf/cpu_memory_used_gb"],
+        "timing_s/agent_loop/compute_score": ["timing_s/agent_loop/compute_score/mean",
+                                              "timing_s/agent_loop/slowest/compute_score"],
+        "rollout/spec_accept_rate": ["rollout/spec_accept_rate", "rollout/spec_accept_length"],
+        "training/num_turns": ["training/num_turns/mean", "training/num_turns/max", "training/num_turns/min"],
+        "rollout/moe": ["rollout/moe/max_vio/layer_0", "rollout/moe/avg_vio/max", "rollout/moe/min_vio/avg",
+                        "rollout/moe/routed_experts_found", "rollout/moe/routed_expert_assignments"],
+        "training/off_policy": ["training/off_policy/trajectory_spans/mean",
+                                "training/off_policy/trajectory_staleness/max",
+                                "training/off_policy/trajectory_staleness_worst/min",
+                                "training/off_policy/evicted_samples",
+                                "training/off_policy/evicted_samples_staleness/mean"],
+        "training/filter_groups": ["training/filter_groups/evicted_samples",
+                                   "training/filter_groups/discarded_surplus_samples"],
+        "training/rollout_failure": ["training/rollout_failure/evicted_samples"],
+        "validation/ replay-buffer counts": ["validation/off_policy/evicted_samples",
+                                             "validation/filter_groups/discarded_surplus_samples"],
+        "training/filter_groups/filtered_reward_counts": ["training/filter_groups/filtered_reward_counts"],
+        "actor/distillation": ["actor/distillation/loss", "actor/distillation/overlap_ratio"],
+        "fully_async": ["fully_async/count/total_generated_samples", "fully_async/rollouter/idle_ratio"],
+        "dynamic_resource": ["dynamic_resource/train_resource_utilization", "dynamic_resource/mq_size"],
+        "checkpoint_engine": ["checkpoint_engine/changed_ratio", "checkpoint_engine/payload_mbytes"],
+        "separate_async": ["separate_async/decision/remaining", "separate_async/switch/idle"],
     }
+    engine_sft = {"SFT engine perf/ memory"}
     # (first, last) corrections where the TSV's "first tag containing the first commit" differs from what a tagged
     # release logs, or where the key was removed. Each is from the source at the tags.
     override = {
@@ -208,8 +258,9 @@ def verl_inventory():
         "val/{key} prefix (old)": ("v0.1rc", "v0.3.0.post1"),
         "test_score/{data_source}": ("v0.1rc", "v0.3.0.post1"),
         "mismatch/ (old name)": ("v0.6.0", "v0.6.0"),
-        "variance_proxy/*": ("v0.7.0", last),              # untagged: nearest tag
-        "SFT train/loss": ("v0.1rc", last),
+        "variance_proxy/*": ("v0.7.1", last),              # main after v0.7.0; first released in 0.7.1 (wheel)
+        "SFT train/loss": ("v0.1rc", "v0.7.0"),          # fsdp_sft_trainer.py removed in v0.7.1
+        "SFT val/loss": ("v0.1rc", "v0.7.0"),
     }
     out = []
     for label, first in rows.items():
@@ -218,10 +269,10 @@ def verl_inventory():
                 continue
             first, lst = override[label]
         else:
-            lst = last
+            lst = lasts.get(label, last)
         assert label in keys, f"verl-key-spans.tsv row {label!r} has no concrete key in this test"
         for k in keys[label]:
-            trainer = "sft" if label.startswith("SFT") else "ppo"
+            trainer = "sft_engine" if label in engine_sft else "sft" if label.startswith("SFT") else "ppo"
             out.append((label, k, first, lst, trainer))
     return out
 
@@ -244,7 +295,12 @@ def openrlhf_inventory():
         "generate_time (perf)": ["generate_time"],
         "eval_{ds}_pass1": ["eval_openai/gsm8k_pass1", "eval_math_pass8"],
         "eval_response_length_mean": ["eval_response_length_mean", "eval_openai/gsm8k_truncated_rate"],
+        "is_filter_ratio": ["is_filter_ratio"],
     }
+    # console progress-bar names (tqdm set_postfix), read by trackbridge/sources/console.py
+    for bar in ("pg", "rm", "ret", "glen", "tlen", "cri", "vals", "cri_lr", "ptx", "act_lr", "act_loss", "gen_len",
+                "tot_len", "ent_loss", "grad_norm"):
+        keys[f"bar: {bar}"] = [bar]
     not_keys = {"train/ prefix", "eval/ prefix", "define_metric train/global_step", "define_metric eval/epoch",
                 "class WandbLogger", "tensorboard add_scalar"}
     # perf info field generate_time: the matrix string also matches the perf_stats dict (v0.4.6+); as a logged
@@ -341,6 +397,12 @@ INVENTORY = [("verl",) + row for row in verl_inventory()] + [("openrlhf",) + row
 def test_inventory_key_covered(framework, label, key, first, last, trainer):
     assert first in FILES[framework]["releases"], (label, first)
     assert last in FILES[framework]["releases"], (label, last)
+    if label in PASSTHROUGH:
+        # deliberately unmapped: no entry claims it, and the engine passes it through as unmapped
+        for release in (first, last):
+            assert lookup(framework, key, release, trainer=trainer) is None, (label, key, release)
+            assert _engine(framework, trainer, release).translate({key: 1.0}).unmapped == [key]
+        return
     for release in (first, last):
         hit = lookup(framework, key, release, trainer=trainer)
         assert hit is not None, f"{framework} {key!r} ({label}) has no entry at {release}"
@@ -393,3 +455,74 @@ def test_special_cases():
     assert b == {"data_source": "openai/gsm8k", "n": "8"}
     assert lookup("openrlhf", "loss", "v0.5.0", trainer="dpo")[0]["canonical"] == "loss/total"
     assert lookup("openrlhf", "kl", "v0.5.0", trainer="kto")[0]["canonical"] == "preference/kto_kl"
+
+
+def test_read_through_newest_release():
+    """'now' (no `until`) means: still logged at the last release read, the last entry of `releases:`."""
+    assert FILES["verl"]["releases"][-5:] == ["v0.7.0", "v0.7.1", "v0.8.0", "v0.9.0", "v0.9.1"]
+    assert FILES["openrlhf"]["releases"][-3:] == ["v0.11.0", "v0.11.1", "v0.11.2"]
+    header = (REFERENCE / "openrlhf-key-matrix.tsv").read_text().splitlines()[0].split("\t")
+    assert header[-1] == FILES["openrlhf"]["releases"][-1]
+    verl_rows = (REFERENCE / "verl-key-spans.tsv").read_text()
+    assert "verl==0.9.1" in verl_rows
+
+
+def test_new_release_facts():
+    # v0.1 learning rates were logged x 1e4; v0.2 mfu/ before perf/mfu/
+    e = lookup("verl", "actor/lr(1e-4)", "v0.1")[0]
+    assert e["canonical"] == "optim/lr" and e["transform"] == {"scale": 0.0001}
+    assert lookup("verl", "critic/lr(1e-4)", "v0.1rc")[0]["canonical"] == "optim/critic_lr"
+    assert lookup("verl", "actor/lr(1e-4)", "v0.2") is None
+    assert lookup("verl", "mfu/actor", "v0.2")[0]["canonical"] == "perf/mfu/policy_update"
+    assert lookup("verl", "mfu/actor", "v0.3.0.rc0") is None
+    from trackbridge.translate import Translator
+    res = Translator("verl/ppo@0.1", "canonical").translate({"actor/lr(1e-4)": 0.1, "critic/lr(1e-4)": 0.5})
+    assert res.metrics == pytest.approx({"optim/lr": 1e-5, "optim/critic_lr": 5e-5})
+    # v0.8.0: legacy workers gone; the engine path's lr is read after the scheduler step
+    assert lookup("verl", "actor/lr", "v0.7.1")[0]["fidelity"] == "exact"
+    assert lookup("verl", "actor/lr", "v0.8.0")[0]["differs"] == ["snapshot"]
+    assert lookup("verl", "critic/lr", "v0.9.1")[0]["differs"] == ["snapshot"]
+    assert lookup("verl", "actor/pg_loss", "v0.7.1")[0]["fidelity"] == "approximate"
+    assert lookup("verl", "actor/pg_loss", "v0.8.0")[0]["fidelity"] == "exact"
+    assert lookup("verl", "actor/kl_loss", "v0.9.1")[0]["source"].endswith("losses.py@v0.9.1")
+    # memory readings move under actor/ and critic/ with the engine workers
+    assert lookup("verl", "perf/max_memory_allocated_gb", "v0.8.0", trainer="ppo") is None
+    assert lookup("verl", "actor/perf/max_memory_allocated_gb", "v0.8.0")[0]["canonical"] == "perf/memory/max_allocated_gb"
+    assert lookup("verl", "timing_s/generation_timing/max", "v0.8.0") is None
+    # update-time entropy is not the pre-update entropy
+    cfg = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}}
+    assert lookup("verl", "actor/entropy", "v0.9.1", config=cfg)[0]["fidelity"] == "exact"
+    assert lookup("verl", "actor/entropy_loss", "v0.9.1")[0]["differs"] == ["snapshot"]
+    assert lookup("verl", "train/lr(1e-3)", "v0.7.1", trainer="sft") is None
+    # OpenRLHF v0.11.2
+    assert lookup("openrlhf", "is_filter_ratio", "v0.11.1", trainer="ppo") is None
+    assert lookup("openrlhf", "is_filter_ratio", "v0.11.2", trainer="ppo")[0]["fidelity"] == "approximate"
+    tok = {"algo": {"advantage": {"is_correction_level": "token"}}}
+    assert lookup("openrlhf", "is_filter_ratio", "v0.11.2", trainer="ppo", config=tok)[0]["fidelity"] == "exact"
+
+
+def test_openrlhf_progress_bar_from_console(tmp_path):
+    """OpenRLHF's tqdm postfix in a console log is read (one record per distinct postfix) and translated."""
+    from trackbridge.sources import open_source
+    from trackbridge.translate import Translator
+    bar = "Train epoch [1/1]:  {p}%|##        | {n}/4 [00:05<00:15, 5.00s/it, {post}]"
+    old = "pg=0.123, rm=0.5, ret=0.45, glen=210, tlen=340, kl=0.00123, act_lr=1e-6, cri=0.0456, vals=0.21"
+    new = "pg=-0.0871, rm=0.625, ret=0.6, glen=198, tlen=330, kl=0.00141, act_lr=1e-6, cri=0.0391, vals=0.25"
+    text = "\r".join([bar.format(p=25, n=1, post=old), bar.format(p=50, n=2, post=old), bar.format(p=50, n=2, post=new),
+                      "Episode [1/2]:   0%|          | 0/4 [00:00<?, ?it/s]"]) + "\n"
+    log = tmp_path / "openrlhf.log"
+    log.write_text(text)
+    (run,) = list(open_source(f"console:{log}").runs())
+    recs = list(run.records())
+    assert [r.step for r in recs] == [1, 2]
+    assert recs[0].metrics["pg"] == 0.123 and recs[1].metrics["glen"] == 198
+    assert "micro-batch" in run.info.extra["progress_bar"]
+    tr = Translator("openrlhf/ppo@0.7.0", "canonical")
+    res = tr.translate(recs[1].metrics)
+    assert not res.unmapped
+    assert res.metrics["loss/policy"] == -0.0871 and res.metrics["response/length/mean"] == 198
+    assert "loss/policy" in res.approximate
+    new_bar = "act_loss=0.1, reward=0.5, return=0.4, gen_len=100, tot_len=200, kl=0.001, act_lr=1e-6, grad_norm=0.8"
+    recs = dict(zip(*[iter(new_bar.replace(", ", "=").split("="))] * 2))
+    res = Translator("openrlhf/ppo@0.11.2", "canonical").translate({k: float(v) for k, v in recs.items()})
+    assert not res.unmapped and res.metrics["optim/grad_norm"] == 0.8
