@@ -158,3 +158,95 @@ def test_minimal_dpo_dict_is_dpo(reg, keys):
     declares no always-logged keys: DPO, the first declared preference trainer."""
     det = detect(keys, reg)
     assert det.source.startswith("trl/dpo@v0.5.0"), det.source
+
+
+# ------------------------------------------------------------------------------- item 7: gradient accumulation
+GA_CASES = [("trl/grpo@1.16.0", "entropy", "policy/entropy"), ("trl/grpo@1.16.0", "kl", "kl/ref"),
+            ("trl/grpo@1.16.0", "clip_ratio/region_mean", "policy/clip_frac"),
+            ("trl/grpo@1.16.0", "clip_ratio/low_min", "policy/clip_frac_low_min"),
+            ("trl/rloo@1.9.0", "entropy", "policy/entropy"), ("trl/dpo@1.16.0", "entropy", "policy/entropy"),
+            ("trl/dpo@1.16.0", "mean_token_accuracy", "policy/token_accuracy"),
+            ("trl/dpo@0.20.0", "logits/chosen", "preference/logits/chosen"),
+            ("trl/sft@1.16.0", "mean_token_accuracy", "policy/token_accuracy"),
+            ("trl/sft@1.16.0", "entropy", "policy/entropy"), ("trl/kto@1.16.0", "logits/chosen",
+                                                              "preference/logits/chosen")]
+
+
+@pytest.mark.parametrize("spec, key, canon", GA_CASES)
+@pytest.mark.parametrize("config, exact", [(None, True), ({"gradient_accumulation_steps": 1}, True),
+                                           ({"gradient_accumulation_steps": 4}, False),
+                                           ({"gradient_accumulation_steps": "2"}, False)])
+def test_token_means_under_gradient_accumulation(reg, spec, key, canon, config, exact):
+    """grpo_trainer.py@v1.16.0: every _compute_loss call appends a (globally reduced) token mean; log() averages
+    the list, sum(val) / len(val): with gradient_accumulation_steps > 1, an unweighted mean of micro-batch means,
+    which the fidelity policy calls approximate [weighting] (as for veRL). The default (1) is exact; a config that
+    does not say is read as the default."""
+    res = _canon(reg, spec, {key: 0.5}, config)
+    assert res.metrics == {canon: 0.5}
+    if exact:
+        assert canon not in res.approximate, res.approximate
+    else:
+        assert "gradient_accumulation_steps > 1" in res.approximate[canon], res.approximate
+
+
+def test_gradient_accumulation_follows_to_verl(reg):
+    cfg = {"gradient_accumulation_steps": 2}
+    res = Translator("trl/grpo@1.16.0", "verl@0.4.1", registry=reg, config=cfg).translate({"entropy": 1.0})
+    assert res.metrics == {"actor/entropy": 1.0}
+    assert "gradient_accumulation_steps" in res.approximate["actor/entropy"]
+    res = Translator("trl/grpo@1.16.0", "trl/grpo@1.16.0", registry=reg, config=cfg).translate({"entropy": 1.0})
+    assert not res.approximate                       # the same entry there and back
+
+
+def test_when_comparisons_are_checked(tmp_path, reg):
+    from trackbridge.schema.loader import build_registry, shipped_files
+    from trackbridge.schema.yamlfile import MappingError, MappingErrors
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: trackbridge.mapping/1\nframework: trl\nentries:\n"
+                   "  - {key: my_key, canonical: policy/entropy, when: {config: {gradient_accumulation_steps: "
+                   "{more: 1}}}, source: x.py@v1}\n")
+    with pytest.raises((MappingError, MappingErrors), match="ne\\|gt\\|ge\\|lt\\|le"):
+        build_registry(list(shipped_files()), [str(bad)])
+
+
+@pytest.mark.integration
+def test_real_sft_logs_the_unweighted_mean_of_micro_batch_means(tmp_path):
+    """Run TRL 1.16.0's SFTTrainer with gradient_accumulation_steps=2 on sentences of different lengths: each
+    logged mean_token_accuracy / entropy is the plain mean of what the micro-batches appended."""
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from _tiny_trl import build_tiny_model, sentences
+    from trl import SFTConfig, SFTTrainer
+
+    appended: list[dict] = []
+
+    class Probe(SFTTrainer):
+        def compute_loss(self, model, inputs, *a, **kw):
+            out = super().compute_loss(model, inputs, *a, **kw)
+            if self.model.training:
+                appended.append({k: self._metrics["train"][k][-1] for k in ("mean_token_accuracy", "entropy")})
+            return out
+
+    logs = []
+
+    class Recorder(transformers.TrainerCallback):
+        def on_log(self, args, state, control, logs_=None, **kwargs):
+            logs.append(dict(kwargs.get("logs") or logs_ or {}))
+
+    ds = datasets.Dataset.from_dict({"text": [s * (1 + i % 3) for i, s in enumerate(sentences(16, 5))]})
+    args = SFTConfig(output_dir=str(tmp_path / "out"), logging_steps=1, per_device_train_batch_size=2,
+                     gradient_accumulation_steps=2, max_steps=3, report_to="none", use_cpu=True, save_strategy="no",
+                     seed=0, disable_tqdm=True, dataloader_num_workers=0, max_length=32)
+    Probe(model=build_tiny_model(tmp_path / "m"), args=args, train_dataset=ds, callbacks=[Recorder()]).train()
+    rows = [r for r in logs if "mean_token_accuracy" in r]
+    assert len(rows) == 3 and len(appended) == 6
+    for i, row in enumerate(rows):
+        window = appended[2 * i:2 * i + 2]
+        for k in ("mean_token_accuracy", "entropy"):
+            assert row[k] == pytest.approx(sum(w[k] for w in window) / 2, rel=1e-6), (k, row, window)
+    res = Translator("trl/sft@1.16.0", "canonical", config=args.to_dict()).translate(rows[0])
+    assert "gradient_accumulation_steps > 1" in res.approximate["policy/token_accuracy"]

@@ -5,7 +5,7 @@ import sys
 from collections import defaultdict
 
 from .loader import Registry, build_registry, shipped_files
-from .model import Entry, FrameworkMapping
+from .model import Entry, FrameworkMapping, condition_value_text
 from .yamlfile import MappingError, MappingErrors
 
 
@@ -155,7 +155,7 @@ def reference(reg: Registry) -> str:
                     fid = "exact" if e.exact else f"approximate: {e.reason}".replace("|", "\\|")
                     tr = ", ".join(sorted(e.trainers)) if e.trainers else "all"
                     if e.when:
-                        tr += " when " + ", ".join(f"{k}={v}" for k, v in e.when)
+                        tr += " when " + ", ".join(condition_value_text(k, v) for k, v in e.when)
                     out.append(f"| {e.framework} | `{e.key}` | {_range(fw, e)} | {tr} | {fid} | `{e.source}` |")
                 out.append("")
     cfg = reg.canonical.config

@@ -14,7 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from .model import APPROXIMATE, EXACT, OPEN, CanonicalMetric, CanonicalSchema, ConfigEntry, Entry, FrameworkMapping
+from .model import (_OPS as _WHEN_OPS, APPROXIMATE, EXACT, OPEN, CanonicalMetric, CanonicalSchema, Cond, ConfigEntry,
+                    Entry, FrameworkMapping)
 from .templates import TemplateError, compile_template, is_template, placeholder_names, strip_types
 from .versions import VersionError, is_version, normalize, version_key
 from .yamlfile import LineDict, MappingError, MappingErrors, line_of, load_yaml
@@ -451,7 +452,18 @@ def _load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, framework
                 errors.append(MappingError("when must be {config: {KEY: VALUE, ...}}", file=f, line=line,
                                            entry=label))
             else:
-                when_items = tuple(sorted((str(k), v) for k, v in when["config"].items()))
+                items = []
+                for k, v in when["config"].items():
+                    if isinstance(v, dict):       # a comparison: {KEY: {gt: 1}}
+                        if len(v) != 1 or next(iter(v)) not in _WHEN_OPS:
+                            errors.append(MappingError(
+                                f"when: {k}: a comparison is one of {{ne|gt|ge|lt|le: VALUE}}, not {dict(v)!r}",
+                                file=f, line=line, entry=label))
+                            continue
+                        op, val = next(iter(v.items()))
+                        v = Cond(str(op), val)
+                    items.append((str(k), v))
+                when_items = tuple(sorted(items, key=lambda kv: kv[0]))
         since = _release(fw.releases, raw.get("since"), f, line, label, errors, 0)
         until = _release(fw.releases, raw.get("until"), f, line, label, errors, OPEN)
         if since > until:

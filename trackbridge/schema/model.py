@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,6 +66,37 @@ class CanonicalSchema:
         return name
 
 
+_OPS = {"ne": (operator.ne, "!="), "gt": (operator.gt, ">"), "ge": (operator.ge, ">="), "lt": (operator.lt, "<"),
+        "le": (operator.le, "<=")}
+
+
+@dataclass(frozen=True)
+class Cond:
+    """A ``when:`` test other than equality, written ``{KEY: {gt: 1}}`` (ops: ne, gt, ge, lt, le)."""
+    op: str
+    value: Any
+
+    def test(self, have: Any) -> bool | None:
+        """True/False; None when the config value cannot be compared (then the config does not say)."""
+        if isinstance(have, str) and not isinstance(self.value, str):
+            try:
+                have = float(have)
+            except ValueError:
+                return None
+        try:
+            return bool(_OPS[self.op][0](have, self.value))
+        except TypeError:
+            return None
+
+    def __str__(self) -> str:
+        return f"{_OPS[self.op][1]}{self.value}"
+
+
+def condition_value_text(key: str, want: Any) -> str:
+    """``key=value`` or ``key>value``: how a ``when`` item reads in docs and notes."""
+    return f"{key}{want}" if isinstance(want, Cond) else f"{key}={want}"
+
+
 @dataclass(frozen=True)
 class Entry:
     framework: str
@@ -106,7 +138,13 @@ class Entry:
         for k, want in self.when:
             if k not in config:
                 return None
-            if config[k] != want:
+            if isinstance(want, Cond):
+                ok = want.test(config[k])
+                if ok is None:
+                    return None
+                if not ok:
+                    return False
+            elif config[k] != want:
                 return False
         return True
 
