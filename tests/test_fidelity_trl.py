@@ -250,3 +250,36 @@ def test_real_sft_logs_the_unweighted_mean_of_micro_batch_means(tmp_path):
             assert row[k] == pytest.approx(sum(w[k] for w in window) / 2, rel=1e-6), (k, row, window)
     res = Translator("trl/sft@1.16.0", "canonical", config=args.to_dict()).translate(rows[0])
     assert "gradient_accumulation_steps > 1" in res.approximate["policy/token_accuracy"]
+
+
+# ------------------------------------------------------------------------------- item 8: throughput per split
+def test_throughput_per_split_from_its_own_counters(reg):
+    """TRL 1.16.0 GRPO writes num_tokens = [self.state.num_input_tokens_seen] in train and eval mode alike
+    (grpo_trainer.py _generate_and_score_completions: the counter grows in train mode only), so eval rows repeat
+    the training counter: nothing is derived from it on eval rows, and a training rate() does not span an eval."""
+    rows = [({"loss": 1.0, "num_tokens": 100}, 1, 10.0), ({"loss": 1.0, "num_tokens": 200}, 2, 20.0),
+            ({"eval_loss": 1.0, "eval_num_tokens": 200}, 2, 21.0),     # evaluation takes 100 s
+            ({"loss": 1.0, "num_tokens": 300}, 3, 130.0), ({"loss": 1.0, "num_tokens": 400}, 4, 140.0),
+            ({"eval_loss": 1.0, "eval_num_tokens": 400}, 4, 141.0),
+            ({"eval_loss": 1.0, "eval_num_tokens": 600}, 6, 241.0)]
+    tr = Translator("trl/grpo@1.16.0", "canonical", registry=reg, derive=True)
+    derived = []
+    for row, step, t in rows:
+        res = tr.translate(row, step=step, wall_time=t)
+        derived.append({k: res.metrics[k] for k in res.derived})
+    assert derived[1] == {"perf/tokens_per_step": 100.0, "perf/tokens_per_s": 10.0}
+    assert derived[3] == {"perf/tokens_per_step": 100.0}                    # 100 tokens over 110 s: not a rate
+    assert derived[4] == {"perf/tokens_per_step": 100.0, "perf/tokens_per_s": 10.0}
+    assert derived[2] == derived[5] == derived[6] == {}                     # eval rows: no counter of their own
+    assert any("across an evaluation" in n for n in tr.notes)
+
+
+def test_one_record_with_both_splits(reg):
+    """A record holding a training row and the evaluation logged after it at the same step (a merged export):
+    the training rate of that record stands, the next one restarts after the evaluation."""
+    tr = Translator("trl/grpo@1.16.0", "canonical", registry=reg, derive=True)
+    tr.translate({"num_tokens": 100}, step=1, wall_time=10.0)
+    res = tr.translate({"num_tokens": 200, "eval_num_tokens": 200, "eval_loss": 0.5}, step=2, wall_time=20.0)
+    assert res.metrics["perf/tokens_per_s"] == 10.0 and "eval/perf/tokens_per_s" not in res.metrics
+    res = tr.translate({"num_tokens": 300}, step=3, wall_time=130.0)
+    assert "perf/tokens_per_s" not in res.metrics and res.metrics["perf/tokens_per_step"] == 100.0

@@ -38,17 +38,24 @@ SPLIT_PREFIXES = ("eval/", "test/")       # canonical names of eval/test records
 
 class SplitDeriver:
     """Applies the rules to each split of a record separately (train names, ``eval/...``, ``test/...``), each split
-    with its own :class:`Deriver` and so its own history for the stateful functions. Same interface as Deriver."""
+    with its own :class:`Deriver` and so its own history for the stateful functions. Same interface as Deriver.
+    ``make(split)`` builds one split's deriver. Only a split's own counters are used: rules that take a delta or
+    rate of a progress axis do not run on eval/test rows (which repeat the training run's position), and a record
+    of another split interrupts the training split's ``rate()`` (the wall time until the next training row includes
+    the evaluation)."""
 
     def __init__(self, make) -> None:
         self._make = make
-        self._by_split: dict[str, Deriver] = {"": make()}
+        self._by_split: dict[str, Deriver] = {"": self._new("")}
         self.fidelity: dict[str, str] = {}
+
+    def _new(self, prefix: str) -> Deriver:
+        return self._make(prefix.rstrip("/"))           # make(split): "" for train, "eval", "test"
 
     def _deriver(self, prefix: str) -> Deriver:
         d = self._by_split.get(prefix)
         if d is None:
-            d = self._by_split[prefix] = self._make()
+            d = self._by_split[prefix] = self._new(prefix)
         return d
 
     def apply(self, metrics: dict, *, step=None, wall_time=None) -> list[str]:
@@ -63,6 +70,8 @@ class SplitDeriver:
             for name in d.apply(sub, step=step, wall_time=wall_time):
                 metrics[p + name] = sub[name]
                 out.append(p + name)
+        if prefixes:
+            base.interrupt()          # the evaluation's wall time is not training throughput
         return out
 
     @property
@@ -89,7 +98,8 @@ def make_deriver(registry, extra_paths=None, *, config=None, source=None, fideli
     """A deriver for one run: rules from ``registry`` (and user files), canonical ``config``, the run's ``source``;
     train, eval and test records are derived separately."""
     rules = rules_for(registry, extra_paths)
-    d = SplitDeriver(lambda: Deriver(rules, config=config, source=source))
+    axes = frozenset(n for n, m in registry.canonical.metrics.items() if m.axis)
+    d = SplitDeriver(lambda split="": Deriver(rules, config=config, source=source, split=split, axes=axes))
     d.fidelity.update(fidelity or {})
     return d
 

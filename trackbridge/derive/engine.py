@@ -84,8 +84,10 @@ class Deriver:
     """Applies derived-metric rules to one run. Create one per run (it holds the run's stateful history)."""
 
     def __init__(self, rules: RuleSet, config: dict[str, Any] | None = None, source: str | None = None,
-                 fidelity: dict[str, str] | None = None):
+                 fidelity: dict[str, str] | None = None, *, split: str = "", axes: frozenset[str] = frozenset()):
         self.rules = rules
+        self.split = split               # "" for train records; "eval", "test" for the others
+        self.axes = axes                 # canonical progress axes (axis: true)
         self.config: dict[str, Any] = dict(config or {})
         self.source = source
         self.fidelity: dict[str, str] = dict(fidelity or {})
@@ -102,9 +104,40 @@ class Deriver:
             present = [c for c in rule.config_absent if self.config.get(c) is not None]
             if present:
                 plan.active, plan.why = False, f"config {present[0]} is set ({self.config[present[0]]!r})"
+            if plan.active and split and self._counts_axis(rule):
+                # an eval/test row repeats the run's position (TRL's eval_num_tokens is the train token counter,
+                # eval rows carry the train epoch): it is no counter of that split's own work
+                plan.active, plan.why = False, (f"the {split} split has no counter of its own: its progress axes "
+                                                f"repeat the training run's position")
             if not plan.active:
                 self.skipped[rule.key] = plan.why
             self._plans.append(plan)
+        self._interrupted_note = False
+
+    def _counts_axis(self, rule: Rule) -> bool:
+        """Whether a stateful function of the rule (delta, rate, cumsum, ema) reads a progress axis."""
+        return any(set(E.names_of(node.arg)) & self.axes for node in E.stateful_of(rule.ast))
+
+    def interrupt(self) -> None:
+        """Another split's record (an evaluation) came between two of this split's: the wall time until the next
+        one includes it, so every ``rate()`` starts again from the next observation (``delta`` keeps its history:
+        an evaluation adds to no training counter)."""
+        hit = False
+        for plan in self._plans:
+            for inst in plan.insts.values():
+                for node in inst.stateful:
+                    if node.fn != "rate":
+                        continue
+                    st = self._state.get(f"{inst.slot}#{node.index}")
+                    if st and st.get("cur") is not None:
+                        st["prev"] = st["cur"] = None
+                        hit = True
+        if hit and not self._interrupted_note:
+            self._interrupted_note = True
+            msg = ("rate() not derived across an evaluation: the wall time between two training rows with an "
+                   "evaluation in between includes it; the next interval starts after it")
+            self.notes.append(msg)
+            log.info("%s", msg)
 
     # ------------------------------------------------------------------------------------------ notes
     def _note(self, rule: Rule, out: str, reason: str) -> None:
