@@ -343,8 +343,8 @@ class Translator:
         if self._src is None or det.spec != self._src:
             self.detection = det
             self._src = det.spec
-            if within is not None:
-                self._note_source_trainer(det)
+            if within is not None or "assuming" in (det.reason or ""):
+                self._note_source_trainer(det)     # a trainer assumed from ambiguous keys is said, as when given
             self._plans.clear()
             self._rev_cache.clear()
             if self.target_spec.kind == "framework" and not self.target_spec.trainer:
