@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "fidelity-proofs.md"
 EOS, PAD, WIDTH, GROUP = 3, 0, 8, 4
 MB, GA = 2, 2                                      # sequences per micro-batch, gradient accumulation steps
+TRL_CONFIG = (("gradient_accumulation_steps", GA),)   # the TRL run config the proof's code ran with
 TOL = 1e-6
 
 
@@ -336,21 +337,21 @@ openrlhf_kl_run.__name__ = "openrlhf_kl_run"
 
 
 def _proof_entropy(b: Batch) -> dict[Key, float]:
-    return {**_pick(trl_grpo(b), {Key("trl", "entropy", "grpo"): "entropy"}),
+    return {**_pick(trl_grpo(b), {Key("trl", "entropy", "grpo", TRL_CONFIG): "entropy"}),
             **_pick(verl_run(b), {Key("verl", "actor/entropy", "ppo"): "actor/entropy",
                                   Key("verl", "actor/entropy_loss", "ppo"): "actor/entropy_loss"}),
             **_pick(openrlhf_run(b), {Key("openrlhf", "entropy_loss", "ppo"): "entropy_loss"})}
 
 
 def _proof_clip(b: Batch) -> dict[Key, float]:
-    return {**_pick(trl_grpo(b), {Key("trl", "clip_ratio/region_mean", "grpo"): "clip_ratio/region_mean"}),
+    return {**_pick(trl_grpo(b), {Key("trl", "clip_ratio/region_mean", "grpo", TRL_CONFIG): "clip_ratio/region_mean"}),
             **_pick(verl_run(b), {Key("verl", "actor/pg_clipfrac", "ppo"): "actor/pg_clipfrac"}),
             **_pick(openrlhf_run(b), {Key("openrlhf", "ppo_clip_ratio", "ppo"): "ppo_clip_ratio"})}
 
 
 def _proof_lengths(stat: str, verl_key: str):
     def run(b: Batch) -> dict[Key, float]:
-        out = {**_pick(trl_grpo(b), {Key("trl", f"completions/{stat}_length", "grpo"): f"completions/{stat}_length"}),
+        out = {**_pick(trl_grpo(b), {Key("trl", f"completions/{stat}_length", "grpo", TRL_CONFIG): f"completions/{stat}_length"}),
                **_pick(verl_run(b), {Key("verl", verl_key, "ppo"): verl_key})}
         if stat == "mean":
             out.update(_pick(openrlhf_run(b), {Key("openrlhf", "response_length", "ppo"): "response_length"}))
@@ -359,7 +360,7 @@ def _proof_lengths(stat: str, verl_key: str):
 
 
 def _proof_clipped(b: Batch) -> dict[Key, float]:
-    return {**_pick(trl_grpo(b), {Key("trl", "completions/clipped_ratio", "grpo"): "completions/clipped_ratio"}),
+    return {**_pick(trl_grpo(b), {Key("trl", "completions/clipped_ratio", "grpo", TRL_CONFIG): "completions/clipped_ratio"}),
             **_pick(verl_run(b), {Key("verl", "response_length/clip_ratio", "ppo"): "response_length/clip_ratio"}),
             **_pick(openrlhf_run(b), {Key("openrlhf", "truncated", "ppo"): "truncated"})}
 
@@ -370,7 +371,7 @@ def _proof_score(b: Batch) -> dict[Key, float]:
 
 
 def _proof_kl_loss(b: Batch) -> dict[Key, float]:
-    return {**_pick(trl_grpo(b), {Key("trl", "kl", "grpo"): "kl"}),
+    return {**_pick(trl_grpo(b), {Key("trl", "kl", "grpo", TRL_CONFIG): "kl"}),
             **_pick(openrlhf_kl_run(b), {Key("openrlhf", "kl", "ppo", (("algo.kl.use_loss", True),)): "kl"})}
 
 
@@ -396,24 +397,11 @@ PROOFS: list[Proof] = [
 
 # Claims a proof shows wrong: (canonical, framework:key, framework:key) -> what the frameworks really do. The tests
 # assert the claim with xfail(strict) naming the entry, so a fix in the mappings (or in a framework) shows up.
-_TRL_GA = ("TRL GRPO `{key}` (trl.yaml, trainer grpo, exact): `_compute_loss` appends one rank-pooled token mean per "
-           "micro-batch and `log` averages them unweighted, so with gradient_accumulation_steps=2 and micro-batches "
-           "of 10 and 29 tokens (both ranks) it is a mean of micro-batch means, not the token mean (issue 11 item 7); equal on "
-           "the even batch")
-_ORLHF_ENT = ("OpenRLHF `entropy_loss` (openrlhf.yaml, ppo, exact): `aggregate_loss(..., **loss_batch_info)` divides "
-              "by the window's tokens/gas times dp_size, then ppo_train re-weights that by the micro-batch's local "
-              "tokens, so the logged value is not the token mean (issue 11 item 2); equal on the even batch")
-KNOWN_WRONG: dict[tuple[str, str, str], str] = {
-    ("policy/clip_frac", "openrlhf:ppo_clip_ratio", "trl:clip_ratio/region_mean"):
-        _TRL_GA.format(key="clip_ratio/region_mean") + "; OpenRLHF's value is the token mean over micro-batches "
-        "and ranks",
-    ("policy/entropy", "openrlhf:entropy_loss", "trl:entropy"):
-        _ORLHF_ENT + "; and " + _TRL_GA.format(key="entropy"),
-    ("policy/entropy", "openrlhf:entropy_loss", "verl:actor/entropy"):
-        _ORLHF_ENT + "; veRL's `actor/entropy` is the token mean of the whole batch (agg_loss token-mean)",
-    ("policy/entropy", "trl:entropy", "verl:actor/entropy"):
-        _TRL_GA.format(key="entropy") + "; veRL's `actor/entropy` is the token mean of the whole batch",
-}
+# Claims proofs showed wrong and the mappings since fixed: TRL GRPO's `entropy`, `kl`, `clip_ratio/*` (a mean of
+# micro-batch means with gradient accumulation 2: approximate [weighting] when gradient_accumulation_steps > 1, which
+# the proof runs) and OpenRLHF's `entropy_loss` (re-weighted by local tokens after aggregate_loss: approximate
+# [weighting] from v0.10.3). Add a line here when a proof contradicts an `exact` claim.
+KNOWN_WRONG: dict[tuple[str, str, str], str] = {}
 
 # Why a canonical name's pairs have no proof (a line for the table); anything else says "no proof written yet".
 SOURCE_ONLY: dict[str, str] = {
@@ -587,6 +575,14 @@ def _match(reg, e, proof_keys: dict[Key, float]) -> tuple[Key | None, str]:
             continue
         if e.condition_holds(dict(k.config)) is False:
             continue
+        if not e.when:      # a `when:` entry that the proof's config confirms replaces the default one
+            for other in reg.frameworks[e.framework].entries:
+                if other is not e and other.key == e.key and other.when and other.canonical == e.canonical \
+                        and (other.trainers is None or k.trainer in other.trainers) and covers(reg, other, version) \
+                        and other.condition_holds(dict(k.config)) is True and not other.exact:
+                    cfg = ", ".join(f"{n}={v}" for n, v in k.config)
+                    return None, (f"with {cfg} (as the proof runs) the mapping marks {e.framework} `{e.key}` "
+                                  f"approximate: {other.reason}")
         return k, ""
     return None, f"the proof runs {e.framework} trainer {same_key[0].trainer}, the entry is for " \
                  f"{','.join(sorted(e.trainers or []))}"
