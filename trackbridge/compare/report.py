@@ -285,8 +285,8 @@ def _write_html(result, path: Path, title, smooth_kind: str) -> Path:
              "framework)</th><th>records</th><th>steps</th><th>wall time</th><th>derived</th><th>unmapped "
              "(kept as stored)</th></tr>")
     for r in result.runs:
-        steps = [rec.step for rec in r.records if rec.step is not None]
-        step_txt = f"{min(steps)}&ndash;{max(steps)}" if steps else "none"
+        rng = r.step_range()          # from the packed steps kept while streaming: the run is not read again
+        step_txt = f"{rng[0]}&ndash;{rng[1]}" if rng else "none"
         unm = ", ".join(r.unmapped)
         h.append(f"<tr><td><b>{_e(r.label)}</b></td><td><code>{_e(r.locator)}</code></td><td>{_e(r.source)}</td>"
                  f"<td class=\"num\">{len(r.records)}</td><td class=\"num\">{step_txt}</td>"
