@@ -94,6 +94,16 @@ def test_yaml_syntax_error_names_line(tmp_path):
     assert info.value.line is not None
 
 
+def test_mapping_file_that_is_not_utf8_names_file_line_and_byte(tmp_path):
+    from trackbridge.schema.yamlfile import load_yaml
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"format: trackbridge.mapping/1\nframework: x\n# caf\xe9\n")
+    with pytest.raises(MappingError) as info:
+        load_yaml(bad)
+    assert info.value.line == 3 and "not UTF-8" in str(info.value) and "byte 48" in str(info.value)
+    assert str(info.value).startswith(f"{bad}:3: ")
+
+
 @pytest.mark.parametrize("text", [
     "a: 1\nb: [1, 2\nc: 3\n",                 # unclosed flow sequence
     "a: 1\n\tb: 2\n",                         # tab indentation

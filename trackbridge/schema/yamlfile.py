@@ -82,6 +82,11 @@ def load_yaml(path: str | Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MappingError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raw = path.read_bytes()
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise MappingError(f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); mapping files "
+                           f"are UTF-8", file=str(path), line=line) from None
     try:
         return _parse(_Loader, text, str(path))
     except _SyntaxProblem as exc:
