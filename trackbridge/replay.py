@@ -171,23 +171,6 @@ def names_translator(target: str | None, *, mappings: list[str] | None = None,
     return rename
 
 
-def write_batched(sink: Any, records: Iterator[Record], batch_size: int = 1000,
-                  rename: Callable[[Record], Record] | None = None) -> int:
-    """Write records to an open sink in batches; returns how many were written. Errors propagate."""
-    n = 0
-    batch: list[Record] = []
-    for rec in records:
-        batch.append(rename(rec) if rename else rec)
-        if len(batch) >= batch_size:
-            sink.write(batch)
-            n += len(batch)
-            batch = []
-    if batch:
-        sink.write(batch)
-        n += len(batch)
-    return n
-
-
 @dataclass
 class ReplayResult:
     """What a replay did: records written, records skipped as already present, the sink's last step before."""
@@ -220,6 +203,7 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     spool header), canonical if nothing was recorded. Raises ``FileNotFoundError`` for a missing spool and
     ``ValueError`` for a spool without a run header; sink errors propagate (the tracker is the thing to fix).
     """
+    from .catchup import catch_up
     from .sinks import make_sink
 
     path = Path(spool)
@@ -237,28 +221,10 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     result = ReplayResult(sink=sink.describe(), problems=list(scan.problems))
     sink.open(info, resume=True)
     try:
-        held = sink.held()
-        last = sink.last_step() if held is None else held.last_step()
-        result.last_step_before = last
-        counts: dict[str, int] = {}
-
-        def renamed() -> Iterator[Record]:
-            for _seq, rec in iter_spool(path, problems=result.problems):
-                yield rename(rec) if rename else rec
-
-        def by_last_step() -> Iterator[Record]:
-            for rec in renamed():
-                if last is not None and rec.step is not None and rec.step <= last:
-                    result.skipped += 1
-                    continue
-                yield rec
-
-        todo = by_last_step() if held is None else held.filter(renamed(), counts)
-        result.written = write_batched(sink, todo, batch_size)
-        if held is not None:
-            result.skipped = counts.get("records_held", 0)
-            result.points_held = counts.get("points_held", 0)
-            result.exact = True
+        done = catch_up(sink, (rename(rec) if rename else rec
+                               for _seq, rec in iter_spool(path, problems=result.problems)), batch_size=batch_size)
+        result.written, result.skipped = done.written, done.skipped
+        result.points_held, result.exact, result.last_step_before = done.points_held, done.exact, done.last_step_before
         result.problems = sorted(set(result.problems), key=result.problems.index)
     finally:
         if close:
@@ -267,4 +233,4 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
 
 
 __all__ = ["ReplayResult", "SpoolScan", "iter_spool", "names_translator", "pending_file", "read_pending", "replay",
-           "scan_spool", "settle_pending", "spool_file", "write_batched", "write_pending"]
+           "scan_spool", "settle_pending", "spool_file", "write_pending"]

@@ -2,14 +2,15 @@
 
 One TensorBoard folder (a sub-folder per run), one MLflow experiment, one wandb or Trackio project: users compare
 the runs in the tracker they already use. Each run is written under a run id derived from its locator and label and
-reopened with ``resume``: writing the same comparison again skips the steps the tracker already holds.
+reopened with ``resume``: writing the same comparison again writes only what the tracker lacks
+(:mod:`trackbridge.catchup`, as the logger, ``replay`` and ``migrate`` do).
 """
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 
-from ..record import Record, RunInfo
+from ..record import RunInfo
 from .load import LoadedRun
 
 DEFAULT_PROJECT = "trackbridge-compare"
@@ -25,6 +26,7 @@ class IntoResult:
 
 
 def write_into(runs: list[LoadedRun], into: str, *, project: str = DEFAULT_PROJECT) -> list[IntoResult]:
+    from ..catchup import catch_up
     from ..sinks import make_sink
 
     results = []
@@ -39,20 +41,8 @@ def write_into(runs: list[LoadedRun], into: str, *, project: str = DEFAULT_PROJE
         res = IntoResult(run.label, run_id)
         sink.open(info, resume=True)
         try:
-            last = sink.last_step()
-            todo: list[Record] = []
-            for rec in run.records:
-                if last is not None and rec.step is not None and rec.step <= last:
-                    res.skipped += 1
-                    continue
-                todo.append(rec)
-                if len(todo) >= BATCH:
-                    sink.write(todo)
-                    res.records += len(todo)
-                    todo = []
-            if todo:
-                sink.write(todo)
-                res.records += len(todo)
+            done = catch_up(sink, iter(run.records), batch_size=BATCH)    # what the tracker lacks, per key and step
+            res.records, res.skipped = done.written, done.skipped
         finally:
             sink.close()
         results.append(res)

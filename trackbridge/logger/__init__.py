@@ -1,0 +1,92 @@
+"""``init`` / ``log`` / ``finish``: one canonical stream to several trackers at once, without blocking training.
+
+Pipeline (one run)::
+
+    run.log(dict)  ──►  inbox  ──►  dispatcher thread  ──►  spool queue  ──►  spool worker  ──►  jsonl file
+     validate +                     translate (names in     (per sink,       (one thread      (always on)
+     normalise values               -> canonical), derive,   bounded)         per sink,  ──►  tensorboard, mlflow,
+     (caller's thread)              step, Record, rename                      batches)        wandb, trackio, ...
+                                    for ``names=``
+
+* ``log()`` only validates and normalises the values (so a tensor updated in place afterwards cannot change what was
+  logged) and hands them off; translation, derivation and every tracker's I/O happen in other threads. ``log()``
+  never waits on a tracker: a tracker whose queue is full *falls behind* and is fed from the spool until it has
+  caught up. Only the spool's queue makes the dispatcher wait (the disk, never a tracker).
+* **The spool** (``jsonl`` sink in ``spool=DIR``, file ``DIR/<run_id>.jsonl``) is always on. Its worker writes a
+  batch and flushes it to the operating system at the latest ``flush_interval / 2`` seconds after the first record
+  of the batch was logged, so a process killed with SIGKILL loses at most about ``flush_interval`` seconds of
+  records (default 1.0 s; ``flush_interval=`` to change; the SIGKILL test checks the bound). A machine crash can
+  lose more unless the spool is opened with ``?fsync=1`` (``spool="DIR?fsync=1"``).
+* **Fault isolation**: a sink that raises in ``open`` or ``write`` is retried with exponential back-off
+  (``retries`` attempts, starting at ``backoff`` seconds), then marked *failed* with a warning naming the sink and
+  the error; the other sinks and the training loop carry on. A failed sink is tried again every
+  ``retry_interval`` seconds and once more at ``finish()``; when it comes back it is reopened with
+  ``resume=True`` and catches up from the spool (the records it missed, by sequence number; a write that may have
+  landed in part is checked point by point against what the tracker holds), so nothing is lost or doubled.
+  ``finish()`` waits while trackers make progress (per request), gives up on one that makes none for
+  ``stall_timeout`` seconds, and writes what it lacks beside the spool (``<spool>.pending.json``) for
+  ``trackbridge replay``.
+* **Steps**: the explicit ``step=``, else the canonical ``progress/step`` in the logged dict, else an internal
+  counter (one more than the highest step so far). Each record carries ``wall_time = time.time()`` of the
+  ``log()`` call. What each tracker needs for non-monotonic steps is the sink's business.
+* **Resume**: ``init(run_id=..., resume=True)`` reads the spool, opens every sink with ``resume=True``, gives each
+  tracker the points of the spool it does not hold (per key and step) and continues the step counter after the
+  highest step the spool or any tracker holds (waiting ``resume_wait`` seconds at most for the trackers).
+* **Ranks**: only global rank 0 (``RANK``, then ``LOCAL_RANK``, ...) writes unless ``rank_zero_only=False``; other
+  ranks get a run whose ``log()`` validates and returns.
+
+This package names no tracker and no framework: sinks come from :mod:`trackbridge.sinks`, translation from
+:mod:`trackbridge.translate`, derivation from :mod:`trackbridge.derive`.
+
+The logger's parts (one module each): :mod:`.options` (the tuning knobs), :mod:`.dispatch` (the thread between
+``log()`` and the sinks), :mod:`.worker` (what every sink's thread shares), :mod:`.spool` and :mod:`.tracker` (the
+two kinds of worker), :mod:`.run` (``Run``), :mod:`.noop` (``NoOpRun``), :mod:`.checks` (what ``init`` checks first).
+Catching a tracker up from the spool uses :mod:`trackbridge.catchup`, as ``replay`` and ``migrate`` do.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from .. import _rank
+from .common import STEP_AXIS, LoggerWarning
+from .noop import NoOpRun
+from .options import LoggerOptions
+from .run import Run
+
+
+def init(project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
+         source: str = "auto", names: str = "canonical", config: dict[str, Any] | None = None,
+         run_id: str | None = None, resume: bool = False, derive: bool = True, mappings: list[str] | None = None,
+         spool: str = "runs", options: LoggerOptions | None = None, flush_interval: float | None = None,
+         queue_size: int | None = None, batch_size: int | None = None, retries: int | None = None,
+         backoff: float | None = None, retry_interval: float | None = None, stall_timeout: float | None = None,
+         finish_timeout: float | None = None, resume_wait: float | None = None, tags: dict[str, str] | None = None,
+         rank_zero_only: bool = True, rank: int | None = None) -> Run | NoOpRun:
+    """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
+
+    ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
+    objects; the JSONL spool in ``spool`` is always added. ``source``: naming of what the trainer logs (``auto``,
+    ``canonical`` or ``FRAMEWORK[@VERSION]``); ``names``: naming written to the trackers (``canonical`` or
+    ``FRAMEWORK[@VERSION]``; the spool always holds canonical names). ``options``: the tuning knobs
+    (:class:`LoggerOptions`: flush interval, queue and batch sizes, retries, timeouts); each is also a keyword here,
+    which wins over ``options``. ``rank``: override the rank taken from the environment.
+
+    Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder.
+    """
+    opts = LoggerOptions.build(options, {
+        "flush_interval": flush_interval, "queue_size": queue_size, "batch_size": batch_size, "retries": retries,
+        "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,
+        "finish_timeout": finish_timeout, "resume_wait": resume_wait})
+    r = _rank.global_rank() if rank is None else int(rank)
+    if rank_zero_only and r != 0:
+        return NoOpRun(r, project=project, name=name, config=config, run_id=run_id, names=names, resume=resume,
+                       options=opts)
+    if not rank_zero_only and _rank.world_size() > 1 and run_id is None:
+        run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + f"-rank{r}"
+    return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
+               run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags)
+
+
+__all__ = ["init", "Run", "NoOpRun", "LoggerOptions", "LoggerWarning", "STEP_AXIS"]

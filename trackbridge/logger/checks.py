@@ -1,0 +1,89 @@
+"""What ``init`` checks and builds before any thread starts: the translation, the sinks' packages and locations."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ..sinks.base import Sink, Unreachable, check_reachable
+from ..values import as_step
+from .common import warn
+
+
+def make_translator(source: str, mappings: list[str] | None, config: dict[str, Any]) -> Any:
+    """Translator from ``source`` names to canonical ones. A mapping file that cannot be used (the user's
+    ``mappings=`` or a shipped one) is an error at ``init``, naming the file: logging untranslated names into
+    trackers would be worse than not starting."""
+    from ..translate import Translator
+    try:
+        return Translator(source=source, target="canonical", mappings=mappings, config=config)
+    except Exception as exc:
+        what = f"mappings={list(mappings)!r}" if mappings else f"source={source!r}"
+        raise ValueError(f"init({what}): cannot build the translation: {exc}") from exc
+
+
+def derive_hook(translator: Any) -> Callable[..., None] | None:
+    """The translator's derive step (run after the step is known): ``hook(translation, step, wall_time)`` fills
+    ``translation.metrics`` in place and sets ``translation.derived``."""
+    return getattr(translator, "apply_derive", None)
+
+
+def to_step(step: Any) -> int:
+    out = as_step(step)
+    if out is None:
+        kind = "bool" if isinstance(step, bool) else type(step).__name__
+        raise TypeError(f"log(step=...) must be an integer, got {kind} {step!r}")
+    return out
+
+
+def ready_for_shutdown() -> None:
+    """Tracker clients started by a sink's thread may create a thread pool, which registers with the interpreter's
+    shutdown; once the main thread has ended (a script that never calls finish()) that is refused ("can't register
+    atexit after shutdown") and the run would reach no tracker. Importing the pool module now registers it in time."""
+    import concurrent.futures.thread  # noqa: F401
+
+
+def check_packages(spec: Any, sink: Sink) -> None:
+    """Fail at init, naming the extra to install, when a sink's tracker package is missing (rather than retrying
+    in the background and losing the tracker for the whole run)."""
+    import importlib.util
+    for pkg in getattr(sink, "requires", ()):
+        try:
+            found = importlib.util.find_spec(pkg) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            extra = getattr(sink, "extra", "") or "all"
+            raise ValueError(f"sink {spec!r} needs the {pkg!r} package, which is not installed: "
+                             f"pip install 'trackbridge[{extra}]'")
+
+
+def precheck_location(spec: str, sink: Sink) -> None:
+    """Fail at init for a plain folder location that cannot be created or written; warn (the sink is retried
+    later, training goes on) for a server URL that does not answer now."""
+    loc = sink.location
+    if loc and loc.startswith(("http://", "https://")):
+        check_server(spec, loc)
+        return
+    if not loc or "://" in loc or ":" in loc.split("/")[0]:
+        return
+    path = Path(loc).expanduser()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"sink {spec!r}: {probe} exists and is not a folder")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"sink {spec!r}: folder {probe} is not writable")
+
+
+def check_server(spec: str, url: str) -> None:
+    try:
+        check_reachable(url)
+    except ValueError as exc:
+        raise ValueError(f"sink {spec!r}: {exc}") from None
+    except Unreachable as exc:
+        warn(f"trackbridge: sink {spec!r}: server {exc.host}:{exc.port} is not reachable now ({exc.reason}); "
+             f"training goes on, the sink is retried later and catches up from the spool")

@@ -1,0 +1,29 @@
+"""What every part of the logger shares: its warning category, the stop marker, the canonical step axis."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+from ..values import utf8_ok
+
+log = logging.getLogger("trackbridge")
+
+STEP_AXIS = "progress/step"
+STOP = object()          # put on a queue: the consumer stops after what is before it
+
+
+class LoggerWarning(RuntimeWarning):
+    """A problem the logger reports without stopping training (a failed sink, a value that cannot be stored)."""
+
+
+def warn(message: str) -> None:
+    """A warning users see once: through ``warnings`` (LoggerWarning), and also through the ``trackbridge`` logger
+    when the application configured logging (otherwise logging's last-resort handler would print it twice)."""
+    if log.hasHandlers():
+        log.warning(message)
+    warnings.warn(message, LoggerWarning, stacklevel=3)
+
+
+def fix_text(text: str) -> str:
+    """``text`` with lone surrogates escaped, so that it can be written as UTF-8 anywhere."""
+    return text if utf8_ok(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")

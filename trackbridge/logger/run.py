@@ -1,0 +1,324 @@
+"""``Run``: what ``trackbridge.init`` returns on rank 0. It builds the sinks and their workers, takes ``log()``
+calls, and at ``finish()`` waits for the trackers while they make progress, then writes down what any still lacks."""
+from __future__ import annotations
+
+import atexit
+import copy
+import dataclasses
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..record import RunInfo
+from ..replay import iter_spool, names_translator, pending_file, scan_spool, spool_file, write_pending
+from ..sinks.base import Sink
+from ..values import STEP_MAX, check_step, normalize_metrics, sanitize_config
+from .checks import check_packages, derive_hook, make_translator, precheck_location, ready_for_shutdown, to_step
+from .common import STOP, fix_text, warn
+from .dispatch import Dispatcher
+from .options import LoggerOptions
+from .spool import SpoolWorker
+from .tracker import TrackerWorker
+from .worker import RunContext
+
+_INFO_LOCK = threading.Lock()
+
+
+class Run:
+    """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
+
+    def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
+                 config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
+                 mappings: list[str] | None, spool: str, options: LoggerOptions,
+                 tags: dict[str, str] | None) -> None:
+        from ..locators import LocatorError, parse
+        from ..sinks import make_sink
+
+        self.options = options
+        self.resume = bool(resume)
+        self.names = names or "canonical"
+        self.problems: list[str] = []
+        self._finished = False
+        self._lock = threading.Lock()
+        self._warned_values: set[str] = set()
+        self._warned_once: set[str] = set()
+
+        # spool: "DIR" or "DIR?fsync=1" (or a full "jsonl:..." locator)
+        spool_text = spool if str(spool).startswith("jsonl:") else f"jsonl:{spool}"
+        spool_loc = parse(spool_text, kinds=("jsonl",))
+        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.spool_path = spool_file(spool_loc.location, self.run_id)
+        scan = scan_spool(self.spool_path)
+        if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
+            raise ValueError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
+                             f"pass resume=True to continue it, or choose another run_id")
+        prev = scan.info
+        cfg = dict(config) if config is not None else (dict(prev.config) if prev else {})
+        translator = make_translator(source, mappings, cfg)
+        try:
+            cfg = {**cfg, **dict(translator.translate_config(cfg))}   # canonical names added
+        except Exception as exc:
+            warn(f"trackbridge: could not translate the config to canonical names: {exc}")
+        self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
+                            project=project or (prev.project if prev else None), run_id=self.run_id, config=cfg,
+                            tags=dict(tags or (prev.tags if prev else {}) or {}),
+                            source=None if source == "auto" else source, names="canonical",
+                            extra={"names": self.names, "mappings": list(mappings) if mappings else None,
+                                   "flush_interval": options.flush_interval})
+        self._seq_base = scan.records
+        derive_fn = derive_hook(translator) if derive else None
+        if derive_fn is not None and self.resume and scan.records:
+            # stateful derived rules (delta, rate, ema ...) continue from the history kept in the spool
+            warm = getattr(translator, "warm_derive", None)
+            if warm is not None:
+                warm(rec for _seq, rec in iter_spool(self.spool_path))
+
+        # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
+        spool_sink = make_sink(spool_loc)
+        built: list[Sink] = []
+        for spec in sinks or []:
+            try:
+                sink = make_sink(spec)
+            except (LocatorError, Exception) as exc:
+                raise ValueError(f"sink {spec!r}: {exc}") from None
+            check_packages(spec, sink)
+            ready_for_shutdown()
+            if isinstance(spec, str):
+                precheck_location(spec, sink)
+            built.append(sink)
+        # a jsonl sink on the spool's own folder is the spool itself
+        spool_dir = Path(spool_loc.location).expanduser().resolve()
+        built = [s for s in built if not (s.kind == "jsonl" and Path(s.location).expanduser().resolve() == spool_dir)]
+        precheck_location(spool_text, spool_sink)
+
+        # trackers get the names asked for through the same pipeline as replay and migrate, judged from the
+        # source detected while logging and the approximations found so far (both live)
+        self._rename = names_translator(self.names, mappings=mappings, config=cfg,
+                                        origin=lambda: self.info.source, fidelity=self.info.approximate)
+        ctx = RunContext(options=options, spool_path=self.spool_path, seq_base=self._seq_base, resume=self.resume,
+                         resume_last_step=scan.last_step, tracker_info=self.tracker_info,
+                         sync_info=self._sync_info, report=self.problems.append)
+        self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
+                                                     batch_size=max(options.batch_size, 1000))
+        trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
+                                  rename=self._rename) for s in built]
+        self._workers: list[Any] = [self._spool_worker, *trackers]
+        self._dispatcher = Dispatcher(
+            translator=translator, derive_fn=derive_fn, info=self.info, rename=self._rename, names=self.names,
+            spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
+            next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
+            resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once)
+        self._inbox = self._dispatcher.inbox
+        for w in self._workers:
+            w.thread.start()
+        self._dispatcher.thread.start()
+        atexit.register(self._atexit)
+
+    # -- public API ----------------------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.run_id
+
+    @property
+    def name(self) -> str | None:
+        return self.info.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.info.config
+
+    @property
+    def _next_step(self) -> int:
+        return self._dispatcher.next_step
+
+    @property
+    def _seq(self) -> int:
+        return self._dispatcher.seq
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Log one step's metrics. Returns as soon as the values are validated and queued.
+
+        Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step``, ``ValueError`` for a step
+        outside 0 .. 2**53 - 1 (nothing is logged for that call), ``RuntimeError`` after ``finish()``. A value or
+        name no tracker can store (an empty name, a lone surrogate, ...) is left out with a one-time warning naming
+        it (see ``run.problems``); the other values of the call are logged.
+        """
+        wall_time = time.time()
+        values, problems = normalize_metrics(metrics)
+        if step is not None:
+            step = to_step(step)
+            if not 0 <= step <= STEP_MAX:
+                check_step(step)
+        if problems:
+            self._report_values(problems)
+        if self._finished:
+            raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
+        self._inbox.put((wall_time, step, values))
+
+    def tracker_info(self, is_spool: bool = False) -> RunInfo:
+        """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
+        the approximations under those names."""
+        info = self._clean_info()
+        if not is_spool:
+            info.names = self.names
+            info.approximate = self.tracker_approximate(is_spool)
+        return info
+
+    def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
+        if is_spool or self._rename is None:
+            return dict(self.info.approximate)
+        pipe = self._rename.pipeline()
+        return dict(pipe.stats.approximate) if pipe is not None else {}
+
+    def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
+        """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
+        ``failed=True`` records that training failed (MLflow FAILED, wandb exit code 1, ``outcome`` in the run
+        info); leaving a ``with`` block by an exception, or the interpreter exiting on an uncaught one, does it.
+        Waits while the trackers make progress, at most ``timeout`` (default ``finish_timeout``) seconds; what a
+        tracker still lacks is written beside the spool for ``trackbridge replay``. Safe to call twice. Returns
+        :meth:`status`."""
+        with self._lock:
+            if self._finished:
+                return self.status
+            self._finished = True
+        try:
+            atexit.unregister(self._atexit)
+        except Exception:
+            pass
+        outcome = "failed" if failed else "finished"
+        self.info.extra["outcome"] = outcome
+        for w in self._workers:
+            w.sink.outcome = outcome
+        self._inbox.put(STOP)
+        end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
+        self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
+        self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
+        # wait for every tracker while it makes progress (records written or caught up, or requests answered, as
+        # the sink counts them); one that makes none for stall_timeout seconds (a hung or unreachable server) is
+        # left behind: what it lacks is written down for `trackbridge replay`
+        last_progress = {id(w): (w.progress(), time.monotonic()) for w in self._workers}
+        while True:
+            alive = [w for w in self._workers[1:] if w.thread.is_alive()]
+            now = time.monotonic()
+            if not alive or now >= end:
+                break
+            stalled = []
+            for w in alive:
+                p = w.progress()
+                if p != last_progress[id(w)][0]:
+                    last_progress[id(w)] = (p, now)
+                elif now - last_progress[id(w)][1] > self.options.stall_timeout:
+                    stalled.append(w)
+            if len(stalled) == len(alive):
+                break
+            alive[0].thread.join(0.1)
+        self._write_pending()
+        return self.status
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """Run id, spool path, and per sink: state (ok/behind/failed/closed), records written, caught up, queued,
+        failures, last error."""
+        return {"run_id": self.run_id, "spool": str(self.spool_path), "finished": self._finished,
+                "logged": self._seq - self._seq_base, "sinks": [w.status() for w in self._workers],
+                "problems": list(self.problems)}
+
+    def summary(self) -> str:
+        """The status as a small text table (what ``print(run.summary())`` shows)."""
+        st = self.status
+        lines = [f"run {st['run_id']}  spool {st['spool']}  records logged {st['logged']}"]
+        for s in st["sinks"]:
+            err = f"  last error: {s['last_error']}" if s["last_error"] and s["state"] == "failed" else ""
+            lines.append(f"  {s['sink']:<48} {s['state']:<7} written {s['written']:>7}  caught up "
+                         f"{s['caught_up']:>6}  failures {s['failures']:>3}{err}")
+        for p in st["problems"]:
+            lines.append(f"  problem: {p}")
+        return "\n".join(lines)
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(failed=exc_type is not None)
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _atexit(self) -> None:
+        # at interpreter exit after an uncaught exception, Python has set sys.last_value (PyErr_Print)
+        dying = getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
+        try:
+            self.finish(timeout=60.0, failed=dying)
+        except Exception:
+            pass
+
+    def _write_pending(self) -> None:
+        """After finish(): write down, beside the spool, which trackers lack which records (and say so), so that
+        ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left."""
+        last_seq = self._seq - 1
+        left = [(w, w.left(last_seq)) for w in self._workers[1:]]
+        left = [(w, n) for w, n in left if n]
+        path = pending_file(self.spool_path)
+        if not left:
+            if path.exists():
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            return
+        entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
+                    "records": self._seq, "state": w.state, "last_error": w.last_error} for w, n in left]
+        try:
+            write_pending(path, self.run_id, entries)
+        except OSError as exc:
+            warn(f"trackbridge: could not write {path}: {exc}")
+        for w, n in left:
+            msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records ({w.state}"
+                   + (f"; last error: {w.last_error}" if w.last_error else "")
+                   + f"); they are in the spool: trackbridge replay {self.spool_path}")
+            self.problems.append(msg)
+            warn(f"trackbridge: finish(): {msg}")
+
+    def _sync_info(self, run: RunInfo | None, is_spool: bool) -> None:
+        """Give a sink's copy of the run info what was learnt while logging (the detected source, which
+        translations were approximate, how the run ended), so that it stores them with the run when it closes."""
+        if run is None:
+            return
+        if self.info.source:
+            run.source = self.info.source
+        if "outcome" in self.info.extra:
+            run.extra = {**(run.extra or {}), "outcome": self.info.extra["outcome"]}
+        run.approximate = {**(run.approximate or {}), **self.tracker_approximate(is_spool)}
+
+    def _clean_info(self) -> RunInfo:
+        """A copy of the run info that every sink can store: the config made plain JSON (see
+        :func:`trackbridge.values.sanitize_config`; each change is reported once, naming the key), tags as
+        strings, no lone surrogate in the name or project. Sink workers open concurrently, hence the lock."""
+        with _INFO_LOCK:
+            src = self.info
+            config, notes = sanitize_config(src.config)
+            for key, message in notes:
+                self._warn_once(f"config:{key}", message)
+            info = copy.deepcopy(dataclasses.replace(src, config={}, extra={}))
+            info.config = config
+            info.extra, _ = sanitize_config(src.extra)
+            info.name = fix_text(info.name) if isinstance(info.name, str) else info.name
+            info.project = fix_text(info.project) if isinstance(info.project, str) else info.project
+            info.tags = {fix_text(str(k)): fix_text(v if isinstance(v, str) else str(v))
+                         for k, v in (info.tags or {}).items()}
+        return info
+
+    def _report_values(self, problems: list[str]) -> None:
+        for p in problems:
+            key = p.split(":", 1)[0]
+            if key not in self._warned_values:
+                self._warned_values.add(key)
+                self.problems.append(p)
+                warn(f"trackbridge: {p}; the value was left out")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned_once:
+            self._warned_once.add(key)
+            self.problems.append(message)
+            warn(f"trackbridge: {message}")

@@ -1,0 +1,228 @@
+"""A tracker's worker: fed through its queue while it keeps up, from the spool when it does not.
+
+States: ``pending`` (not opened yet), ``ok`` (fed through its queue), ``behind`` (its queue was full: it is fed
+from the spool until it has caught up, so the dispatcher never waits for it), ``failed`` (its tracker failed:
+retried every ``retry_interval`` seconds, then fed from the spool), ``closed``. Whatever it takes from the spool
+is cut down to what the tracker lacks where a write may have landed in part (:mod:`trackbridge.catchup`)."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Iterable
+
+from ..catchup import CatchUp, lacking, write_batches
+from ..record import Record
+from ..replay import iter_spool
+from ..sinks.base import Sink
+from .common import log, warn
+from .worker import RunContext, Worker
+
+
+class TrackerWorker(Worker):
+
+    def __init__(self, ctx: RunContext, sink: Sink, *, queue_size: int, batch_size: int,
+                 rename: Callable[[Record], Record] | None) -> None:
+        super().__init__(ctx, sink, queue_size=queue_size, batch_size=batch_size)
+        self.rename = rename
+        self.dropped_hi: int | None = None     # highest seq not queued (failed or behind): to take from the spool
+        self.failed_since: int | None = None   # lowest step of a write that failed (it may have landed in part)
+        self.behind_times = 0
+        self.next_retry = 0.0
+        self.probed = threading.Event()        # resume: the tracker was asked what it holds (or could not be)
+        self.resume_top: int | None = None     # resume: the highest step the tracker holds
+
+    # -- producer side (dispatcher thread): never waits on a tracker --
+    def put(self, seq: int, rec: Record) -> None:
+        with self.lock:
+            if self.state in ("failed", "behind"):
+                self.dropped_hi = seq if self.dropped_hi is None else max(self.dropped_hi, seq)
+                return
+            try:
+                self.queue.put_nowait((seq, rec))
+                return
+            except queue.Full:
+                self.dropped_hi = seq
+                self.state = "behind"
+                self.behind_times += 1
+                if self.behind_times > 1:
+                    return
+        log.warning("trackbridge: sink %s fell behind (its queue of %d records is full); training goes on and the "
+                    "sink catches up from the spool", self.name, self.queue.maxsize)
+
+    # -- the thread --
+    def _loop(self) -> None:
+        if self.ctx.resume:
+            self._open(first=True)      # at once: the run's step counter waits (briefly) for what trackers hold
+            self.probed.set()
+        stopping = False
+        while not stopping:
+            timeout = 0.25
+            if self.state == "failed":
+                timeout = min(timeout, max(0.05, self.next_retry - time.monotonic()))
+            batch, stopping = self._next_batch(timeout)
+            if not self.opened and not self.open_tried:
+                self._open(first=True)
+            with self.lock:
+                state = self.state
+                if state == "failed" and batch:
+                    hi = batch[-1][0]
+                    self.dropped_hi = hi if self.dropped_hi is None else max(self.dropped_hi, hi)
+            if state == "failed":
+                if stopping or time.monotonic() >= self.next_retry:
+                    self._recover(final=stopping)
+                continue
+            batch = [(s, rec) for s, rec in batch if s > self.acked]
+            if batch and not self._write(batch):
+                self._write_failed(batch)
+            if state == "behind" and self.state == "behind" and (stopping or self.queue.empty()):
+                self._catch_up_behind(final=stopping)
+
+    def _before_close(self) -> None:
+        self.probed.set()
+
+    def _failed_then(self) -> str:
+        opts = self.ctx.options
+        return (f"the other sinks and training carry on, every record stays in the spool {self.ctx.spool_path}, "
+                f"and the sink is retried every {opts.retry_interval:g} s and at finish()")
+
+    def _mark_failed_locked(self, why: str) -> None:
+        if self.state != "failed":
+            self.next_retry = time.monotonic() + self.ctx.options.retry_interval
+        super()._mark_failed_locked(why)
+
+    def _write_failed(self, batch: list[tuple[int, Record]]) -> None:
+        steps = [rec.step for _s, rec in batch if rec.step is not None]
+        if steps:
+            low = min(steps)
+            self.failed_since = low if self.failed_since is None else min(self.failed_since, low)
+        with self.lock:
+            self.dropped_hi = batch[-1][0] if self.dropped_hi is None else max(self.dropped_hi, batch[-1][0])
+            self._mark_failed_locked(f"after {self.ctx.options.retries + 1} attempts to write")
+
+    def _open(self, *, first: bool) -> bool:
+        ok = super()._open(first=first)
+        if ok and first and self.ctx.resume:
+            self._catch_up_resume()
+        return ok
+
+    # -- catching up from the spool --
+    def _renamed(self, recs: Iterable[Record]) -> Iterable[Record]:
+        if self.rename is None:
+            return recs
+        return (self.rename(rec) for rec in recs)
+
+    def _spool_records(self, start: int = 0, stop: int | None = None) -> Iterable[Record]:
+        return self._renamed(rec for _s, rec in iter_spool(self.ctx.spool_path, start=start, stop=stop))
+
+    def _catch_up_resume(self) -> None:
+        """On resume: give the tracker, from the spool, the points it lacks (per key and step: a batch that landed
+        in part before the process died is completed), and tell the run the highest step it holds."""
+        ctx = self.ctx
+        try:
+            held = self.sink.held()
+            top = held.last_step() if held is not None else self.sink.last_step()
+        except Exception as exc:
+            warn(f"trackbridge: sink {self.name}: could not read what it holds on resume ({exc}); "
+                 f"not catching up from the spool (use trackbridge replay)")
+            return
+        self.resume_top = top
+        self.probed.set()
+        if not ctx.seq_base:
+            return
+        if held is None and top is not None and ctx.resume_last_step is not None and top >= ctx.resume_last_step:
+            return
+        todo = lacking(self._spool_records(stop=ctx.seq_base), held, top, CatchUp())
+        write_batches(self.sink, todo, self.batch_size, self._write_reported)
+
+    def _catch_up_range(self, hi: int, *, exact: bool, since: int | None) -> None:
+        """Give the tracker the spool's records ``acked+1 .. hi``. ``since``: a write at or after this step failed
+        and may have landed in part: those points are checked against what the tracker holds. ``exact=False``:
+        the spool itself lost records, so the tracker's own last step decides. Raises what the sink raises."""
+        recs = self._spool_records(start=self.acked + 1, stop=hi + 1)
+        held, last = None, None
+        if not exact:
+            last = self.sink.last_step()
+        elif since is not None:
+            held = self.sink.held(since)
+        write_batches(self.sink, lacking(recs, held, last, CatchUp()), self.batch_size, self._write_reported)
+        self.acked = hi
+
+    def _wait_spool(self, hi: int) -> bool:
+        return self.ctx.spool.wait_written(hi, timeout=max(5.0, 4 * self.ctx.options.flush_interval))
+
+    def _catch_up_behind(self, *, final: bool) -> None:
+        """The queue overflowed and has drained: take what was not queued from the spool, then go back to the
+        queue. Records keep being taken from the spool until none was dropped since the last look."""
+        while True:
+            with self.lock:
+                hi = self.dropped_hi
+                if hi is None or hi <= self.acked:
+                    self.dropped_hi = None
+                    self.state = "ok"
+                    return
+            self._wait_spool(hi)
+            try:
+                self._catch_up_range(hi, exact=True, since=None)
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = f"catch up: {type(exc).__name__}: {exc}"
+                with self.lock:
+                    self._mark_failed_locked("while catching up from the spool")
+                return
+            with self.lock:
+                if self.dropped_hi == hi:
+                    self.dropped_hi = None
+                    self.state = "ok"
+                    return
+            if final and self.stopping and self.dropped_hi is None:
+                return
+
+    def _recover(self, *, final: bool) -> None:
+        """Reopen a failed sink and give it, from the spool, the records it missed."""
+        ctx = self.ctx
+        self.next_retry = time.monotonic() + ctx.options.retry_interval
+        later = f"send it the run later with: trackbridge replay {ctx.spool_path} --to {self.sink.locator()}"
+        if self.opened:
+            try:
+                self.sink.close()
+            except Exception:
+                pass
+            self.opened = False
+        try:
+            self.sink.open(ctx.tracker_info(False), resume=True)
+        except Exception as exc:
+            self.failures += 1
+            self.last_error = f"reopen: {type(exc).__name__}: {exc}"
+            if final:
+                warn(f"trackbridge: sink {self.name} is still failing at finish() ({self.last_error}); {later}")
+            return
+        self.opened = True
+        with self.lock:
+            hi = self.dropped_hi
+            self.state = "ok"           # from here on the dispatcher queues new records again
+            self.dropped_hi = None
+        n_before = self.caught_up
+        if hi is not None and hi > self.acked:
+            exact = self._wait_spool(hi)
+            try:
+                self._catch_up_range(hi, exact=exact, since=self.failed_since)
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = f"catch up: {type(exc).__name__}: {exc}"
+                with self.lock:
+                    self.state = "failed"
+                    self.dropped_hi = hi if self.dropped_hi is None else max(self.dropped_hi, hi)
+                if final:
+                    warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); {later}")
+                return
+        self.failed_since = None
+        self.recoveries += 1
+        log.warning("trackbridge: sink %s recovered; caught up %d records from the spool",
+                    self.name, self.caught_up - n_before)
+
+    def left(self, last_seq: int) -> int:
+        """Records up to ``last_seq`` this tracker is not known to hold (0 once its worker closed cleanly)."""
+        if not self.thread.is_alive() and self.state == "closed":
+            return 0
+        return max(0, last_seq - self.acked)
