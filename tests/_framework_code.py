@@ -253,3 +253,26 @@ def strategy_all_reduce(data: dict, op: str = "mean") -> dict:
         vals = [float(p[k].item() if hasattr(p[k], "item") else p[k]) for p in parts]
         out[k] = max(vals) if op == "max" else sum(v / g.world if op == "mean" else v for v in vals)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def openrlhf_critic() -> types.SimpleNamespace:
+    """``CriticPPOTrainer.ppo_train`` and ``training_step`` of the wheel's trainer/ray/ppo_critic.py, compiled from
+    the file's own text (its module imports ray and DeepSpeed), with its module-level names bound to the loaded
+    OpenRLHF pieces (``ValueLoss``, ``aggregate_loss``, ``get_loss_batch_info``, ``iter_grad_accum_global_norm``)."""
+    import torch
+    from torch.utils.data import DataLoader
+    from tqdm import tqdm
+
+    o = openrlhf()
+    root = Path(o.loss.__file__).resolve().parents[1]      # the wheel's openrlhf/ (its package is a skeleton)
+    namespace: dict[str, Any] = {
+        "torch": torch, "DataLoader": DataLoader, "tqdm": tqdm, "Dict": dict, "Optional": Any, "List": list,
+        "Experience": o.Experience, "masked_mean": o.masked_mean,
+        "get_loss_batch_info": o.loss_utils.get_loss_batch_info,
+        "iter_grad_accum_global_norm": o.loss_utils.iter_grad_accum_global_norm,
+    }
+    methods = _methods_from_source(root / "trainer/ray/ppo_critic.py", "CriticPPOTrainer",
+                                   ["ppo_train", "training_step"], namespace)
+    return types.SimpleNamespace(ppo_train=methods["ppo_train"], training_step=methods["training_step"],
+                                 ValueLoss=o.loss.ValueLoss, file="openrlhf/trainer/ray/ppo_critic.py")

@@ -373,3 +373,169 @@ def test_kto_mapping_says_last_micro_batch_and_zero(reg, release):
 def test_preference_translation_to_trl_is_approximate(reg):
     res = Translator("openrlhf/dpo@0.11.2", "trl/dpo@1.16.0", registry=reg).translate(PREF_ROW)
     assert res.metrics and set(res.metrics) == set(res.approximate)
+
+
+# =============================================================================================== follow-up claims
+# policy_loss goes through the same aggregate_loss + local-token re-weighting as entropy_loss (v0.10.3 on); the
+# critic's critic_loss does not (its ppo_train takes a plain mean, which with the window normaliser is the token
+# mean); DPO/RM/SFT/KTO loss_mean and acc_mean are rank 0's own window means (added after all_reduce); OpenRLHF KTO's
+# kl is the last micro-batch of the window (kto_trainer.py@v0.9.5, source-only: KTO left the wheel at v0.9.6).
+
+def test_policy_loss_reweighted_like_entropy(o):
+    """Advantage 1 and the old policy equal to the current one: every token's surrogate loss is -1, so the token
+    mean is -1.000; micro-batches of 1 and 3 tokens log (1 * -0.5 + 3 * -1.5) / 4 = -1.250 (v0.10.4 - v0.11.2),
+    and two ranks of 1 and 3 tokens at gas=1 (v0.10.3's per-micro-batch normaliser) the same."""
+    logged = _ppo_run(o, [[SHORT, LONG]], gas=2)
+    assert close(logged["policy_loss"], -1.25), logged
+    logged = _ppo_run(o, [[SHORT], [LONG]], gas=1)
+    assert close(logged["policy_loss"], -1.25), logged
+    logged = _ppo_run(o, [[(2, 1.0, 0.5), (2, 2.0, 0.25)]], gas=2)        # equal micro-batches: the token mean
+    assert close(logged["policy_loss"], -1.0), logged
+
+
+def _critic_run(o, per_rank: list[list[tuple[int, float, float]]], gas: int) -> dict:
+    """The wheel's CriticPPOTrainer.ppo_train + training_step on ``len(per_rank)`` simulated ranks; ``per_rank[r]``
+    lists rank r's micro-batches, one sequence each: (response tokens, predicted value, return) for every token;
+    old values = the predictions (so value clipping does nothing). Returns rank 0's status_mean."""
+    c = F.openrlhf_critic()
+    width = max(n for rank in per_rank for n, _, _ in rank)
+
+    def experience(n: int, value: float, ret: float):
+        mask = torch.zeros(1, width, dtype=torch.bool)
+        mask[0, :n] = True
+        e = o.Experience(sequences=torch.full((1, 2 + width), 5), attention_mask=torch.ones(1, 2 + width),
+                         action_mask=mask, values=torch.full((1, width), value) * mask,
+                         returns=torch.full((1, width), ret) * mask)
+        e._values = torch.full((1, width), value) * mask
+        return e
+
+    def rank(r: int) -> dict:
+        exps = [experience(*mb) for mb in per_rank[r]]
+        by_id = {id(e.sequences): e for e in exps}
+
+        class Critic:
+            def train(self):
+                pass
+
+            def __call__(self, sequences, action_mask=None, **kw):
+                return by_id[id(sequences)]._values.clone(), types.SimpleNamespace(aux_loss=0.0)
+
+        class Buffer(torch.utils.data.Dataset):
+            sample_batch_size = 1
+
+            def __len__(self):
+                return len(exps)
+
+            def __getitem__(self, i):
+                return exps[i]
+
+            @staticmethod
+            def collate_fn(xs):
+                return xs[0]
+
+        strategy = types.SimpleNamespace(
+            ring_attn_group=None, accumulated_gradient=gas, is_rank_0=lambda: r == 0,
+            all_reduce=F.strategy_all_reduce, backward=lambda *a, **k: None, optimizer_step=lambda *a, **k: None,
+            get_grad_norm=lambda model: 0.0)
+        args = types.SimpleNamespace(train=types.SimpleNamespace(dynamic_batch_enable=False),
+                                     ds=types.SimpleNamespace(tensor_parallel_size=1),
+                                     actor=types.SimpleNamespace(aux_loss_coef=0.0))
+        trainer = types.SimpleNamespace(
+            args=args, strategy=strategy, replay_buffer=Buffer(), dataloader_pin_memory=False, max_epochs=1,
+            critic=Critic(), critic_loss_fn=c.ValueLoss(0.2), aux_loss=False, critic_optim=None,
+            critic_scheduler=types.SimpleNamespace(get_last_lr=lambda: [1e-6]))
+        trainer.training_step = types.MethodType(c.training_step, trainer)
+        real = torch.cuda.current_device
+        torch.cuda.current_device = lambda: "cpu"
+        try:
+            torch.manual_seed(0)
+            return c.ppo_train(trainer)
+        finally:
+            torch.cuda.current_device = real
+
+    return F.run_ranks(rank, world=len(per_rank))[0]
+
+
+def test_critic_loss_is_the_token_mean(o):
+    """v0.10.4 - v0.11.2: squared errors 1 (1 token) and 4 (3 tokens): 0.5 * 13 / 4 = 1.625, the token mean, on one
+    rank with gas=2 and on two ranks with gas=2 (uneven); not the 1.25 an unweighted mean of micro-batch means
+    gives, and not re-weighted like policy_loss. v0.10.3's per-micro-batch normaliser is gas=1 on one rank: the
+    unweighted mean over micro-batches (approximate [weighting] up to v0.10.3)."""
+    short, long_ = (1, 1.0, 0.0), (3, 2.0, 0.0)
+    assert close(_critic_run(o, [[short, long_]], gas=2)["critic_loss"], 1.625)
+    two = _critic_run(o, [[short, long_], [long_, (2, 1.0, 0.0)]], gas=2)
+    assert close(two["critic_loss"], 0.5 * (1 + 12 + 12 + 2) / 9), two
+    assert close(_critic_run(o, [[short, long_]], gas=1)["critic_loss"], 1.25)
+
+
+@pytest.mark.parametrize("release, exact", [("0.9.8", True), ("0.10.2", True), ("0.10.3", False),
+                                            ("0.10.4", False), ("0.11.2", False), ("0.9.7", False)])
+def test_policy_loss_mapping(reg, release, exact):
+    res = _canon(reg, f"openrlhf/ppo@{release}", {"policy_loss": -0.1})
+    assert set(res.metrics) == {"loss/policy"}
+    if exact:
+        assert "loss/policy" not in res.approximate
+    else:
+        assert "[weighting]" in res.approximate["loss/policy"]
+
+
+@pytest.mark.parametrize("release, exact", [("0.10.2", False), ("0.10.3", False), ("0.10.4", True),
+                                            ("0.11.2", True)])
+def test_critic_loss_mapping(reg, release, exact):
+    res = _canon(reg, f"openrlhf/ppo@{release}", {"critic_loss": 0.1})
+    assert set(res.metrics) == {"loss/value"}
+    assert ("loss/value" not in res.approximate) == exact, res.approximate
+
+
+def _window_loss(kind: str, r: int, gas: int) -> float:
+    """The wheel's DPOLoss / PairWiseLoss on rank r's micro-batches of the window, averaged over them."""
+    o = F.openrlhf()
+    vals = []
+    for i in range(gas):
+        c, j = (torch.tensor(x) for x in REWARDS[(r, i)])
+        if kind == "dpo":
+            loss, _, _ = o.DPOLoss(BETA)(c / BETA, j / BETA, torch.zeros(2), torch.zeros(2))
+        else:
+            loss = o.loss.PairWiseLoss()(c, j)
+        vals.append(loss.item())
+    return sum(vals) / gas
+
+
+@pytest.mark.parametrize("kind", ["dpo", "rm"])
+def test_loss_mean_and_acc_mean_are_rank_0s(o, kind):
+    """Two ranks, accumulation 2: loss_mean and acc_mean are rank 0's window means; rank 1's micro-batches do not
+    count (added to logs_dict after strategy.all_reduce)."""
+    (logged,) = _trainer_fit(o, kind, gas=2)
+    rank0 = _window_loss(kind, 0, 2)
+    both = (rank0 + _window_loss(kind, 1, 2)) / 2
+    assert close(logged["train/loss_mean"], rank0) and not close(rank0, both), (logged, rank0, both)
+    acc = {r: sum(sum(a > b for a, b in zip(*REWARDS[(r, i)])) / 2 for i in range(2)) / 2 for r in range(2)}
+    assert close(logged["train/acc_mean"], acc[0]) and not close(acc[0], (acc[0] + acc[1]) / 2)
+
+
+@pytest.mark.parametrize("spec, keys", [
+    ("openrlhf/dpo@0.5.6", ["loss_mean", "acc_mean"]), ("openrlhf/dpo@0.11.2", ["loss_mean", "acc_mean"]),
+    ("openrlhf/rm@0.5.6", ["loss_mean", "acc_mean"]), ("openrlhf/rm@0.11.2", ["loss_mean", "acc_mean"]),
+    ("openrlhf/sft@0.11.2", ["loss_mean"]), ("openrlhf/kto@0.9.5", ["loss_mean"]),
+])
+def test_loss_mean_acc_mean_mapping_says_rank_0(reg, spec, keys):
+    res = _canon(reg, spec, {k: 0.5 for k in keys})
+    assert len(res.metrics) == len(keys)
+    for name in res.metrics:
+        reason = res.approximate[name]
+        assert "[population]" in reason and "rank 0" in reason and "all_reduce" in reason, reason
+
+
+@pytest.mark.parametrize("spec", ["openrlhf/dpo@0.5.5", "openrlhf/rm@0.1.0"])
+def test_loss_mean_before_v0_5_6_stays_the_moving_average(reg, spec):
+    res = _canon(reg, spec, {"loss_mean": 0.5})
+    assert "[estimator]" in res.approximate["loss/total_smoothed"]
+
+
+@pytest.mark.parametrize("release", ["0.1.9", "0.5.0", "0.9.5"])
+def test_kto_kl_mapping_says_last_micro_batch(reg, release):
+    """kto_trainer.py@v0.9.5: logs_dict["kl"] = KL.item() of the micro-batch just trained, logged when
+    step % accumulated_gradient == 0 (source-only: KTO is not in the 0.11 wheel)."""
+    res = _canon(reg, f"openrlhf/kto@{release}", {"kl": 0.1})
+    reason = res.approximate["preference/kto_kl"]
+    assert "[population]" in reason and "last micro-batch" in reason, reason
