@@ -45,7 +45,8 @@ def ready_for_shutdown() -> None:
 
 def check_packages(spec: Any, sink: Sink) -> None:
     """Fail at init, naming the extra to install, when a sink's tracker package is missing (rather than retrying
-    in the background and losing the tracker for the whole run)."""
+    in the background and losing the tracker for the whole run); import it now (see below)."""
+    import importlib
     import importlib.util
     for pkg in getattr(sink, "requires", ()):
         try:
@@ -56,6 +57,9 @@ def check_packages(spec: Any, sink: Sink) -> None:
             extra = getattr(sink, "extra", "") or "all"
             raise ValueError(f"sink {spec!r} needs the {pkg!r} package, which is not installed: "
                              f"pip install 'trackbridge[{extra}]'")
+        # imported here, in the caller's thread: a package imported by the sink's thread while the training script
+        # imports it too can be seen half-initialised by one of them (MLflow then fails with a circular import)
+        importlib.import_module(pkg)
 
 
 def precheck_location(spec: str, sink: Sink) -> None:
