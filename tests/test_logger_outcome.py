@@ -108,3 +108,26 @@ def test_unusable_mapping_file_is_an_error_at_init_naming_file_and_line(tmp_path
     with pytest.raises(ValueError, match=r"missing\.yaml: cannot read"):
         trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), mappings=[str(tmp_path / "missing.yaml")])
     assert not list(tmp_path.glob("spool/*.jsonl")), "no run was started"
+
+
+def test_script_importing_the_tracker_right_after_init_does_not_break_the_sink(tmp_path):
+    """The sink's thread and the script importing MLflow at once used to leave one of them with a half-initialised
+    package (a circular-import error, the sink failed for the run). init imports it first, in the caller's thread."""
+    pytest.importorskip("mlflow")
+    db = tmp_path / "m.db"
+    code = textwrap.dedent(f"""
+        import trackbridge
+        run = trackbridge.init(project="p", name="r", run_id="r1", spool={str(tmp_path / 'spool')!r},
+                               sinks=["mlflow:sqlite:///{db}?experiment=e"])
+        run.log({{"loss": 0.0}}, step=0)       # the sink's thread starts opening MLflow now
+        import mlflow                           # ... while the script imports it
+        for s in range(1, 5):
+            run.log({{"loss": float(s)}}, step=s)
+        st = run.finish()
+        print("STATES", [s["state"] for s in st["sinks"]])
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_DISABLE_TELEMETRY": "true"})
+    assert "STATES ['closed', 'closed']" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert "circular import" not in r.stderr
+    assert _mlflow_status(db) == ["FINISHED"]
