@@ -44,7 +44,7 @@ class BulkWriter:
 
     def write(self, run_id: str, metrics: list[Any]) -> None:
         """Insert ``metrics`` (``mlflow.entities.Metric``) for ``run_id`` in one transaction."""
-        from sqlalchemy import and_, select
+        from sqlalchemy import and_, bindparam, select
 
         if not metrics:
             return
@@ -77,7 +77,11 @@ class BulkWriter:
                     updates.append(row)
             if inserts:
                 session.execute(lt.insert(), inserts)
-            for row in updates:
-                session.execute(lt.update().where(and_(lt.c.run_uuid == run_id, lt.c.key == row["key"]))
-                                .values(value=row["value"], timestamp=row["timestamp"], step=row["step"],
-                                        is_nan=row["is_nan"]))
+            if updates:     # one executemany, not a statement compiled per key (its Python cost took the GIL)
+                session.execute(lt.update().where(and_(lt.c.run_uuid == bindparam("b_run"),
+                                                       lt.c.key == bindparam("b_key")))
+                                .values(value=bindparam("b_value"), timestamp=bindparam("b_timestamp"),
+                                        step=bindparam("b_step"), is_nan=bindparam("b_is_nan")),
+                                [{"b_run": run_id, "b_key": r["key"], "b_value": r["value"],
+                                  "b_timestamp": r["timestamp"], "b_step": r["step"], "b_is_nan": r["is_nan"]}
+                                 for r in updates])
