@@ -202,8 +202,10 @@ class TrackioSink(Sink):
         self._created: str | None = None
         self._next_step = 0
         self._closed = False
+        self._conn: sqlite3.Connection | None = None
 
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
+        self._drop_conn()
         self.run = run
         self.project = self.options.get("project") or run.project or "trackbridge"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -260,6 +262,7 @@ class TrackioSink(Sink):
         if self.db is None or self.run_id is None:
             raise SinkError(f"trackio:{self.location}: write() before open()")
         rows = []
+        known = self._names._cache
         for rec in records:
             step = int(rec.step) if rec.step is not None else self._next_step
             if not step_ok(step):
@@ -269,6 +272,10 @@ class TrackioSink(Sink):
             ts = iso(rec.wall_time) if rec.wall_time is not None else datetime.now(timezone.utc).isoformat()
             metrics: dict[str, Any] = {}
             for name, value in rec.metrics.items():
+                stored = known.get(name)
+                if stored is not None and type(value) is float and value - value == 0.0:
+                    metrics[stored] = value             # the common case, a finite float under a known name
+                    continue
                 try:
                     metrics[self._names(name)] = encode(value)
                 except (TypeError, ValueError) as exc:     # this key only: the rest of the record is written
@@ -282,7 +289,10 @@ class TrackioSink(Sink):
             log_id = hashlib.sha1(data).hexdigest()
             rows.append((ts, self.run_id, self.run_name, step, blob, log_id))
         if rows:
-            with process_lock(self.dir, self.project), contextlib.closing(connect(self.db)) as conn, conn:
+            if self._conn is None:      # kept open for the run: no connect/close per batch
+                self._conn = connect(self.db)
+            conn = self._conn
+            with process_lock(self.dir, self.project), conn:
                 conn.executemany("INSERT OR IGNORE INTO metrics (timestamp, run_id, run_name, step, metrics, log_id) "
                                  "VALUES (?, ?, ?, ?, ?, ?)", rows)
         new = self._names.take_new()
@@ -303,12 +313,24 @@ class TrackioSink(Sink):
             keep[k] = v
         return json.dumps(keep, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
+    def _drop_conn(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn = None
+
     def close(self) -> None:
         if self._closed or self.db is None:
             self._closed = True
+            self._drop_conn()
             return
         self._closed = True
-        self._write_config()
+        try:
+            self._write_config()
+        finally:
+            self._drop_conn()
 
     def last_step(self) -> int | None:
         if self.db is None or self.run_id is None:
