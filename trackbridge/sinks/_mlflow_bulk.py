@@ -43,45 +43,47 @@ class BulkWriter:
         return cls(store, SqlMetric.__table__, SqlLatestMetric.__table__)
 
     def write(self, run_id: str, metrics: list[Any]) -> None:
-        """Insert ``metrics`` (``mlflow.entities.Metric``) for ``run_id`` in one transaction."""
-        from sqlalchemy import and_, bindparam, select
-
+        """Insert ``metrics`` (``mlflow.entities.Metric``) for ``run_id`` in one transaction: plain ``executemany``
+        on the store's own SQLite connection (the ORM's per-row work held the GIL a training loop needs), into the
+        tables and columns MLflow's models name."""
         if not metrics:
             return
+        sanitize = self.store.sanitize_metric_value
         rows = []
-        newest: dict[str, dict[str, Any]] = {}
+        newest: dict[str, tuple] = {}
         for m in metrics:
-            is_nan, value = self.store.sanitize_metric_value(m.value)
-            row = {"key": m.key, "value": value, "timestamp": m.timestamp, "step": m.step, "is_nan": is_nan,
-                   "run_uuid": run_id}
+            is_nan, value = sanitize(m.value)
+            row = (m.key, value, m.timestamp, m.step, is_nan, run_id)
             rows.append(row)
             cur = newest.get(m.key)
-            if cur is None or (m.step, m.timestamp, value) > (cur["step"], cur["timestamp"], cur["value"]):
+            if cur is None or (m.step, m.timestamp, value) > (cur[3], cur[2], cur[1]):
                 newest[m.key] = row
-        lt = self.latest
+        mt, lt = self.metrics.name, self.latest.name
+        cols = '"key", value, timestamp, step, is_nan, run_uuid'
         with self.store.ManagedSessionMaker() as session:
-            session.execute(self.metrics.insert().prefix_with("OR IGNORE"), rows)
-            keys = sorted(newest)
-            held: dict[str, Any] = {}
-            for i in range(0, len(keys), 500):
-                q = select(lt.c.key, lt.c.step, lt.c.timestamp, lt.c.value).where(
-                    and_(lt.c.run_uuid == run_id, lt.c.key.in_(keys[i:i + 500])))
-                for r in session.execute(q):
-                    held[r.key] = r
-            inserts, updates = [], []
-            for k, row in newest.items():
-                old = held.get(k)
-                if old is None:
-                    inserts.append(row)
-                elif (row["step"], row["timestamp"], row["value"]) > (old.step, old.timestamp, old.value):
-                    updates.append(row)
-            if inserts:
-                session.execute(lt.insert(), inserts)
-            if updates:     # one executemany, not a statement compiled per key (its Python cost took the GIL)
-                session.execute(lt.update().where(and_(lt.c.run_uuid == bindparam("b_run"),
-                                                       lt.c.key == bindparam("b_key")))
-                                .values(value=bindparam("b_value"), timestamp=bindparam("b_timestamp"),
-                                        step=bindparam("b_step"), is_nan=bindparam("b_is_nan")),
-                                [{"b_run": run_id, "b_key": r["key"], "b_value": r["value"],
-                                  "b_timestamp": r["timestamp"], "b_step": r["step"], "b_is_nan": r["is_nan"]}
-                                 for r in updates])
+            db = session.connection().connection.driver_connection
+            cur = db.cursor()
+            try:
+                cur.executemany(f"INSERT OR IGNORE INTO {mt} ({cols}) VALUES (?, ?, ?, ?, ?, ?)", rows)
+                keys = sorted(newest)
+                held: dict[str, tuple] = {}
+                for i in range(0, len(keys), 500):
+                    part = keys[i:i + 500]
+                    q = (f'SELECT "key", step, timestamp, value FROM {lt} WHERE run_uuid = ? AND "key" IN '
+                         f'({", ".join("?" * len(part))})')
+                    for k, step, ts, value in cur.execute(q, [run_id, *part]):
+                        held[k] = (step, ts, value)
+                inserts, updates = [], []
+                for k, row in newest.items():
+                    old = held.get(k)
+                    if old is None:
+                        inserts.append(row)
+                    elif (row[3], row[2], row[1]) > old:
+                        updates.append((row[1], row[2], row[3], row[4], run_id, k))
+                if inserts:
+                    cur.executemany(f"INSERT INTO {lt} ({cols}) VALUES (?, ?, ?, ?, ?, ?)", inserts)
+                if updates:
+                    cur.executemany(f'UPDATE {lt} SET value = ?, timestamp = ?, step = ?, is_nan = ? '
+                                    f'WHERE run_uuid = ? AND "key" = ?', updates)
+            finally:
+                cur.close()
