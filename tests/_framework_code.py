@@ -153,8 +153,10 @@ def verl() -> types.SimpleNamespace:
     os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
     from verl import DataProto
     from verl.trainer.ppo import core_algos, metric_utils
+    from verl.utils import seqlen_balancing
     from verl.utils.metric import AggregationType, Metric
     return types.SimpleNamespace(DataProto=DataProto, core_algos=core_algos, metric_utils=metric_utils,
+                                 seqlen_balancing=seqlen_balancing, gdpo_block=lambda: _verl_gdpo_block(),
                                  Metric=Metric, AggregationType=AggregationType, release=release("verl"))
 
 
@@ -276,3 +278,39 @@ def openrlhf_critic() -> types.SimpleNamespace:
                                    ["ppo_train", "training_step"], namespace)
     return types.SimpleNamespace(ppo_train=methods["ppo_train"], training_step=methods["training_step"],
                                  ValueLoss=o.loss.ValueLoss, file="openrlhf/trainer/ray/ppo_critic.py")
+
+
+def sim_gather(t):
+    """accelerate.utils.gather over the simulated ranks (concatenated in rank order)."""
+    import torch
+    g, r = current_rank()
+    parts = g.exchange(r, t.detach().clone())
+    return torch.cat([p.reshape(-1) if p.dim() == 0 else p for p in parts])
+
+
+def sim_gather_object(obj):
+    """accelerate.utils.gather_object over the simulated ranks (lists concatenated in rank order)."""
+    g, r = current_rank()
+    return [x for part in g.exchange(r, list(obj)) for x in part]
+
+
+def _verl_gdpo_block() -> Any:
+    """The GDPO per-reward-function metric block of veRL's ``RayPPOTrainer.fit`` (ray_trainer.py), which is inline in
+    the training loop: the ``gdpo_reward_keys = ...`` statement and the ``if`` that follows it, compiled from the
+    installed file's own text."""
+    import verl.trainer.ppo as ppo
+    path = Path(ppo.__file__).resolve().parent / "ray_trainer.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RayPPOTrainer")
+    fit = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "fit")
+    for node in ast.walk(fit):
+        for field_name in ("body", "orelse"):
+            stmts = getattr(node, field_name, None)
+            if not isinstance(stmts, list):
+                continue
+            for i, st in enumerate(stmts[:-1]):
+                if isinstance(st, ast.Assign) and any(isinstance(tg, ast.Name) and tg.id == "gdpo_reward_keys"
+                                                      for tg in st.targets) and isinstance(stmts[i + 1], ast.If):
+                    block = ast.Module(body=[st, stmts[i + 1]], type_ignores=[])
+                    return compile(ast.fix_missing_locations(block), str(path), "exec")
+    raise ImportError(f"{path}: no gdpo_reward_keys block in RayPPOTrainer.fit")

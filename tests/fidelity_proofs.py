@@ -297,6 +297,90 @@ def run_openrlhf(b: Batch, *, use_kl_loss: bool = False) -> dict[str, float]:
     return F.run_ranks(rank)[0]
 
 
+# --------------------------------------------------------------------------------------------- TRL (scores)
+def run_trl_scores(b: Batch) -> dict[str, float]:
+    """TRL 1.16 GRPO ``_generate_and_score_completions`` on both ranks (one generation batch of GA micro-batches per
+    rank: a GRPO group of 4 per rank), with one reward function named ``score`` given as a plain Python callable
+    that returns the batch's scores; accelerate's module-level ``gather``/``gather_object`` simulated over the ranks.
+    ``reward``, ``reward_std``, ``frac_reward_zero_std`` and ``rewards/score/*`` are appended once per generation,
+    then ``log``. Returns what rank 0 logs."""
+    import torch
+    from collections import defaultdict
+    t = F.trl()
+
+    def rank(r: int) -> dict:
+        trainer = _trl_trainer(b, beta=0.0)
+        rows = b.rank_rows(r)
+
+        def score(prompts, completions, completion_ids, **kw):
+            return [b.scores[i] for i in rows]
+        trainer.args.__dict__.update(gradient_accumulation_steps=GA, gradient_checkpointing_kwargs=None, report_to=[],
+                                     per_device_train_batch_size=MB, per_device_eval_batch_size=MB)
+        trainer.__dict__.update(
+            model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False), pad_to_multiple_of=None,
+            mask_truncated_completions=False, num_iterations=1, vllm_importance_sampling_correction=False,
+            ref_model=None, reward_funcs=[score], reward_processing_classes=[None], reward_func_names=["score"],
+            reward_weights=torch.ones(1), multi_objective_aggregation="sum_then_normalize", scale_rewards="group",
+            environments=None, _pending_extra_logs={}, _pending_metrics={}, log_multimodal=False,
+            _logs={"prompt": [], "completion": [], "advantages": [], "images": [], "rewards": defaultdict(list),
+                   "extra": defaultdict(list)})
+        t.GRPOTrainer._generate_and_score_completions(trainer, [{"prompt": "p"} for _ in rows])
+        t.GRPOTrainer.log(trainer, {})
+        return trainer._logged[-1]
+
+    saved = t.module.gather, t.module.gather_object
+    t.module.gather, t.module.gather_object = F.sim_gather, F.sim_gather_object
+    try:
+        return F.run_ranks(rank)[0]
+    finally:
+        t.module.gather, t.module.gather_object = saved
+
+
+# --------------------------------------------------------------------------------------------- veRL (driver metrics)
+def run_verl_driver(b: Batch) -> dict[str, float]:
+    """veRL 0.9.x driver-side metrics of one step, each from the wheel: ``compute_data_metrics``,
+    ``compute_timing_metrics`` and ``compute_throughout_metrics`` (metric_utils, with fixed stage timings and
+    ``meta_info["global_token_num"]`` as ray_trainer sets it), ``log_seqlen_unbalance`` (seqlen_balancing, the two
+    ranks' halves as partitions), and the GDPO per-reward-function block of ``RayPPOTrainer.fit`` (compiled from
+    ray_trainer.py's own text: it is inline in the training loop) on the batch's scores as reward function ``score``."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    v = F.verl()
+    n = len(b.lengths)
+    P = max(b.prompt_lengths)
+    attn = torch.zeros(n, P + WIDTH, dtype=torch.long)
+    for i, k in enumerate(b.prompt_lengths):
+        attn[i, P - k:P] = 1
+    attn[:, P:] = b.mask.long()
+    scores = torch.zeros(n, WIDTH)
+    for i, k in enumerate(b.lengths):
+        scores[i, k - 1] = b.scores[i]
+    td = TensorDict({"prompts": torch.full((n, P), 5), "responses": torch.full((n, WIDTH), 5), "attention_mask": attn,
+                     "response_mask": b.mask.long(), "token_level_scores": scores, "token_level_rewards": scores,
+                     "advantages": b.mask.clone(), "returns": b.mask.clone()}, batch_size=[n])
+    seqlens = attn.sum(-1).tolist()
+    batch = v.DataProto(batch=td, non_tensor_batch={"score": np.array(b.scores, dtype=object)},
+                        meta_info={"global_token_num": seqlens})
+    metrics = dict(v.metric_utils.compute_data_metrics(batch, use_critic=False))
+    metrics.update(v.metric_utils.compute_timing_metrics(batch, dict(VERL_TIMING)))
+    metrics.update(v.metric_utils.compute_throughout_metrics(batch, dict(VERL_TIMING), n_gpus=b.world))
+    half = n // b.world
+    metrics.update(v.seqlen_balancing.log_seqlen_unbalance(
+        seqlen_list=seqlens, partitions=[list(range(r * half, (r + 1) * half)) for r in range(b.world)],
+        prefix="global_seqlen"))
+    gdpo = v.gdpo_block()
+    config = types.SimpleNamespace(algorithm={"gdpo_reward_keys": ["score"], "adv_estimator": "gdpo"})
+    config.algorithm = types.SimpleNamespace(get=config.algorithm.get, adv_estimator="gdpo")
+    ns = {"self": types.SimpleNamespace(config=config), "batch": batch, "metrics": metrics, "np": np,
+          "AdvantageEstimator": v.core_algos.AdvantageEstimator}
+    exec(gdpo, ns)                                            # noqa: S102 - the wheel's own code
+    return {k: float(x) for k, x in metrics.items() if isinstance(x, (int, float, np.floating, np.integer))}
+
+
+VERL_TIMING = {"gen": 2.0, "ref": 0.5, "adv": 0.1, "update_actor": 1.5, "step": 4.4}
+
+
 # --------------------------------------------------------------------------------------------- the proofs
 @dataclass(frozen=True)
 class Key:
@@ -334,6 +418,8 @@ verl_run = _cached(run_verl)
 openrlhf_run = _cached(run_openrlhf)
 openrlhf_kl_run = _cached(lambda b: run_openrlhf(b, use_kl_loss=True))
 openrlhf_kl_run.__name__ = "openrlhf_kl_run"
+trl_scores = _cached(run_trl_scores)
+verl_driver = _cached(run_verl_driver)
 
 
 def _proof_entropy(b: Batch) -> dict[Key, float]:
@@ -367,7 +453,28 @@ def _proof_clipped(b: Batch) -> dict[Key, float]:
 
 def _proof_score(b: Batch) -> dict[Key, float]:
     return {**_pick(verl_run(b), {Key("verl", "critic/score/mean", "ppo"): "critic/score/mean"}),
-            **_pick(openrlhf_run(b), {Key("openrlhf", "reward", "ppo"): "reward"})}
+            **_pick(openrlhf_run(b), {Key("openrlhf", "reward", "ppo"): "reward"}),
+            **_pick(trl_scores(b), {Key("trl", "reward", "grpo", TRL_CONFIG): "reward"})}
+
+
+def _proof_reward_fn(stat: str):
+    def run(b: Batch) -> dict[Key, float]:
+        return {**_pick(trl_scores(b), {Key("trl", f"rewards/{{reward_fn}}/{stat}", "grpo", TRL_CONFIG):
+                                        f"rewards/score/{stat}"}),
+                **_pick(verl_driver(b), {Key("verl", f"gdpo/{{reward_fn}}/{stat}", "ppo"): f"gdpo/score/{stat}"})}
+    run.__name__ = f"reward_fn_{stat}"
+    return run
+
+
+def _proof_group_std(b: Batch) -> dict[Key, float]:
+    """TRL's reward_std meant the group std up to v0.26.2 (the installed release logs the batch std): run, so the
+    table says which releases the pair needs."""
+    return _pick(trl_scores(b), {Key("trl", "reward_std", "grpo", TRL_CONFIG): "reward_std"})
+
+
+def _proof_policy_loss(b: Batch) -> dict[Key, float]:
+    return {**_pick(verl_run(b), {Key("verl", "actor/pg_loss", "ppo"): "actor/pg_loss"}),
+            **_pick(openrlhf_run(b), {Key("openrlhf", "policy_loss", "ppo"): "policy_loss"})}
 
 
 def _proof_kl_loss(b: Batch) -> dict[Key, float]:
@@ -390,7 +497,19 @@ PROOFS: list[Proof] = [
           "TRL GRPOTrainer._generate (rollout_func) + log; veRL compute_data_metrics"),
     Proof("response/clip_ratio", _proof_clipped,
           "TRL GRPOTrainer._generate (rollout_func) + log; veRL compute_data_metrics; OpenRLHF ppo_train"),
-    Proof("reward/score/mean", _proof_score, "veRL compute_data_metrics; OpenRLHF ppo_train"),
+    Proof("reward/score/mean", _proof_score,
+          "TRL GRPOTrainer._generate_and_score_completions (reward function as a Python callable) + log; veRL "
+          "compute_data_metrics; OpenRLHF ppo_train"),
+    Proof("reward/fn/{reward_fn}/mean", _proof_reward_fn("mean"),
+          "TRL GRPOTrainer._generate_and_score_completions + log; veRL RayPPOTrainer.fit's GDPO block (compiled from "
+          "ray_trainer.py)"),
+    Proof("reward/fn/{reward_fn}/std", _proof_reward_fn("std"),
+          "TRL GRPOTrainer._generate_and_score_completions + log; veRL RayPPOTrainer.fit's GDPO block (compiled from "
+          "ray_trainer.py)"),
+    Proof("reward/group_std/mean", _proof_group_std, "TRL GRPOTrainer._generate_and_score_completions + log"),
+    Proof("loss/policy", _proof_policy_loss,
+          "veRL compute_policy_loss_vanilla (engine ppo_loss normalisation) + Metric.aggregate_dp; OpenRLHF "
+          "PolicyLoss + aggregate_loss + ppo_train"),
     Proof("kl/ref", _proof_kl_loss,
           "TRL GRPOTrainer._compute_loss (beta>0) + log; OpenRLHF training_step (use_loss, k3) + ppo_train"),
 ]
@@ -433,19 +552,21 @@ SOURCE_ONLY: dict[str, str] = {
                              "not written yet",
     "reward/shaped/mean": "TRL's entries are PPOv2/RLOO/online DPO (rollout loops with a model); not written yet",
     "advantage/mean": "TRL's entries are experimental trainers (a2po, dppo); not written yet",
-    "loss/policy": "TRL's exact entries are the PPOv2/legacy trainers, not in the installed release",
+    "loss/kl": "OpenRLHF's exact `kl` (use_loss) entries end at v0.10.2; the installed 0.11.2 is approximate "
+               "[weighting], shown by tests/test_fidelity_openrlhf.py (2.375 vs 1.750); no TRL entry is exact here",
     "loss/value": "TRL's exact entries are the PPOv2/legacy trainers, not in the installed release; OpenRLHF's "
-                  "critic runs in its own DeepSpeed actor",
+                  "critic_loss (v0.10.4+) is shown to be the token mean by tests/test_fidelity_openrlhf.py (the wheel's "
+                  "CriticPPOTrainer), but a pair proof against veRL's engine-path critic is not written yet",
     "response/length/max": "",
     "response/length/min": "",
 }
 
 
 # --------------------------------------------------------------------------------------------- derived rules
-def _derive(inputs: dict[str, float], source: str) -> dict[str, float]:
+def _derive(inputs: dict[str, float], source: str, config: dict | None = None) -> dict[str, float]:
     """trackbridge's own derivation engine on canonical values."""
     from trackbridge.derive import make_deriver
-    d = make_deriver(_registry(), source=source)
+    d = make_deriver(_registry(), source=source, config=config)
     out = dict(inputs)
     d.apply(out, step=1)
     return out
@@ -458,12 +579,56 @@ def _derived_clip_frac(b: Batch) -> tuple[float, float]:
     return out["policy/clip_frac"], m["clip_ratio/region_mean"]
 
 
+def _verl_canonical(b: Batch, drop: tuple[str, ...]) -> dict[str, float]:
+    """veRL's driver metrics translated to canonical names by trackbridge, without the names being derived."""
+    from trackbridge.translate import Translator
+    res = Translator(f"verl/ppo@{F.release('verl')}", "canonical", registry=_registry()).translate(verl_driver(b))
+    return {k: v for k, v in res.metrics.items() if k not in drop}
+
+
+def _derived_from_verl(target: str, logged: Callable[[dict], float], drop: tuple[str, ...] = ()):
+    def fn(b: Batch) -> tuple[float, float]:
+        out = _derive(_verl_canonical(b, (target,) + drop), f"verl/ppo@{F.release('verl')}", {"num_gpus": b.world})
+        return out[target], logged(verl_driver(b))
+    return fn
+
+
+_VERL_DERIVED = "veRL compute_data_metrics / compute_timing_metrics / compute_throughout_metrics / " \
+                "log_seqlen_unbalance, translated by trackbridge and derived, vs "
+
 # rule name -> (proof: batch -> (derived value, the value the framework logs), what ran)
 DERIVED_PROOFS: dict[str, tuple[Callable[[Batch], tuple[float, float]], str]] = {
     "policy/clip_frac": (_derived_clip_frac, "TRL GRPOTrainer._compute_loss + log: clip_ratio/low_mean + high_mean "
                                              "through trackbridge's deriver vs clip_ratio/region_mean"),
+    "perf/global_seqlen/minmax_diff": (
+        _derived_from_verl("perf/global_seqlen/minmax_diff", lambda m: m["global_seqlen/minmax_diff"]),
+        _VERL_DERIVED + "veRL's global_seqlen/minmax_diff"),
+    "perf/response_tokens_per_step": (
+        _derived_from_verl("perf/response_tokens_per_step",
+                           lambda m: m["timing_s/gen"] * 1000 / m["timing_per_token_ms/gen"],
+                           drop=("time/per_token_ms/gen",)),
+        _VERL_DERIVED + "the response tokens veRL divides timing_s/gen by (timing_s/gen * 1000 / "
+                        "timing_per_token_ms/gen)"),
+    "time/per_token_ms/gen": (
+        _derived_from_verl("time/per_token_ms/gen", lambda m: m["timing_per_token_ms/gen"]),
+        _VERL_DERIVED + "veRL's timing_per_token_ms/gen"),
+    "time/per_token_ms/{stage}": (
+        _derived_from_verl("time/per_token_ms/update_actor", lambda m: m["timing_per_token_ms/update_actor"],
+                           drop=("time/per_token_ms/ref", "time/per_token_ms/adv")),
+        _VERL_DERIVED + "veRL's timing_per_token_ms/update_actor"),
+    "perf/throughput": (
+        _derived_from_verl("perf/throughput", lambda m: m["perf/throughput"]),
+        _VERL_DERIVED + "veRL's perf/throughput (config num_gpus = 2 ranks)"),
 }
 DERIVED_SOURCE_ONLY: dict[str, str] = {
+    "perf/tokens_per_step": "TRL's cumulative num_tokens lives in Trainer state and is logged once per logging step; "
+                            "a proof needs two logging steps of a real Trainer loop (no framework logs tokens per step "
+                            "from a counter to compare with); not written yet",
+    "perf/tokens_per_s": "a wall-clock rate between two logged rows; no framework logs the same instantaneous rate "
+                         "(TRL's eps is int-rounded and since the start of training)",
+    "perf/samples_per_s": "a wall-clock rate between two logged rows; TRL PPO's eps is int(episodes / seconds since "
+                          "the start of training), a different quantity, and the trainer is not in the installed "
+                          "release",
     "reward/shaped/mean": "TRL PPOv2 (its citation) is not in the installed release",
     "reward/kl_penalty/mean": "TRL PPOv2 (its citation) is not in the installed release",
     "kl/coef": "TRL PPOv2 (its citation) is not in the installed release",

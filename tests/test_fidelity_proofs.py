@@ -131,3 +131,26 @@ def test_table_is_up_to_date():
     `.venv/bin/python tests/fidelity_proofs.py > docs/fidelity-proofs.md` after changing either."""
     assert P.DOC.read_text(encoding="utf-8") == P.table(), \
         "docs/fidelity-proofs.md is stale: run .venv/bin/python tests/fidelity_proofs.py > docs/fidelity-proofs.md"
+
+
+def test_reward_fn_std_differs_by_bessels_correction():
+    """TRL's rewards/{fn}/std (approximate [estimator]) is the sample std, veRL's gdpo/{fn}/std the population std of
+    the same 8 scores: the ratio is sqrt(8 / 7), on the uneven and the even batch."""
+    for even in (False, True):
+        b = P.BATCHES[even]
+        trl_std = P.trl_scores(b)["rewards/score/std"]
+        verl_std = P.verl_driver(b)["gdpo/score/std"]
+        assert P.close(trl_std / verl_std, (8 / 7) ** 0.5), (trl_std, verl_std)
+        assert P.close(P.trl_scores(b)["rewards/score/mean"], P.verl_driver(b)["gdpo/score/mean"])
+
+
+def test_trl_reward_statistics_are_over_all_ranks():
+    """TRL GRPO's reward, reward_std and frac_reward_zero_std come from the rewards gathered over both ranks (one
+    GRPO group per rank): the batch mean and the batch sample std of all 8 scores; no group of this batch has
+    zero std."""
+    import statistics
+    b = P.BATCHES[False]
+    m = P.trl_scores(b)
+    assert P.close(m["reward"], sum(b.scores) / len(b.scores))
+    assert P.close(m["reward_std"], statistics.stdev(b.scores))
+    assert m["frac_reward_zero_std"] == 0.0
