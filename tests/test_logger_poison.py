@@ -153,7 +153,7 @@ def _read_mlflow(cell: dict, root: pathlib.Path) -> tuple[dict[str, list[int]], 
 
 
 def _read_wandb(cell: dict) -> tuple[dict[str, list[int]], dict]:
-    from trackbridge.sources.wandb import WandbSource
+    from trackbridge.trackers.wandb.source import WandbSource
 
     (reader,) = list(WandbSource(str(cell["dir"] / "wb")).runs())
     recs = list(reader.records())
@@ -266,7 +266,7 @@ def test_string_nan_round_trips_and_old_spools_still_read_nan():
 
 def test_string_nan_and_user_step_key_through_the_logger(tmp_path, wandb_env):
     from trackbridge.replay import iter_spool
-    from trackbridge.sources.wandb import WandbSource
+    from trackbridge.trackers.wandb.source import WandbSource
 
     run = trackbridge.init(project="p", name="words", sinks=[f"wandb:{tmp_path}/wb"], source="canonical",
                            spool=str(tmp_path / "spool"), run_id="words")

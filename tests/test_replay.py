@@ -6,7 +6,7 @@ import pytest
 import trackbridge
 from trackbridge.record import Record, RunInfo, dumps
 from trackbridge.replay import iter_spool, replay, scan_spool
-from trackbridge.sinks.jsonl import JsonlSink
+from trackbridge.trackers.jsonl.sink import JsonlSink
 
 
 def _spool(tmp_path, n=25):

@@ -9,8 +9,8 @@ import pytest
 from trackbridge.record import Histogram, Record, RunInfo, read_stream
 from trackbridge.sinks import make_sink
 from trackbridge.sinks.base import SinkError
-from trackbridge.sinks.jsonl import JsonlSink
-from trackbridge.sources.jsonl import JsonlSource
+from trackbridge.trackers.jsonl.sink import JsonlSink
+from trackbridge.trackers.jsonl.source import JsonlSource
 
 
 def _records():

@@ -13,7 +13,7 @@ from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sinks import _sanitize
 from trackbridge.sinks.base import SinkError
-from trackbridge.sinks.mlflow import MlflowSink, read_chunked
+from trackbridge.trackers.mlflow.sink import MlflowSink, read_chunked
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.125

@@ -10,8 +10,8 @@ import pytest
 from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sinks.base import SinkError
-from trackbridge.sinks.tensorboard import (TensorBoardSink, _crc32c_py, event_files, frame, masked_crc32c)
-from trackbridge.sources.tensorboard import TensorBoardSource
+from trackbridge.trackers.tensorboard.sink import (TensorBoardSink, _crc32c_py, event_files, frame, masked_crc32c)
+from trackbridge.trackers.tensorboard.source import TensorBoardSource
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -40,7 +40,7 @@ def test_native_and_python_crc32c_agree():
     """The native CRC32C (google-crc32c, in the [tensorboard] extra) and the pure-Python fallback give the same
     checksum on random data of every length class, so files written with one verify with the other."""
     import random
-    from trackbridge.sinks.tensorboard import CRC_IMPLEMENTATION, crc32c
+    from trackbridge.trackers.tensorboard.sink import CRC_IMPLEMENTATION, crc32c
     if CRC_IMPLEMENTATION == "python":
         pytest.skip("no native CRC32C installed")
     rng = random.Random(0)
@@ -163,8 +163,8 @@ def test_modules_import_no_tracker():
     import sys
 
     code = ("import sys\n"
-            "import trackbridge.sinks.jsonl, trackbridge.sinks.tensorboard, trackbridge.sinks.wandb\n"
-            "import trackbridge.sources.jsonl, trackbridge.sources.tensorboard, trackbridge.sources.wandb\n"
+            "import trackbridge.trackers.jsonl.sink, trackbridge.trackers.tensorboard.sink, trackbridge.trackers.wandb.sink\n"
+            "import trackbridge.trackers.jsonl.source, trackbridge.trackers.tensorboard.source, trackbridge.trackers.wandb.source\n"
             "print(sorted(m for m in ('wandb', 'tensorboard', 'numpy', 'google.protobuf', 'torch') "
             "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

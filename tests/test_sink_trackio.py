@@ -14,7 +14,7 @@ import pytest
 from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sinks.base import SinkError
-from trackbridge.sinks.trackio import TrackioSink
+from trackbridge.trackers.trackio.sink import TrackioSink
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.125

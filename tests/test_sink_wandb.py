@@ -17,8 +17,8 @@ pytest.importorskip("wandb")
 from trackbridge.record import Histogram, Record, RunInfo  # noqa: E402
 from trackbridge.sinks import make_sink  # noqa: E402
 from trackbridge.sinks.base import SinkError  # noqa: E402
-from trackbridge.sinks.wandb import WandbSink  # noqa: E402
-from trackbridge.sources.wandb import WandbSource, run_files  # noqa: E402
+from trackbridge.trackers.wandb.sink import WandbSink  # noqa: E402
+from trackbridge.trackers.wandb.source import WandbSource, run_files  # noqa: E402
 
 RUN = RunInfo(name="grpo seed 1", project="proj", run_id="tbrun1",
               config={"lr": 1e-5, "opt": {"name": "adam", "betas": [0.9, 0.99]}},
@@ -141,7 +141,7 @@ def test_bad_options():
 
 
 def test_histogram_edges_and_bucket_merging():
-    from trackbridge.sinks.wandb import MAX_BINS, histogram_edges
+    from trackbridge.trackers.wandb.sink import MAX_BINS, histogram_edges
 
     edges, counts = histogram_edges(Histogram(limits=[1.0, 2.0], counts=[3, 4], min=0.0))
     assert edges == [0.0, 1.0, 2.0] and counts == [3.0, 4.0]

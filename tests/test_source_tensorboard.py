@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from trackbridge.record import Record, RunInfo
-from trackbridge.sinks.tensorboard import TensorBoardSink, event_files
+from trackbridge.trackers.tensorboard.sink import TensorBoardSink, event_files
 from trackbridge.sources import open_source
 from trackbridge.sources.base import SourceError
-from trackbridge.sources.tensorboard import TensorBoardSource
+from trackbridge.trackers.tensorboard.source import TensorBoardSource
 
 pytest.importorskip("tensorboard")
 
@@ -77,7 +77,7 @@ def _written(tmp_path, n=20):
 
 
 def _record_offsets(path):
-    from trackbridge.sources.tensorboard import read_event_records
+    from trackbridge.trackers.tensorboard.source import read_event_records
     return [off for off, _ in read_event_records(path, None)]
 
 

@@ -188,7 +188,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     from .sinks import REGISTRY as SINKS
     dst_loc = parse(dst, kinds=tuple(SINKS))     # fail early on a bad destination ...
     if dst_loc.kind == "mlflow":                 # ... on an SQLite file that is not an MLflow store ...
-        from .sinks.mlflow_store import check_sqlite_store
+        from .trackers.mlflow.store import check_sqlite_store
         check_sqlite_store(dst_loc.location)
     if names != "keep":                          # ... and on a naming scheme that does not exist
         from .schema.loader import load_registry

@@ -43,7 +43,7 @@ from .record import Record, RunInfo, iter_json_objects
 
 def spool_file(directory: str | os.PathLike, run_id: str) -> Path:
     """Where the spool of ``run_id`` lives under a spool directory (the ``jsonl`` sink's file naming)."""
-    from .sinks.jsonl import run_file_name  # standard library only
+    from .trackers.jsonl.sink import run_file_name  # standard library only
     return Path(directory).expanduser() / run_file_name(run_id)
 
 

@@ -6,11 +6,11 @@ from .base import Capabilities, Sink, SinkError
 
 # kind -> "module:Class"; a module imports its tracker only when the sink is opened.
 REGISTRY = {
-    "jsonl": "trackbridge.sinks.jsonl:JsonlSink",
-    "tensorboard": "trackbridge.sinks.tensorboard:TensorBoardSink",
-    "wandb": "trackbridge.sinks.wandb:WandbSink",
-    "mlflow": "trackbridge.sinks.mlflow:MlflowSink",
-    "trackio": "trackbridge.sinks.trackio:TrackioSink",
+    "jsonl": "trackbridge.trackers.jsonl.sink:JsonlSink",
+    "tensorboard": "trackbridge.trackers.tensorboard.sink:TensorBoardSink",
+    "wandb": "trackbridge.trackers.wandb.sink:WandbSink",
+    "mlflow": "trackbridge.trackers.mlflow.sink:MlflowSink",
+    "trackio": "trackbridge.trackers.trackio.sink:TrackioSink",
 }
 
 

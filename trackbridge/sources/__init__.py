@@ -5,11 +5,11 @@ from ..locators import Locator, load_registered, parse
 from .base import Problem, RunReader, Source, SourceError
 
 REGISTRY = {
-    "jsonl": "trackbridge.sources.jsonl:JsonlSource",
-    "tensorboard": "trackbridge.sources.tensorboard:TensorBoardSource",
-    "wandb": "trackbridge.sources.wandb:WandbSource",
-    "mlflow": "trackbridge.sources.mlflow:MlflowSource",
-    "trackio": "trackbridge.sources.trackio:TrackioSource",
+    "jsonl": "trackbridge.trackers.jsonl.source:JsonlSource",
+    "tensorboard": "trackbridge.trackers.tensorboard.source:TensorBoardSource",
+    "wandb": "trackbridge.trackers.wandb.source:WandbSource",
+    "mlflow": "trackbridge.trackers.mlflow.source:MlflowSource",
+    "trackio": "trackbridge.trackers.trackio.source:TrackioSource",
     "csv": "trackbridge.sources.csv:CsvSource",
     "trainer-state": "trackbridge.sources.trainer_state:TrainerStateSource",
     "console": "trackbridge.sources.console:ConsoleSource",

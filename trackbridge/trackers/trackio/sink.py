@@ -41,9 +41,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..record import Histogram, Record, RunInfo, encode_value
-from . import _sanitize
-from .base import Capabilities, Sink, SinkError, printable, step_ok
+from ...record import Histogram, Record, RunInfo, encode_value
+from ...sinks import _sanitize
+from ...sinks.base import Capabilities, Sink, SinkError, printable, step_ok
 
 SCHEMA_VERSION = 2          # trackio 0.43.0's PRAGMA user_version
 CONFIG_KEY = "_trackbridge"
@@ -341,7 +341,7 @@ class TrackioSink(Sink):
 
     def held(self, since: int | None = None):
         """The points of the run's rows in Trackio's SQLite store (one row per record, JSON of its values)."""
-        from ..holdings import Holdings
+        from ...holdings import Holdings
         if self.db is None or self.run_id is None:
             return None
         h = Holdings()

@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
-from ..record import Record, RunInfo
-from ..sinks import _sanitize
-from ..sinks.mlflow import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
+from ...record import Record, RunInfo
+from ...sinks import _sanitize
+from .sink import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
                             restore_inf, tracking_uri)
-from .base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
+from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 PAGE = 10_000           # points per page of one key's history from a server, at most
 PAGE_BUDGET = 100_000   # points held in pages at once across all keys of a run (a server's pages are per key)

@@ -21,10 +21,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..record import Record, RunInfo
-from ..sinks import _sanitize
-from ..sinks.trackio import CONFIG_KEY, HIST_TYPE, canonical_project_name, parse_iso, trackio_to_histogram
-from .base import RunReader, Source, SourceError, mark_derived
+from ...record import Record, RunInfo
+from ...sinks import _sanitize
+from .sink import CONFIG_KEY, HIST_TYPE, canonical_project_name, parse_iso, trackio_to_histogram
+from ...sources.base import RunReader, Source, SourceError, mark_derived
 
 _SPECIAL = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 _TRACKIO_CONFIG = ("_Username", "_Created", "_Group")

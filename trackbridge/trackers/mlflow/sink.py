@@ -51,11 +51,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..record import Histogram, Record, RunInfo
-from ..values import utf8_ok
-from . import _sanitize
-from ._mlflow_bulk import BulkWriter
-from .base import Capabilities, Sink, SinkError, Unreachable, check_reachable, printable, step_ok
+from ...record import Histogram, Record, RunInfo
+from ...values import utf8_ok
+from ...sinks import _sanitize
+from .bulk import BulkWriter
+from ...sinks.base import Capabilities, Sink, SinkError, Unreachable, check_reachable, printable, step_ok
 
 TAG_ESCAPE = "trackbridge.key_escape"
 TAG_NAMES = "trackbridge.names"
@@ -188,7 +188,7 @@ class MlflowSink(Sink):
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
         _check_reachable(self.location)       # fail in a moment, not after MLflow's HTTP retries
-        from .mlflow_store import check_sqlite_store
+        from .store import check_sqlite_store
         check_sqlite_store(self.location)     # an SQLite file that is not an MLflow store: refused, left untouched
         try:
             self.client = make_client(self.location)
@@ -423,7 +423,7 @@ class MlflowSink(Sink):
     def held(self, since: int | None = None):
         """The run's metric points, read from MLflow (plain SQL on a local SQLite store, the REST API otherwise),
         under the names this sink was given: escaped names restored, a histogram counted once (its ``/count``)."""
-        from ..holdings import Holdings
+        from ...holdings import Holdings
         if self.client is None or self.run_id is None:
             return None
         low = since if since is not None else -(2 ** 63)

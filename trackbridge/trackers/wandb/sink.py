@@ -45,9 +45,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..record import Histogram, Record, RunInfo
-from ..values import utf8_ok
-from .base import Capabilities, Sink, SinkError, printable
+from ...record import Histogram, Record, RunInfo
+from ...values import utf8_ok
+from ...sinks.base import Capabilities, Sink, SinkError, printable
 
 STEP_KEY = "trackbridge/step"
 META_KEY = "_trackbridge"
@@ -152,7 +152,7 @@ class WandbSink(Sink):
 
     def _continue_offline(self, folder: Path, run: RunInfo, resume: bool) -> None:
         """Find earlier offline folders of this run id; refuse them without resume, continue after them with."""
-        from ..sources.wandb import WandbRunReader, run_files
+        from .source import WandbRunReader, run_files
 
         previous = run_files(folder / "wandb", run.run_id)
         if not previous:
@@ -285,7 +285,7 @@ class WandbSink(Sink):
     def _wait_for_file(self, path: Path) -> None:
         """Wait until wandb-core has written the run's ``exit`` record: in 0.31 offline, ``finish()`` can return
         before the transaction log is flushed (seen: a 7-byte file right after ``finish()``)."""
-        from ..sources.wandb import has_exit_record
+        from .source import has_exit_record
 
         deadline = time.monotonic() + self.flush_timeout
         delay = 0.01

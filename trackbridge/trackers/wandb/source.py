@@ -26,8 +26,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..record import Histogram, Record, RunInfo
-from .base import RunReader, Source, SourceError, mark_derived
+from ...record import Histogram, Record, RunInfo
+from ...sources.base import RunReader, Source, SourceError, mark_derived
 
 STEP_KEY = "trackbridge/step"
 META_KEY = "_trackbridge"

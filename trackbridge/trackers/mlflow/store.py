@@ -21,7 +21,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from .base import SinkError
+from ...sinks.base import SinkError
 
 MLFLOW_TABLES = ("experiments", "runs", "metrics")
 SQLITE_MAGIC = b"SQLite format 3\x00"

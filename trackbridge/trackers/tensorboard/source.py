@@ -42,10 +42,10 @@ import struct
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..record import Histogram, Record, RunInfo
-from ..sinks.tensorboard import (DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, crc32c, event_files,
+from ...record import Histogram, Record, RunInfo
+from .sink import (DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, crc32c, event_files,
                                 masked_crc32c)
-from .base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
+from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
 # text tags that transformers' TensorBoardCallback writes at train begin: the run's config, not metrics

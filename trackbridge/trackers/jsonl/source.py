@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..record import Record, RunInfo, decode_value
-from ._files import JunkGuard, not_text, sniff_binary
-from .base import RunReader, Source, SourceError
+from ...record import Record, RunInfo, decode_value
+from ...sources._files import JunkGuard, not_text, sniff_binary
+from ...sources.base import RunReader, Source, SourceError
 
 
 def _parse(raw: bytes) -> Any:

@@ -42,8 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from ..record import Histogram, Record, RunInfo, dumps
-from .base import Capabilities, Sink, SinkError, printable
+from ...record import Histogram, Record, RunInfo, dumps
+from ...sinks.base import Capabilities, Sink, SinkError, printable
 
 DERIVED_DESCRIPTION = "derived by trackbridge (computed from other metrics, not logged by the trainer)"
 INFO_FILE = "trackbridge-run.json"   # the run info at close (see TensorBoardSink._write_final_info)
@@ -174,7 +174,7 @@ def folder_run_id(folder: Path) -> str | None:
             pass
     if not event_files(folder):
         return None
-    from ..sources.tensorboard import TensorBoardRunReader
+    from .source import TensorBoardRunReader
     try:
         rid = TensorBoardRunReader(folder, name="\0", verify=False).info.run_id
     except Exception:
@@ -447,8 +447,8 @@ class TensorBoardSink(Sink):
 
     def held(self, since: int | None = None):
         """The points of every event file in the run folder, read back with the TensorBoard reader."""
-        from ..holdings import Holdings
-        from ..sources.tensorboard import TensorBoardRunReader
+        from ...holdings import Holdings
+        from .source import TensorBoardRunReader
         if self.folder is None:
             return None
         if self._fh is not None:
@@ -460,7 +460,7 @@ class TensorBoardSink(Sink):
 
     def _scan_last_step(self) -> int | None:
         """Highest step of any metric event already in the run folder (read with the TensorBoard reader)."""
-        from ..sources.tensorboard import TensorBoardRunReader
+        from .source import TensorBoardRunReader
 
         reader = TensorBoardRunReader(self.folder, name=self.folder.name, verify=False)
         best = None

@@ -20,8 +20,8 @@ import re
 import uuid
 from pathlib import Path
 
-from ..record import Record, RunInfo, dumps, encode_value
-from .base import Capabilities, Sink, SinkError, printable
+from ...record import Record, RunInfo, dumps, encode_value
+from ...sinks.base import Capabilities, Sink, SinkError, printable
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -171,8 +171,8 @@ class JsonlSink(Sink):
 
     def held(self, since: int | None = None):
         """The points of the file's complete record lines (a partial last line holds nothing)."""
-        from ..holdings import Holdings
-        from ..record import iter_json_objects
+        from ...holdings import Holdings
+        from ...record import iter_json_objects
         if self.path is None:
             return None
         if self._fh is not None:

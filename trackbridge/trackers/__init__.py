@@ -1,0 +1,1 @@
+"""One folder per tracker: its storage format, its sink, its source."""

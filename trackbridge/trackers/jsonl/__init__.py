@@ -1,0 +1,1 @@
+"""The jsonl tracker: its storage format, sink and source."""

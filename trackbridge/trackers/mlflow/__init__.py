@@ -1,0 +1,1 @@
+"""The mlflow tracker: its storage format, sink and source."""

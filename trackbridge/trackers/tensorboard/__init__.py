@@ -1,0 +1,1 @@
+"""The tensorboard tracker: its storage format, sink and source."""

@@ -1,0 +1,1 @@
+"""The trackio tracker: its storage format, sink and source."""
