@@ -161,13 +161,14 @@ def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault
         srv.stop()
 
 
-def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path, fault_cell):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path, fault_cell, writer):
     """``trackbridge replay SPOOL`` with no --to: the trackers finish() wrote down."""
     srv = MlflowServer(tmp_path / "srv").start()
     try:
         run = trackbridge.init(project="outage", name="note", sinks=[f"mlflow:{srv.url}"],
                                spool=str(tmp_path / "spool"), source="canonical", retries=0, retry_interval=3600,
-                               stall_timeout=2, finish_timeout=20)
+                               stall_timeout=2, finish_timeout=20, writer=writer)
         srv.kill()
         for i in range(50):
             run.log(_row(i), step=i)
@@ -182,20 +183,21 @@ def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path,
         assert "wrote 50 records" in p.stdout + p.stderr
         got = mlflow_points(srv.url, run.run_id)
         assert_exact(got, KEYS, range(50))
-        fault_cell("server down for the whole run, `trackbridge replay SPOOL` after", "mlflow (server)", 5_000,
-                   total(got))
+        fault_cell(f"server down for the whole run, `trackbridge replay SPOOL` after (writer={writer})",
+                   "mlflow (server)", 5_000, total(got))
         assert not pending_file(run.spool_path).exists()
     finally:
         srv.stop()
 
 
 # -- a server restarted while training goes on -------------------------------------------------------------------
-def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, fault_cell):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, fault_cell, writer):
     srv = MlflowServer(tmp_path / "srv").start()
     try:
         run = trackbridge.init(project="outage", name="restarted", sinks=[f"mlflow:{srv.url}"],
                                spool=str(tmp_path / "spool"), source="canonical", retries=0, retry_interval=1.0,
-                               stall_timeout=20, finish_timeout=240)
+                               stall_timeout=20, finish_timeout=240, writer=writer)
         times = []
         for i in range(300):
             if i == 100:
@@ -211,7 +213,8 @@ def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, f
         assert not pending_file(run.spool_path).exists()
         points = mlflow_points(srv.url, run.run_id)
         assert_exact(points, KEYS, range(300))
-        fault_cell("mlflow server killed mid-run, restarted 100 steps later", "mlflow (server)", 30_000, total(points))
+        fault_cell(f"mlflow server killed mid-run, restarted 100 steps later (writer={writer})", "mlflow (server)",
+                   30_000, total(points))
         assert mlflow_status(srv.url, run.run_id) == "FINISHED"
         assert max(times) < 0.5, f"log() waited {max(times):.2f} s while the server was down"
     finally:
@@ -259,7 +262,8 @@ def _log_times(run, n: int) -> list[float]:
     return times
 
 
-def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell, writer):
     silent = _Silent()
     try:
         base = trackbridge.init(project="hung", name="baseline", sinks=[f"tensorboard:{tmp_path / 'tb0'}"],
@@ -270,7 +274,7 @@ def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell
         run = trackbridge.init(project="hung", name="hung", sinks=[f"tensorboard:{tmp_path / 'tb'}",
                                                                    f"mlflow:http://127.0.0.1:{silent.port}"],
                                spool=str(tmp_path / "spool"), source="canonical", queue_size=500, retries=0,
-                               stall_timeout=3, finish_timeout=60)
+                               stall_timeout=3, finish_timeout=60, writer=writer)
         times = _log_times(run, 3000)
         t0 = time.monotonic()
         with pytest.warns(LoggerWarning, match="lacks 3000 of the run's 3000 records"):
@@ -287,7 +291,8 @@ def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell
     folder = next((tmp_path / "tb").iterdir())
     tb_points = tensorboard_points(folder)
     assert_exact(tb_points, KEYS, range(3000))
-    fault_cell("a server that accepts and never answers (beside it)", "tensorboard", 300_000, total(tb_points))
+    fault_cell(f"a server that accepts and never answers (beside it; writer={writer})", "tensorboard", 300_000,
+               total(tb_points))
     assert [e["records_left"] for e in read_pending(run.spool_path)] == [3000]
     assert st["sinks"][2]["state"] in ("pending", "failed", "behind")
 
@@ -296,11 +301,11 @@ def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell
 CHILD = r"""
 import sys, time
 import trackbridge
-spool, tb, ml, tio, resume, n = sys.argv[1:7]
+spool, tb, ml, tio, resume, n, writer = sys.argv[1:8]
 keys = [f"custom/k{j:03d}" for j in range(20)]
 run = trackbridge.init(project="p", name="k", sinks=[f"tensorboard:{tb}", f"mlflow:sqlite:///{ml}",
                        f"trackio:{tio}"], source="canonical", spool=spool, run_id="killed", resume=resume == "1",
-                       flush_interval=0.5, batch_size=50)
+                       flush_interval=0.5, batch_size=50, writer=writer)
 print("step", run._next_step, flush=True)
 i = 0
 while True:
@@ -327,10 +332,11 @@ def _child(tmp_path, *args):
                             env=env, cwd=tmp_path)
 
 
-def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path, fault_cell):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path, fault_cell, writer):
     keys = [f"custom/k{j:03d}" for j in range(20)]
     spool, tb, ml, tio = tmp_path / "spool", tmp_path / "tb", tmp_path / "ml.db", tmp_path / "tio"
-    proc = _child(tmp_path, spool, tb, ml, tio, 0, 0)
+    proc = _child(tmp_path, spool, tb, ml, tio, 0, 0, writer)
     try:
         assert proc.stdout.readline().startswith("step")
         assert proc.stdout.readline().strip() == "logging"
@@ -348,7 +354,7 @@ def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path, fault
             assert max(pts[key].values()) == 1, f"{name} {key}: doubled before the resume"
     top = max(max(max(c) for c in pts.values()) for pts in before.values())
 
-    proc = _child(tmp_path, spool, tb, ml, tio, 1, 300)
+    proc = _child(tmp_path, spool, tb, ml, tio, 1, 300, writer)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     after = {"spool": spool_points(spool / "killed.jsonl"), "tensorboard": tensorboard_points(tb_folder),
@@ -361,20 +367,21 @@ def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path, fault
         # each tracker: what it held, plus what the spool had that it lacked, plus the resumed steps; once each
         want = held_before | spool_steps | set(range(first, first + 300))
         assert_exact(pts, keys, want)
-        fault_cell("training SIGKILLed, then resumed", name, len(want) * len(keys), sum(sum(pts[k].values()) for k in keys))
+        fault_cell(f"training SIGKILLed, then resumed (writer={writer})", name, len(want) * len(keys), sum(sum(pts[k].values()) for k in keys))
     # nothing the spool had is missing anywhere
     for name, pts in after.items():
         assert spool_steps <= set(pts[keys[0]]), name
 
 
 # -- two runs, one name ----------------------------------------------------------------------------------------------
-def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_env, fault_cell):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_env, fault_cell, writer):
     sinks = [f"tensorboard:{tmp_path / 'tb'}", f"mlflow:sqlite:///{tmp_path / 'ml.db'}",
              f"trackio:{tmp_path / 'tio'}", f"wandb:{tmp_path / 'wb'}"]
     ids = []
     for n in (100, 60):
         run = trackbridge.init(project="same", name="twin", sinks=sinks, spool=str(tmp_path / "spool"),
-                               source="canonical")
+                               source="canonical", writer=writer)
         for i in range(n):
             run.log({"custom/a": float(i)}, step=i)
         st = run.finish()
@@ -395,7 +402,7 @@ def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_en
     }
     for tracker, counts in got.items():
         assert counts == [100, 60], (tracker, counts)
-        fault_cell("two runs with one name (100 and 60 points)", tracker, 160, sum(counts))
+        fault_cell(f"two runs with one name, 100 and 60 points (writer={writer})", tracker, 160, sum(counts))
 
 
 def test_resume_by_run_id_finds_its_own_folder_among_namesakes(tmp_path):

@@ -62,7 +62,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
          spool: str = "runs", options: LoggerOptions | None = None, flush_interval: float | None = None,
          queue_size: int | None = None, batch_size: int | None = None, retries: int | None = None,
          backoff: float | None = None, retry_interval: float | None = None, stall_timeout: float | None = None,
-         finish_timeout: float | None = None, resume_wait: float | None = None, tags: dict[str, str] | None = None,
+         finish_timeout: float | None = None, resume_wait: float | None = None, writer: str | None = None,
+         tags: dict[str, str] | None = None,
          rank_zero_only: bool = True, rank: int | None = None) -> Run | NoOpRun:
     """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
 
@@ -78,7 +79,7 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     opts = LoggerOptions.build(options, {
         "flush_interval": flush_interval, "queue_size": queue_size, "batch_size": batch_size, "retries": retries,
         "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,
-        "finish_timeout": finish_timeout, "resume_wait": resume_wait})
+        "finish_timeout": finish_timeout, "resume_wait": resume_wait, "writer": writer})
     r = _rank.global_rank() if rank is None else int(rank)
     if rank_zero_only and r != 0:
         return NoOpRun(r, project=project, name=name, config=config, run_id=run_id, names=names, resume=resume,

@@ -14,7 +14,9 @@ class LoggerOptions:
     ``retries`` / ``backoff``: attempts of a failing open or write, and the first pause between them (doubling).
     ``retry_interval``: how often a failed sink is tried again. ``stall_timeout``: how long ``finish()`` waits for
     a tracker that makes no progress. ``finish_timeout``: the most ``finish()`` waits in all. ``resume_wait``: how
-    long a resumed run waits for the trackers to say what they hold before it numbers its first step."""
+    long a resumed run waits for the trackers to say what they hold before it numbers its first step. ``writer``:
+    ``"thread"`` (each tracker in a thread of the training process) or ``"process"`` (the trackers in one writer
+    process fed from the spool, so their work never takes the GIL from training; sinks must be locator strings)."""
 
     flush_interval: float = 1.0
     queue_size: int = 5000
@@ -25,8 +27,11 @@ class LoggerOptions:
     stall_timeout: float = 30.0
     finish_timeout: float = 300.0
     resume_wait: float = 10.0
+    writer: str = "thread"
 
     def __post_init__(self) -> None:
+        if self.writer not in ("thread", "process"):
+            raise ValueError(f"writer must be 'thread' or 'process', got {self.writer!r}")
         if not self.flush_interval > 0:
             raise ValueError(f"flush_interval must be > 0 seconds, got {self.flush_interval!r}")
         if self.queue_size < 1 or self.batch_size < 1:

@@ -103,17 +103,36 @@ class Run:
                          sync_info=self._sync_info, report=self.problems.append)
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
-        trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
-                                  rename=self._rename) for s in built]
+        self._writer: Any = None
+        if options.writer == "process" and built:
+            specs = [spec for spec in sinks or [] if isinstance(spec, str)]
+            if len(specs) != len(sinks or []):
+                raise ValueError("init(writer='process') takes sinks as locator strings (a Sink object cannot be "
+                                 "handed to another process)")
+            from .writer import RemoteTracker
+            by_locator = {s.locator(): s for s in built}
+            trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
+            self._writer_spec = {
+                "sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
+                "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
+                "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options)}
+        else:
+            trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
+                                      rename=self._rename) for s in built]
         self._workers: list[Any] = [self._spool_worker, *trackers]
         self._dispatcher = Dispatcher(
-            translator=translator, derive_fn=derive_fn, info=self.info, rename=self._rename, names=self.names,
+            translator=translator, derive_fn=derive_fn, info=self.info,
+            rename=None if self._writer_spec_given() else self._rename, names=self.names,
             spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
             resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once)
         self._inbox = self._dispatcher.inbox
-        for w in self._workers:
-            w.thread.start()
+        self._spool_worker.thread.start()
+        if self._writer_spec_given():
+            self._start_writer(trackers)
+        else:
+            for w in trackers:
+                w.thread.start()
         self._dispatcher.thread.start()
         atexit.register(self._atexit)
 
@@ -196,6 +215,9 @@ class Run:
         end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
         self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
+        if self._writer is not None:
+            self._writer_send(("info", self._clean_info().to_json()))
+            self._writer_send(("stop", self._seq - 1, outcome))
         # wait for every tracker while it makes progress (records written or caught up, or requests answered, as
         # the sink counts them); one that makes none for stall_timeout seconds (a hung or unreachable server) is
         # left behind: what it lacks is written down for `trackbridge replay`
@@ -215,6 +237,8 @@ class Run:
             if len(stalled) == len(alive):
                 break
             alive[0].thread.join(0.1)
+        if self._writer is not None:
+            self._stop_writer(end)
         self._write_pending()
         return self.status
 
@@ -243,6 +267,63 @@ class Run:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.finish(failed=exc_type is not None)
+
+    # -- the writer process (writer="process") ----------------------------------------------------------------
+    def _writer_spec_given(self) -> bool:
+        return getattr(self, "_writer_spec", None) is not None
+
+    def _start_writer(self, trackers: list[Any]) -> None:
+        from .writer import start
+        spec = {**self._writer_spec, "info": self._clean_info().to_json()}
+        self._writer, self._writer_conn = start(spec)
+        self._remote = {t.sink.locator(): t for t in trackers}
+        self._sent_info: tuple = ()
+        self._monitor = threading.Thread(target=self._monitor_writer, name="trackbridge-writer-monitor",
+                                         daemon=True)
+        self._monitor.start()
+
+    def _writer_send(self, msg: Any) -> None:
+        try:
+            self._writer_conn.send(msg)
+        except (OSError, EOFError, ValueError):
+            pass
+
+    def _monitor_writer(self) -> None:
+        """Take the writer's status messages; pass it what the run learns while logging."""
+        seen: set[str] = set()
+        trackers = list(self._remote.values())
+        while True:
+            try:
+                if self._writer_conn.poll(0.1):
+                    kind, statuses, problems, _final = self._writer_conn.recv()
+                    for t, st in zip(trackers, statuses):
+                        t.update(st)
+                    for p in problems:
+                        if p not in seen:
+                            seen.add(p)
+                            self.problems.append(p)
+            except (EOFError, OSError):
+                for t in trackers:
+                    t.alive = False
+                    t.changed.set()
+                return
+            now = (self.info.source, tuple(sorted(self.info.approximate.items())))
+            if now != self._sent_info and not self._finished:
+                self._sent_info = now
+                self._writer_send(("info", self._clean_info().to_json()))
+
+    def _stop_writer(self, end: float) -> None:
+        """After the trackers finished or stalled: let the writer exit, or stop it (its records are in the spool)."""
+        try:
+            self._writer.wait(timeout=max(0.5, min(5.0, end - time.monotonic())))
+        except Exception:
+            pass
+        if self._writer.poll() is None:
+            self._writer.kill()
+            self._writer.wait(timeout=10)
+            for t in self._remote.values():
+                t.alive = False
+        self._monitor.join(2.0)
 
     # -- internals -------------------------------------------------------------------------------------------
     def _atexit(self) -> None:
