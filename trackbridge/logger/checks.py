@@ -43,7 +43,7 @@ def ready_for_shutdown() -> None:
     import concurrent.futures.thread  # noqa: F401
 
 
-def check_packages(spec: Any, sink: Sink) -> None:
+def check_packages(spec: Any, sink: Sink, *, import_now: bool = True) -> None:
     """Fail at init, naming the extra to install, when a sink's tracker package is missing (rather than retrying
     in the background and losing the tracker for the whole run); import it now (see below)."""
     import importlib
@@ -59,7 +59,8 @@ def check_packages(spec: Any, sink: Sink) -> None:
                              f"pip install 'trackbridge[{extra}]'")
         # imported here, in the caller's thread: a package imported by the sink's thread while the training script
         # imports it too can be seen half-initialised by one of them (MLflow then fails with a circular import)
-        importlib.import_module(pkg)
+        if import_now:
+            importlib.import_module(pkg)
 
 
 def precheck_location(spec: str, sink: Sink) -> None:

@@ -84,7 +84,7 @@ class Run:
                 sink = make_sink(spec)
             except (LocatorError, Exception) as exc:
                 raise ValueError(f"sink {spec!r}: {exc}") from None
-            check_packages(spec, sink)
+            check_packages(spec, sink, import_now=options.writer == "thread")   # the writer process imports its own
             ready_for_shutdown()
             if isinstance(spec, str):
                 precheck_location(spec, sink)
