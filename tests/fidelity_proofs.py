@@ -510,7 +510,7 @@ PROOFS: list[Proof] = [
     Proof("loss/policy", _proof_policy_loss,
           "veRL compute_policy_loss_vanilla (engine ppo_loss normalisation) + Metric.aggregate_dp; OpenRLHF "
           "PolicyLoss + aggregate_loss + ppo_train"),
-    Proof("kl/ref", _proof_kl_loss,
+    Proof("kl/ref/k3", _proof_kl_loss,
           "TRL GRPOTrainer._compute_loss (beta>0) + log; OpenRLHF training_step (use_loss, k3) + ppo_train"),
 ]
 
@@ -545,15 +545,16 @@ SOURCE_ONLY: dict[str, str] = {
     "preference/score/mean": "computed inline in OpenRLHF's DeepSpeed RM training loop (no CPU path)",
     "loss/nll": "computed inline in OpenRLHF's DeepSpeed DPO training loop (no CPU path)",
     "loss/aux": "the MoE router's auxiliary loss; needs a mixture-of-experts model forward",
-    "kl/rollout": "needs vLLM rollout log-probs (OpenRLHF's is_correction path, veRL's rollout_corr_helper); "
+    "kl/rollout/k1": "needs vLLM rollout log-probs (OpenRLHF's is_correction path, veRL's rollout_corr_helper); "
                   "not written yet",
     "tools/calls/mean": "needs a tool-calling rollout (TRL tools loop, veRL agent loop); not written yet",
     "reward/group_std/mean": "OpenRLHF computes it in the Ray experience maker (remote reward models); "
                              "not written yet",
     "reward/shaped/mean": "TRL's entries are PPOv2/RLOO/online DPO (rollout loops with a model); not written yet",
     "advantage/mean": "TRL's entries are experimental trainers (a2po, dppo); not written yet",
-    "loss/kl": "OpenRLHF's exact `kl` (use_loss) entries end at v0.10.2; the installed 0.11.2 is approximate "
-               "[weighting], shown by tests/test_fidelity_openrlhf.py (2.375 vs 1.750); no TRL entry is exact here",
+    "kl/ref/k1": "OpenRLHF's exact `kl` (use_loss, default k1) entries end at v0.10.2; the installed 0.11.2 is "
+                 "approximate [weighting], shown by tests/test_fidelity_openrlhf.py (2.375 vs 1.750); veRL's kl_loss_type kl "
+                 "pair is not written yet",
     "loss/value": "TRL's exact entries are the PPOv2/legacy trainers, not in the installed release; OpenRLHF's "
                   "critic_loss (v0.10.4+) is shown to be the token mean by tests/test_fidelity_openrlhf.py (the wheel's "
                   "CriticPPOTrainer), but a pair proof against veRL's engine-path critic is not written yet",

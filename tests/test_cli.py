@@ -36,7 +36,7 @@ def test_translate_jsonl_with_report(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert lines[0]["reward/score/mean"] == 0.4 and lines[0]["val/openai/gsm8k/acc/mean@1"] == 0.5
-    assert lines[0]["my_key"] == 3 and lines[1]["kl/old_policy"] == 0.001
+    assert lines[0]["my_key"] == 3 and lines[1]["kl/old_policy/k1"] == 0.001
     rep = json.loads(report.read_text())
     assert rep["unmapped"] == ["my_key"] and rep["mapped"] == 5 and rep["source"].startswith("verl/ppo@")
     assert "actor/pg_loss" in rep["approximate"] or rep["approximate"] == {} or isinstance(rep["approximate"], dict)
@@ -97,18 +97,20 @@ def test_detect_public_log():
 
 def test_mappings_show_list_docs(tmp_path):
     r = tb("mappings", "show", "objective/kl")          # a framework key: the canonical quantity behind it
-    assert r.returncode == 0 and "'objective/kl' is canonical 'kl/ref_seq_sum'" in r.stdout
+    assert r.returncode == 0 and "'objective/kl' is canonical 'kl/old_ref/k1_seq_sum'" in r.stdout
     r = tb("mappings", "show", "no/such/name")
     assert r.returncode == 2
-    r = tb("mappings", "show", "kl/old_policy")
+    r = tb("mappings", "show", "kl/old_policy/k1")
     assert r.returncode == 0 and "actor/ppo_kl" in r.stdout and "ppo_kl" in r.stdout
+    r = tb("mappings", "show", "kl/old_policy")            # a 1.0.0 name: shown under its current name
+    assert r.returncode == 0 and "kl/old_policy/k1" in r.stdout and "actor/ppo_kl" in r.stdout
     r = tb("mappings", "show", "trl-legacy")
     assert r.returncode == 0 and "ppo/mean_scores" in r.stdout
     r = tb("mappings", "list")
     assert r.returncode == 0 and "trl:" in r.stdout and "alias trl-legacy" in r.stdout
     out = tmp_path / "metrics.md"
     r = tb("mappings", "docs", "--out", out)
-    assert r.returncode == 0 and "### `kl/ref`" in out.read_text()
+    assert r.returncode == 0 and "### `kl/ref/k3`" in out.read_text()
 
 
 def test_generated_reference_is_up_to_date():

@@ -7,8 +7,8 @@ The expected numbers are computed here by hand from the source files (the JSON's
 parsed with a regular expression), never through trackbridge's readers or pipeline.
 
 Canonical names this test relies on (a missing one fails with a message naming it):
-reward/score/mean, policy/entropy, response/length/mean, optim/lr, optim/grad_norm, time/step, kl/ref,
-kl/old_policy.
+reward/score/mean, policy/entropy, response/length/mean, optim/lr, optim/grad_norm, time/step, kl/ref/k3,
+kl/old_policy/k1.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ SHARED = {
     "optim/grad_norm": ("grad_norm", "actor/grad_norm"),
     "time/step": ("step_time", "timing_s/step"),
 }
-GRPO_KL = ("kl", "kl/ref")                     # KL to the reference model
-VERL_KL = ("actor/ppo_kl", "kl/old_policy")    # KL between old (rollout) and current policy
+GRPO_KL = ("kl", "kl/ref/k3")                     # KL to the reference model
+VERL_KL = ("actor/ppo_kl", "kl/old_policy/k1")    # KL between old (rollout) and current policy
 
 WARN_RGB = (0x8A, 0x1C, 0x00)                  # colour of the on-chart warning text (plot.py)
 
@@ -196,14 +196,14 @@ def test_kl_to_reference_and_ppo_kl_are_not_one_chart(report):
             assert len(mr.runs) == 1, mr
     # the numbers are the sources' own, each under its own name
     table = read_csv(report.summary_csv)
-    assert float(table[("kl/ref", "grpo")]["mean"]) == pytest.approx(by_hand(grpo_rows(), "kl")["mean"], rel=1e-12)
-    assert float(table[("kl/old_policy", "verl")]["mean"]) == pytest.approx(
+    assert float(table[("kl/ref/k3", "grpo")]["mean"]) == pytest.approx(by_hand(grpo_rows(), "kl")["mean"], rel=1e-12)
+    assert float(table[("kl/old_policy/k1", "verl")]["mean"]) == pytest.approx(
         by_hand(verl_rows(), "actor/ppo_kl")["mean"], rel=1e-12)
     # and the report says plainly that they only look alike
     text = html.unescape(report.html.read_text())
-    for name in ("kl/ref", "kl/old_policy"):
+    for name in ("kl/ref/k3", "kl/old_policy/k1"):
         assert "a different quantity" in section(text, name)
-    assert "kl/ref" in report.only_one_run and "kl/old_policy" in report.only_one_run
+    assert "kl/ref/k3" in report.only_one_run and "kl/old_policy/k1" in report.only_one_run
     # each chart shows only its own run's colour
     assert color_pixels(png(ref.chart), hex_rgb(COLORS[1])) == 0
     assert color_pixels(png(old.chart), hex_rgb(COLORS[0])) == 0
@@ -334,14 +334,14 @@ def test_presets(report):
     assert eff[0].startswith("val/"), eff              # validation accuracy first
     assert "reward/score/mean" in eff
     stab, _ = select("stability", avail)
-    for n in ("kl/ref", "kl/old_policy", "policy/entropy", "optim/grad_norm"):
+    for n in ("kl/ref/k3", "kl/old_policy/k1", "policy/entropy", "optim/grad_norm"):
         assert n in stab
     effi, _ = select("efficiency", avail)
     assert "time/step" in effi
     data, _ = select("data", avail)
     assert "response/length/mean" in data
     both, missing = select("kl/*,no/such/metric", avail)
-    assert set(both) == {"kl/ref", "kl/old_policy"} and missing == ["no/such/metric"]
+    assert set(both) == {"kl/ref/k3", "kl/old_policy/k1"} and missing == ["no/such/metric"]
     assert set(PRESETS) == {"effectiveness", "stability", "efficiency", "data"}
 
 
@@ -363,7 +363,7 @@ def test_cli(tmp_path, capsys):
     printed = capsys.readouterr().out.strip()
     assert printed == str(out / "report.html")
     table = read_csv(out / "summary.csv")
-    assert ("kl/ref", "grpo") in table and ("policy/entropy", "verl") in table
+    assert ("kl/ref/k3", "grpo") in table and ("policy/entropy", "verl") in table
     assert ("reward/score/mean", "grpo") not in table            # not in the stability preset
 
 
@@ -390,7 +390,7 @@ def test_into_jsonl_one_run_per_input(tmp_path):
     assert set(seen) == {"grpo", "verl"}
     assert len(seen["grpo"]) == len(grpo_rows()) and len(seen["verl"]) == len(verl_rows())
     assert seen["grpo"][0].metrics["reward/score/mean"] == grpo_rows()[0]["reward"]
-    assert seen["verl"][0].metrics["kl/old_policy"] == verl_rows()[0]["actor/ppo_kl"]
+    assert seen["verl"][0].metrics["kl/old_policy/k1"] == verl_rows()[0]["actor/ppo_kl"]
     # again: nothing written twice
     res2 = compare_runs([GRPO, VERL], out=None, into=f"jsonl:{dest}")
     assert all(r.records == 0 for r in res2.into)

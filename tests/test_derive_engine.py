@@ -276,18 +276,18 @@ def test_user_rules_are_tried_before_shipped_ones(tmp_path):
 def test_shipped_kl_rules(tmp_path):
     rs = load_rules()
     d = Deriver(rs, config={"kl_coef": 0.05})
-    m = {"kl/ref_seq_sum": 4.0, "reward/score/mean": 1.0}
+    m = {"kl/old_ref/k1_seq_sum": 4.0, "reward/score/mean": 1.0}
     names = d.apply(m, step=1)
     assert set(names) == {"reward/kl_penalty/mean", "reward/shaped/mean", "kl/coef"}
     assert m["reward/kl_penalty/mean"] == pytest.approx(-0.2) and m["reward/shaped/mean"] == pytest.approx(0.8)
     # adaptive controller: the config coefficient is only the initial value -> no penalty from it
     d = Deriver(rs, config={"kl_coef": 0.05, "kl_target": 6.0})
-    m = {"kl/ref_seq_sum": 4.0, "reward/score/mean": 1.0}
+    m = {"kl/old_ref/k1_seq_sum": 4.0, "reward/score/mean": 1.0}
     assert d.apply(m, step=1) == []
     # zero KL: no coefficient, one note, no exception
     d = Deriver(rs)
     for step in (1, 2):
-        m = {"kl/ref_seq_sum": 0.0, "reward/kl_penalty/mean": 0.0}
+        m = {"kl/old_ref/k1_seq_sum": 0.0, "reward/kl_penalty/mean": 0.0}
         assert d.apply(m, step=step) == []
     assert len(d.notes) == 1 and "division by zero" in d.notes[0]
     assert not math.isnan(0.0)

@@ -32,7 +32,7 @@ TRL_PPO = {
     "objective/scores": "reward/score/mean",
     "objective/non_score_reward": "reward/kl_penalty/mean",
     "objective/rlhf_reward": "reward/shaped/mean",
-    "objective/kl": "kl/ref_seq_sum",
+    "objective/kl": "kl/old_ref/k1_seq_sum",
     "episode": "progress/samples",
 }
 TRL_GRPO = {

@@ -118,11 +118,11 @@ def test_fidelity_is_stored_with_the_run_and_survives_migration(env):
     for loc in (f"tensorboard:{tmp / 'tb'}", f"mlflow:sqlite:///{db}?experiment=f", f"wandb:{tmp / 'wb'}",
                 f"trackio:{tmp / 'tio'}"):
         (reader,) = list(open_source(loc).runs())
-        assert "kl/old_policy" in reader.info.approximate, (loc, reader.info.approximate)
+        assert "kl/old_policy/k1" in reader.info.approximate, (loc, reader.info.approximate)
         assert (reader.info.source or "").startswith("verl"), (loc, reader.info.source)
     migrate(f"tensorboard:{tmp / 'tb'}", f"jsonl:{tmp / 'copy'}", progress=False)
     (reader,) = list(open_source(f"jsonl:{tmp / 'copy'}").runs())
-    assert "kl/old_policy" in reader.info.approximate
+    assert "kl/old_policy/k1" in reader.info.approximate
 
 
 def test_no_time_axis_stays_missing_when_read_back(env):

@@ -110,7 +110,7 @@ def test_rloo_0_11_translated_with_its_own_meanings(reg):
     res = Translator("auto", "canonical", config=_config(s)).translate(row)
     assert res.source.startswith("trl/rloo@"), res.source
     assert "no critic" in res.approximate["loss/value"]
-    assert "sequence" in res.approximate["kl/old_policy_k2"] and "sequence" in res.approximate["policy/clip_frac"]
+    assert "sequence" in res.approximate["kl/old_policy/k2"] and "sequence" in res.approximate["policy/clip_frac"]
     res = Translator("trl", "canonical").translate(row)               # no config: the assumption is noted
     assert any("assuming ppo" in n and "rloo" in n for n in res.notes), res.notes
     res = Translator("auto", "canonical").translate(row)              # and when the framework is detected too

@@ -205,8 +205,8 @@ USE_LOSS = {"algo.kl.use_loss": True}
 def test_ppo_entropy_and_kl_loss_mapping(reg, release, exact):
     flag = USE_LOSS if tuple(map(int, release.split("."))) >= (0, 10, 2) else {"use_kl_loss": True}
     res = _canon(reg, f"openrlhf/ppo@{release}", PPO_ROW, flag)
-    assert set(res.metrics) == {"policy/entropy", "loss/kl"}, res.metrics
-    for name in ("policy/entropy", "loss/kl"):
+    assert set(res.metrics) == {"policy/entropy", "kl/ref/k1"}, res.metrics      # the loss term, default estimator k1
+    for name in ("policy/entropy", "kl/ref/k1"):
         if exact:
             assert name not in res.approximate, res.approximate
         else:
@@ -219,7 +219,7 @@ def test_ppo_entropy_and_kl_loss_mapping(reg, release, exact):
 def test_ppo_entry_sources_cite_the_releases(reg):
     fw = reg.frameworks["openrlhf"]
     for e in fw.entries:
-        if e.key in ("entropy_loss", "kl") and e.canonical in ("policy/entropy", "loss/kl") and not e.exact \
+        if e.key in ("entropy_loss", "kl") and (e.canonical == "policy/entropy" or e.canonical.startswith("kl/ref/")) and not e.exact \
                 and "aggregate_loss" in e.reason:
             assert "ppo_actor.py@" in e.source and "loss_utils.py@" in e.source and "models/loss.py@" in e.source
 

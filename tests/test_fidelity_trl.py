@@ -161,7 +161,7 @@ def test_minimal_dpo_dict_is_dpo(reg, keys):
 
 
 # ------------------------------------------------------------------------------- item 7: gradient accumulation
-GA_CASES = [("trl/grpo@1.16.0", "entropy", "policy/entropy"), ("trl/grpo@1.16.0", "kl", "kl/ref"),
+GA_CASES = [("trl/grpo@1.16.0", "entropy", "policy/entropy"), ("trl/grpo@1.16.0", "kl", "kl/ref/k3"),
             ("trl/grpo@1.16.0", "clip_ratio/region_mean", "policy/clip_frac"),
             ("trl/grpo@1.16.0", "clip_ratio/low_min", "policy/clip_frac_low_min"),
             ("trl/rloo@1.9.0", "entropy", "policy/entropy"), ("trl/dpo@1.16.0", "entropy", "policy/entropy"),

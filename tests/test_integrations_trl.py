@@ -152,7 +152,7 @@ def test_grpo_two_named_rewards_with_kl(tmp_path, tiny_model):
     keys = set().union(*(logs for _s, logs in rec.logs))
     assert {"kl", "rewards/format_reward/mean", "rewards/length_reward/mean", "train_runtime"} <= keys, keys
     names = set().union(*(m for _s, m in expected))
-    assert "kl/ref" in names and any("format_reward" in n for n in names), names
+    assert "kl/ref/k3" in names and any("format_reward" in n for n in names), names
     cfg = cb.run.info.config
     assert cfg["beta"] == 0.1 and cfg.get("kl_coef") == 0.1 and cfg.get("num_generations") == 2
     assert cfg["model_config"]["hidden_size"] == 32

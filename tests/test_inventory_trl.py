@@ -98,6 +98,7 @@ def is_internal(key):
 def canonical_of(key, trainer, release):
     key, _ = strip_split_prefix(key)
     found = entries_for(key, trainer, release)
+    found = [e for e in found if not e.get("when")] or found      # the default configuration's meaning
     rev = [e for e in found if e.get("reverse", True)]
     return {e["canonical"] for e in (rev or found)}
 
@@ -374,11 +375,11 @@ def test_no_key_claimed_twice():
 
 # ----------------------------------------------------------------------------------------------- semantics
 @pytest.mark.parametrize("key,trainer,release,expected", [
-    ("kl", "grpo", "v1.16.0", "kl/ref"),
-    ("kl", "rloo", "v1.16.0", "kl/ref"),
+    ("kl", "grpo", "v1.16.0", "kl/ref/k3"),
+    ("kl", "rloo", "v1.16.0", "kl/old_ref/k1"),
     ("kl", "kto", "v1.16.0", "preference/kto_kl"),
-    ("objective/kl", "ppo_legacy", "v0.11.4", "kl/ref_seq_sum"),
-    ("objective/kl", "ppo", "v0.12.0", "kl/ref_seq_sum"),
+    ("objective/kl", "ppo_legacy", "v0.11.4", "kl/old_ref/k1_seq_sum"),
+    ("objective/kl", "ppo", "v0.12.0", "kl/old_ref/k1_seq_sum"),
     ("objective/entropy", "ppo", "v0.12.0", "policy/entropy_seq_sum"),
     ("policy/entropy_avg", "ppo", "v0.12.0", "policy/entropy"),
     ("entropy", "grpo", "v1.16.0", "policy/entropy"),

@@ -439,18 +439,18 @@ def test_special_cases():
     assert lookup("verl", "actor/pg_loss", "v0.6.1")[0]["fidelity"] == "approximate"
     assert lookup("verl", "actor/kl_loss", "v0.4.1")[0]["differs"] == ["snapshot", "population"]
     # renames
-    assert lookup("verl", "critic/kl", "v0.3.0.post1")[0]["canonical"] == "kl/ref"
+    assert lookup("verl", "critic/kl", "v0.3.0.post1")[0]["canonical"] == "kl/old_ref/k1"
     assert lookup("verl", "critic/kl", "v0.4.0") is None
-    assert lookup("verl", "actor/ppo_kl", "v0.7.0")[0]["canonical"] == "kl/old_policy"
+    assert lookup("verl", "actor/ppo_kl", "v0.7.0")[0]["canonical"] == "kl/old_policy/k1"
     # entropy depends on loss_agg_mode
     cfg = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}}
     assert lookup("verl", "actor/entropy", "v0.6.0", config=cfg)[0]["fidelity"] == "exact"
     assert lookup("verl", "actor/entropy", "v0.6.0")[0]["fidelity"] == "approximate"
     # OpenRLHF kl depends on the KL-loss flag
-    assert lookup("openrlhf", "kl", "v0.11.0", trainer="ppo")[0]["canonical"] == "kl/ref"
+    assert lookup("openrlhf", "kl", "v0.11.0", trainer="ppo")[0]["canonical"] == "kl/old_ref/k1"
     on = {"algo": {"kl": {"use_loss": True}}}
-    assert lookup("openrlhf", "kl", "v0.11.0", trainer="ppo", config=on)[0]["canonical"] == "loss/kl"
-    assert lookup("openrlhf", "kl", "v0.9.0", trainer="ppo", config={"use_kl_loss": True})[0]["canonical"] == "loss/kl"
+    assert lookup("openrlhf", "kl", "v0.11.0", trainer="ppo", config=on)[0]["canonical"] == "kl/ref/k1"
+    assert lookup("openrlhf", "kl", "v0.9.0", trainer="ppo", config={"use_kl_loss": True})[0]["canonical"] == "kl/ref/k1"
     e, b = lookup("openrlhf", "eval_openai/gsm8k_pass8", "v0.11.0", trainer="ppo")
     assert b == {"data_source": "openai/gsm8k", "n": "8"}
     assert lookup("openrlhf", "loss", "v0.5.0", trainer="dpo")[0]["canonical"] == "loss/total"

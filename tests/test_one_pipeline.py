@@ -325,4 +325,4 @@ def test_public_names_survive_submodule_imports():
     importlib.import_module("trackbridge.translate")
     importlib.import_module("trackbridge.logger")
     assert callable(trackbridge.translate) and callable(trackbridge.init)
-    assert trackbridge.translate({"actor/ppo_kl": 0.1}, source="verl@0.4.1").metrics == {"kl/old_policy": 0.1}
+    assert trackbridge.translate({"actor/ppo_kl": 0.1}, source="verl@0.4.1").metrics == {"kl/old_policy/k1": 0.1}

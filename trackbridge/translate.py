@@ -748,9 +748,11 @@ def _choose(hits, trainer, lo, hi, config):
         cond = e.condition_holds(config)
         if cond is False:
             continue
-        # prefer: config condition confirmed > unconditional > condition unknown; trainer-specific over generic;
-        # covering the newest release of the range; more specific template
+        # prefer: config condition confirmed > unconditional > condition unknown; of two confirmed, the one that
+        # tests more settings (OpenRLHF's kl with use_loss and estimator k3 over estimator k3 alone);
+        # trainer-specific over generic; covering the newest release of the range; more specific template
         rank = (2 if (cond is True and e.when) else 1 if not e.when else 0,
+                len(e.when) if (cond is True and e.when) else 0,
                 1 if (trainer and e.trainers) else 0,
                 min(e.until, hi), e.since,
                 e.key_template.literal_len if e.key_template else 10 ** 6)

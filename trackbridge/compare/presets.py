@@ -23,13 +23,14 @@ PRESETS: dict[str, list[str]] = {
     # is training healthy? KL (to the reference, and between old and new policy), entropy, clipping, gradients,
     # learning rate, losses
     "stability": [
-        "kl/ref", "kl/ref_seq_sum", "kl/old_policy", "kl/old_policy_k2", "kl/rollout", "kl/rollout_k3",
-        "kl/coef", "kl/loss_coef", "kl/*",
+        "kl/ref/k3", "kl/ref/k1", "kl/ref/k2", "kl/old_ref/k1", "kl/old_ref/k3", "kl/old_ref/k2",
+        "kl/old_ref/k1_seq_sum", "kl/old_ref/*", "kl/old_policy/k1", "kl/old_policy/k2", "kl/old_policy/*",
+        "kl/rollout/k1", "kl/rollout/k3", "kl/coef", "kl/loss_coef", "kl/*",
         "policy/entropy", "policy/entropy_seq_sum",
         "policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac*",
         "policy/ratio_mean",
         "optim/grad_norm", "optim/lr", "optim/critic_grad_norm", "optim/critic_lr",
-        "loss/total", "loss/policy", "loss/kl", "loss/value", "loss/*",
+        "loss/total", "loss/policy", "loss/value", "loss/*",
         "value/explained_variance", "value/clip_frac", "reward/kl_penalty/mean",
     ],
     # how fast? throughput, step time, generation time
@@ -50,20 +51,28 @@ PRESETS: dict[str, list[str]] = {
 # Names that look alike in trackers but are different quantities: never overlaid; the report says so when one run
 # has one and another run the other.
 LOOK_ALIKES: list[tuple[str, str, str]] = [
-    ("kl/ref", "kl/old_policy",
-     "kl/ref is the KL of the policy from the reference model; kl/old_policy is the KL between the rollout-time "
+    ("kl/ref/k3", "kl/old_policy/k1",
+     "kl/ref/k3 is the KL of the policy from the reference model; kl/old_policy/k1 is the KL between the rollout-time "
      "(old) policy and the policy being updated (PPO's 'approx KL'): a different quantity"),
-    ("kl/ref", "kl/ref_seq_sum",
-     "kl/ref is a per-token mean; kl/ref_seq_sum is summed over each response (nats per sequence)"),
-    ("kl/ref_seq_sum", "kl/old_policy",
-     "kl/ref_seq_sum is the KL to the reference model summed over each response; kl/old_policy is the per-token "
-     "KL between old and current policy"),
+    ("kl/ref/k3", "kl/old_ref/k1",
+     "kl/ref/k3 is the KL loss term (k3 of the policy being updated against the reference: GRPO's kl, veRL's "
+     "actor/kl_loss); kl/old_ref/k1 is the KL penalty in the reward (k1 of the rollout-time policy against the "
+     "reference: veRL's actor/reward_kl_penalty, OpenRLHF's kl without use_loss): a different quantity"),
+    ("kl/old_ref/k1", "kl/old_policy/k1",
+     "kl/old_ref/k1 is the rollout-time policy's KL to the reference model; kl/old_policy/k1 is the KL between the "
+     "rollout-time policy and the policy being updated: a different quantity"),
+    ("kl/old_ref/k1", "kl/old_ref/k1_seq_sum",
+     "kl/old_ref/k1 is a per-token mean; kl/old_ref/k1_seq_sum is summed over each response (nats per sequence)"),
+    ("kl/ref/k3", "kl/old_ref/k1_seq_sum",
+     "kl/ref/k3 is a per-token k3 KL of the policy being updated; kl/old_ref/k1_seq_sum is the rollout-time policy's "
+     "k1 KL to the reference summed over each response (nats per sequence): a different quantity"),
+    ("kl/old_ref/k1_seq_sum", "kl/old_policy/k1",
+     "kl/old_ref/k1_seq_sum is the KL to the reference model summed over each response; kl/old_policy/k1 is the "
+     "per-token KL between old and current policy"),
     ("policy/entropy", "policy/entropy_seq_sum",
      "policy/entropy is a per-token mean; policy/entropy_seq_sum is summed over each response"),
     ("reward/score/mean", "reward/shaped/mean",
      "reward/score/mean is the raw score; reward/shaped/mean has the KL penalty subtracted"),
-    ("loss/kl", "kl/ref",
-     "loss/kl is the KL term as added to the loss (its own estimator), kl/ref the logged KL to the reference"),
 ]
 
 

@@ -83,11 +83,17 @@ def show(reg: Registry, name: str) -> str | None:
             lines.append(f"{e.key:45s} -> {e.canonical:40s} {_range(fw, e)}{tr}  {fid}")
         return "\n".join(lines)
     metric = reg.canonical.metrics.get(name) or reg.canonical.find(name)
+    renamed = []
+    if metric is None and reg.canonical.upgrade(name) != name:      # an older schema version's name
+        metric = reg.canonical.find(reg.canonical.upgrade(name))
+        renamed = [f"({name} is the name of an older canonical schema version; renamed {metric.name})"] if metric \
+            else []
     if metric is None:
         return _show_framework_key(reg, name)
-    lines = [f"# {metric.name}", metric.description, f"unit: {metric.unit}; kind: {metric.kind}; "
+    lines = renamed + [f"# {metric.name}", metric.description, f"unit: {metric.unit}; kind: {metric.kind}; "
              f"better: {metric.better}" + (f"; estimator: {metric.estimator}" if metric.estimator else "")
-             + (f"; reduction: {metric.reduction}" if metric.reduction else ""), ""]
+             + (f"; reduction: {metric.reduction}" if metric.reduction else "")
+             + (f"; role: {metric.role}" if metric.role else ""), ""]
     for fw in reg.frameworks.values():
         for e in fw.entries:
             if e.canonical == metric.name:
@@ -146,6 +152,8 @@ def reference(reg: Registry) -> str:
                 facts.append(f"estimator {m.estimator}")
             if m.reduction:
                 facts.append(f"reduction {m.reduction}")
+            if m.role:
+                facts.append(f"role {m.role}")
             out += [f"### `{name}`", "", m.description, "", "; ".join(facts), ""]
             es = by_canon.get(name, [])
             if es:

@@ -27,7 +27,8 @@ DERIVED_FORMAT = "trackbridge.derived/1"
 KNOWN_FORMATS = (CANONICAL_FORMAT, MAPPING_FORMAT, DERIVED_FORMAT)
 
 _CANON_TOP = {"format", "schema_version", "versions", "config", "metrics", "description"}
-_METRIC_FIELDS = {"description", "unit", "kind", "better", "estimator", "reduction", "axis", "note", "aliases"}
+_METRIC_FIELDS = {"description", "unit", "kind", "better", "estimator", "reduction", "role", "axis", "note", "aliases"}
+_ROLES = {"loss", "reward", "monitor"}
 _KINDS = {"scalar", "histogram", "text"}
 _BETTER = {"higher", "lower", "none"}
 _MAP_TOP = {"format", "framework", "description", "repository", "releases", "aliases", "trainers", "prefixes",
@@ -247,6 +248,10 @@ def _load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError]) -> 
             if better not in _BETTER:
                 errors.append(MappingError(f"better {better!r} is not one of {sorted(_BETTER)}", file=f, line=line,
                                            entry=name))
+            role = spec.get("role")
+            if role is not None and role not in _ROLES:
+                errors.append(MappingError(f"role {role!r} is not one of {sorted(_ROLES)}", file=f, line=line,
+                                           entry=name))
             tpl = None
             if is_template(name):
                 try:
@@ -257,7 +262,7 @@ def _load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError]) -> 
             metrics[name] = CanonicalMetric(
                 name=name, description=str(spec.get("description", "")), unit=str(spec.get("unit", "")),
                 kind=kind, better=better, estimator=spec.get("estimator"), reduction=spec.get("reduction"),
-                axis=bool(spec.get("axis", False)), template=tpl, file=f, line=line or 0)
+                role=role, axis=bool(spec.get("axis", False)), template=tpl, file=f, line=line or 0)
     vers = main.get("versions") or {}
     try:
         ordered = sorted(vers.items(), key=lambda kv: version_key(str(kv[0])))

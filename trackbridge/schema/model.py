@@ -22,6 +22,7 @@ class CanonicalMetric:
     better: str = "none"
     estimator: str | None = None
     reduction: str | None = None
+    role: str | None = None              # loss | reward | monitor: what the framework does with the value
     axis: bool = False
     template: Template | None = None
     file: str = ""
@@ -61,7 +62,9 @@ class CanonicalSchema:
         for ver, renames in reversed(self.renames):
             if version_key(ver) <= version_key(to_version):
                 break
-            inverse = {v: k for k, v in renames.items()}
+            inverse: dict[str, str] = {}
+            for old, new in renames.items():      # several old names renamed to one: the first listed is written
+                inverse.setdefault(new, old)
             name = inverse.get(name, name)
         return name
 
