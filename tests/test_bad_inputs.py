@@ -357,21 +357,21 @@ def test_deep_or_huge_formula_is_an_error_with_file_line_and_rule(tmp_path, shap
 
     kind, n = shape.rsplit("_", 1)
     n = int(n)
-    formula = {"parens": "(" * n + "kl/ref" + ")" * n,
-               "chain": " + ".join(["kl/ref"] * n),
-               "signs": "-" * n + "kl/ref",
-               "calls": "abs(" * n + "kl/ref" + ")" * n}[kind]
-    path = _rules_file(tmp_path / "mine.yaml", ("policy/entropy", "kl/ref * 2", ""),
-                       ("kl/ref_seq_sum", formula, ""))
+    formula = {"parens": "(" * n + "kl/coef" + ")" * n,
+               "chain": " + ".join(["kl/coef"] * n),
+               "signs": "-" * n + "kl/coef",
+               "calls": "abs(" * n + "kl/coef" + ")" * n}[kind]
+    path = _rules_file(tmp_path / "mine.yaml", ("policy/entropy", "kl/coef * 2", ""),
+                       ("kl/old_ref/k3_seq_sum", formula, ""))
     with pytest.raises(RuleError) as err:
         load_rules([str(path)])
     text = str(err.value)
-    assert text.startswith(f"{path}:8: rule 'kl/ref_seq_sum': formula: "), text[:200]     # the formula's line
+    assert text.startswith(f"{path}:8: rule 'kl/old_ref/k3_seq_sum': formula: "), text[:200]     # the formula's line
     assert message in text and "recursion" not in text
 
     p = run_cli("mappings", "lint", str(path))
     assert p.returncode == 2, p.stderr
-    assert f"{path}:8: rule 'kl/ref_seq_sum'" in p.stderr and message in p.stderr
+    assert f"{path}:8: rule 'kl/old_ref/k3_seq_sum'" in p.stderr and message in p.stderr
     assert "Traceback" not in p.stderr and "recursion" not in p.stderr
 
 
@@ -379,15 +379,15 @@ def test_formula_at_the_depth_bound_still_works(tmp_path):
     from trackbridge.derive import Deriver, load_rules
     from trackbridge.derive.expr import MAX_DEPTH, parse
 
-    chain = " + ".join(["kl/ref"] * MAX_DEPTH)          # 63 operators: depth 64
+    chain = " + ".join(["kl/coef"] * MAX_DEPTH)          # 63 operators: depth 64
     parse(chain)
-    parens = "(" * (MAX_DEPTH - 2) + "kl/ref * 2" + ")" * (MAX_DEPTH - 2)
+    parens = "(" * (MAX_DEPTH - 2) + "kl/coef * 2" + ")" * (MAX_DEPTH - 2)
     parse(parens)
-    path = _rules_file(tmp_path / "mine.yaml", ("kl/ref_seq_sum", chain, ""))
+    path = _rules_file(tmp_path / "mine.yaml", ("kl/old_ref/k3_seq_sum", chain, ""))
     rs = load_rules([str(path)])
-    m = {"kl/ref": 0.5}
-    assert "kl/ref_seq_sum" in Deriver(rs).apply(m, step=1)
-    assert m["kl/ref_seq_sum"] == pytest.approx(0.5 * MAX_DEPTH)
+    m = {"kl/coef": 0.5}
+    assert "kl/old_ref/k3_seq_sum" in Deriver(rs).apply(m, step=1)
+    assert m["kl/old_ref/k3_seq_sum"] == pytest.approx(0.5 * MAX_DEPTH)
 
 
 def test_user_rule_with_a_shipped_name_needs_override(tmp_path):
@@ -456,10 +456,10 @@ def test_compare_rerun_deletes_only_its_own_charts(env):
 
     (out / "charts" / "my_own.png").write_bytes(b"\x89PNG mine")
     (out / "notes.txt").write_text("my notes")
-    p = _compare(out, "kl/ref")                                  # a smaller report in the same folder
+    p = _compare(out, "kl/ref/k3")                                  # a smaller report in the same folder
     assert p.returncode == 0, p.stderr
     now = sorted(c.name for c in (out / "charts").glob("*.png"))
-    assert now == ["001_kl_ref.png", "my_own.png"], now          # stale charts gone, the user's one kept
+    assert now == ["001_kl_ref_k3.png", "my_own.png"], now          # stale charts gone, the user's one kept
     assert (out / "charts" / "my_own.png").read_bytes() == b"\x89PNG mine"
     assert (out / "notes.txt").read_text() == "my notes"
     assert "my_own.png" not in (out / MANIFEST).read_text()
@@ -481,11 +481,11 @@ def test_compare_overwrites_an_old_report_without_manifest(env):
     """A folder holding only files this report writes (an earlier report, before manifests) is used."""
     pytest.importorskip("matplotlib")
     out = env / "cmp"
-    assert _compare(out, "kl/ref").returncode == 0
+    assert _compare(out, "kl/ref/k3").returncode == 0
     (out / MANIFEST).unlink()
-    p = _compare(out, "kl/ref")
+    p = _compare(out, "kl/ref/k3")
     assert p.returncode == 0, p.stderr
-    assert json.loads((out / MANIFEST).read_text())["files"] == ["charts/001_kl_ref.png", "report.html",
+    assert json.loads((out / MANIFEST).read_text())["files"] == ["charts/001_kl_ref_k3.png", "report.html",
                                                                  "summary.csv", "summary.md"]
 
 

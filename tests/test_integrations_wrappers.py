@@ -148,8 +148,8 @@ def test_wandb_run_openrlhf_style_define_metric_commit_and_translated_names(tmp_
     spool = _spool(handle.run)
     train = [r for r in spool if "loss/policy" in r.metrics]
     assert [r.step for r in train] == [10, 20, 30, 40, 50, 60]
-    assert all("kl/ref" in r.metrics or r.step == 60 for r in train), [r.metrics for r in train]
-    assert [r.metrics["kl/ref"] for r in train[:N]] == pytest.approx([g / 100 for g in range(1, N + 1)])
+    assert all("kl/old_ref/k1" in r.metrics or r.step == 60 for r in train), [r.metrics for r in train]
+    assert [r.metrics["kl/old_ref/k1"] for r in train[:N]] == pytest.approx([g / 100 for g in range(1, N + 1)])
     evals = [r for r in spool if "eval/loss/total" in r.metrics]
     assert [r.step for r in evals] == [20, 40, 55]
     assert not any("train/policy_loss" in r.metrics for r in spool)
@@ -160,7 +160,7 @@ def test_wandb_run_openrlhf_style_define_metric_commit_and_translated_names(tmp_
     _wait_wandb_file(tmp_path / "orig")
     _, orig = _read(f"wandb:{tmp_path}/orig")
     names = set().union(*(r.metrics for r in orig))
-    assert {"loss/policy", "kl/ref", "train/global_step", "eval/global_step"} <= names
+    assert {"loss/policy", "kl/old_ref/k1", "train/global_step", "eval/global_step"} <= names
     assert "train/policy_loss" not in names
     assert sorted(v for v in _by_step(orig, "train/global_step").values()) == [10, 20, 30, 40, 50, 60]
 
@@ -234,14 +234,14 @@ def test_summary_writer(tmp_path, kind):
     spool = _spool(handle.run)
     assert [r.step for r in spool] == list(range(1, N + 1))
     first = spool[0].metrics
-    assert first["loss/policy"] == 1.0 and first["kl/ref"] == pytest.approx(0.01)
+    assert first["loss/policy"] == 1.0 and first["kl/old_ref/k1"] == pytest.approx(0.01)
     assert "train/reward/max" in first or any(k.endswith("reward/max") for k in first), first
     hist_key = next(k for k, v in first.items() if hasattr(v, "counts") or hasattr(v, "values") and
                     not isinstance(v, (int, float, str)))
     assert spool[0].metrics[hist_key].num == 50
     assert spool[0].metrics[hist_key].sum == pytest.approx(float(hists[1].sum()))
     _check_sinks(tmp_path, {"loss/policy": {g: 1.0 / g for g in range(1, N + 1)},
-                            "kl/ref": {g: g / 100 for g in range(1, N + 1)}})
+                            "kl/old_ref/k1": {g: g / 100 for g in range(1, N + 1)}})
 
 
 # -- Accelerate ---------------------------------------------------------------------------------------------------------
