@@ -25,7 +25,7 @@ def base_dict(step: int) -> dict:
         "prompt/length/mean": 102.59, "time/generation": 4.364, "time/values": 0.543, "time/adv": 0.01,
         "time/update_critic": 2.263, "time/update_actor": 2.49, "time/reward": 0.038, "time/old_log_prob": 0.476,
         "progress/tokens": 58758.0 * step, "progress/samples": 256.0 * step,
-        "reward/score/mean": 0.5, "kl/ref_seq_sum": 3.0,
+        "reward/score/mean": 0.5, "kl/old_ref/k1_seq_sum": 3.0,
     }
     for i in range(100 - len(m)):
         m[f"extra/metric_{i:02d}/mean"] = float(i)

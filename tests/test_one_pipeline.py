@@ -245,7 +245,7 @@ def test_derived_under_the_targets_names(spec, row, name, value):
 
 
 def test_derived_from_approximate_inputs_is_approximate():
-    # veRL's actor/ppo_kl is approximate against canonical kl/old_policy (first DP worker in old releases); a value
+    # veRL's actor/ppo_kl is approximate against canonical kl/old_policy/k1 (first DP worker in old releases); a value
     # derived from an approximate input carries the reason along
     res = trackbridge.translate({"critic/score/mean": 0.4, "critic/rewards/mean": 0.38}, source="verl@0.3.0.post1",
                                 derive=True)

@@ -92,7 +92,7 @@ def command(name: str, inp: dict, out: Path) -> list[str]:
         return tb("detect", path)
     if name == "compare":
         return tb("compare", f"run=jsonl:{path.parent}", "--out", out,
-                  "--metrics", "reward/score/mean,kl/old_policy,policy/entropy,response/length/mean")
+                  "--metrics", "reward/score/mean,kl/old_policy/k1,policy/entropy,response/length/mean")
     if name == "migrate":
         return tb("migrate", mlflow_store(inp), f"jsonl:{out}", "--names", "keep", "--quiet")
     raise ValueError(name)
