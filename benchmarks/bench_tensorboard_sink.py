@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trackbridge.record import Record, RunInfo  # noqa: E402
-from trackbridge.trackers.tensorboard.sink import CRC_IMPLEMENTATION, TensorBoardSink  # noqa: E402
+from trackbridge.trackers.tensorboard.events import CRC_IMPLEMENTATION  # noqa: E402
+from trackbridge.trackers.tensorboard.sink import TensorBoardSink  # noqa: E402
 
 
 def workload(steps: int, keys: int) -> list[Record]:

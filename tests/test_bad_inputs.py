@@ -277,7 +277,7 @@ def test_migrate_refuses_a_file_that_is_not_sqlite(env):
 
 @pytest.mark.parametrize("start", ["missing", "zero_bytes", "no_tables", "mlflow_store"])
 def test_migrate_into_new_empty_or_mlflow_sqlite(env, start):
-    from trackbridge.trackers.mlflow.sink import make_client
+    from trackbridge.trackers.mlflow.client import make_client
 
     src = env / "run.jsonl"
     src.write_bytes(_plain_rows(6))
@@ -516,7 +516,7 @@ def test_demo_rerun_keeps_the_users_files(env):
     assert (out / "report" / "report.html").is_file() and (out / "canonical" / "verl-ppo.jsonl").is_file()
     if have["mlflow"]:                                        # the tracker store was made again, not appended to
         assert db.stat().st_mtime_ns != old_db
-        from trackbridge.trackers.mlflow.sink import make_client
+        from trackbridge.trackers.mlflow.client import make_client
         client = make_client(f"sqlite:///{db}")
         exp = client.get_experiment_by_name("trackbridge-demo")
         assert len(client.search_runs([exp.experiment_id])) == 2
@@ -576,7 +576,7 @@ def test_config_keys_that_flatten_alike_are_reported_once_naming_both(tmp_path):
 
     # what the note says is what MLflow holds: read back from a real store
     from trackbridge.sinks import make_sink
-    from trackbridge.trackers.mlflow.sink import make_client
+    from trackbridge.trackers.mlflow.client import make_client
     db = tmp_path / "mlflow.db"
     sink = make_sink(f"mlflow:sqlite:///{db}")
     sink.open(RunInfo(name="r", run_id="r", config=clean))

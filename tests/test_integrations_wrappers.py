@@ -52,7 +52,7 @@ def _check_sinks(tmp_path, want, *, wandb_sink=True):
 
 
 def _wait_wandb_file(folder, timeout=60):
-    from trackbridge.trackers.wandb.source import find_wandb_files, has_exit_record
+    from trackbridge.trackers.wandb.records import find_wandb_files, has_exit_record
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         files = find_wandb_files(Path(folder))

@@ -28,7 +28,7 @@ def _mlflow_status(db):
 def _wandb_exit_code(folder):
     """The exit codes in the offline run's transaction log, read with wandb's own protobuf records."""
     from wandb.proto import wandb_internal_pb2 as pb
-    from trackbridge.trackers.wandb.source import read_payloads
+    from trackbridge.trackers.wandb.records import read_payloads
     (f,) = list(Path(folder).rglob("*.wandb"))
     codes = []
     for _, data in read_payloads(f, None):

@@ -51,7 +51,7 @@ def _ok_then_strict(src: str, tmp: Path, *extra: str) -> tuple[str, str]:
 
 # -- TensorBoard ----------------------------------------------------------------------------------------------
 def _tb_offsets(path: Path) -> list[int]:
-    from trackbridge.trackers.tensorboard.source import read_event_records
+    from trackbridge.trackers.tensorboard.events import read_event_records
     return [off for off, _ in read_event_records(path, None)]
 
 

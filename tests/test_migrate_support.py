@@ -44,7 +44,7 @@ def _mlflow_template() -> Path:
     if "mlflow" not in _TEMPLATES:
         d = _SESSION_TMP / "template-mlflow"
         d.mkdir(parents=True, exist_ok=True)
-        from trackbridge.trackers.mlflow.sink import make_client
+        from trackbridge.trackers.mlflow.client import make_client
         make_client(f"sqlite:///{d}/mlflow.db").search_experiments()      # creates the tables
         _TEMPLATES["mlflow"] = d / "mlflow.db"
     return _TEMPLATES["mlflow"]
@@ -53,7 +53,7 @@ def _mlflow_template() -> Path:
 def _trackio_template(project: str) -> Path:
     key = f"trackio:{project}"
     if key not in _TEMPLATES:
-        from trackbridge.trackers.trackio.sink import init_db
+        from trackbridge.trackers.trackio.schema import init_db
         d = _SESSION_TMP / f"template-trackio-{len(_TEMPLATES)}"
         d.mkdir(parents=True, exist_ok=True)
         _TEMPLATES[key] = init_db(d, project)

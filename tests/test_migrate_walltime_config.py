@@ -101,7 +101,7 @@ def wandb_config(folder: Path) -> dict:
     """The config items of the offline run(s) under ``folder``, from wandb's own protobuf records."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    from trackbridge.trackers.wandb.source import find_wandb_files, read_payloads
+    from trackbridge.trackers.wandb.records import find_wandb_files, read_payloads
 
     config: dict = {}
     for path in find_wandb_files(folder):
@@ -160,7 +160,7 @@ def test_trl_tensorboard_run_through_every_tracker_keeps_wall_times_and_config(e
     tb_out = location("tensorboard", env / "tb-out")
     hop(f"tensorboard:{env / 'tb-src'}", ml)
 
-    from trackbridge.trackers.mlflow.sink import make_client
+    from trackbridge.trackers.mlflow.client import make_client
     client = make_client(ml[len("mlflow:"):])
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     params = run.data.params
@@ -274,7 +274,7 @@ def test_tensorboard_reader_other_writer(tmp_path):
 def test_mlflow_reader_other_writer(env):
     from mlflow.entities import Metric
 
-    from trackbridge.trackers.mlflow.sink import make_client
+    from trackbridge.trackers.mlflow.client import make_client
 
     loc = location("mlflow", env / "mlflow")
     client = make_client(loc[len("mlflow:"):])

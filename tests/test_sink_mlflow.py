@@ -13,7 +13,9 @@ from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sinks import _sanitize
 from trackbridge.sinks.base import SinkError
-from trackbridge.trackers.mlflow.sink import MlflowSink, read_chunked
+from trackbridge.trackers.mlflow.client import read_chunked
+from trackbridge.trackers.mlflow.names import mlflow_key, mlflow_valid
+from trackbridge.trackers.mlflow.sink import MlflowSink
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.125
@@ -197,16 +199,16 @@ def test_unstorable_value_names_the_metric(db):
     ("train/loss", "train/loss"),         # valid names are untouched
 ])
 def test_escape_examples(name, stored):
-    assert _sanitize.mlflow_key(name) == stored
-    assert _sanitize.mlflow_valid(stored)
+    assert mlflow_key(name) == stored
+    assert mlflow_valid(stored)
     assert _sanitize.unescape(stored) == name
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab_xX/.@:,()[] 1F4é%#=+")), min_size=1, max_size=30))
 def test_escape_is_reversible_and_valid(name):
-    stored = _sanitize.mlflow_key(name)
-    assert _sanitize.mlflow_valid(stored)
+    stored = mlflow_key(name)
+    assert mlflow_valid(stored)
     assert re.fullmatch(r"[/\w.\- :]*", stored) and posixpath.normpath(stored) == stored
     if len(stored) <= 250 and "-h" not in stored[-12:]:
         assert _sanitize.unescape(stored) == name
@@ -214,8 +216,8 @@ def test_escape_is_reversible_and_valid(name):
 
 def test_long_names_are_shortened_and_recorded(db):
     long = "x/" + "abc@" * 80
-    stored = _sanitize.mlflow_key(long)
-    assert len(stored) <= 250 and _sanitize.mlflow_valid(stored)
+    stored = mlflow_key(long)
+    assert len(stored) <= 250 and mlflow_valid(stored)
     sink = make_sink(f"mlflow:{db}?experiment=long")
     sink.open(RunInfo(name="long"))
     sink.write([Record(step=0, wall_time=T0, metrics={long: 1.0})])

@@ -10,7 +10,8 @@ import pytest
 from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sinks.base import SinkError
-from trackbridge.trackers.tensorboard.sink import (TensorBoardSink, _crc32c_py, event_files, frame, masked_crc32c)
+from trackbridge.trackers.tensorboard.events import _crc32c_py, event_files, frame, masked_crc32c
+from trackbridge.trackers.tensorboard.sink import TensorBoardSink
 from trackbridge.trackers.tensorboard.source import TensorBoardSource
 
 pytest.importorskip("tensorboard")
@@ -40,7 +41,7 @@ def test_native_and_python_crc32c_agree():
     """The native CRC32C (google-crc32c, in the [tensorboard] extra) and the pure-Python fallback give the same
     checksum on random data of every length class, so files written with one verify with the other."""
     import random
-    from trackbridge.trackers.tensorboard.sink import CRC_IMPLEMENTATION, crc32c
+    from trackbridge.trackers.tensorboard.events import CRC_IMPLEMENTATION, crc32c
     if CRC_IMPLEMENTATION == "python":
         pytest.skip("no native CRC32C installed")
     rng = random.Random(0)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from trackbridge.record import Record, RunInfo
-from trackbridge.trackers.tensorboard.sink import TensorBoardSink, event_files
+from trackbridge.trackers.tensorboard.events import event_files
+from trackbridge.trackers.tensorboard.sink import TensorBoardSink
 from trackbridge.sources import open_source
 from trackbridge.sources.base import SourceError
 from trackbridge.trackers.tensorboard.source import TensorBoardSource
@@ -77,7 +78,7 @@ def _written(tmp_path, n=20):
 
 
 def _record_offsets(path):
-    from trackbridge.trackers.tensorboard.source import read_event_records
+    from trackbridge.trackers.tensorboard.events import read_event_records
     return [off for off, _ in read_event_records(path, None)]
 
 

@@ -12,7 +12,8 @@ wandb = pytest.importorskip("wandb")
 
 from trackbridge.sources import open_source  # noqa: E402
 from trackbridge.sources.base import SourceError  # noqa: E402
-from trackbridge.trackers.wandb.source import BLOCK, WandbSource, read_payloads, run_files  # noqa: E402
+from trackbridge.trackers.wandb.records import BLOCK, read_payloads, run_files  # noqa: E402
+from trackbridge.trackers.wandb.source import WandbSource  # noqa: E402
 
 ROWS = 300
 KEYS = 20
@@ -41,7 +42,7 @@ def native(tmp_path_factory):
         run.log(row, step=step * 2)
     run.finish()
     (path,) = run_files(folder / "wandb", "nat1")
-    from trackbridge.trackers.wandb.source import has_exit_record
+    from trackbridge.trackers.wandb.records import has_exit_record
     import time
     deadline = time.monotonic() + 60
     while not has_exit_record(path) and time.monotonic() < deadline:     # finish() may return before the flush

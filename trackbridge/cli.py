@@ -187,7 +187,7 @@ def _input_rows(path: str, problems: list[str]):
     """Logged dicts from a JSON-lines or trainer_state.json file, or from anything a reader understands (a run
     locator, or a plain path that looks like a console log, a CSV export, a TensorBoard or wandb folder)."""
     from .inputs import Row, read_rows
-    from .sources import guess_locator, open_source
+    from .trackers import guess_locator, open_source
     loc = path if _is_locator(path) else None
     if loc is None and path != "-" and not path.endswith((".json", ".jsonl")):
         guessed = guess_locator(path)

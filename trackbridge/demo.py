@@ -53,7 +53,7 @@ def _prepare(out: Path):
 def run_demo(out: Path) -> int:
     from .pipeline import Pipeline
     from .record import dumps
-    from .sources import open_source
+    from .trackers import open_source
 
     out = Path(out)
     try:

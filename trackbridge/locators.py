@@ -13,6 +13,8 @@ Examples::
     csv:export.csv
     grpo=trainer-state:grpo/trainer_state.json     (labelled, where a command takes several runs)
 
+The kinds themselves are registered in :mod:`trackbridge.trackers`; callers pass the kinds they accept.
+
 The option string is split off at the *last* ``?`` whose tail looks like ``key=value`` pairs, so locations that
 contain ``?`` themselves stay intact unless they end in such a tail.
 """
@@ -21,8 +23,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
-
-KINDS = ("jsonl", "tensorboard", "mlflow", "wandb", "trackio", "trainer-state", "console", "csv")
 
 _LABEL = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.\-]*)=(.+)$")
 _OPTS = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*=[^&]*(&[A-Za-z_][A-Za-z0-9_\-]*=[^&]*)*$")
@@ -49,10 +49,12 @@ class Locator:
         return self.options.get(name, default)
 
 
-def parse(text: str, *, allow_label: bool = False, kinds: tuple[str, ...] = KINDS) -> Locator:
-    """Parse one locator. ``allow_label`` accepts ``LABEL=KIND:LOCATION``."""
+def parse(text: str, *, allow_label: bool = False, kinds: tuple[str, ...] | None = None) -> Locator:
+    """Parse one locator. ``allow_label`` accepts ``LABEL=KIND:LOCATION``; ``kinds``: the kinds accepted (None: any
+    well-formed kind, checked later by whoever looks it up in the registry)."""
+    expected = f", KIND one of {', '.join(kinds)}" if kinds else ""
     if not isinstance(text, str) or not text.strip():
-        raise LocatorError(f"empty locator {text!r}: expected KIND:LOCATION, KIND one of {', '.join(kinds)}")
+        raise LocatorError(f"empty locator {text!r}: expected KIND:LOCATION{expected}")
     raw = text.strip()
     label = None
     m = _LABEL.match(raw)
@@ -62,9 +64,9 @@ def parse(text: str, *, allow_label: bool = False, kinds: tuple[str, ...] = KIND
         label, raw = m.group(1), m.group(2)
     kind, sep, rest = raw.partition(":")
     if not sep:
-        raise LocatorError(f"{text!r}: missing ':' (expected KIND:LOCATION, KIND one of {', '.join(kinds)})")
+        raise LocatorError(f"{text!r}: missing ':' (expected KIND:LOCATION{expected})")
     kind = kind.strip().lower().replace("_", "-")
-    if kind not in kinds:
+    if kinds is not None and kind not in kinds:
         hint = ""
         close = [k for k in kinds if k.startswith(kind[:2])]
         if close:
@@ -81,7 +83,7 @@ def parse(text: str, *, allow_label: bool = False, kinds: tuple[str, ...] = KIND
     return Locator(kind=kind, location=rest, options=options, label=label)
 
 
-def parse_many(texts: list[str], *, kinds: tuple[str, ...] = KINDS) -> list[Locator]:
+def parse_many(texts: list[str], *, kinds: tuple[str, ...] | None = None) -> list[Locator]:
     """Parse several labelled-or-not locators; labels default to the location's base name and must be unique."""
     out: list[Locator] = []
     seen: set[str] = set()
@@ -100,15 +102,3 @@ def _default_label(loc: Locator) -> str:
     loc_text = loc.location.rstrip("/")
     base = loc_text.rsplit("/", 1)[-1] or loc.kind
     return base
-
-
-def load_registered(registry: dict[str, str], kind: str, what: str):
-    """The class registered for ``kind`` as ``"module:Class"``, imported only now (so a tracker's package is
-    imported only when its sink or reader is used)."""
-    import importlib
-    try:
-        target = registry[kind]
-    except KeyError:
-        raise LocatorError(f"unknown {what} kind {kind!r}; expected one of {', '.join(registry)}") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)

@@ -24,8 +24,7 @@ from .holdings import Holdings
 from .locators import parse
 from .pipeline import Pipeline, Stats
 from .record import Record, RunInfo
-from .sinks import make_sink
-from .sources import open_source
+from .trackers import kinds, make_sink, open_source, sink_class
 from .sources.base import TIME_AXIS, Problem, RunReader
 
 BATCH_RECORDS = 500
@@ -184,12 +183,9 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way."""
     t0 = time.monotonic()
     out = out or sys.stdout
-    src_loc = parse(src, allow_label=True)
-    from .sinks import REGISTRY as SINKS
-    dst_loc = parse(dst, kinds=tuple(SINKS))     # fail early on a bad destination ...
-    if dst_loc.kind == "mlflow":                 # ... on an SQLite file that is not an MLflow store ...
-        from .trackers.mlflow.store import check_sqlite_store
-        check_sqlite_store(dst_loc.location)
+    src_loc = parse(src, allow_label=True, kinds=kinds("source"))
+    dst_loc = parse(dst, kinds=kinds("sink"))    # fail early on a bad destination ...
+    sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
     if names != "keep":                          # ... and on a naming scheme that does not exist
         from .schema.loader import load_registry
         from .spec import parse_spec
@@ -334,13 +330,8 @@ def _destination_exists(dst: str) -> bool:
     """False when a destination on the local disk (a folder, or an SQLite file) no longer exists; True otherwise
     (including servers, which cannot be checked cheaply)."""
     loc = parse(dst)
-    where = loc.location
-    if loc.kind == "mlflow":
-        if where.startswith("sqlite:///"):
-            where = where[len("sqlite:///"):]
-        elif "://" in where:
-            return True
-    return Path(where).expanduser().exists()
+    path = sink_class(loc.kind).local_path(loc.location)
+    return True if path is None else path.exists()
 
 
 def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool, mappings, out) -> RunResult:

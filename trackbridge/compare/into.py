@@ -27,7 +27,7 @@ class IntoResult:
 
 def write_into(runs: list[LoadedRun], into: str, *, project: str = DEFAULT_PROJECT) -> list[IntoResult]:
     from ..catchup import catch_up
-    from ..sinks import make_sink
+    from ..trackers import make_sink
 
     results = []
     for run in runs:

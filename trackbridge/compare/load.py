@@ -278,12 +278,12 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
 
     A locator option ``from=FRAMEWORK[/TRAINER][@VERSION]`` (``console:verl.log?from=verl@v0.3.0.post1``) names
     the framework the run's names come from instead of detecting it; ``source`` does so for every run."""
-    from ..sources import REGISTRY, source_class
+    from ..trackers import kinds, source_class
 
     texts = [str(x) for x in locators]
     if not texts:
         raise ValueError("compare needs at least one run locator")
-    locs = parse_many(texts, kinds=tuple(REGISTRY))
+    locs = parse_many(texts, kinds=kinds("source"))
     runs: list[LoadedRun] = []
     for loc in locs:
         opts = dict(loc.options)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from .load import LoadedRun, is_number
+if TYPE_CHECKING:       # pragma: no cover  (load imports this module: no import at run time, no cycle)
+    from .load import LoadedRun
 
 COLUMNS = ["metric", "run", "first", "last", "min", "max", "mean", "points", "note"]
 
@@ -32,11 +34,15 @@ class MetricStats:
                 "max": self.max, "mean": self.mean, "points": self.points, "note": self.note}
 
 
-def values(run: LoadedRun, metric: str) -> list[float]:
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def values(run: "LoadedRun", metric: str) -> list[float]:
     return [float(r.metrics[metric]) for r in run.records if is_number(r.metrics.get(metric))]
 
 
-def metric_stats(run: LoadedRun, metric: str) -> MetricStats | None:
+def metric_stats(run: "LoadedRun", metric: str) -> MetricStats | None:
     vals = values(run, metric)
     if not vals:
         return None

@@ -30,7 +30,7 @@ class Tee:
         self._init_options = {k: v for k, v in init_options.items() if v is not None}
         for spec in self._init_options.get("sinks") or []:
             if isinstance(spec, str):       # a mistyped sink fails here, at wrap(), not later inside training
-                from ..sinks import make_sink
+                from ..trackers import make_sink
                 make_sink(spec)
         self._lock = threading.RLock()
         self._warned: set[str] = set()

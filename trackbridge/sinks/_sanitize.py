@@ -1,7 +1,8 @@
 """Reversible metric-name sanitization shared by the sinks (and undone by the readers).
 
-Trackers refuse some characters in metric names (MLflow rejects ``@ , [ ] ( ) # = + %`` and ``//``; tensorboardX
-rewrites ``[^-/\\w.]`` to ``_``). Replacing a character by a look-alike (``@`` -> ``_at_``, as veRL does) is *not*
+Trackers refuse some characters in metric names (one rejects ``@ , [ ] ( ) # = + %`` and ``//``, another
+rewrites ``[^-/\\w.]`` to ``_``). Each tracker's own rule lives in its folder (``trackbridge/trackers/<name>/``);
+the escape shared by them lives here. Replacing a character by a look-alike (``@`` -> ``_at_``, as veRL does) is *not*
 reversible on its own, because ``_at_`` may already be part of a name. This module uses one escape, named
 :data:`SCHEME` (``"xhex/1"``), that is reversible by rule:
 
@@ -13,7 +14,7 @@ reversible on its own, because ``_at_`` may already be part of a name. This modu
 
 Example: ``val-core/openai/gsm8k/acc/mean@1`` -> ``val-core/openai/gsm8k/acc/mean_x40_1``.
 
-Path-like rules (MLflow treats names as file paths) are handled by :func:`escape_path`: a leading, trailing or
+Path-like rules (for trackers that treat names as file paths) are handled by :func:`escape_path`: a leading, trailing or
 doubled ``/`` and ``.``/``..`` segments are escaped too. A name longer than a tracker's limit cannot be shortened
 reversibly: :func:`shorten` keeps a readable prefix plus a hash, and the sink must record the mapping in the run
 (sinks record every stored-name -> original-name pair anyway, see :meth:`Sink.record_sanitized`).
@@ -24,7 +25,6 @@ marked as written by trackbridge (a foreign name that happens to contain ``_x41_
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import re
 from typing import Callable
 
@@ -33,9 +33,10 @@ SCHEME = "xhex/1"
 _ESCAPE_RE = re.compile(r"_x([0-9A-F]{1,6})_")
 _NEEDS_GUARD = re.compile(r"_x[0-9A-F]")
 
-# MLflow's own rule (mlflow/utils/validation.py, POSIX): one allowed character.
-MLFLOW_CHAR = re.compile(r"[/\w.\- :]")
-MLFLOW_MAX_KEY = 250
+
+def needs_guard(name: str) -> bool:
+    """Whether ``name`` holds text that :func:`unescape` would read as an escape (so it must be escaped itself)."""
+    return _NEEDS_GUARD.search(name) is not None
 
 
 def _code(ch: str) -> str:
@@ -56,7 +57,7 @@ def escape(name: str, allowed: "re.Pattern[str] | Callable[[str], bool]") -> str
     return "".join(out)
 
 
-def escape_path(name: str, allowed: "re.Pattern[str] | Callable[[str], bool]" = MLFLOW_CHAR) -> str:
+def escape_path(name: str, allowed: "re.Pattern[str] | Callable[[str], bool]") -> str:
     """Like :func:`escape`, and also escape what makes a name resolve to another path.
 
     A ``/`` at the start or end, or right after another ``/``, becomes ``_x2F_``; a segment that is ``.`` or ``..``
@@ -78,7 +79,7 @@ def escape_path(name: str, allowed: "re.Pattern[str] | Callable[[str], bool]" = 
         else:
             pieces.append("".join(_code("/") if c == "/" else c for c in _escape_keep_slash(seg, allowed)))
         start = i + 1
-    if pieces[0].startswith(".."):          # MLflow also refuses any name that starts with '..'
+    if pieces[0].startswith(".."):          # path-like stores also refuse any name that starts with '..'
         pieces[0] = _code(".") + pieces[0][1:]
     return "/".join(pieces)
 
@@ -122,42 +123,6 @@ def shorten(stored: str, limit: int, original: str) -> str:
         head = head[:cut]
     head = head.rstrip("/.")
     return f"{head}-h{digest}"
-
-
-def mlflow_valid(name: str) -> bool:
-    """MLflow's key rule (POSIX): allowed characters, at most 250 of them, and a normalized path."""
-    if not name or len(name) > MLFLOW_MAX_KEY:
-        return False
-    if not all(MLFLOW_CHAR.fullmatch(c) for c in name):
-        return False
-    norm = posixpath.normpath(name)
-    return norm == name and norm != "." and not norm.startswith("..") and not norm.startswith("/")
-
-
-def mlflow_key(name: str) -> str:
-    """The MLflow-safe form of ``name``: unchanged when valid, else escaped (and shortened past 250 characters)."""
-    if mlflow_valid(name) and not _NEEDS_GUARD.search(name):
-        return name
-    stored = shorten(escape_path(name), MLFLOW_MAX_KEY, name)
-    if not mlflow_valid(stored):   # defensive: the escape is designed never to get here
-        raise ValueError(f"cannot make metric name {name!r} acceptable to MLflow (got {stored!r})")
-    return stored
-
-
-# Trackio renames reserved keys to ``__<key>`` (trackio/run.py Run.log); the same rule, applied by us, is reversible.
-TRACKIO_RESERVED = ("project", "run", "timestamp", "step", "time", "metrics")
-
-
-def trackio_key(name: str) -> str:
-    """Trackio's own renaming: reserved keys and keys starting with ``__`` get a ``__`` prefix."""
-    if name in TRACKIO_RESERVED or name.startswith("__"):
-        return "__" + name
-    return name
-
-
-def trackio_unkey(stored: str) -> str:
-    """Undo :func:`trackio_key` (drop one ``__`` prefix)."""
-    return stored[2:] if stored.startswith("__") else stored
 
 
 class NameCache:

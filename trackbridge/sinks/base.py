@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 from typing import TYPE_CHECKING
 
@@ -80,7 +81,8 @@ class Sink(ABC):
     kind: str = "sink"
     capabilities = Capabilities()
 
-    #: packages the sink needs (checked at ``init``, before training starts) and the extra that installs them
+    #: packages the sink needs (checked at ``init``, before training starts) and the extra that installs them; a sink
+    #: made from a locator gets them from its registration (:func:`trackbridge.trackers.register_tracker`)
     requires: tuple[str, ...] = ()
     extra: str = ""
     #: how the run ended, set before ``close()``: "finished", or "failed" when training raised (trackers that keep
@@ -154,6 +156,18 @@ class Sink(ABC):
         """Remember stored-name -> original-name pairs so that readers can restore the originals."""
         if self.run is not None:
             self.run.sanitized.update(mapping)
+
+    @classmethod
+    def check_location(cls, location: str) -> None:
+        """Raise :class:`SinkError` when ``location`` cannot take this tracker's runs, before anything is written there
+        (``migrate`` asks before reading the source). Default: nothing to check."""
+
+    @classmethod
+    def local_path(cls, location: str) -> "Path | None":
+        """The file or folder on this machine that ``location`` designates, or None when it is not one (a server)."""
+        if "://" in location:
+            return None
+        return Path(location).expanduser()
 
     def describe(self) -> str:
         """A short human-readable name (may add what the sink resolved, such as a run folder)."""

@@ -297,3 +297,17 @@ class JunkGuard:
             self.reader.skip(where, what)
         self.pending = []
         self.binary = None
+
+
+def sqlite_tables(path: "Path | str") -> set[str]:
+    """The table names of an SQLite file, opened read-only (empty when it is not one, or cannot be read): what the
+    trackers that keep runs in SQLite look at to tell whose database a file is."""
+    import sqlite3
+    p = Path(path)
+    if not p.is_file():
+        return set()
+    try:
+        with sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True) as conn:
+            return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error:
+        return set()

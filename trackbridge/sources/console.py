@@ -39,6 +39,12 @@ _TQDM = re.compile(r"\|\s*(?P<n>\d+)(?:/(?P<total>\d+))?\s*\[(?P<inside>[^\[\]]*
 _LOG_EXTS = (".log", ".txt", ".out", ".err")
 
 
+def sniff(path_or_uri: str) -> bool:
+    """A file named like a log: ``.log``, ``.txt``, ``.out``, ``.err``."""
+    p = Path(path_or_uri)
+    return p.is_file() and p.suffix.lower() in _LOG_EXTS
+
+
 class ConsoleRun(RunReader):
     """One console log file."""
 

@@ -40,6 +40,12 @@ STEP_COLUMNS = ("Step", "train/global_step", "global_step", "_step")
 _PANEL_EXTREME = re.compile(r"__(?:MIN|MAX)$")
 
 
+def sniff(path_or_uri: str) -> bool:
+    """A ``.csv`` file."""
+    p = Path(path_or_uri)
+    return p.is_file() and p.suffix.lower() == ".csv"
+
+
 def _read_header(path: Path) -> list[str]:
     with open(path, newline="", encoding="utf-8-sig", errors="replace") as fh:
         try:

@@ -100,6 +100,14 @@ class _Scanner:
         return self.line + self.buf.count("\n", 0, self.pos)
 
 
+def sniff(path_or_uri: str) -> bool:
+    """A ``trainer_state.json`` file, or a folder holding one (directly or in a ``checkpoint-*`` folder)."""
+    p = Path(path_or_uri)
+    if p.is_dir():
+        return (p / "trainer_state.json").is_file() or any(p.glob("checkpoint-*/trainer_state.json"))
+    return p.is_file() and p.name.lower() == "trainer_state.json"
+
+
 def _find_state_file(p: Path) -> tuple[Path, list[str]]:
     """The trainer_state.json to read for a file or folder, and the other candidates that were passed over."""
     if p.is_file():

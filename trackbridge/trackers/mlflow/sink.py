@@ -17,13 +17,14 @@ What goes where in the MLflow run:
 
 * metrics -> ``log_batch`` in chunks of at most 1000, with ``timestamp = round(wall_time * 1000)`` (ms) and the
   record's step (records without a step continue from the last one); for a local SQLite store the same rows are
-  inserted in bulk (:mod:`trackbridge.sinks._mlflow_bulk`, ``?bulk=0`` to use ``log_batch`` there too);
+  inserted in bulk (:mod:`trackbridge.trackers.mlflow.bulk`, ``?bulk=0`` to use ``log_batch`` there too);
 * ``run.config`` -> params, flattened with dotted keys (``optim.lr``); values are JSON for non-strings, cut to 6000
   characters; params are immutable in MLflow, so on resume existing keys are skipped;
 * ``run.tags`` -> tags (values cut to 8000 characters);
 * names MLflow refuses (``@ , [ ] ( )``, ``//``, over 250 characters ...) are escaped reversibly by
-  :mod:`trackbridge.sinks._sanitize` (``mean@1`` -> ``mean_x40_1``); tag ``trackbridge.key_escape`` names the scheme
-  and the chunked JSON tag ``trackbridge.names`` holds every stored -> original pair (needed for shortened names);
+  :mod:`~trackbridge.trackers.mlflow.names` (``mean@1`` -> ``mean_x40_1``); tag ``trackbridge.key_escape`` names the
+  scheme and the chunked JSON tag ``trackbridge.names`` holds every stored -> original pair (needed for shortened
+  names);
 * histograms -> summary metrics ``<name>/mean``, ``/std``, ``/min``, ``/max``, ``/count``; the chunked JSON tag
   ``trackbridge.histogram_summaries`` lists the histogram names so readers know these are summaries;
 * strings -> a JSON-lines text artifact per written batch, ``trackbridge/text/<content hash>.jsonl``, each line
@@ -45,8 +46,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -54,57 +53,18 @@ from typing import Any
 from ...record import Histogram, Record, RunInfo
 from ...values import utf8_ok
 from ...sinks import _sanitize
+from .client import (TAG_DERIVED, TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TAG_RUN_ID, TEXT_DIR, chunk_tags,
+                     flatten_config, make_client, read_chunked, tracking_uri)
+from .names import mlflow_key, mlflow_valid
 from .bulk import BulkWriter
+from .store import check_sqlite_store, sqlite_path
 from ...sinks.base import Capabilities, Sink, SinkError, Unreachable, check_reachable, printable, step_ok
 
-TAG_ESCAPE = "trackbridge.key_escape"
-TAG_NAMES = "trackbridge.names"
-TAG_HIST = "trackbridge.histogram_summaries"
-TAG_RUN = "trackbridge.run"
-TAG_DERIVED = "trackbridge.derived"    # metrics computed by trackbridge's derived rules, not logged by the trainer
-TAG_RUN_ID = "trackbridge.run_id"      # trackbridge's run id, to find the MLflow run again on resume
-TEXT_DIR = "trackbridge/text"
-CHUNK = 7000
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 MAX_PARAM_VAL = 6000
 MAX_TAG_VAL = 8000
 SUMMARY_STATS = ("mean", "std", "min", "max", "count")
-
-
-# -- shared with the reader -------------------------------------------------------------------------------
-def tracking_uri(location: str) -> str:
-    """The MLflow tracking URI for a locator's location; sets the environment MLflow needs for local stores."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    loc = location.strip()
-    if loc.startswith(("sqlite:", "http://", "https://", "postgresql", "mysql", "mssql", "databricks")):
-        return loc
-    if loc.endswith(".db"):
-        return f"sqlite:///{Path(loc).expanduser().resolve()}"
-    # a directory or file: URI -> the deprecated file store
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    if loc.startswith("file:"):
-        return loc
-    return Path(loc).expanduser().resolve().as_uri()
-
-
-def make_client(location: str):
-    """An ``MlflowClient`` for ``location`` (imports MLflow here, not at module import).
-
-    For a tracking server, MLflow's own HTTP retries (7 retries with exponential back-off and a 120 s timeout by
-    default: minutes per call against a dead server) are bounded to 2 retries and a 15 s timeout, unless the user set
-    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``MLFLOW_HTTP_REQUEST_TIMEOUT``: the logger retries a failed sink itself,
-    and nothing is lost meanwhile (the spool holds every record)."""
-    uri = tracking_uri(location)
-    if uri.startswith(("http://", "https://")):
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
-    import logging
-    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):   # "Creating initial MLflow database
-        logging.getLogger(name).setLevel(logging.WARNING)                 # tables..." on every new store
-    from mlflow.tracking import MlflowClient
-    return MlflowClient(tracking_uri=uri)
 
 
 def _check_reachable(location: str) -> None:
@@ -116,37 +76,6 @@ def _check_reachable(location: str) -> None:
         except Unreachable as exc:
             raise SinkError(f"mlflow:{location}: tracking server {exc.host}:{exc.port} is not reachable "
                             f"({exc.reason})") from None
-
-
-def chunk_tags(prefix: str, text: str) -> dict[str, str]:
-    """Split ``text`` into tags ``prefix.count``, ``prefix.0`` ... (see the module docstring)."""
-    pieces = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)] or [""]
-    tags = {f"{prefix}.{i}": p for i, p in enumerate(pieces)}
-    tags[f"{prefix}.count"] = str(len(pieces))
-    return tags
-
-
-def read_chunked(tags: dict[str, str], prefix: str) -> str | None:
-    """Join a chunked tag written by :func:`chunk_tags`; ``None`` when absent or incomplete."""
-    count = tags.get(f"{prefix}.count")
-    if count is None or not count.isdigit():
-        return None
-    parts = [tags.get(f"{prefix}.{i}") for i in range(int(count))]
-    if any(p is None for p in parts):
-        return None
-    return "".join(parts)  # type: ignore[arg-type]
-
-
-def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten_config(v, key))
-        else:
-            out[key] = v
-    return out
 
 
 def param_value(v: Any) -> str:
@@ -167,8 +96,6 @@ class MlflowSink(Sink):
     """Writes records to one MLflow run (see the module docstring for the layout)."""
 
     kind = "mlflow"
-    requires = ("mlflow",)
-    extra = "mlflow"
     capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:
@@ -176,19 +103,29 @@ class MlflowSink(Sink):
         self.client = None
         self.run_id: str | None = None
         self.experiment_id: str | None = None
-        self._names = _sanitize.NameCache(_sanitize.mlflow_key)
+        self._names = _sanitize.NameCache(mlflow_key)
         self._hist: set[str] = set()
         self._next_step = 0
         self._closed = False
         self._text_seq = 0
         self._last_auto_ms = 0      # records without a wall time get distinct, increasing timestamps
-        self._bulk: BulkWriter | None = None   # local SQLite store: bulk inserts (see _mlflow_bulk)
+        self._bulk: BulkWriter | None = None   # local SQLite store: bulk inserts (see bulk.py)
+
+    @classmethod
+    def check_location(cls, location: str) -> None:
+        check_sqlite_store(location)          # an SQLite file that is not an MLflow store is refused
+
+    @classmethod
+    def local_path(cls, location: str) -> Path | None:
+        db = sqlite_path(location)
+        if db is not None or "://" in location or location.startswith("file:"):
+            return db
+        return Path(location).expanduser()
 
     # -- open ------------------------------------------------------------------------------------------
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
         _check_reachable(self.location)       # fail in a moment, not after MLflow's HTTP retries
-        from .store import check_sqlite_store
         check_sqlite_store(self.location)     # an SQLite file that is not an MLflow store: refused, left untouched
         try:
             self.client = make_client(self.location)
@@ -241,7 +178,7 @@ class MlflowSink(Sink):
 
     def _create(self, run: RunInfo) -> None:
         self.experiment_id = self._experiment(run)
-        tags = {self._names(k) if not _sanitize.mlflow_valid(k) else k: str(v)[:MAX_TAG_VAL]
+        tags = {self._names(k) if not mlflow_valid(k) else k: str(v)[:MAX_TAG_VAL]
                 for k, v in (run.tags or {}).items()}
         if run.run_id:
             tags[TAG_RUN_ID] = str(run.run_id)
@@ -456,12 +393,3 @@ class MlflowSink(Sink):
 
     def describe(self) -> str:
         return f"mlflow:{self.location}" + (f" (run {self.run_id})" if self.run_id else "")
-
-
-def restore_inf(value: float) -> float:
-    """MLflow stores +-inf as +-max double; map that back (only for runs this sink wrote)."""
-    if value == 1.7976931348623157e308:
-        return math.inf
-    if value == -1.7976931348623157e308:
-        return -math.inf
-    return value

@@ -6,7 +6,7 @@ reads every run of every experiment in the store. Runs are found with paged ``se
 Points are streamed per run, in time order (the order they were logged, which keeps a resumed run's repeated
 steps where they were). A local SQLite store (``sqlite:///x.db``) is read with plain SQL (the standard library's
 ``sqlite3``, read-only) from MLflow's own ``metrics`` table -- ``key, value, timestamp, step, is_nan, run_uuid``,
-the rows ``log_batch`` and :class:`~trackbridge.sinks.mlflow.MlflowSink`'s bulk writer write -- with one query over
+the rows ``log_batch`` and :class:`~.sink.MlflowSink`'s bulk writer write -- with one query over
 all keys ``ORDER BY timestamp, step, rowid``, fetched :data:`FETCH` rows at a time: no key's history is ever held,
 and two values of one key logged at the same step and millisecond come back as two records, in the order stored.
 A tracking server (or any other store) is read through the paged ``get_metric_history`` of the REST API, at most
@@ -15,7 +15,7 @@ the server's own order (there, two values of one key at the same step and millis
 
 MLflow keeps points, not rows, so they are grouped into records per step and split (see :mod:`trackbridge.sources.base`), each point by its own timestamp: points of one step share
 a record when their timestamps are equal (one ``log_batch``/``log_metrics`` call, or one record written by
-:class:`~trackbridge.sinks.mlflow.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
+:class:`~trackbridge.trackers.mlflow.sink.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
 ``test/``/``test_``, else train; the epoch is of none) and at most
 :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) after the record's first point, and the record does not
 hold that name yet. The record's wall time is its first point's timestamp (MLflow keeps milliseconds). In a run
@@ -25,7 +25,7 @@ its own wall time. Memory is the records of the last second, not the run. Text p
 ``trackbridge/text/*.jsonl`` artifacts) are small and are loaded up front, then merged in. The very same point
 twice (a rewritten text artifact) is kept once; nothing is doubled.
 
-Names and config: for runs written by :class:`~trackbridge.sinks.mlflow.MlflowSink` (tag
+Names and config: for runs written by :class:`~trackbridge.trackers.mlflow.sink.MlflowSink` (tag
 ``trackbridge.key_escape``) stored names are restored from the recorded map, then by the escape rule, the
 ``trackbridge.run`` tag supplies the exact RunInfo, and +-max-double is read back as +-inf. For other runs, names
 are kept as stored, config comes from params (JSON-looking values parsed, others kept as strings) and tags are the
@@ -45,8 +45,8 @@ from urllib.parse import quote
 
 from ...record import Record, RunInfo
 from ...sinks import _sanitize
-from .sink import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
-                            restore_inf, tracking_uri)
+from .client import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
+                              restore_inf, tracking_uri)
 from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 PAGE = 10_000           # points per page of one key's history from a server, at most

@@ -29,7 +29,8 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 def sqlite_path(location: str) -> Path | None:
     """The SQLite file of an MLflow locator's location (``sqlite:///x.db``, ``sqlite:////abs/x.db`` or a bare
-    ``x.db``), or None when the location is not a local SQLite store (a server, a file store, another database)."""
+    ``x.db``, ``x.sqlite``, ``x.sqlite3``), or None when the location is not a local SQLite store (a server, a file
+    store, another database)."""
     loc = location.strip().split("?", 1)[0]
     if loc.startswith("sqlite:"):
         rest = loc[len("sqlite:"):]
@@ -41,7 +42,7 @@ def sqlite_path(location: str) -> Path | None:
         return Path(path).expanduser()
     if "://" in loc or loc.startswith("file:"):
         return None
-    if loc.endswith(".db"):
+    if loc.lower().endswith((".db", ".sqlite", ".sqlite3")):
         return Path(loc).expanduser()
     return None
 

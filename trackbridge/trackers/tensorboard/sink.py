@@ -24,8 +24,8 @@ so that TensorBoard's HParams tab and other readers see the config too. Keeping 
 than a sidecar) means a copied event file is complete on its own. A resumed open writes them again in its new file;
 readers take the last.
 
-Needs the ``tensorboard`` package (imported in :meth:`TensorBoardSink.open`). A native CRC32C (``crc32c`` or
-``google_crc32c``) is used when installed, otherwise a pure-Python slicing-by-8 implementation (~20 MB/s).
+Needs the ``tensorboard`` package (imported in :meth:`TensorBoardSink.open`). The framing and CRC32C are in
+:mod:`trackbridge.trackers.tensorboard.events`.
 """
 from __future__ import annotations
 
@@ -36,93 +36,17 @@ import math
 import os
 import re
 import socket
-import struct
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...record import Histogram, Record, RunInfo, dumps
 from ...sinks.base import Capabilities, Sink, SinkError, printable
+from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, frame
 
-DERIVED_DESCRIPTION = "derived by trackbridge (computed from other metrics, not logged by the trainer)"
-INFO_FILE = "trackbridge-run.json"   # the run info at close (see TensorBoardSink._write_final_info)
-RUN_TAG = "trackbridge/run"        # text summary holding RunInfo JSON
-META_PREFIX = "trackbridge/"       # tags this sink writes for itself (not metrics)
-HPARAMS_TAG = "_hparams_/session_start_info"
 _FILE_COUNTER = itertools.count()
 _UNSAFE_DIR = re.compile(r"[\\/:*?\"<>|\x00-\x1f]")
-
-# ---------------------------------------------------------------------------------------------------------------
-# CRC32C (Castagnoli), masked as TFRecord wants it.
-
-_POLY = 0x82F63B78
-
-
-def _tables() -> list[tuple[int, ...]]:
-    t0 = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ _POLY if c & 1 else c >> 1
-        t0.append(c)
-    tables = [t0]
-    for _ in range(7):
-        prev = tables[-1]
-        tables.append([(prev[i] >> 8) ^ t0[prev[i] & 0xFF] for i in range(256)])
-    return [tuple(t) for t in tables]
-
-
-_T = _tables()
-
-
-def _crc32c_py(data: bytes) -> int:
-    """CRC32C in pure Python, slicing-by-8 (twice the speed of the byte-wise table loop)."""
-    T0, T1, T2, T3, T4, T5, T6, T7 = _T
-    crc = 0xFFFFFFFF
-    n = len(data)
-    n8 = n - n % 8
-    if n8:
-        for a, b in struct.iter_unpack("<II", memoryview(data)[:n8]):
-            a ^= crc
-            crc = (T7[a & 0xFF] ^ T6[(a >> 8) & 0xFF] ^ T5[(a >> 16) & 0xFF] ^ T4[a >> 24]
-                   ^ T3[b & 0xFF] ^ T2[(b >> 8) & 0xFF] ^ T1[(b >> 16) & 0xFF] ^ T0[b >> 24])
-    for x in data[n8:]:
-        crc = T0[(crc ^ x) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _pick_crc32c() -> tuple[Callable[[bytes], int], str]:
-    try:  # the package tensorboardX also uses
-        import crc32c as _native  # type: ignore
-
-        return (lambda d: _native.crc32c(d)), "crc32c"
-    except Exception:
-        pass
-    try:
-        import google_crc32c as _g  # type: ignore
-
-        if getattr(_g, "implementation", "c") == "c":
-            return _g.value, "google_crc32c"
-    except Exception:
-        pass
-    return _crc32c_py, "python"
-
-
-crc32c, CRC_IMPLEMENTATION = _pick_crc32c()
-
-
-def masked_crc32c(data: bytes) -> int:
-    x = crc32c(data)
-    return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame(data: bytes) -> bytes:
-    """One TFRecord: length, masked CRC of the length, data, masked CRC of the data."""
-    header = struct.pack("<Q", len(data))
-    return b"".join((header, struct.pack("<I", masked_crc32c(header)), data,
-                     struct.pack("<I", masked_crc32c(data))))
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small helpers shared with the reader.
@@ -203,11 +127,6 @@ def pick_run_folder(root: Path, run: RunInfo) -> Path:
     return free
 
 
-def event_files(folder: Path) -> list[Path]:
-    """The event files directly inside ``folder``, in the order TensorBoard reads them (by name)."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and "tfevents" in p.name)
-
-
 def _bucket(values: list[float], bins: int) -> tuple[list[float], list[float]]:
     """Right edges and counts of ``bins`` equal-width buckets over the finite values (NaN/inf are not counted)."""
     finite = [v for v in values if math.isfinite(v)]
@@ -242,8 +161,6 @@ class TensorBoardSink(Sink):
     """Writes event files to ``DIR/<run name>/``. Options: ``bins=N`` (histogram buckets for raw values)."""
 
     kind = "tensorboard"
-    requires = ("tensorboard",)
-    extra = "tensorboard"
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -23,7 +23,7 @@ What is read from each ``Summary.Value``:
   ``config["args"]`` and ``config["model_config"]``, parsed from the JSON text (text that is not JSON is kept as
   the string and reported), not metrics (when the run has no ``trackbridge/run``; a later, different text under
   those tags stays a text metric, so nothing is lost);
-* ``trackbridge/run`` (written by :class:`~trackbridge.sinks.tensorboard.TensorBoardSink`) -> the run info, exactly;
+* ``trackbridge/run`` (written by :class:`~.sink.TensorBoardSink`) -> the run info, exactly;
 * anything else (images, audio, PR curves, ...) is skipped and counted in one problem per tag.
 
 Grouping: values are gathered into one :class:`Record` per Event for files written by trackbridge (one Event per
@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
-from .sink import (DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, crc32c, event_files,
-                                masked_crc32c)
+from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, read_event_records
 from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
@@ -57,109 +55,6 @@ def _truthy(value: str | None, default: bool = True) -> bool:
     if value is None:
         return default
     return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-_CHUNK = 1 << 22      # bytes read at a time: memory stays flat whatever the file's size
-
-
-def read_event_records(path: Path, reader: RunReader | None, *, verify: bool = True) -> Iterator[tuple[int, bytes]]:
-    """``(offset, serialized Event)`` for each valid TFRecord of ``path``; damage goes to ``reader.skip``.
-
-    The file is read in large chunks and framed in memory (an ordinary TensorBoard file holds one small record per
-    scalar value); at the first sign of damage the record-by-record reader takes over from that offset and says
-    what it skipped."""
-    crc = crc32c
-    unpack_from = struct.unpack_from
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        buf, base, pos = b"", 0, 0
-        while base + pos < size:
-            if len(buf) - pos < 12:
-                buf, base, pos = buf[pos:] + fh.read(_CHUNK), base + pos, 0
-                if len(buf) < 12:
-                    break                                   # a truncated header: reported below
-            length, hcrc = unpack_from("<QI", buf, pos)
-            x = crc(buf[pos:pos + 8])
-            if hcrc != (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF:
-                break                                       # damage: the careful reader reports and resyncs
-            need = 16 + length
-            if len(buf) - pos < need:
-                more = fh.read(max(_CHUNK, need - (len(buf) - pos)))
-                if not more:
-                    break                                   # truncated record
-                buf, base, pos = buf[pos:] + more, base + pos, 0
-                continue
-            data = buf[pos + 12:pos + 12 + length]
-            if verify:
-                x = crc(data)
-                if unpack_from("<I", buf, pos + 12 + length)[0] != (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF:
-                    if reader is not None:
-                        reader.skip(f"{path}:{base + pos}", "bad data CRC; record skipped")
-                    pos += need
-                    continue
-            yield base + pos, data
-            pos += need
-        else:
-            return
-    yield from _read_careful(path, reader, verify=verify, start=base + pos)
-
-
-def _read_careful(path: Path, reader: RunReader | None, *, verify: bool = True, start: int = 0
-                  ) -> Iterator[tuple[int, bytes]]:
-    """Record by record from ``start``, reporting truncation and bad CRCs and resyncing after damage."""
-
-    def report(offset: int, what: str) -> None:
-        if reader is not None:
-            reader.skip(f"{path}:{offset}", what)
-
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        offset = start
-        while offset < size:
-            fh.seek(offset)
-            header = fh.read(12)
-            if len(header) < 12:
-                report(offset, f"truncated record header ({len(header)} of 12 bytes at end of file); rest skipped")
-                return
-            length, = struct.unpack("<Q", header[:8])
-            if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]) or offset + 16 + length > size:
-                if struct.unpack("<I", header[8:])[0] == masked_crc32c(header[:8]):
-                    report(offset, f"truncated record (needs {length} bytes, file ends after "
-                                   f"{size - offset - 12}); rest skipped")
-                    return
-                nxt = _resync(fh, offset + 1, size)
-                if nxt is None:
-                    report(offset, "bad length CRC and no valid record after it; rest of file skipped")
-                    return
-                report(offset, f"bad length CRC; skipped {nxt - offset} bytes to the next valid record at {nxt}")
-                offset = nxt
-                continue
-            data = fh.read(length)
-            footer = fh.read(4)
-            if verify and struct.unpack("<I", footer)[0] != masked_crc32c(data):
-                report(offset, "bad data CRC; record skipped")
-            else:
-                yield offset, data
-            offset += 16 + length
-
-
-def _resync(fh: Any, start: int, size: int, limit: int = 1 << 20) -> int | None:
-    """The first offset >= start (within ``limit`` bytes) where a record with valid length and data CRCs begins."""
-    fh.seek(start)
-    window = fh.read(min(limit, size - start) + 12)
-    for i in range(0, max(0, len(window) - 12)):
-        head = window[i:i + 8]
-        if struct.unpack("<I", window[i + 8:i + 12])[0] != masked_crc32c(head):
-            continue
-        length, = struct.unpack("<Q", head)
-        at = start + i
-        if at + 16 + length > size:
-            continue
-        fh.seek(at + 12)
-        data = fh.read(length)
-        if struct.unpack("<I", fh.read(4))[0] == masked_crc32c(data):
-            return at
-    return None
 
 
 def _hparams_config(value: Any) -> dict[str, Any] | None:

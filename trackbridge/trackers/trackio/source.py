@@ -2,7 +2,7 @@
 
 Why SQL and not trackio's API: trackio's public ``Api`` lists runs but has no metric-history getter, and its
 storage class reads ``TRACKIO_DIR`` once per process; the files are plain SQLite (one ``<project>.db`` per project,
-one ``metrics`` row per logged step with a JSON blob), documented in :mod:`trackbridge.sinks.trackio`.
+one ``metrics`` row per logged step with a JSON blob), documented in :mod:`trackbridge.trackers.trackio.sink`.
 
 Runs come from the ``metrics`` and ``configs`` tables (databases from trackio < 0.24 without a ``run_id`` column are
 read by run name). Points are streamed with a cursor in insertion order, one :class:`Record` per row, with the
@@ -10,7 +10,7 @@ row's step and its ISO timestamp as wall time (``None`` where trackio's TF impor
 restored as trackio does (``"NaN"``/``"Infinity"`` strings -> floats), ``trackio.histogram`` dicts become
 :class:`Histogram`, other media/table objects are skipped and reported. Keys that trackio renamed (``__step`` ...)
 get their names back. Config is the ``configs`` row without trackio's ``_Username``/``_Created``/``_Group`` (kept in
-``extra``); a ``_trackbridge`` entry, written by :class:`~trackbridge.sinks.trackio.TrackioSink`, restores the
+``extra``); a ``_trackbridge`` entry, written by :class:`~trackbridge.trackers.trackio.sink.TrackioSink`, restores the
 RunInfo exactly.
 """
 from __future__ import annotations
@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Record, RunInfo
-from ...sinks import _sanitize
-from .sink import CONFIG_KEY, HIST_TYPE, canonical_project_name, parse_iso, trackio_to_histogram
+from .schema import CONFIG_KEY, HIST_TYPE, canonical_project_name, parse_iso, trackio_to_histogram, trackio_unkey
 from ...sources.base import RunReader, Source, SourceError, mark_derived
 
 _SPECIAL = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
@@ -111,7 +110,7 @@ class TrackioRunReader(RunReader):
                     for key, value in raw.items():
                         ok, v = self._value(where, key, value)
                         if ok:
-                            metrics[_sanitize.trackio_unkey(key)] = v
+                            metrics[trackio_unkey(key)] = v
                     yield Record(step=step, wall_time=parse_iso(ts), metrics=metrics)
 
 

@@ -10,7 +10,7 @@ What wandb 0.31 does, and what this sink does about it (verified against the off
   that only grows: the record's own step when it is higher than the last wandb step, else last + 1. The true step
   is logged in every row as ``trackbridge/step`` and declared the x-axis of every metric
   (``define_metric("*", step_metric="trackbridge/step")``), so nothing is lost and charts use the real steps.
-  :class:`~trackbridge.sources.wandb.WandbSource` reads ``trackbridge/step`` back as the record's step.
+  :class:`~trackbridge.trackers.wandb.source.WandbSource` reads ``trackbridge/step`` back as the record's step.
 * **Wall time**: a ``_timestamp`` key in the logged dict is honoured (stored verbatim as the row's
   ``_timestamp``); this sink sets it from ``Record.wall_time``.
 * **Strings** are stored as JSON strings in the history row (read back exactly); ``None`` is stored as ``null``.
@@ -48,9 +48,8 @@ from typing import Any
 from ...record import Histogram, Record, RunInfo
 from ...values import utf8_ok
 from ...sinks.base import Capabilities, Sink, SinkError, printable
+from .records import META_KEY, STEP_KEY, has_exit_record, run_files
 
-STEP_KEY = "trackbridge/step"
-META_KEY = "_trackbridge"
 MAX_BINS = 512
 _RESERVED_PREFIX = "trackbridge/"
 WANDB_STEP_MAX = 2 ** 53 - 1     # wandb shows steps in JavaScript
@@ -80,8 +79,6 @@ class WandbSink(Sink):
     ``flush_timeout`` (seconds close() waits for the offline file to be complete)."""
 
     kind = "wandb"
-    requires = ("wandb",)
-    extra = "wandb"
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:
@@ -152,7 +149,7 @@ class WandbSink(Sink):
 
     def _continue_offline(self, folder: Path, run: RunInfo, resume: bool) -> None:
         """Find earlier offline folders of this run id; refuse them without resume, continue after them with."""
-        from .source import WandbRunReader, run_files
+        from .source import WandbRunReader
 
         previous = run_files(folder / "wandb", run.run_id)
         if not previous:
@@ -285,7 +282,6 @@ class WandbSink(Sink):
     def _wait_for_file(self, path: Path) -> None:
         """Wait until wandb-core has written the run's ``exit`` record: in 0.31 offline, ``finish()`` can return
         before the transaction log is flushed (seen: a 7-byte file right after ``finish()``)."""
-        from .source import has_exit_record
 
         deadline = time.monotonic() + self.flush_timeout
         delay = 0.01
