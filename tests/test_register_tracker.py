@@ -161,3 +161,10 @@ def test_sniffers_tell_mlflow_and_trackio_databases_apart(tmp_path):
     assert guess_locator(str(tmp_path / "tio.db")) == f"trackio:{tmp_path / 'tio.db'}"
     assert guess_locator(str(tmp_path / "other.sqlite")) is None
     assert guess_locator(str(tmp_path / "missing")) is None
+
+
+def test_writer_process_refuses_a_tracker_it_cannot_load(mytracker, tmp_path):
+    """A tracker registered in this process does not exist in the writer process: said at init, naming it."""
+    with pytest.raises(ValueError, match=r"mytracker:.*writer='thread'"):
+        trackbridge.init(project="p", name="r", sinks=[f"mytracker:{tmp_path / 'mine'}"],
+                         spool=str(tmp_path / "spool"), writer="process")

@@ -109,6 +109,10 @@ class Run:
             if len(specs) != len(sinks or []):
                 raise ValueError("init(writer='process') takes sinks as locator strings (a Sink object cannot be "
                                  "handed to another process)")
+            foreign = [s.locator() for s in built if not type(s).__module__.startswith("trackbridge.")]
+            if foreign:
+                raise ValueError(f"init(writer='process'): {', '.join(foreign)} is a tracker registered in this "
+                                 f"process, which the writer process cannot load; use writer='thread' for it")
             from .writer import RemoteTracker
             by_locator = {s.locator(): s for s in built}
             trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
