@@ -524,6 +524,8 @@ KNOWN_WRONG: dict[tuple[str, str, str], str] = {}
 
 # Why a canonical name's pairs have no proof (a line for the table); anything else says "no proof written yet".
 SOURCE_ONLY: dict[str, str] = {
+    "kl/ref/k2": "the k2 (mse) KL loss: OpenRLHF's entries cover v0.6.1..v0.10.2, not the installed 0.11.2, and the "
+                 "proof runs veRL's and OpenRLHF's default k3 path only; a k2 batch proof is not written yet",
     "optim/lr": "the scheduler's learning rate, read off the optimizer; no batch computation to run",
     "optim/critic_lr": "the scheduler's learning rate, read off the optimizer; no batch computation to run",
     "optim/grad_norm": "the norm DeepSpeed/FSDP/accelerate clipping returns; needs the real distributed engines "
