@@ -210,3 +210,26 @@ def test_the_core_names_no_tracker_and_no_framework():
             for m in word.finditer(tok.string):
                 found.add((str(path.relative_to(ROOT)), m.group(1).lower(), tok.start[0]))
     assert sorted(f for f in found if (f[0], f[1]) not in ALLOWED) == []
+
+
+def test_every_error_class_of_the_package_is_a_trackbridge_error():
+    """``except trackbridge.TrackBridgeError`` catches every error class the library defines (each keeps its
+    built-in base too, so ``except ValueError`` still works)."""
+    import ast
+    import importlib
+    import pathlib
+
+    import trackbridge
+    root = pathlib.Path(trackbridge.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and (node.name.endswith("Error") or node.name == "Unreachable"):
+                mod = ".".join(path.relative_to(root.parent).with_suffix("").parts).replace(".__init__", "")
+                found.append(getattr(importlib.import_module(mod), node.name))
+    assert len(found) >= 14
+    not_ours = [c.__qualname__ for c in found if not issubclass(c, trackbridge.TrackBridgeError)]
+    assert not not_ours, not_ours
+    with __import__("pytest").raises(trackbridge.TrackBridgeError):
+        trackbridge.init(sinks=["nosuchkind:x"], spool="/nonexistent-trackbridge-spool")

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, TextIO
 
+from .errors import TrackBridgeError
 from .record import iter_json_objects
 
 
@@ -24,7 +25,7 @@ class Row:
     shape: str = "dict"  # "dict" (plain logged dict) or "record" (stream record)
 
 
-class InputError(ValueError):
+class InputError(TrackBridgeError, ValueError):
     pass
 
 

@@ -24,11 +24,13 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
+from .errors import TrackBridgeError
+
 _LABEL = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.\-]*)=(.+)$")
 _OPTS = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*=[^&]*(&[A-Za-z_][A-Za-z0-9_\-]*=[^&]*)*$")
 
 
-class LocatorError(ValueError):
+class LocatorError(TrackBridgeError, ValueError):
     """A locator string that cannot be understood; the message names it and says why."""
 
 

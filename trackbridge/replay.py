@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .errors import UsageError
 from .record import Record, RunInfo, iter_json_objects
 
 
@@ -69,7 +70,7 @@ def read_pending(spool: str | os.PathLike) -> list[dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a readable pending note ({exc})") from None
+        raise UsageError(f"{path}: not a readable pending note ({exc})") from None
     return [e for e in data.get("sinks") or [] if isinstance(e, dict) and e.get("sink")]
 
 
@@ -211,7 +212,7 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
         raise FileNotFoundError(f"replay: spool file {str(path)!r} does not exist")
     scan = scan_spool(path)
     if scan.info is None:
-        raise ValueError(f"replay: {path} has no run header line (type 'run'); is it a trackbridge spool?")
+        raise UsageError(f"replay: {path} has no run header line (type 'run'); is it a trackbridge spool?")
     sink = make_sink(to)
     info = copy.deepcopy(scan.info)
     target = names or info.extra.get("names") or "canonical"

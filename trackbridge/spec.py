@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import TrackBridgeError
 from .schema.loader import Registry
 from .schema.versions import VersionError
 from .schema.yamlfile import MappingError
 
 
-class SpecError(ValueError):
+class SpecError(TrackBridgeError, ValueError):
     pass
 
 

@@ -37,13 +37,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..errors import TrackBridgeError
+
 __all__ = [
     "ExprError", "NoValue", "Node", "Num", "Name", "Config", "Unary", "BinOp", "Call", "Stateful",
     "parse", "names_of", "config_of", "stateful_of", "evaluate", "FUNCTIONS", "STATEFUL",
 ]
 
 
-class ExprError(ValueError):
+class ExprError(TrackBridgeError, ValueError):
     """A formula that cannot be parsed. ``pos`` is the 0-based column in the formula text."""
 
     def __init__(self, message: str, text: str, pos: int):

@@ -39,6 +39,8 @@ import yaml
 
 from . import expr as E
 
+from ..errors import TrackBridgeError
+
 FORMAT = "trackbridge.derived/1"
 _RULE_FIELDS = {"name", "formula", "description", "citation", "requires", "forbid_approximate", "only", "note",
                 "override"}
@@ -46,7 +48,7 @@ _REQUIRES_FIELDS = {"sources", "config_absent"}
 _PH = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(:path)?\}")
 
 
-class RuleError(ValueError):
+class RuleError(TrackBridgeError, ValueError):
     """A derived-rules file that is wrong. Names the file, line and rule (MappingError-like: same attributes)."""
 
     def __init__(self, message: str, file: str | None = None, line: int | None = None, rule: str | None = None):

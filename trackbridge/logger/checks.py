@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import UsageError
 from ..sinks.base import Sink, Unreachable, check_reachable
 from ..values import as_step
 from .common import warn
@@ -19,7 +20,7 @@ def make_translator(source: str, mappings: list[str] | None, config: dict[str, A
         return Translator(source=source, target="canonical", mappings=mappings, config=config)
     except Exception as exc:
         what = f"mappings={list(mappings)!r}" if mappings else f"source={source!r}"
-        raise ValueError(f"init({what}): cannot build the translation: {exc}") from exc
+        raise UsageError(f"init({what}): cannot build the translation: {exc}") from exc
 
 
 def derive_hook(translator: Any) -> Callable[..., None] | None:
@@ -55,7 +56,7 @@ def check_packages(spec: Any, sink: Sink, *, import_now: bool = True) -> None:
             found = False
         if not found:
             extra = getattr(sink, "extra", "") or "all"
-            raise ValueError(f"sink {spec!r} needs the {pkg!r} package, which is not installed: "
+            raise UsageError(f"sink {spec!r} needs the {pkg!r} package, which is not installed: "
                              f"pip install 'trackbridge[{extra}]'")
         # imported here, in the caller's thread: a package imported by the sink's thread while the training script
         # imports it too can be seen half-initialised by one of them (MLflow then fails with a circular import)
@@ -79,16 +80,16 @@ def precheck_location(spec: str, sink: Sink) -> None:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise ValueError(f"sink {spec!r}: {probe} exists and is not a folder")
+        raise UsageError(f"sink {spec!r}: {probe} exists and is not a folder")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"sink {spec!r}: folder {probe} is not writable")
+        raise UsageError(f"sink {spec!r}: folder {probe} is not writable")
 
 
 def check_server(spec: str, url: str) -> None:
     try:
         check_reachable(url)
     except ValueError as exc:
-        raise ValueError(f"sink {spec!r}: {exc}") from None
+        raise UsageError(f"sink {spec!r}: {exc}") from None
     except Unreachable as exc:
         warn(f"trackbridge: sink {spec!r}: server {exc.host}:{exc.port} is not reachable now ({exc.reason}); "
              f"training goes on, the sink is retried later and catches up from the spool")

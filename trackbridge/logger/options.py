@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..errors import UsageError
+
 
 @dataclass(frozen=True)
 class LoggerOptions:
@@ -31,16 +33,16 @@ class LoggerOptions:
 
     def __post_init__(self) -> None:
         if self.writer not in ("thread", "process"):
-            raise ValueError(f"writer must be 'thread' or 'process', got {self.writer!r}")
+            raise UsageError(f"writer must be 'thread' or 'process', got {self.writer!r}")
         if not self.flush_interval > 0:
-            raise ValueError(f"flush_interval must be > 0 seconds, got {self.flush_interval!r}")
+            raise UsageError(f"flush_interval must be > 0 seconds, got {self.flush_interval!r}")
         if self.queue_size < 1 or self.batch_size < 1:
-            raise ValueError("queue_size and batch_size must be at least 1")
+            raise UsageError("queue_size and batch_size must be at least 1")
         if self.retries < 0:
-            raise ValueError(f"retries must be >= 0, got {self.retries!r}")
+            raise UsageError(f"retries must be >= 0, got {self.retries!r}")
         for name in ("backoff", "retry_interval", "stall_timeout", "finish_timeout", "resume_wait"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
+                raise UsageError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..record import RunInfo
 from ..replay import iter_spool, names_translator, pending_file, scan_spool, spool_file, write_pending
 from ..sinks.base import Sink
@@ -53,7 +54,7 @@ class Run:
         self.spool_path = spool_file(spool_loc.location, self.run_id)
         scan = scan_spool(self.spool_path)
         if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
-            raise ValueError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
+            raise UsageError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
                              f"pass resume=True to continue it, or choose another run_id")
         prev = scan.info
         cfg = dict(config) if config is not None else (dict(prev.config) if prev else {})
@@ -83,7 +84,7 @@ class Run:
             try:
                 sink = make_sink(spec)
             except (LocatorError, Exception) as exc:
-                raise ValueError(f"sink {spec!r}: {exc}") from None
+                raise UsageError(f"sink {spec!r}: {exc}") from None
             check_packages(spec, sink, import_now=options.writer == "thread")   # the writer process imports its own
             ready_for_shutdown()
             if isinstance(spec, str):
@@ -107,11 +108,11 @@ class Run:
         if options.writer == "process" and built:
             specs = [spec for spec in sinks or [] if isinstance(spec, str)]
             if len(specs) != len(sinks or []):
-                raise ValueError("init(writer='process') takes sinks as locator strings (a Sink object cannot be "
+                raise UsageError("init(writer='process') takes sinks as locator strings (a Sink object cannot be "
                                  "handed to another process)")
             foreign = [s.locator() for s in built if not type(s).__module__.startswith("trackbridge.")]
             if foreign:
-                raise ValueError(f"init(writer='process'): {', '.join(foreign)} is a tracker registered in this "
+                raise UsageError(f"init(writer='process'): {', '.join(foreign)} is a tracker registered in this "
                                  f"process, which the writer process cannot load; use writer='thread' for it")
             from .writer import RemoteTracker
             by_locator = {s.locator(): s for s in built}

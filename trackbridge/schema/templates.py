@@ -10,10 +10,12 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..errors import TrackBridgeError
+
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path|int|segment))?\}")
 
 
-class TemplateError(ValueError):
+class TemplateError(TrackBridgeError, ValueError):
     pass
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from ..errors import TrackBridgeError
+
 _VER = re.compile(
     r"^v?(?P<rel>\d+(?:\.\d+)*)"
     r"(?:[.\-_]?(?P<pre>a|b|c|rc|alpha|beta|pre|preview)(?P<pren>\d*))?"
@@ -12,7 +14,7 @@ _VER = re.compile(
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
 
 
-class VersionError(ValueError):
+class VersionError(TrackBridgeError, ValueError):
     pass
 
 

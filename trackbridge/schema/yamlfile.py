@@ -10,8 +10,10 @@ from typing import Any
 
 import yaml
 
+from ..errors import TrackBridgeError
 
-class MappingError(ValueError):
+
+class MappingError(TrackBridgeError, ValueError):
     """A problem in a mapping file. ``str()`` gives ``file:line: entry: message``."""
 
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None, entry: str | None = None):

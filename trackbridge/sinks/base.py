@@ -14,6 +14,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from ..errors import TrackBridgeError
 from ..record import Record, RunInfo
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class Capabilities:
     wall_time: bool = True       # keeps the wall time we give it
 
 
-class Unreachable(OSError):
+class Unreachable(TrackBridgeError, OSError):
     """Nothing answers at ``host``:``port`` (``reason`` says what the connect attempt got)."""
 
     def __init__(self, host: str | None, port: int, reason: str) -> None:
@@ -53,7 +54,7 @@ def check_reachable(url: str, timeout: float = 2.0) -> None:
         raise Unreachable(host, port, str(exc)) from None
 
 
-class SinkError(RuntimeError):
+class SinkError(TrackBridgeError, RuntimeError):
     """A sink could not do what was asked; the message names the sink."""
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .base import SourceError
+from ..errors import TrackBridgeError
 
 # ANSI colour/cursor sequences (Ray prefixes every worker line with "\x1b[36m(TaskRunner pid=N)\x1b[0m ").
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -58,7 +59,7 @@ def parse_number(text: str) -> int | float | None:
     return None
 
 
-class LiteralError(ValueError):
+class LiteralError(TrackBridgeError, ValueError):
     """A printed dict that is not a plain mapping of names to scalars."""
 
 

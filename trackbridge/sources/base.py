@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from ..errors import TrackBridgeError
 from ..record import Record, RunInfo
 
 
@@ -81,7 +82,7 @@ class Problem:
         return f"{self.where}: {self.what}"
 
 
-class SourceError(RuntimeError):
+class SourceError(TrackBridgeError, RuntimeError):
     """A source that cannot be read at all (missing path, unreachable server, no such run)."""
 
 
