@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11 and make:
 #   make demo   - create .venv if missing, install, run the demo on the embedded default, print where the output is
-#   make test   - create .venv if missing, install (test extras, pinned torch/trl), run the whole test suite
+#   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff), run the
+#                 whole test suite
 # Flags: make test PYTEST_ARGS="--skip-integration"   (skip the slow real-TRL tests locally)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -26,7 +27,7 @@ $(VENV)/.test-installed: $(BIN)/python pyproject.toml constraints.txt
 demo: $(VENV)/.demo-installed
 	$(BIN)/python -m trackbridge demo --out $(OUT)
 
-test: $(VENV)/.test-installed
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.test-installed
@@ -35,8 +36,9 @@ bench: $(VENV)/.test-installed
 docs: $(VENV)/.demo-installed
 	$(BIN)/python -m trackbridge mappings docs --out docs/metrics.md
 
-lint: $(VENV)/.demo-installed
+lint: $(VENV)/.test-installed
 	$(BIN)/python -m trackbridge mappings lint
+	$(BIN)/ruff check trackbridge benchmarks
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

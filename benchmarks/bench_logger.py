@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +137,7 @@ def run_child(name: str, steps: int, metrics: int, out: Path) -> dict:
             + "\nprint('RESULT' + json.dumps(RESULT))\n")
     env = dict(ENV, TRACKIO_DIR=str(out))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=out)
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")]
     if p.returncode or not line:
         raise RuntimeError(f"{name} alone failed:\n{p.stderr[-2000:]}")
     return json.loads(line[-1][6:])
@@ -166,7 +165,7 @@ RESULT = {"total": time.perf_counter() - t0, "log_loop": t_logged, "calls": call
 """
     p = subprocess.run([sys.executable, "-c", code + "\nprint('RESULT' + json.dumps(RESULT))\n"], capture_output=True,
                        text=True, env=ENV, cwd=out)
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")]
     if p.returncode or not line:
         raise RuntimeError(f"trackbridge run failed:\n{p.stderr[-3000:]}")
     return json.loads(line[-1][6:])

@@ -64,6 +64,7 @@ def make_plain_source(folder: Path, tags: int, steps: int) -> None:
     wall time, and no trackbridge run information. Written with TensorBoard's own protobufs and the standard TFRecord
     framing (faster than calling tensorboardX a million times; the files are the same)."""
     from tensorboard.compat.proto import event_pb2
+
     from trackbridge.trackers.tensorboard.events import frame
 
     names = tag_names(tags)
@@ -114,7 +115,8 @@ def m_trackbridge(src: str, dst: str) -> dict:
     if dst.startswith("mlflow:"):
         from trackbridge.trackers.mlflow.client import make_client
         make_client(dst[len("mlflow:"):]).search_experiments()    # store creation is not migration
-    import trackbridge.trackers.tensorboard.sink, trackbridge.trackers.tensorboard.source, trackbridge.pipeline  # noqa: F401,E401
+    import trackbridge.pipeline
+    import trackbridge.trackers.tensorboard.sink  # noqa: F401,E401
     from trackbridge.schema.loader import load_registry
     load_registry()
     base = _rss_mb()
@@ -151,6 +153,7 @@ def m_hand_mlflow(src_folder: str, db: str) -> dict:
     import pandas  # noqa: F401
     import tbparse  # noqa: F401
     from mlflow.entities import Metric
+
     from trackbridge.trackers.mlflow.client import make_client
     client = make_client(f"sqlite:///{db}")
     client.search_experiments()
@@ -182,6 +185,7 @@ def _log_in_chunks(client, run: str, metrics) -> int:
 
 def m_mlflow_floor(tags: int, steps: int, db: str) -> dict:
     from mlflow.entities import Metric
+
     from trackbridge.trackers.mlflow.client import make_client
     client = make_client(f"sqlite:///{db}")
     client.search_experiments()
@@ -200,6 +204,7 @@ def m_hand_wandb(db: str, out: str) -> dict:
     """The hand-written way out of MLflow into wandb: every key's history through MlflowClient, rows per step,
     one ``wandb.log`` per step (offline)."""
     import wandb
+
     from trackbridge.trackers.mlflow.client import make_client
     client = make_client(f"sqlite:///{db}")
     client.search_experiments()
@@ -221,7 +226,8 @@ def m_hand_wandb(db: str, out: str) -> dict:
     return {"seconds": time.perf_counter() - t, "points": n, "rss": _rss_mb(), "base": base}
 
 
-MEASURES = {"trackbridge": m_trackbridge, "hand_wandb": m_hand_wandb, "hand_tb": m_hand_tb, "hand_mlflow": m_hand_mlflow,
+MEASURES = {"trackbridge": m_trackbridge, "hand_wandb": m_hand_wandb, "hand_tb": m_hand_tb,
+            "hand_mlflow": m_hand_mlflow,
             "mlflow_floor": m_mlflow_floor}
 
 

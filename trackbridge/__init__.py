@@ -14,7 +14,8 @@ __all__ = ["__version__", "init", "Run", "NoOpRun", "LoggerOptions", "translate"
 from .errors import TrackBridgeError, UsageError  # noqa: E402
 from .translate import Translation, Translator, translate  # noqa: E402
 
-_LAZY = {"init": "logger", "Run": "logger", "NoOpRun": "logger", "LoggerOptions": "logger", "wrap": "integrations", "unwrap": "integrations",
+_LAZY = {"init": "logger", "Run": "logger", "NoOpRun": "logger", "LoggerOptions": "logger", "wrap": "integrations",
+         "unwrap": "integrations",
          "register_tracker": "trackers", "unregister_tracker": "trackers"}
 
 if TYPE_CHECKING:       # pragma: no cover

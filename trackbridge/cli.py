@@ -136,7 +136,6 @@ def cmd_translate(args) -> int:
         except TypeError as exc:
             problems.append(f"{row.where}: {exc}; line skipped")
             continue
-        inv = {v: k for k, v in res.renamed.items()}
         for k in row.metrics:
             if k not in res.unmapped and k not in res.conflicts:
                 mapped.add(k)

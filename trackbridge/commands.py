@@ -91,8 +91,8 @@ def _migrate(args) -> int:
     import sys
 
     from .migrate import migrate, summary
-    from .sources.base import SourceError
     from .sinks.base import SinkError
+    from .sources.base import SourceError
     try:
         result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
                          dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,

@@ -24,8 +24,8 @@ from .holdings import Holdings
 from .locators import parse
 from .pipeline import Pipeline, Stats
 from .record import Record, RunInfo
-from .trackers import kinds, make_sink, open_source, sink_class
 from .sources.base import TIME_AXIS, Problem, RunReader
+from .trackers import kinds, make_sink, open_source, sink_class
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
@@ -385,7 +385,8 @@ def summary(result: MigrationResult, *, dry_run: bool = False) -> str:
     if skipped:
         lines.append(f"  records already in the destination, skipped: {skipped:,}")
     lines.append(f"  keys renamed: {len(tot.renamed)}")
-    lines.append(f"  unmapped (kept as is): {len(tot.unmapped)}" + (f": {', '.join(tot.unmapped)}" if tot.unmapped else ""))
+    unmapped = f": {', '.join(tot.unmapped)}" if tot.unmapped else ""
+    lines.append(f"  unmapped (kept as is): {len(tot.unmapped)}{unmapped}")
     lines.append(f"  approximate: {len(tot.approximate)}")
     for k, why in tot.approximate.items():
         lines.append(f"    {k}: {why}")

@@ -8,8 +8,8 @@ unchanged and are reported; nothing is dropped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from .detect import Detection, detect
@@ -323,7 +323,8 @@ class Translator:
         sp = self.source_spec
         if sp.kind == "auto":
             return True
-        return sp.kind == "framework" and sp.trainer is None and len(self.registry.frameworks[sp.framework].trainers) > 1
+        return (sp.kind == "framework" and sp.trainer is None
+                and len(self.registry.frameworks[sp.framework].trainers) > 1)
 
     def _maybe_detect(self, metrics: Mapping[str, Any]) -> None:
         if not self._needs_detection():
@@ -358,7 +359,8 @@ class Translator:
     def _note_source_trainer(self, det: Detection) -> None:
         given = self.source_spec.describe(self.registry)
         if det.spec is self.source_spec:
-            text = f"source {given}: the trainer could not be told from the keys ({det.reason}); every trainer's names used"
+            text = (f"source {given}: the trainer could not be told from the keys ({det.reason}); "
+                    f"every trainer's names used")
         else:
             text = f"source {given}: trainer detected from the keys as {det.source} ({det.reason})"
         self.notes = [n for n in self.notes if not n.startswith(f"source {given}: ")] + [text]

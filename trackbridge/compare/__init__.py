@@ -11,7 +11,8 @@ in (:mod:`.load`), aligns the runs on steps, samples, tokens or wall time (:mod:
 * ``charts/*.png``: one chart per metric;
 * ``summary.csv`` and ``summary.md``: the same table (metric, run, first, last, min, max, mean, points, note).
 
-Canonical names that only look alike (``kl/ref/k3`` against ``kl/old_policy/k1``) are different metrics, never one chart;
+Canonical names that only look alike (``kl/ref/k3`` against ``kl/old_policy/k1``) are different metrics, never one
+chart;
 the report says so when one run has one and another run the other. With ``into=SINK`` every run is also written,
 under canonical names, into one tracker (:mod:`.into`). One run gives the same report for a single run.
 

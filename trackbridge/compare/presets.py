@@ -2,7 +2,8 @@
 
 Patterns are shell-style (``*`` matches across ``/``). A name with a split prefix (``eval/``, ``test/``) matches a
 pattern when the name without the prefix does. Within a preset, the order of the patterns is the order of the
-charts in the report. What each framework calls these: ``mappings/`` (each entry cites the framework source file and release it was read from).
+charts in the report. What each framework calls these: ``mappings/`` (each entry cites the framework source file and
+release it was read from).
 """
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .. import __version__ as _tb_version
-from .align import X_LABELS, Axis, series, smooth as _smooth
+from .align import X_LABELS, Axis, series
+from .align import smooth as _smooth
 from .plot import Chart, Line, draw
 from .presets import PRESETS
 from .stats import COLUMNS, fmt_csv, fmt_short

@@ -37,9 +37,8 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
-from . import expr as E
-
 from ..errors import TrackBridgeError
+from . import expr as E
 
 FORMAT = "trackbridge.derived/1"
 _RULE_FIELDS = {"name", "formula", "description", "citation", "requires", "forbid_approximate", "only", "note",

@@ -74,7 +74,8 @@ class LogWrapper(Tee):
         step_key = self.step_arg or next((n for n in _STEP_NAMES if n in bound), None)
         if step_key is None and data_key in names:
             i = names.index(data_key)
-            if i + 1 < len(names) and isinstance(bound[names[i + 1]], int) and not isinstance(bound[names[i + 1]], bool):
+            nxt = bound[names[i + 1]] if i + 1 < len(names) else None
+            if isinstance(nxt, int) and not isinstance(nxt, bool):
                 step_key = names[i + 1]
         return bound.get(data_key) if data_key else None, bound.get(step_key) if step_key else None
 

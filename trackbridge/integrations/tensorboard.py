@@ -99,8 +99,9 @@ class WriterWrapper(Tee):
         try:
             fn()
         except Exception as exc:
-            self.warn_once(f"tee-{type(exc).__name__}", f"trackbridge: teeing the SummaryWriter failed "
-                                                        f"({type(exc).__name__}: {exc}); the event files are unaffected")
+            self.warn_once(f"tee-{type(exc).__name__}",
+                           f"trackbridge: teeing the SummaryWriter failed ({type(exc).__name__}: {exc}); "
+                           f"the event files are unaffected")
 
     # -- the calls -----------------------------------------------------------------------------------------------------
     def _on_add_scalar(self, args: tuple, kwargs: dict) -> None:

@@ -14,8 +14,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from .model import (_OPS as _WHEN_OPS, APPROXIMATE, EXACT, OPEN, CanonicalMetric, CanonicalSchema, Cond, ConfigEntry,
-                    Entry, FrameworkMapping)
+from .model import _OPS as _WHEN_OPS
+from .model import (
+    APPROXIMATE,
+    EXACT,
+    OPEN,
+    CanonicalMetric,
+    CanonicalSchema,
+    Cond,
+    ConfigEntry,
+    Entry,
+    FrameworkMapping,
+)
 from .templates import TemplateError, compile_template, is_template, placeholder_names, strip_types
 from .versions import VersionError, is_version, normalize, version_key
 from .yamlfile import LineDict, MappingError, MappingErrors, line_of, load_yaml
@@ -107,6 +117,7 @@ def _cache_key(files: list[str]) -> str | None:
         return None
     import hashlib
     import sys
+
     from .. import __version__
     h = hashlib.sha256(f"{__version__}|{sys.version}|{__file__}".encode())
     here = Path(__file__).parent

@@ -61,7 +61,8 @@ def escape_path(name: str, allowed: "re.Pattern[str] | Callable[[str], bool]") -
     """Like :func:`escape`, and also escape what makes a name resolve to another path.
 
     A ``/`` at the start or end, or right after another ``/``, becomes ``_x2F_``; a segment that is ``.`` or ``..``
-    has its dots escaped, as has the first dot of a name starting with ``..``. The result satisfies ``posixpath.normpath(result) == result``.
+    has its dots escaped, as has the first dot of a name starting with ``..``. The result satisfies
+    ``posixpath.normpath(result) == result``.
     """
     if not name:
         raise ValueError("empty metric name cannot be stored")

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from .base import SourceError
 from ..errors import TrackBridgeError
+from .base import SourceError
 
 # ANSI colour/cursor sequences (Ray prefixes every worker line with "\x1b[36m(TaskRunner pid=N)\x1b[0m ").
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -124,7 +124,8 @@ def parse_printed_dict(text: str) -> tuple[dict[str, Any], list[str], bool]:
     """Evaluate a printed Python dict of scalars safely (``ast.parse``, no ``eval``).
 
     Returns ``(values, dropped, quoted)``: the name -> value mapping, the keys whose values are not scalars (nested
-    dicts, lists, objects), which the caller reports, and whether some numbers were printed as strings (rounded). Raises :class:`LiteralError` if ``text`` is not a dict with
+    dicts, lists, objects), which the caller reports, and whether some numbers were printed as strings (rounded).
+    Raises :class:`LiteralError` if ``text`` is not a dict with
     string keys at all (syntax error, truncated line, set, ...).
     """
     text = _GRAD_FN.sub("", text)

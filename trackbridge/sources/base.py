@@ -30,7 +30,6 @@ from typing import Iterable, Iterator
 from ..errors import TrackBridgeError
 from ..record import Record, RunInfo
 
-
 TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's source held no wall times
 
 WALL_TIME_TOLERANCE = 1.0      # seconds: points further apart than this from a record's first point are not merged

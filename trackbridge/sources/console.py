@@ -16,7 +16,8 @@ tqdm's carriage-return progress updates are removed):
   one micro-batch, not the step's mean (:attr:`RunInfo.extra` ``progress_bar`` says so). A postfix repeated
   unchanged by tqdm's refreshes is one record; steps are in log order.
 
-Steps come from ``step:N``; else (progress bars: always) from a ``step``/``global_step`` key of the dict (or the key named by the
+Steps come from ``step:N``; else (progress bars: always) from a ``step``/``global_step`` key of the dict (or the key
+named by the
 ``?step=KEY`` option); else from log order (1, 2, 3, ...), and :attr:`RunInfo.extra` says ``step_source: ordinal``.
 A console log holds no wall times, so none are given. Lines that are not metrics are skipped and summarised in one
 problem; lines that look like metrics but cannot be read (truncated, malformed) are each reported with their line.

@@ -9,7 +9,8 @@ example the partial last line a crash leaves) is skipped and reported as ``file:
 around it are still read. Binary junk is not damage: a file whose first line holds NUL bytes or bytes that are not
 UTF-8, three unreadable lines in a row one of which is binary (:class:`~trackbridge.sources._files.JunkGuard`),
 or a file whose first 20 non-empty lines are all unreadable, is given up there, with one fatal problem naming the
-line and byte offset (what came before is kept). Recorded name sanitization (``RunInfo.sanitized``) is undone. Option ``run=ID`` keeps
+line and byte offset (what came before is kept). Recorded name sanitization (``RunInfo.sanitized``) is undone. Option
+``run=ID`` keeps
 only runs whose id or name matches.
 """
 from __future__ import annotations

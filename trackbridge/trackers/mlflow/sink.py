@@ -28,7 +28,8 @@ What goes where in the MLflow run:
 * histograms -> summary metrics ``<name>/mean``, ``/std``, ``/min``, ``/max``, ``/count``; the chunked JSON tag
   ``trackbridge.histogram_summaries`` lists the histogram names so readers know these are summaries;
 * strings -> a JSON-lines text artifact per written batch, ``trackbridge/text/<content hash>.jsonl``, each line
-  ``{"step", "timestamp" (ms), "wall_time", "name", "value"}`` (the content hash makes rewriting the same batch idempotent);
+  ``{"step", "timestamp" (ms), "wall_time", "name", "value"}`` (the content hash makes rewriting the same batch
+  idempotent);
 * the :class:`~trackbridge.record.RunInfo` itself -> chunked JSON tag ``trackbridge.run`` so name, tags and config
   round-trip exactly (params alone are flattened strings).
 
@@ -51,14 +52,26 @@ from pathlib import Path
 from typing import Any
 
 from ...record import Histogram, Record, RunInfo
-from ...values import utf8_ok
 from ...sinks import _sanitize
-from .client import (TAG_DERIVED, TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TAG_RUN_ID, TEXT_DIR, chunk_tags,
-                     flatten_config, make_client, read_chunked, tracking_uri)
-from .names import mlflow_key, mlflow_valid
-from .bulk import BulkWriter
-from .store import check_sqlite_store, sqlite_path
 from ...sinks.base import Capabilities, Sink, SinkError, Unreachable, check_reachable, printable, step_ok
+from ...values import utf8_ok
+from .bulk import BulkWriter
+from .client import (
+    TAG_DERIVED,
+    TAG_ESCAPE,
+    TAG_HIST,
+    TAG_NAMES,
+    TAG_RUN,
+    TAG_RUN_ID,
+    TEXT_DIR,
+    chunk_tags,
+    flatten_config,
+    make_client,
+    read_chunked,
+    tracking_uri,
+)
+from .names import mlflow_key, mlflow_valid
+from .store import check_sqlite_store, sqlite_path
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100

@@ -13,7 +13,8 @@ A tracking server (or any other store) is read through the paged ``get_metric_hi
 :data:`PAGE_BUDGET` points in pages across all keys, and the per-key streams are merged on ``(timestamp, step)``,
 the server's own order (there, two values of one key at the same step and millisecond come back in value order).
 
-MLflow keeps points, not rows, so they are grouped into records per step and split (see :mod:`trackbridge.sources.base`), each point by its own timestamp: points of one step share
+MLflow keeps points, not rows, so they are grouped into records per step and split (see
+:mod:`trackbridge.sources.base`), each point by its own timestamp: points of one step share
 a record when their timestamps are equal (one ``log_batch``/``log_metrics`` call, or one record written by
 :class:`~trackbridge.trackers.mlflow.sink.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
 ``test/``/``test_``, else train; the epoch is of none) and at most
@@ -45,9 +46,18 @@ from urllib.parse import quote
 
 from ...record import Record, RunInfo
 from ...sinks import _sanitize
-from .client import (TAG_ESCAPE, TAG_HIST, TAG_NAMES, TAG_RUN, TEXT_DIR, make_client, read_chunked,
-                              restore_inf, tracking_uri)
 from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
+from .client import (
+    TAG_ESCAPE,
+    TAG_HIST,
+    TAG_NAMES,
+    TAG_RUN,
+    TEXT_DIR,
+    make_client,
+    read_chunked,
+    restore_inf,
+    tracking_uri,
+)
 
 PAGE = 10_000           # points per page of one key's history from a server, at most
 PAGE_BUDGET = 100_000   # points held in pages at once across all keys of a run (a server's pages are per key)

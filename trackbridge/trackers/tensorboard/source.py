@@ -6,7 +6,8 @@ framing is parsed here, so damage is reported precisely: a record whose length C
 forward to the next valid record, a record whose data CRC is wrong or whose Event does not parse is skipped, and a
 truncated last record ends that file -- each reported as ``file:offset``. An event file with no value in it (0
 bytes, or only the ``file_version`` header a writer puts first) is reported naming the file; a run whose files are
-all like that has nothing to read (a fatal problem: ``migrate`` creates no empty run for it). ``?verify=0`` skips data CRC checks (3-5x
+all like that has nothing to read (a fatal problem: ``migrate`` creates no empty run for it). ``?verify=0`` skips
+data CRC checks (3-5x
 faster in pure Python; length CRCs are always checked).
 
 What is read from each ``Summary.Value``:
@@ -42,8 +43,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
-from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, read_event_records
 from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
+from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, read_event_records
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
 # text tags that transformers' TensorBoardCallback writes at train begin: the run's config, not metrics

@@ -41,7 +41,8 @@ from typing import Any
 from ...record import Record, RunInfo
 from ...sinks._sanitize import NameCache
 from ...sinks.base import Capabilities, Sink, SinkError, printable, step_ok
-from .schema import (CONFIG_KEY, connect, encode, init_db, iso, process_lock, trackio_key, trackio_unkey)
+from .schema import CONFIG_KEY, connect, encode, init_db, iso, process_lock, trackio_key, trackio_unkey
+
 
 # -- the sink ---------------------------------------------------------------------------------------------
 class TrackioSink(Sink):

@@ -23,6 +23,7 @@ from ...record import Histogram, Record, RunInfo
 from ...sources.base import RunReader, Source, SourceError, mark_derived
 from .records import META_KEY, STEP_KEY, find_wandb_files, folder_order, read_payloads, run_id_of
 
+
 def _set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
     for part in path[:-1]:
         nxt = target.get(part)
