@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from ..errors import UsageError
 from ..sinks.base import Sink, Unreachable, check_reachable
-from ..values import as_step
+from ..values import STEP_MAX, as_step, check_step, normalize_metrics
 from .common import warn
 
 
@@ -27,6 +27,17 @@ def derive_hook(translator: Any) -> Callable[..., None] | None:
     """The translator's derive step (run after the step is known): ``hook(translation, step, wall_time)`` fills
     ``translation.metrics`` in place and sets ``translation.derived``."""
     return getattr(translator, "apply_derive", None)
+
+
+def validate_call(metrics: Any, step: Any) -> tuple[dict[str, Any], list[str], int | None]:
+    """What ``log(metrics, step)`` checks on every rank: the values normalised (with the problems of the ones left
+    out) and the step as an int. Raises as :meth:`Run.log` documents."""
+    values, problems = normalize_metrics(metrics)
+    if step is not None:
+        step = to_step(step)
+        if not 0 <= step <= STEP_MAX:
+            check_step(step)
+    return values, problems, step
 
 
 def to_step(step: Any) -> int:

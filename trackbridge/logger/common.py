@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from typing import Any
 
 from ..values import utf8_ok
 
@@ -22,6 +23,25 @@ def warn(message: str) -> None:
     if log.hasHandlers():
         log.warning(message)
     warnings.warn(message, LoggerWarning, stacklevel=3)
+
+
+class RunView:
+    """What ``Run`` and ``NoOpRun`` derive alike from their ``run_id`` and ``info``."""
+
+    run_id: Any
+    info: Any
+
+    @property
+    def id(self) -> Any:
+        return self.run_id
+
+    @property
+    def name(self) -> str | None:
+        return self.info.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.info.config
 
 
 def fix_text(text: str) -> str:

@@ -4,11 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..record import RunInfo
-from ..values import STEP_MAX, check_step, normalize_metrics
-from .checks import to_step
+from .checks import validate_call
+from .common import RunView
 
 
-class NoOpRun:
+class NoOpRun(RunView):
     """The same API as :class:`~trackbridge.logger.Run` (a test checks the two against each other); ``log()``
     validates and discards, nothing is written, ``config``/``name``/``info`` are what ``init`` was given."""
 
@@ -24,24 +24,8 @@ class NoOpRun:
         self.options = options
         self.info = RunInfo(name=name, project=project, run_id=run_id, config=dict(config or {}))
 
-    @property
-    def id(self) -> str | None:
-        return self.run_id
-
-    @property
-    def name(self) -> str | None:
-        return self.info.name
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.info.config
-
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        normalize_metrics(metrics)        # the same TypeError as on rank 0 for what rank 0 would refuse
-        if step is not None:
-            step = to_step(step)
-            if not 0 <= step <= STEP_MAX:
-                check_step(step)
+        validate_call(metrics, step)      # refuses what rank 0 refuses, then discards
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         return self.info

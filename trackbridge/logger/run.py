@@ -16,9 +16,9 @@ from ..errors import UsageError
 from ..record import RunInfo
 from ..replay import iter_spool, names_translator, pending_file, scan_spool, spool_file, write_pending
 from ..sinks.base import Sink
-from ..values import STEP_MAX, check_step, normalize_metrics, sanitize_config
-from .checks import check_packages, derive_hook, make_translator, precheck_location, ready_for_shutdown, to_step
-from .common import STOP, fix_text, warn
+from ..values import sanitize_config
+from .checks import check_packages, derive_hook, make_translator, precheck_location, ready_for_shutdown, validate_call
+from .common import STOP, RunView, fix_text, warn
 from .dispatch import Dispatcher
 from .options import LoggerOptions
 from .spool import SpoolWorker
@@ -28,7 +28,7 @@ from .worker import RunContext
 _INFO_LOCK = threading.Lock()
 
 
-class Run:
+class Run(RunView):
     """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
 
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
@@ -143,18 +143,6 @@ class Run:
 
     # -- public API ----------------------------------------------------------------------------------------------
     @property
-    def id(self) -> str:
-        return self.run_id
-
-    @property
-    def name(self) -> str | None:
-        return self.info.name
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.info.config
-
-    @property
     def _next_step(self) -> int:
         return self._dispatcher.next_step
 
@@ -171,11 +159,7 @@ class Run:
         it (see ``run.problems``); the other values of the call are logged.
         """
         wall_time = time.time()
-        values, problems = normalize_metrics(metrics)
-        if step is not None:
-            step = to_step(step)
-            if not 0 <= step <= STEP_MAX:
-                check_step(step)
+        values, problems, step = validate_call(metrics, step)
         if problems:
             self._report_values(problems)
         if self._finished:
