@@ -23,7 +23,7 @@ from .dispatch import Dispatcher
 from .options import LoggerOptions
 from .spool import SpoolWorker
 from .tracker import TrackerWorker
-from .worker import RunContext
+from .worker import RunContext, sync_run_info
 
 _INFO_LOCK = threading.Lock()
 
@@ -351,15 +351,7 @@ class Run(RunView):
             warn(f"trackbridge: finish(): {msg}")
 
     def _sync_info(self, run: RunInfo | None, is_spool: bool) -> None:
-        """Give a sink's copy of the run info what was learnt while logging (the detected source, which
-        translations were approximate, how the run ended), so that it stores them with the run when it closes."""
-        if run is None:
-            return
-        if self.info.source:
-            run.source = self.info.source
-        if "outcome" in self.info.extra:
-            run.extra = {**(run.extra or {}), "outcome": self.info.extra["outcome"]}
-        run.approximate = {**(run.approximate or {}), **self.tracker_approximate(is_spool)}
+        sync_run_info(run, self.info, self.tracker_approximate(is_spool))
 
     def _clean_info(self) -> RunInfo:
         """A copy of the run info that every sink can store: the config made plain JSON (see

@@ -32,6 +32,18 @@ class RunContext:
     spool: Any = field(default=None)            # the run's SpoolWorker, set once built
 
 
+def sync_run_info(run: RunInfo | None, info: RunInfo, approximate: dict[str, str]) -> None:
+    """Give a sink's copy of the run info what was learnt while logging (the detected source, which translations
+    were approximate, how the run ended), so that it stores them with the run when it closes."""
+    if run is None:
+        return
+    if info.source:
+        run.source = info.source
+    if "outcome" in info.extra:
+        run.extra = {**(run.extra or {}), "outcome": info.extra["outcome"]}
+    run.approximate = {**(run.approximate or {}), **approximate}
+
+
 class Worker:
     """Owns one sink: its queue, its thread, retries, the sink's refusals. Subclasses decide what happens when the
     queue is full, when a write fails and what the worker does between batches."""

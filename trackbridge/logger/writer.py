@@ -22,7 +22,7 @@ from ..replay import names_translator
 from .common import warn
 from .options import LoggerOptions
 from .tracker import TrackerWorker
-from .worker import RunContext
+from .worker import RunContext, sync_run_info
 
 STATUS_EVERY = 0.2
 
@@ -111,13 +111,7 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
         return out
 
     def sync_info(run: RunInfo | None, is_spool: bool) -> None:
-        if run is None:
-            return
-        if info.source:
-            run.source = info.source
-        if "outcome" in info.extra:
-            run.extra = {**(run.extra or {}), "outcome": info.extra["outcome"]}
-        run.approximate = {**(run.approximate or {}), **approximate(is_spool)}
+        sync_run_info(run, info, approximate(is_spool))
 
     _one_writer_per_run(tail.path)
     ctx = RunContext(options=options, spool_path=tail.path, seq_base=spec["seq_base"], resume=spec["resume"],
