@@ -105,5 +105,17 @@ def make_deriver(registry, extra_paths=None, *, config=None, source=None, fideli
 
 
 def lint_rules(registry, paths=None) -> int:
-    """Check every derived-rule file (shipped and user); raises RuleError naming file, line and rule."""
+    """Check every derived-rule file (shipped and user) and return the number of rules. Raises :class:`RuleError`
+    naming file, line and rule; :class:`~trackbridge.derive.rules.RuleErrors` (``errors``) for the structural
+    (JSON Schema) problems of every file at once."""
+    from ..schema.paths import mappings_dir
+    from .rules import RuleErrors, read_rules_file
+    errors: list[RuleError] = []
+    for f in dict.fromkeys([str(mappings_dir() / "derived.yaml"), *registry.derived_files]):
+        try:
+            read_rules_file(f)
+        except RuleError as exc:
+            errors += getattr(exc, "errors", [exc])
+    if errors:
+        raise errors[0] if len(errors) == 1 else RuleErrors(errors)
     return len(rules_for(registry, paths))

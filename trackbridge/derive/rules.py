@@ -14,12 +14,17 @@ A rules file::
         note: ...                                                     # optional
         override: true                                                # user files only: replaces a shipped rule
 
-Everything is checked when the file is loaded, and every error names the file, the line and the rule:
-unknown format or fields, a formula that does not parse, an unknown metric or config name, an unknown function,
-output placeholders that the inputs do not bind, and dependency cycles between rules. The rules of all files are then
-put in dependency order once (a rule runs after every rule that can produce one of its inputs); among rules with no
-order between them, rules from user files come before the shipped ones and file order is kept, so for one output
-the first applicable rule wins.
+Everything is checked when the file is loaded, and every error names the file, the line and the rule. The file is
+read by the mapping files' loader (:mod:`trackbridge.schema.yamlfile`: line numbers, duplicate keys) and its
+structure checked against ``mappings/schemas/derived.schema.json`` (unknown format or fields, wrong types, missing
+fields); then this module checks the meaning: a formula that does not parse, an unknown metric or config name, an
+unknown function, output placeholders that the inputs do not bind, malformed templates, and dependency cycles
+between rules. Templated names use the one template engine of :mod:`trackbridge.schema.templates` (``{x}``,
+``{x:path}``, ``{x:int}``), the shipped files come from the one :func:`~trackbridge.schema.paths.mappings_dir`
+(``TRACKBRIDGE_MAPPINGS_DIR`` honoured), and :class:`RuleError` is a
+:class:`~trackbridge.schema.yamlfile.MappingError`. The rules of all files are then put in dependency order once (a
+rule runs after every rule that can produce one of its inputs); among rules with no order between them, rules from
+user files come before the shipped ones and file order is kept, so for one output the first applicable rule wins.
 
 A rule in a user file with the same name as a shipped rule must say ``override: true``; it then *replaces* every
 shipped rule of that name (they are left out). Without it loading fails with an error naming both files and lines,
@@ -30,87 +35,40 @@ line and rule.
 """
 from __future__ import annotations
 
-import re
+import heapq
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
-from ..errors import TrackBridgeError
+from ..schema.jsonschema import SchemaError, json_path, load_schema, validate
+from ..schema.paths import mappings_dir
+from ..schema.templates import TemplateError, compile_template, fill, is_template, may_overlap, shape, template_regex
+from ..schema.yamlfile import LineDict, MappingError, line_of, load_yaml
 from . import expr as E
 
+__all__ = ["FORMAT", "RuleError", "RuleErrors", "Rule", "RuleSet", "CanonicalNames", "load_rules", "parse_rules",
+           "order_rules", "shipped_canonical", "mappings_dir", "fill", "is_template", "may_overlap", "template_regex"]
+
 FORMAT = "trackbridge.derived/1"
-_RULE_FIELDS = {"name", "formula", "description", "citation", "requires", "forbid_approximate", "only", "note",
-                "override"}
-_REQUIRES_FIELDS = {"sources", "config_absent"}
-_PH = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(:path)?\}")
 
 
-class RuleError(TrackBridgeError, ValueError):
-    """A derived-rules file that is wrong. Names the file, line and rule (MappingError-like: same attributes)."""
+class RuleError(MappingError):
+    """A derived-rules file that is wrong: a :class:`MappingError` whose entry is the rule (``rule`` holds its
+    name), so ``str()`` is ``file:line: rule 'NAME': message``."""
 
     def __init__(self, message: str, file: str | None = None, line: int | None = None, rule: str | None = None):
-        self.message, self.file, self.line, self.rule = message, file, line, rule
-        where = f"{file or '<rules>'}"
-        if line is not None:
-            where += f":{line}"
-        if rule:
-            where += f": rule {rule!r}"
-        super().__init__(f"{where}: {message}")
+        self.rule = rule
+        super().__init__(message, file=file, line=line, entry=f"rule {rule!r}" if rule else None)
 
 
-# ------------------------------------------------------------------------------------------------ templates
-def placeholders(template: str) -> list[str]:
-    """Placeholder names of a templated canonical name, in order (``time/{stage}`` -> ``["stage"]``)."""
-    return [m.group(1) for m in _PH.finditer(template)]
+class RuleErrors(RuleError):
+    """Several problems in rule files (``errors``); file, line and rule are the first one's."""
 
-
-def is_template(name: str) -> bool:
-    return "{" in name
-
-
-def template_regex(template: str) -> re.Pattern[str]:
-    """Regex matching concrete names of a template; ``{x}`` is one path segment, ``{x:path}`` one or more."""
-    out, pos, seen = [], 0, set()
-    for m in _PH.finditer(template):
-        out.append(re.escape(template[pos:m.start()]))
-        ph = m.group(1)
-        if ph in seen:
-            out.append(f"(?P={ph})")
-        else:
-            out.append(f"(?P<{ph}>.+)" if m.group(2) else f"(?P<{ph}>[^/]+)")
-            seen.add(ph)
-        pos = m.end()
-    out.append(re.escape(template[pos:]))
-    return re.compile("".join(out) + r"\Z")
-
-
-def fill(template: str, binding: dict[str, str]) -> str:
-    """Instantiate a template with placeholder values."""
-    if not binding:
-        return template
-    return _PH.sub(lambda m: binding[m.group(1)], template)
-
-
-def _shape(template: str) -> str:
-    return _PH.sub(lambda m: "{:path}" if m.group(2) else "{}", template)
-
-
-def _sample(template: str) -> str:
-    return _PH.sub(lambda m: "x0q" if not m.group(2) else "x0q/x1q", template)
-
-
-def may_overlap(a: str, b: str) -> bool:
-    """Whether two (possibly templated) names can denote the same concrete name (conservative)."""
-    if a == b:
-        return True
-    if not is_template(a) and not is_template(b):
-        return False
-    if _shape(a) == _shape(b):
-        return True
-    ra, rb = template_regex(a), template_regex(b)
-    return bool(ra.match(_sample(b)) or rb.match(_sample(a)) or ra.match(b) or rb.match(a))
+    def __init__(self, errors: list[RuleError]):
+        first = errors[0]
+        super().__init__(first.message, first.file, first.line, first.rule)
+        self.errors = errors
+        self.args = ("\n".join(str(e) for e in errors),)
 
 
 # ------------------------------------------------------------------------------------------------ canonical names
@@ -124,7 +82,7 @@ class CanonicalNames:
             return
         names = list(names)
         self.exact = {n for n in names if not is_template(n)}
-        self.shapes = {_shape(n) for n in names if is_template(n)}
+        self.shapes = {shape(n) for n in names if is_template(n)}
         self.regexes = [template_regex(n) for n in names if is_template(n)]
 
     def __contains__(self, name: str) -> bool:
@@ -132,23 +90,13 @@ class CanonicalNames:
             return bool(self._fn(name))
         if not is_template(name):
             return name in self.exact or any(r.match(name) for r in self.regexes)
-        return _shape(name) in self.shapes
-
-
-def mappings_dir() -> Path:
-    """Directory of the shipped mapping files (``mappings/`` in a checkout, ``trackbridge/mappings`` in a wheel)."""
-    here = Path(__file__).resolve().parent.parent
-    for cand in (here / "mappings", here.parent / "mappings"):
-        if (cand / "canonical.yaml").is_file():
-            return cand
-    return here.parent / "mappings"
+        return shape(name) in self.shapes
 
 
 def shipped_canonical() -> tuple[set[str], set[str]]:
-    """(metric names, config names) of the shipped ``canonical.yaml``, read directly with a safe loader."""
+    """(metric names, config names) of the shipped ``canonical.yaml``, read with the mapping files' loader."""
     path = mappings_dir() / "canonical.yaml"
-    with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
+    data = load_yaml(path) or {}
     return set((data.get("metrics") or {}).keys()), set((data.get("config") or {}).keys())
 
 
@@ -200,86 +148,62 @@ class RuleSet:
         return list(dict.fromkeys(r.name for r in self.rules))
 
 
-# ------------------------------------------------------------------------------------------------ YAML with lines
-def _compose(text: str, file: str) -> yaml.Node | None:
-    try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise RuleError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file,
-                        mark.line + 1 if mark else None) from None
-
-
-def _py(node: yaml.Node, file: str) -> Any:
-    """Plain Python value of a YAML node; duplicate keys are an error naming their line."""
-    if isinstance(node, yaml.MappingNode):
-        out: dict[Any, Any] = {}
-        for k, v in node.value:
-            key = _py(k, file)
-            if key in out:
-                raise RuleError(f"duplicate key {key!r}", file, k.start_mark.line + 1)
-            out[key] = _py(v, file)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_py(v, file) for v in node.value]
-    return _scalar(node)
-
-
-def _scalar(node: yaml.ScalarNode) -> Any:
-    """Resolve a scalar node the way the safe loader would (int, float, bool, null, str)."""
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
-
-
-def _items(node: yaml.MappingNode) -> list[tuple[str, yaml.Node, int]]:
-    return [(str(_scalar(k)) if isinstance(k, yaml.ScalarNode) else "?", v, k.start_mark.line + 1)
-            for k, v in node.value]
-
-
 # ------------------------------------------------------------------------------------------------ loading
-def _str_list(value: Any, what: str, file: str, line: int, rule: str) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RuleError(f"{what} must be a list of strings", file, line, rule)
-    return list(value)
+_TEXT_FIELDS = ("name", "formula", "description", "citation")
 
 
-def _parse_rule(node: yaml.Node, file: str, canonical: CanonicalNames, config_names: set[str] | None) -> Rule:
-    line = node.start_mark.line + 1
-    if not isinstance(node, yaml.MappingNode):
-        raise RuleError("a rule must be a mapping with name, formula, description and citation", file, line)
-    items = _items(node)
-    raw = {k: (_py(v, file), ln, v) for k, v, ln in items}
-    seen: set[str] = set()
-    for k, _, ln in items:
-        if k in seen:
-            raise RuleError(f"duplicate key {k!r}", file, ln)
-        seen.add(k)
-    name = raw.get("name", (None,))[0]
-    if not isinstance(name, str) or not name:
-        raise RuleError("rule has no 'name' (the canonical name it produces)", file, line)
-    for k, (_, ln, _) in raw.items():
-        if k not in _RULE_FIELDS:
-            raise RuleError(f"unknown field {k!r} (known: {', '.join(sorted(_RULE_FIELDS))})", file, ln, name)
-    for req in ("formula", "description", "citation"):
-        if req not in raw or not isinstance(raw[req][0], str) or not raw[req][0].strip():
-            raise RuleError(f"missing or empty {req!r}", file, raw[req][1] if req in raw else line, name)
-    formula, fline, fnode = raw["formula"]
+def _rule_error(e: SchemaError, doc: Any) -> RuleError:
+    """A schema error as the rule loader words it: inside a rule, the rule's name and the field's path in it."""
+    path = e.path
+    if len(path) < 2 or path[0] != "rules":
+        return RuleError(e.message, e.file, e.line)
+    item = doc["rules"][path[1]]
+    name = item.get("name") if isinstance(item, dict) else None
+    rel = path[2:]
+    if e.keyword == "required" or (len(rel) == 1 and rel[0] in _TEXT_FIELDS and e.keyword in ("minLength", "pattern")):
+        msg = f"missing or empty {e.detail if e.keyword == 'required' else rel[0]!r}"
+    elif e.keyword == "additionalProperties":
+        msg = f"unknown field {e.detail!r}{e.hint}" if len(rel) == 1 else f"unknown field {json_path(rel)}{e.hint}"
+    elif rel == ("override",):
+        msg = f"'override' must be true or false, not {item['override']!r}"
+    elif not rel:
+        msg = "a rule must be a mapping with name, formula, description and citation"
+    else:
+        msg = f"{json_path(rel)}: {e.message}"
+    return RuleError(msg, e.file, e.line, name if isinstance(name, str) and name else None)
+
+
+def _names(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def _template_names(text: str, file: str, line: int | None, rule: str) -> list[str]:
+    """Placeholder names of a templated name, in order (``[]`` for a plain name); a malformed one is an error."""
+    if not is_template(text):
+        return []
+    try:
+        return list(compile_template(text).names)
+    except TemplateError as exc:
+        raise RuleError(str(exc), file, line, rule) from None
+
+
+def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_names: set[str] | None) -> Rule:
+    """One rule of a file the schema accepted: the checks of meaning (formula, names, placeholders, conditions)."""
+    line = raw.line
+    name, formula = raw["name"], raw["formula"]
+    nline, fline = line_of(raw, "name", line), line_of(raw, "formula", line)
     try:
         ast = E.parse(formula)
     except E.ExprError as exc:
         # report the line of the formula; for a block scalar the text starts on the next line
-        fl = fline + (1 if getattr(fnode, "style", None) in ("|", ">") else 0)
-        raise RuleError(f"formula: {exc}", file, fl, name) from None
+        raise RuleError(f"formula: {exc}", file, fline + ("formula" in raw.block_keys), name) from None
     inputs, cfg = E.names_of(ast), E.config_of(ast)
+    out_ph = set(_template_names(name, file, nline, name))
     if name not in canonical:
-        raise RuleError(f"output {name!r} is not a canonical metric name (add it to canonical.yaml)", file,
-                        raw["name"][1], name)
+        raise RuleError(f"output {name!r} is not a canonical metric name (add it to canonical.yaml)", file, nline,
+                        name)
     for n in inputs:
+        _template_names(n, file, fline, name)
         if n not in canonical:
             raise RuleError(f"formula reads unknown canonical name {n!r}", file, fline, name)
     if config_names is not None:
@@ -289,85 +213,69 @@ def _parse_rule(node: yaml.Node, file: str, canonical: CanonicalNames, config_na
                                 f"{', '.join(sorted(config_names))})", file, fline, name)
     if name in inputs:
         raise RuleError(f"cycle: rule reads its own output {name!r}", file, line, name)
-    out_ph = set(placeholders(name))
     in_ph: set[str] = set()
     templated_inputs = [i for i in inputs if is_template(i)]
     if templated_inputs:
-        first = set(placeholders(templated_inputs[0]))
+        in_ph = set(_template_names(templated_inputs[0], file, fline, name))
         for t in templated_inputs[1:]:
-            if not set(placeholders(t)) <= first:
+            if not set(_template_names(t, file, fline, name)) <= in_ph:
                 raise RuleError(f"templated input {t!r} uses placeholders not bound by {templated_inputs[0]!r} "
                                 "(the first templated input binds them)", file, fline, name)
-        in_ph = first
     if not out_ph <= in_ph:
-        raise RuleError(f"output placeholders {sorted(out_ph - in_ph)} are not bound by any input", file,
-                        raw["name"][1], name)
+        raise RuleError(f"output placeholders {sorted(out_ph - in_ph)} are not bound by any input", file, nline,
+                        name)
     rule = Rule(name=name, formula=formula, ast=ast, inputs=inputs, config=cfg, stateful=E.stateful_of(ast),
-                description=raw["description"][0].strip(), citation=raw["citation"][0].strip(), file=file, line=line)
-    if "requires" in raw:
-        req, rl, _ = raw["requires"]
-        if not isinstance(req, dict):
-            raise RuleError("'requires' must be a mapping (sources, config_absent)", file, rl, name)
-        for k in req:
-            if k not in _REQUIRES_FIELDS:
-                raise RuleError(f"unknown field requires.{k} (known: {', '.join(sorted(_REQUIRES_FIELDS))})",
-                                file, rl, name)
-        rule.sources = _str_list(req.get("sources", []), "requires.sources", file, rl, name)
-        rule.config_absent = _str_list(req.get("config_absent", []), "requires.config_absent", file, rl, name)
-        if config_names is not None:
-            for c in rule.config_absent:
-                if c not in config_names:
-                    raise RuleError(f"requires.config_absent names unknown config name {c!r}", file, rl, name)
-    if "forbid_approximate" in raw:
-        val, fl2, _ = raw["forbid_approximate"]
-        rule.forbid_approximate = _str_list(val, "forbid_approximate", file, fl2, name)
-        for n in rule.forbid_approximate:
-            if n not in inputs:
-                raise RuleError(f"forbid_approximate names {n!r}, which the formula does not read", file, fl2, name)
-    if "only" in raw:
-        val, ol, _ = raw["only"]
-        if not isinstance(val, dict):
-            raise RuleError("'only' must map placeholders to lists of allowed values", file, ol, name)
-        for ph, allowed in val.items():
-            if ph not in in_ph:
-                raise RuleError(f"only: {ph!r} is not a placeholder of the inputs", file, ol, name)
-            rule.only[ph] = _str_list(allowed, f"only.{ph}", file, ol, name)
-    if "note" in raw:
-        rule.note = str(raw["note"][0] or "")
-    if "override" in raw:
-        val, ovl, _ = raw["override"]
-        if not isinstance(val, bool):
-            raise RuleError(f"'override' must be true or false, not {val!r}", file, ovl, name)
-        rule.override = val
+                description=raw["description"].strip(), citation=raw["citation"].strip(), file=file, line=line)
+    req = raw.get("requires") or {}
+    rule.sources = _names(req.get("sources"))
+    rule.config_absent = _names(req.get("config_absent"))
+    for c in rule.config_absent if config_names is not None else ():
+        if c not in config_names:
+            raise RuleError(f"requires.config_absent names unknown config name {c!r}", file,
+                            line_of(raw, "requires"), name)
+    rule.forbid_approximate = _names(raw.get("forbid_approximate"))
+    for n in rule.forbid_approximate:
+        if n not in inputs:
+            raise RuleError(f"forbid_approximate names {n!r}, which the formula does not read", file,
+                            line_of(raw, "forbid_approximate"), name)
+    for ph, allowed in (raw.get("only") or {}).items():
+        if ph not in in_ph:
+            raise RuleError(f"only: {ph!r} is not a placeholder of the inputs", file, line_of(raw, "only"), name)
+        rule.only[ph] = _names(allowed)
+    rule.note = str(raw.get("note") or "")
+    rule.override = bool(raw.get("override", False))
     rule.key = f"{name}@{Path(file).name}:{line}"
     return rule
 
 
-def parse_rules(text: str, file: str, canonical: CanonicalNames, config_names: set[str] | None) -> list[Rule]:
-    """Parse one rules file's text (``file`` names it in errors)."""
-    root = _compose(text, file)
-    if root is None:
+def read_rules_file(file: str) -> Any:
+    """Load one rules file and check its structure against ``derived.schema.json``; returns the document.
+    Raises :class:`RuleError` (or :class:`RuleErrors`, every schema problem of the file) naming file and line."""
+    try:
+        doc = load_yaml(file)
+    except MappingError as exc:
+        msg = exc.message
+        for old, new in (("cannot read: ", "cannot read rules file: "), ("YAML syntax error: ", "not valid YAML: ")):
+            msg = new + msg[len(old):] if msg.startswith(old) else msg
+        raise RuleError(msg, exc.file or file, exc.line) from None
+    if doc is None:
         raise RuleError(f"empty file (expected 'format: {FORMAT}' and 'rules:')", file, 1)
-    if not isinstance(root, yaml.MappingNode):
-        raise RuleError("top level must be a mapping with 'format' and 'rules'", file, root.start_mark.line + 1)
-    top = {k: (v, ln) for k, v, ln in _items(root)}
-    for k, (_, ln) in top.items():
-        if k not in ("format", "rules", "description"):
-            raise RuleError(f"unknown top-level field {k!r} (known: format, description, rules)", file, ln)
-    if "format" not in top:
+    if not isinstance(doc, dict):
+        raise RuleError("top level must be a mapping with 'format' and 'rules'", file, 1)
+    if "format" not in doc:
         raise RuleError(f"missing 'format: {FORMAT}'", file, 1)
-    fmt_node, fmt_line = top["format"]
-    fmt = _py(fmt_node, file)
-    if fmt != FORMAT:
-        raise RuleError(f"unknown format {fmt!r} (expected {FORMAT!r})", file, fmt_line)
-    if "rules" not in top:
-        raise RuleError("missing 'rules:'", file, 1)
-    rnode, rline = top["rules"]
-    if isinstance(rnode, yaml.ScalarNode) and _scalar(rnode) is None:
-        return []
-    if not isinstance(rnode, yaml.SequenceNode):
-        raise RuleError("'rules' must be a list of rules", file, rline)
-    return [_parse_rule(n, file, canonical, config_names) for n in rnode.value]
+    if doc["format"] != FORMAT:
+        raise RuleError(f"unknown format {doc['format']!r} (expected {FORMAT!r})", file, line_of(doc, "format", 1))
+    errors = [_rule_error(e, doc) for e in validate(doc, load_schema("derived"), file=file)]
+    if errors:
+        raise errors[0] if len(errors) == 1 else RuleErrors(errors)
+    return doc
+
+
+def parse_rules(file: str, canonical: CanonicalNames, config_names: set[str] | None) -> list[Rule]:
+    """Load and check one rules file."""
+    doc = read_rules_file(file)
+    return [_parse_rule(r, file, canonical, config_names) for r in doc["rules"] or []]
 
 
 def order_rules(rules: list[Rule]) -> list[Rule]:
@@ -408,7 +316,6 @@ def order_rules(rules: list[Rule]) -> list[Rule]:
         if colour[i] == 0:
             dfs(i)
     # Kahn with lowest-index-first priority keeps the given order wherever dependencies allow
-    import heapq
     indeg = [len(d) for d in deps]
     users: list[list[int]] = [[] for _ in range(n)]
     for i, d in enumerate(deps):
@@ -466,13 +373,7 @@ def load_rules(paths: list[str] | None = None, *, canonical: Iterable[str] | Cal
     if shipped:
         files.append(str(mappings_dir() / "derived.yaml"))
     files.extend(str(p) for p in (paths or []))
-    per_file: list[list[Rule]] = []
-    for f in files:
-        try:
-            text = Path(f).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise RuleError(f"cannot read rules file: {exc.strerror or exc}", f) from None
-        per_file.append(parse_rules(text, f, names, cfg))
+    per_file = [parse_rules(f, names, cfg) for f in files]
     if shipped and per_file:
         per_file[0] = _apply_overrides(per_file[0], [r for rules in per_file[1:] for r in rules])
     # user files first (later files first), the shipped file last: for one output, user rules are tried first

@@ -21,19 +21,17 @@ def lint(paths: list[str]) -> int:
     except MappingError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    n_rules = 0
+    # derived rules: the schema errors of every file, then their meaning
+    from ..derive import lint_rules
     try:
-        from ..derive import lint_rules
-    except ImportError:
-        lint_rules = None
-    if lint_rules is not None:
-        try:
-            n_rules = lint_rules(reg, [str(p) for p in paths])
-        except ValueError as exc:          # RuleError (derived rules) or MappingError
-            errs = exc.errors if isinstance(exc, MappingErrors) else [exc]
-            for e in errs:
-                print(str(e), file=sys.stderr)
-            return 2
+        n_rules = lint_rules(reg, [str(p) for p in paths])
+    except MappingError as exc:            # RuleError / RuleErrors (a MappingError), or the registry's
+        errs = getattr(exc, "errors", None) or [exc]
+        for e in errs:
+            print(str(e), file=sys.stderr)
+        if len(errs) > 1:
+            print(f"{len(errs)} problem(s)", file=sys.stderr)
+        return 2
     n = sum(len(f.entries) for f in reg.frameworks.values())
     print(f"ok: {len(reg.canonical.metrics)} canonical metrics, {n} framework entries in "
           f"{len(reg.frameworks)} frameworks, {n_rules} derived rules ({len(reg.files)} files)")

@@ -2,13 +2,17 @@
 
 ``{x}`` matches one path segment (no ``/``); ``{x:path}`` matches one or more segments (may contain ``/``). Literal
 text must match exactly. Matching is anchored and backtracks, so a data source with ``/`` in it is captured whole
-while the fixed suffix still anchors the remaining parts.
+while the fixed suffix still anchors the remaining parts. ``{x:int}`` matches digits only.
+
+One engine for the mapping files and the derived rules: :func:`compile_template` (cached per text by
+:func:`template_regex`), :func:`fill`, and for the rule loader's dependency order :func:`shape` (a template's form
+without placeholder names) and :func:`may_overlap` (can two names denote one concrete name?).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from ..errors import TrackBridgeError
 
@@ -73,7 +77,7 @@ def compile_template(text: str) -> Template:
     parts.append(re.escape(tail))
     if not names:
         raise TemplateError(f"{text!r} has no placeholder")
-    return Template(text=text, pattern="^" + "".join(parts) + "$", names=tuple(names), literal_len=literal,
+    return Template(text=text, pattern="^" + "".join(parts) + r"\Z", names=tuple(names), literal_len=literal,
                     prefix=prefix or "")
 
 
@@ -84,3 +88,40 @@ def placeholder_names(text: str) -> set[str]:
 def strip_types(text: str) -> str:
     """``val/{data_source:path}/{var}`` -> ``val/{data_source}/{var}``: the form names are compared in."""
     return _PLACEHOLDER.sub(lambda m: "{" + m.group(1) + "}", text)
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """Instantiate a templated name: ``time/{stage}`` with ``{"stage": "gen"}`` -> ``time/gen``."""
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text) if values else text
+
+
+@lru_cache(maxsize=4096)
+def template_regex(text: str) -> re.Pattern:
+    """The anchored regex of a name: a template's (see :func:`compile_template`), or the literal name's."""
+    return compile_template(text).regex if is_template(text) else re.compile(re.escape(text) + r"\Z", re.S)
+
+
+def shape(text: str) -> str:
+    """A template without its placeholder names: ``val/{ds:path}/{var}`` -> ``val/{:path}/{}``."""
+    return _PLACEHOLDER.sub(lambda m: "{" + (":" + m.group(2) if m.group(2) and m.group(2) != "segment" else "")
+                            + "}", text)
+
+
+_SAMPLE = {"path": "x0q/x1q", "int": "7"}
+
+
+def sample(text: str) -> str:
+    """A concrete name the template matches (placeholders filled with made-up values)."""
+    return _PLACEHOLDER.sub(lambda m: _SAMPLE.get(m.group(2) or "segment", "x0q"), text)
+
+
+def may_overlap(a: str, b: str) -> bool:
+    """Whether two (possibly templated) names can denote the same concrete name (conservative: true when unsure)."""
+    if a == b:
+        return True
+    if not is_template(a) and not is_template(b):
+        return False
+    if shape(a) == shape(b):
+        return True
+    ra, rb = template_regex(a), template_regex(b)
+    return bool(ra.match(sample(b)) or rb.match(sample(a)) or ra.match(b) or rb.match(a))

@@ -35,8 +35,12 @@ class MappingErrors(MappingError):
 
 
 class LineDict(dict):
+    """A YAML mapping: ``line`` (of its first key), ``key_lines`` (key -> line of the key) and ``block_keys`` (keys
+    whose value is a ``|`` or ``>`` block scalar, whose text starts on the next line)."""
+
     line: int = 0
     key_lines: dict
+    block_keys: frozenset = frozenset()
 
 
 class _PyLoader(yaml.SafeLoader):
@@ -63,6 +67,8 @@ def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) 
                                file=loader.name, line=key_node.start_mark.line + 1)
         out[key] = loader.construct_object(value_node, deep=True)
         out.key_lines[key] = key_node.start_mark.line + 1
+        if getattr(value_node, "style", None) in ("|", ">"):
+            out.block_keys = out.block_keys | {key}
     return out
 
 
@@ -122,6 +128,7 @@ def _parse(loader_cls: type, text: str, name: str) -> Any:
 
 
 def line_of(obj: Any, key: str | None = None, default: int | None = None) -> int | None:
+    """The line of ``key`` in a loaded mapping (or of the mapping itself), else ``default``."""
     if isinstance(obj, LineDict):
         if key is not None and key in obj.key_lines:
             return obj.key_lines[key]
