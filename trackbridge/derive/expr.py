@@ -29,6 +29,12 @@ Syntax (one expression per formula)::
 Evaluation never raises for bad *values*: division by zero, NaN or infinite inputs and results, ``sqrt`` of a
 negative number, ``log`` of a non-positive number, a missing or non-numeric config value all raise
 :class:`NoValue` with a reason, which the engine turns into "no output" plus a one-time note.
+
+Why one module of ~530 lines: it is the whole definition of one small language, and its parts must agree with each
+other: the tokenizer's name syntax, the AST, the parser (which checks each function's arity and the size bounds), the
+function table the parser and the evaluator share, and the evaluator's rules for bad values. Split in two, the
+function table would live apart from either its parser or its evaluator, and the AST types would need a third module
+imported by both; reading the language top to bottom in one file is what a reviewer of its safety needs.
 """
 from __future__ import annotations
 
