@@ -370,8 +370,8 @@ class _Parser:
             return node
         _, lo, hi = FUNCTIONS[fn]
         if len(args) < lo or (hi is not None and len(args) > hi):
-            want = f"{lo}" if lo == hi else f"at least {lo}"
-            raise self.error(f"{fn}() takes {want} argument{'s' if lo > 1 or hi is None else ''}, got {len(args)}", t)
+            need = f"{lo}" if lo == hi else f"at least {lo}"
+            raise self.error(f"{fn}() takes {need} argument{'s' if lo > 1 or hi is None else ''}, got {len(args)}", t)
         return self._node(Call(fn, args, t.pos), args, t)
 
 

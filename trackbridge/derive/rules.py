@@ -191,7 +191,7 @@ def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_name
     """One rule of a file the schema accepted: the checks of meaning (formula, names, placeholders, conditions)."""
     line = raw.line
     name, formula = raw["name"], raw["formula"]
-    nline, fline = line_of(raw, "name", line), line_of(raw, "formula", line)
+    nline, fline = raw.key_lines.get("name", line), raw.key_lines.get("formula", line)
     try:
         ast = E.parse(formula)
     except E.ExprError as exc:
@@ -229,8 +229,8 @@ def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_name
     req = raw.get("requires") or {}
     rule.sources = _names(req.get("sources"))
     rule.config_absent = _names(req.get("config_absent"))
-    for c in rule.config_absent if config_names is not None else ():
-        if c not in config_names:
+    for c in rule.config_absent:
+        if config_names is not None and c not in config_names:
             raise RuleError(f"requires.config_absent names unknown config name {c!r}", file,
                             line_of(raw, "requires"), name)
     rule.forbid_approximate = _names(raw.get("forbid_approximate"))

@@ -48,7 +48,7 @@ class _PyLoader(yaml.SafeLoader):
 
 
 # libyaml's parser when PyYAML was built with it (the wheels are): the same safe constructors, ~10x faster
-_Loader: type = type("_Loader", (yaml.CSafeLoader,), {}) if getattr(yaml, "__with_libyaml__", False) else _PyLoader
+_Loader: Any = type("_Loader", (yaml.CSafeLoader,), {}) if getattr(yaml, "__with_libyaml__", False) else _PyLoader
 
 
 def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> LineDict:
