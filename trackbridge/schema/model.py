@@ -4,6 +4,7 @@ from __future__ import annotations
 import bisect
 import operator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from .templates import Template
@@ -11,6 +12,84 @@ from .versions import normalize, version_key
 
 EXACT, APPROXIMATE = "exact", "approximate"
 OPEN = float("inf")
+STEP_AXIS = "progress/step"     # the canonical name of the tracker step; canonical.yaml `axes: step: metric:` names it
+
+
+@dataclass(frozen=True)
+class Split:
+    """One entry of canonical.yaml `splits:`: the default split (train) has no canonical prefix, the others one."""
+    name: str
+    prefix: str | None                      # "eval/"; None for the default split
+    spellings: tuple[str, ...] = ()         # raw-name prefixes frameworks and trackers write ("eval/", "eval_")
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Splits:
+    """canonical.yaml `splits:`, in declaration order, with the lookups the code needs."""
+    splits: tuple[Split, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.splits)
+
+    @cached_property
+    def default(self) -> str | None:
+        return next((s.name for s in self.splits if s.default), None)
+
+    @cached_property
+    def prefixes(self) -> tuple[str, ...]:
+        """The canonical prefixes of the splits that have one: ``("eval/", "test/")``."""
+        return tuple(s.prefix for s in self.splits if s.prefix)
+
+    @cached_property
+    def spellings(self) -> tuple[tuple[str, str], ...]:
+        """(raw prefix, split) pairs, longest prefix first: ``(("eval/", "eval"), ("eval_", "eval"), ...)``."""
+        pairs = [(p, s.name) for s in self.splits for p in s.spellings]
+        return tuple(sorted(pairs, key=lambda ps: -len(ps[0])))
+
+    def split_canonical(self, name: str) -> tuple[str | None, str]:
+        """(split, rest) of a canonical name with a split prefix (``eval/loss/total``), else (None, name)."""
+        for s in self.splits:
+            if s.prefix and name.startswith(s.prefix) and len(name) > len(s.prefix):
+                return s.name, name[len(s.prefix):]
+        return None, name
+
+    def strip(self, name: str) -> str:
+        """A canonical name without its split prefix."""
+        return self.split_canonical(name)[1]
+
+    def of_raw(self, name: str) -> str | None:
+        """The split a raw (untranslated) name belongs to by its spelling; the default split otherwise."""
+        for prefix, split in self.spellings:
+            if name.startswith(prefix):
+                return split
+        return self.default
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One entry of canonical.yaml `axes:` (the x axes of compare)."""
+    name: str
+    label: str
+    metric: str | None = None               # the canonical name holding the axis as a logged value
+    per_step: str | None = None             # its per-step increment, summed when a run logs no counter
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One entry of canonical.yaml `presets:`: canonical names and shell-style patterns, in report order."""
+    name: str
+    description: str
+    metrics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LookAlike:
+    """One entry of canonical.yaml `look_alike:`: two names that look alike but are different quantities."""
+    a: str
+    b: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -37,6 +116,15 @@ class CanonicalSchema:
     config: dict[str, dict[str, Any]]
     renames: list[tuple[str, dict[str, str]]]            # (version, {old: new}), oldest first
     file: str = ""
+    splits: Splits = field(default_factory=Splits)
+    axes: dict[str, Axis] = field(default_factory=dict)     # in declaration order
+    presets: dict[str, Preset] = field(default_factory=dict)
+    look_alike: list[LookAlike] = field(default_factory=list)
+
+    @property
+    def step_axis(self) -> str | None:
+        axis = self.axes.get("step")
+        return axis.metric if axis is not None else None
 
     def find(self, name: str) -> CanonicalMetric | None:
         """The canonical metric a concrete name belongs to (exact name or an instance of a template)."""
@@ -246,6 +334,16 @@ class FrameworkMapping:
         if trainer is None:
             return None
         return (self.trainers.get(trainer) or {}).get("kind")
+
+    def trainer_of_class(self, class_name: str, callbacks: bool = True) -> str | None:
+        """The trainer a Python class names (the trainers' ``classes:``). A class two trainers list (a step()-API
+        class and a later callback-driven class of the same name) names the one whose ``callbacks`` (default true)
+        is ``callbacks``: whether the class runs the framework's trainer callbacks."""
+        found = [t for t, spec in self.trainers.items() if class_name in (spec.get("classes") or ())]
+        if len(found) > 1:
+            found = [t for t in found
+                     if (self.trainers[t].get("callbacks", True) is not False) == callbacks]
+        return found[0] if found else None
 
     def trainer_span(self, trainer: str) -> tuple[float, float]:
         """The releases in which the trainer logs anything (from its own entries); every release when it has none."""

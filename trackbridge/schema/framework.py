@@ -1,0 +1,306 @@
+"""Parse and check a framework mapping (``format: trackbridge.mapping/1``): releases, trainers, aliases, split
+prefixes, config names and entries, compiled into a :class:`~.model.FrameworkMapping`.
+
+The structure of each file (fields, types, allowed values) is checked by ``mappings/schemas/framework.schema.json``
+before this module runs; what is checked here needs the canonical schema or the rest of the file: canonical targets
+and config names that exist, release names and order, placeholders, overlapping entries, reverse ambiguity, renames,
+trainers named by entries, aliases, ``always`` keys and trainer ``classes``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .model import _OPS as _WHEN_OPS
+from .model import (
+    APPROXIMATE,
+    EXACT,
+    OPEN,
+    CanonicalSchema,
+    Cond,
+    ConfigEntry,
+    Entry,
+    FrameworkMapping,
+)
+from .templates import TemplateError, compile_template, is_template, placeholder_names, strip_types
+from .versions import VersionError, is_version, normalize, version_key
+from .yamlfile import LineDict, MappingError, line_of
+
+_PH_NAME = re.compile(r"\{[^}]*\}")
+_DIFFERS = {"estimator", "reduction", "population", "snapshot", "sign", "unit", "config", "scale", "definition",
+            "weighting", "version"}
+
+
+def _trainers(value: Any, f: str, line: int | None, entry: str, known: dict, errors: list) -> frozenset | None:
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    for t in items:
+        if known and t not in known:
+            errors.append(MappingError(f"unknown trainer {t!r} (declare it under `trainers:`)", file=f, line=line,
+                                       entry=entry))
+    return frozenset(items)
+
+
+def _release(fw_releases: list[str], value: Any, f: str, line, entry: str, errors: list, default: float) -> float:
+    if value is None:
+        return default
+    text = str(value)
+    for i, r in enumerate(fw_releases):
+        if normalize(r) == normalize(text):
+            return i
+    errors.append(MappingError(f"release {text!r} is not in the framework's `releases` list", file=f, line=line,
+                               entry=entry))
+    return default
+
+
+def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks: dict[str, FrameworkMapping],
+                    errors: list[MappingError]) -> None:
+    name = doc.get("framework")
+    if not name or not isinstance(name, str):
+        errors.append(MappingError("missing `framework: NAME`", file=f, line=1))
+        return
+    existing = frameworks.get(name)
+    releases = [str(r) for r in (doc.get("releases") or [])]
+    for r in releases:
+        if not is_version(r):
+            errors.append(MappingError(f"release {r!r} is not a version", file=f, line=line_of(doc, "releases"),
+                                       entry=name))
+    if existing is None:
+        if not releases:
+            errors.append(MappingError("`releases` (the framework's releases, oldest first) is required", file=f,
+                                       line=1, entry=name))
+            return
+        try:
+            if [version_key(r) for r in releases] != sorted(version_key(r) for r in releases):
+                errors.append(MappingError("`releases` must be in release order, oldest first", file=f,
+                                           line=line_of(doc, "releases"), entry=name))
+        except VersionError:
+            pass
+        fw = FrameworkMapping(name=name, description=str(doc.get("description", "")), releases=releases,
+                              trainers={}, aliases={}, prefixes=[], config=[], internal=set(), entries=[],
+                              repository=str(doc.get("repository", "")), file=f)
+        frameworks[name] = fw
+    else:
+        fw = existing
+        for r in releases:
+            if not fw.has_release(r):
+                errors.append(MappingError(f"release {r!r} unknown to framework {name!r}", file=f,
+                                           line=line_of(doc, "releases"), entry=name))
+    fw.trainers.update({k: dict(v or {}) for k, v in (doc.get("trainers") or {}).items()})
+    for alias, spec in (doc.get("aliases") or {}).items():
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]*", str(alias)):
+            errors.append(MappingError(f"alias {alias!r}: use lower-case letters, digits, '-', '_' or '.' ('/' "
+                                       "separates a trainer and '@' a release)", file=f,
+                                       line=line_of(doc.get("aliases"), alias), entry=name))
+            continue
+        fw.aliases[str(alias)] = dict(spec or {})
+    for p in doc.get("prefixes") or []:
+        if not isinstance(p, dict) or "prefix" not in p or p.get("split") not in canonical.splits.names:
+            errors.append(MappingError(f"prefix needs {{prefix: TEXT, split: {'|'.join(canonical.splits.names)}}} "
+                                       "(the splits of canonical.yaml)", file=f,
+                                       line=line_of(p, None, line_of(doc, "prefixes")), entry=name))
+            continue
+        fw.prefixes.append((str(p["prefix"]), p["split"]))
+        fw.declared_prefixes.append((str(p["prefix"]), p["split"]))
+    fw.prefixes.sort(key=lambda ps: -len(ps[0]))
+    fw.internal.update(str(k) for k in (doc.get("internal") or []))
+    for c in doc.get("config") or []:
+        line = line_of(c)
+        if not isinstance(c, dict) or "key" not in c or "canonical" not in c:
+            errors.append(MappingError("config entry needs key and canonical", file=f, line=line, entry=name))
+            continue
+        if c["canonical"] not in canonical.config:
+            errors.append(MappingError(f"unknown canonical config name {c['canonical']!r} (add it to the `config:` "
+                                       "section of canonical.yaml)", file=f, line=line, entry=f"config {c['key']}"))
+        fw.config.append(ConfigEntry(key=str(c["key"]), canonical=str(c["canonical"]),
+                                     trainers=_trainers(c.get("trainers"), f, line, str(c["key"]), fw.trainers, errors),
+                                     since=_release(fw.releases, c.get("since"), f, line, str(c["key"]), errors, 0),
+                                     until=_release(fw.releases, c.get("until"), f, line, str(c["key"]), errors, OPEN),
+                                     scale=float(c.get("scale", 1.0)), source=str(c.get("source", "")),
+                                     note=str(c.get("note", "")), file=f, line=line or 0))
+    entries = doc.get("entries") or []
+    if not isinstance(entries, list):
+        errors.append(MappingError("`entries` must be a list", file=f, line=line_of(doc, "entries"), entry=name))
+        return
+    for raw in entries:
+        line = line_of(raw)
+        if not isinstance(raw, dict):
+            errors.append(MappingError("entry must be a mapping", file=f, line=line, entry=name))
+            continue
+        key = raw.get("key")
+        label = str(key)
+        if not key or not isinstance(key, str):
+            errors.append(MappingError("entry without a `key`", file=f, line=line))
+            continue
+        target = raw.get("canonical")
+        if not target or not isinstance(target, str):
+            errors.append(MappingError("missing `canonical`", file=f, line=line, entry=label))
+            continue
+        target = strip_types(target)
+        cm = canonical.metrics.get(target)
+        if cm is None:
+            shape = _PH_NAME.sub("{}", target)
+            alike = [n for n in canonical.metrics if "{" in n and _PH_NAME.sub("{}", n) == shape]
+            hint = f" (did you mean {alike[0]!r}? placeholder names must match)" if alike else ""
+            errors.append(MappingError(f"canonical target {target!r} does not exist in canonical.yaml{hint}", file=f,
+                                       line=line, entry=label))
+            continue
+        ktpl = ctpl = None
+        try:
+            if is_template(key):
+                ktpl = compile_template(key)
+            ctpl = cm.template
+        except TemplateError as exc:
+            errors.append(MappingError(str(exc), file=f, line=line, entry=label))
+            continue
+        if placeholder_names(key) != placeholder_names(target):
+            errors.append(MappingError(f"placeholders of the key {sorted(placeholder_names(key))} and of the canonical "
+                                       f"target {sorted(placeholder_names(target))} differ", file=f, line=line,
+                                       entry=label))
+            continue
+        fidelity = raw.get("fidelity", EXACT)
+        if fidelity not in (EXACT, APPROXIMATE):
+            errors.append(MappingError(f"fidelity {fidelity!r} must be exact or approximate", file=f, line=line,
+                                       entry=label))
+        reason = str(raw.get("reason") or "")
+        differs = raw.get("differs") or []
+        differs = [differs] if isinstance(differs, str) else list(differs)
+        for d in differs:
+            if d not in _DIFFERS:
+                errors.append(MappingError(f"differs: {d!r} is not one of {sorted(_DIFFERS)}", file=f, line=line,
+                                           entry=label))
+        if fidelity == APPROXIMATE and not reason:
+            errors.append(MappingError("an approximate entry needs a `reason`", file=f, line=line, entry=label))
+        if not raw.get("source"):
+            errors.append(MappingError("missing `source` (file@release it was read from)", file=f, line=line,
+                                       entry=label))
+        elif "@" not in str(raw["source"]):
+            errors.append(MappingError(f"source {raw['source']!r} names no release: write path/in/repo.py@RELEASE",
+                                       file=f, line=line, entry=label))
+        scale, offset = 1.0, 0.0
+        tr = raw.get("transform")
+        if tr is not None:
+            if not isinstance(tr, dict) or set(tr) - {"scale", "offset", "negate"}:
+                errors.append(MappingError("transform must be {scale: X, offset: Y} and/or {negate: true}", file=f,
+                                           line=line, entry=label))
+            else:
+                try:
+                    scale = float(tr.get("scale", 1.0)) * (-1.0 if tr.get("negate") else 1.0)
+                    offset = float(tr.get("offset", 0.0))
+                except (TypeError, ValueError):
+                    errors.append(MappingError("transform scale/offset must be numbers", file=f, line=line,
+                                               entry=label))
+        reverse = bool(raw.get("reverse", True))
+        if reverse and scale == 0.0:
+            errors.append(MappingError("transform is not invertible (scale 0) but the entry is used for reverse "
+                                       "translation (set reverse: false)", file=f, line=line, entry=label))
+        when = raw.get("when")
+        when_items: tuple = ()
+        if when is not None:
+            if not isinstance(when, dict) or set(when) != {"config"} or not isinstance(when["config"], dict):
+                errors.append(MappingError("when must be {config: {KEY: VALUE, ...}}", file=f, line=line,
+                                           entry=label))
+            else:
+                items = []
+                for k, v in when["config"].items():
+                    if isinstance(v, dict):       # a comparison: {KEY: {gt: 1}}
+                        if len(v) != 1 or next(iter(v)) not in _WHEN_OPS:
+                            errors.append(MappingError(
+                                f"when: {k}: a comparison is one of {{ne|gt|ge|lt|le: VALUE}}, not {dict(v)!r}",
+                                file=f, line=line, entry=label))
+                            continue
+                        op, val = next(iter(v.items()))
+                        v = Cond(str(op), val)
+                    items.append((str(k), v))
+                when_items = tuple(sorted(items, key=lambda kv: kv[0]))
+        since = _release(fw.releases, raw.get("since"), f, line, label, errors, 0)
+        until = _release(fw.releases, raw.get("until"), f, line, label, errors, OPEN)
+        if since > until:
+            errors.append(MappingError(f"since {raw.get('since')} is after until {raw.get('until')}", file=f,
+                                       line=line, entry=label))
+        fw.entries.append(Entry(
+            framework=name, key=key, canonical=target, since=since, until=until,
+            trainers=_trainers(raw.get("trainers"), f, line, label, fw.trainers, errors), fidelity=fidelity,
+            differs=tuple(differs), reason=reason, scale=scale, offset=offset, when=when_items, reverse=reverse,
+            source=str(raw.get("source", "")), note=str(raw.get("note", "")),
+            renamed_from=tuple([raw["renamed_from"]] if isinstance(raw.get("renamed_from"), str)
+                               else raw.get("renamed_from") or ()), key_template=ktpl,
+            canonical_template=ctpl, file=f, line=line or 0))
+
+
+def _overlap(a: Entry, b: Entry) -> bool:
+    if a.until < b.since or b.until < a.since:
+        return False
+    if a.trainers is not None and b.trainers is not None and not (a.trainers & b.trainers):
+        return False
+    return a.when == b.when
+
+
+def check_framework(fw: FrameworkMapping, errors: list[MappingError]) -> None:
+    for name, spec in fw.trainers.items():
+        for bound in ("since", "until"):
+            if spec.get(bound) is not None:
+                try:
+                    version_key(str(spec[bound]))
+                except Exception as exc:
+                    errors.append(MappingError(f"trainer {name!r}: {bound} {spec[bound]!r}: {exc}", file=fw.file,
+                                               entry=name))
+        if "kind" in spec and not isinstance(spec.get("kind"), str):
+            errors.append(MappingError(f"trainer {name!r}: `kind` must be a word (rl, preference, sft, reward, ...)",
+                                       file=fw.file, entry=name))
+        for cf in spec.get("config_fields") or []:
+            if not isinstance(cf, dict) or not isinstance(cf.get("field"), str) or not cf.get("source"):
+                errors.append(MappingError(f"trainer {name!r}: config_fields items need `field` and `source`",
+                                           file=fw.file, entry=name))
+        for k in spec.get("always") or []:
+            if not any(e.key == k and (e.trainers is None or name in e.trainers) for e in fw.entries):
+                errors.append(MappingError(f"trainer {name!r}: `always` key {k!r} has no entry for this trainer",
+                                           file=fw.file, entry=name))
+    claimed: dict[str, list[str]] = {}
+    for name, spec in fw.trainers.items():
+        for cls in spec.get("classes") or ():
+            claimed.setdefault(str(cls), []).append(name)
+    for cls, names in claimed.items():
+        kinds = [fw.trainers[n].get("callbacks", True) is not False for n in names]
+        if len(names) > 1 and (len(names) > 2 or kinds[0] == kinds[1]):
+            errors.append(MappingError(f"class {cls!r} is listed by trainers {names}: a class names one trainer (two "
+                                       "only when exactly one of them has `callbacks: false`)",
+                                       file=fw.file, line=line_of(fw.trainers.get(names[-1])), entry=names[-1]))
+    for alias, spec in fw.aliases.items():
+        if spec.get("trainer") and spec["trainer"] not in fw.trainers:
+            errors.append(MappingError(f"alias {alias!r} names unknown trainer {spec['trainer']!r}", file=fw.file,
+                                       entry=alias))
+    by_key: dict[str, list[Entry]] = {}
+    by_canon: dict[str, list[Entry]] = {}
+    for e in fw.entries:
+        by_key.setdefault(e.key, []).append(e)
+        if e.reverse:
+            by_canon.setdefault(e.canonical, []).append(e)
+    for key, es in by_key.items():
+        for i, a in enumerate(es):
+            for b in es[i + 1:]:
+                if _overlap(a, b):
+                    errors.append(MappingError(
+                        f"two entries claim {key!r} for overlapping releases/trainers (the other is at "
+                        f"{b.file}:{b.line}); split the release ranges, restrict trainers, or add a `when:` condition",
+                        file=a.file, line=a.line, entry=key))
+    for e in fw.entries:
+        for old in e.renamed_from:
+            prev = [p for p in by_key.get(old, ()) if p.until < e.since and p.canonical == e.canonical
+                    and (p.trainers is None or e.trainers is None or p.trainers & e.trainers)]
+            if not prev:
+                errors.append(MappingError(
+                    f"renamed_from {old!r}: no earlier entry of that key (ending before {fw.release_name(e.since)}) "
+                    f"with the same canonical target {e.canonical!r}", file=e.file, line=e.line, entry=e.key))
+            for p in prev:
+                fw.link(p, e)
+    for canon, es in by_canon.items():
+        for i, a in enumerate(es):
+            for b in es[i + 1:]:
+                if a.key != b.key and _overlap(a, b):
+                    errors.append(MappingError(
+                        f"two reverse entries ({a.key!r} and {b.key!r} at {b.file}:{b.line}) give canonical {canon!r} "
+                        "for the same trainer and releases, so canonical -> framework is ambiguous; mark the alias "
+                        "`reverse: false` or give the quantities different canonical names",
+                        file=a.file, line=a.line, entry=a.key))
