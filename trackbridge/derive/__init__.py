@@ -33,7 +33,7 @@ def rules_for(registry, extra_paths=None) -> RuleSet:
     return rules
 
 
-SPLIT_PREFIXES = ("eval/", "test/")       # canonical names of eval/test records carry these prefixes
+from ..schema.facts import SPLIT_PREFIXES  # noqa: E402  # canonical.yaml splits: eval/, test/ (train has none)
 
 
 class SplitDeriver:
