@@ -13,11 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from .detect import Detection, detect
+from .schema.facts import SPLITS  # canonical.yaml splits: train (the default, no prefix), eval/, test/
 from .schema.loader import Registry, load_registry
 from .schema.model import Entry, FrameworkMapping
 from .spec import Spec, SpecError, parse_spec
-
-SPLITS = ("eval", "test")       # canonical split prefixes; "train" is the default and has none
 
 
 @dataclass
@@ -97,10 +96,7 @@ _NOT_PLANNED = object()
 
 
 def _split_canonical(key: str) -> tuple[str | None, str]:
-    head, sep, rest = key.partition("/")
-    if sep and head in SPLITS and rest:
-        return head, rest
-    return None, key
+    return SPLITS.split_canonical(key)
 
 
 class Translator:

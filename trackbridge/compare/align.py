@@ -1,7 +1,7 @@
 """X axes and smoothing.
 
 Frameworks count steps differently (batch sizes differ, some TRL releases advance ``global_step`` oddly), so runs
-can be aligned on:
+can be aligned on the axes of canonical.yaml ``axes:`` (read through :mod:`trackbridge.schema.facts`):
 
 * ``step``: the step as the framework counts it (records without a step are numbered in log order);
 * ``samples``: ``progress/samples``, samples (episodes/sequences) seen so far, as the run logged it;
@@ -10,6 +10,9 @@ can be aligned on:
   used, and the report says so;
 * ``time``: wall time relative to the run's first wall time. A run without wall times is left out of time-axis
   charts and the report says so: no time is ever made up.
+
+``step`` and ``time`` come from the records themselves; every other axis from its ``metric`` (a counter the run
+logs), else from the running sum of its ``per_step`` metric.
 """
 from __future__ import annotations
 
@@ -17,17 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..schema.facts import AXES
 from .load import LoadedRun
 
-X_KINDS = ("step", "samples", "tokens", "time")
-COUNTERS = {"samples": "progress/samples", "tokens": "progress/tokens"}
-PER_STEP = {"tokens": "perf/tokens_per_step"}
-X_LABELS = {
-    "step": "step (as each framework counts it)",
-    "samples": "samples seen (progress/samples)",
-    "tokens": "tokens seen (progress/tokens)",
-    "time": "wall time since run start [s]",
-}
+X_KINDS = tuple(AXES)                                                    # ("step", "samples", "tokens", "time")
+COUNTERS = {n: a.metric for n, a in AXES.items() if n not in ("step", "time") and a.metric}
+PER_STEP = {n: a.per_step for n, a in AXES.items() if a.per_step}
+X_LABELS = {n: a.label for n, a in AXES.items()}
 SMOOTH_KINDS = ("ema", "mean")
 
 
@@ -87,7 +86,7 @@ def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
         missing = sum(v is None for v in vals)
         note = f"{run.label}: {missing} record(s) without {counter} left out" if missing else None
         return Axis(kind, vals, note=note)
-    summed = _running_sum(run, PER_STEP.get(kind))
+    summed = _running_sum(run, kind, PER_STEP.get(kind))
     if summed is not None:
         return summed
     why = f"logs no {counter}"
@@ -97,7 +96,7 @@ def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
                 note=f"{run.label}: {why}, so it is left out of the charts on this axis")
 
 
-def _running_sum(run: LoadedRun, per_step: str | None) -> Axis | None:
+def _running_sum(run: LoadedRun, kind: str, per_step: str | None) -> Axis | None:
     if per_step is None:
         return None
     d = run.data
@@ -117,9 +116,9 @@ def _running_sum(run: LoadedRun, per_step: str | None) -> Axis | None:
         cum[s] = total
     vals = [cum.get(s) if s == s else None for s in d.steps]
     first = int(order[0])
-    note = (f"{run.label}: tokens seen = running sum of {per_step} from its first logged step ({first})"
+    note = (f"{run.label}: {kind} seen = running sum of {per_step} from its first logged step ({first})"
             + ("; steps before it are not counted" if first > 1 else ""))
-    return Axis("tokens", vals, note=note)
+    return Axis(kind, vals, note=note)
 
 
 def series(run: LoadedRun, metric: str, axis: Axis) -> tuple[list[float], list[float]]:

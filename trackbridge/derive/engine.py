@@ -28,13 +28,14 @@ import fnmatch
 import logging
 from typing import Any
 
+from ..schema.model import STEP_AXIS
 from . import expr as E
 from .rules import Rule, RuleSet, fill, is_template, template_regex
 
 log = logging.getLogger("trackbridge.derive")
 
 STATE_FORMAT = "trackbridge.derive-state/1"
-STEP_NAME = "progress/step"
+STEP_NAME = STEP_AXIS           # the canonical name of the tracker step (canonical.yaml axes: step)
 
 
 class _Inst:

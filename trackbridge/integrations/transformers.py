@@ -38,27 +38,11 @@ from transformers import TrainerCallback
 
 from ..logger import LoggerWarning
 
-# TRL trainer class -> trainer id of mappings/trl.yaml `trainers:`; the first class of the MRO found here wins.
-TRAINER_IDS: dict[str, str] = {
-    "GRPOTrainer": "grpo", "UnslothGRPOTrainer": "grpo",
-    "GFPOTrainer": "grpo_variants", "GRPOWithReplayBufferTrainer": "grpo_variants", "GSPOTokenTrainer": "grpo_variants",
-    "PAPOTrainer": "grpo_variants", "GMPOTrainer": "grpo_variants", "DPPOTrainer": "grpo_variants",
-    "AsyncGRPOTrainer": "async_grpo",
-    "RLOOTrainer": "rloo",
-    "PPOTrainer": "ppo", "PPOv2Trainer": "ppo",
-    "DPOTrainer": "dpo", "KTOTrainer": "kto", "RewardTrainer": "reward", "SFTTrainer": "sft",
-    "IterativeSFTTrainer": "iterative_sft",
-    "OnlineDPOTrainer": "online_dpo", "XPOTrainer": "xpo", "NashMDTrainer": "nash_md",
-    "GKDTrainer": "gkd", "ORPOTrainer": "orpo", "CPOTrainer": "cpo", "BCOTrainer": "bco", "PRMTrainer": "prm",
-    "DistillationTrainer": "distillation", "GOLDTrainer": "distillation", "IWOPDTrainer": "distillation",
-    "AsyncDistillationTrainer": "distillation", "ServerDistillationTrainer": "distillation",
-    "SDFTTrainer": "self_distillation", "SDPOTrainer": "self_distillation",
-    "TPOTrainer": "tpo", "A2POTrainer": "a2po", "SSDTrainer": "ssd",
-    "DDPOTrainer": "ddpo", "AlignPropTrainer": "ddpo",
-}
-# the *Config class of the training arguments, when the trainer itself cannot be found
-CONFIG_IDS: dict[str, str] = {name.replace("Trainer", "Config"): tid for name, tid in TRAINER_IDS.items()}
-CONFIG_IDS.update({"PPOv2Config": "ppo", "PPOConfig": "ppo"})
+
+def _trl() -> Any:
+    """mappings/trl.yaml, whose trainers' ``classes:`` name the TRL classes of each trainer id."""
+    from ..schema.loader import load_registry
+    return load_registry().framework("trl")
 
 
 def trl_version() -> str | None:
@@ -71,17 +55,19 @@ def trl_version() -> str | None:
 
 
 def trainer_id(trainer_cls: type | None = None, args_cls: type | None = None) -> str | None:
-    """The trl.yaml trainer id of a trainer class (through its MRO), else of its arguments' ``*Config`` class."""
+    """The trl.yaml trainer id of a trainer class (the first class of its MRO a trainer lists under ``classes:``),
+    else of its arguments' ``*Config`` class (the name with Config for Trainer)."""
+    trl = _trl()
     for cls in getattr(trainer_cls, "__mro__", ()) or ():
-        tid = TRAINER_IDS.get(cls.__name__)
+        tid = trl.trainer_of_class(cls.__name__, callbacks=_is_hf_trainer(cls))
         if tid is not None:
-            if tid == "ppo" and cls.__name__ == "PPOTrainer" and not _is_hf_trainer(cls):
-                return "ppo_legacy"          # the step()-API PPOTrainer (TRL <= 0.11.4) is no transformers Trainer
             return tid
     for cls in getattr(args_cls, "__mro__", ()) or ():
-        tid = CONFIG_IDS.get(cls.__name__)
-        if tid is not None:
-            return tid
+        name = cls.__name__
+        if name.endswith("Config"):
+            tid = trl.trainer_of_class(name[:-len("Config")] + "Trainer")
+            if tid is not None:
+                return tid
     return None
 
 
@@ -223,4 +209,4 @@ class TrackBridgeCallback(TrainerCallback):
         return self.run.finish()
 
 
-__all__ = ["TrackBridgeCallback", "TRAINER_IDS", "source_for", "trainer_id", "trl_version"]
+__all__ = ["TrackBridgeCallback", "source_for", "trainer_id", "trl_version"]

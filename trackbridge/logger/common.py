@@ -5,11 +5,11 @@ import logging
 import warnings
 from typing import Any
 
+from ..schema.model import STEP_AXIS as STEP_AXIS  # the canonical name of the tracker step (canonical.yaml axes)
 from ..values import utf8_ok
 
 log = logging.getLogger("trackbridge")
 
-STEP_AXIS = "progress/step"
 STOP = object()          # put on a queue: the consumer stops after what is before it
 
 

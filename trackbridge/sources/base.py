@@ -12,7 +12,8 @@ record and has a fatal problem is not created in a migration's destination (``mi
 Records per step and split: a reader that has to gather separately stored points into records (TensorBoard files
 from other writers hold one Event per value; MLflow holds points, not rows) puts two points into one record only
 when they have the same step, and either the same wall time exactly (one logged row, kept whole) or the same split
-(:func:`split_of`: ``eval/``, ``eval_``, ``test/``, ``test_`` prefixes; anything else is ``train``) and wall times at
+(:func:`split_of`: the spellings of canonical.yaml ``splits:``, ``eval/``, ``eval_``, ``test/``, ``test_``; anything
+else is ``train``) and wall times at
 most :data:`WALL_TIME_TOLERANCE` seconds apart, and the record does not hold that name yet (see :func:`same_row`).
 The epoch belongs to no split (``epoch``, ``train/epoch``: transformers adds it to every row, evaluation rows too,
 and its TensorBoard callback writes it as ``train/epoch``), so it stays with the row it was logged in.
@@ -29,11 +30,11 @@ from typing import Iterable, Iterator
 
 from ..errors import TrackBridgeError
 from ..record import Record, RunInfo
+from ..schema.facts import SPLITS
 
 TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's source held no wall times
 
 WALL_TIME_TOLERANCE = 1.0      # seconds: points further apart than this from a record's first point are not merged
-_SPLITS = (("eval/", "eval"), ("eval_", "eval"), ("test/", "test"), ("test_", "test"))
 NO_SPLIT = frozenset({"epoch", "train/epoch"})     # logged in every row, of every split
 
 
@@ -42,10 +43,7 @@ def split_of(name: str) -> str | None:
     ``train`` (``train/`` or no prefix); None for the epoch (:data:`NO_SPLIT`), which every row carries."""
     if name in NO_SPLIT:
         return None
-    for prefix, split in _SPLITS:
-        if name.startswith(prefix):
-            return split
-    return "train"
+    return SPLITS.of_raw(name)
 
 
 def splits_of(names: Iterable[str]) -> frozenset[str]:
