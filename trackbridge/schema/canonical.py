@@ -254,3 +254,35 @@ def load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError],
     schema.look_alike = parse_look_alike(main)
     check_look_alike(schema, main, main_file, errors)
     return schema
+
+
+def compatibility_problems(released: CanonicalSchema, current: CanonicalSchema) -> list[str]:
+    """Why ``current`` is not backward compatible with ``released`` (an earlier canonical schema), one sentence per
+    name; ``[]`` when it is. Every metric name of ``released`` must still be a current name or be renamed, through a
+    ``versions:`` entry newer than ``released.version`` (the loader checks that such an entry is the
+    ``schema_version``), to a current name, so that readers upgrade an old stream; every config name must still
+    exist (``versions:`` renames metrics only); and the version may not go back."""
+    out: list[str] = []
+    try:
+        if version_key(current.version) < version_key(released.version):
+            out.append(f"schema_version {current.version} is older than the released {released.version}")
+    except VersionError as exc:
+        return [str(exc)]
+    renames = [r for v, r in current.renames if version_key(v) > version_key(released.version)]
+    for name in released.metrics:
+        if name in current.metrics:
+            continue
+        new = name
+        for r in renames:
+            new = r.get(new, new)
+        if new == name:
+            out.append(f"metric {name!r} of canonical@{released.version} was removed without a `versions:` rename "
+                       f"(add it under `rename_metrics` of a version newer than {released.version})")
+        elif current.find(new) is None:
+            out.append(f"metric {name!r} of canonical@{released.version} is renamed to {new!r}, which is no "
+                       "current canonical name")
+    for name in released.config:
+        if name not in current.config:
+            out.append(f"config name {name!r} of canonical@{released.version} was removed (config names cannot be "
+                       "renamed through `versions:`)")
+    return out
