@@ -1,4 +1,11 @@
-"""Test-wide settings: no network, wandb offline, the integration-test switch."""
+"""Test-wide settings: the folders' markers, no network, wandb offline, the integration-test switch.
+
+tests/unit        no tracker package (wandb, tensorboard, mlflow, trackio) and no framework (TRL, torch, veRL,
+                  OpenRLHF) is imported: marked ``unit`` (``pytest -m unit`` is the quick run)
+tests/trackers    write to or read from a real tracker: marked ``tracker``
+tests/frameworks  run TRL/veRL/OpenRLHF code: marked ``framework``
+tests/_support    helpers shared by the folders (imported as ``_support``: this file's folder is on sys.path)
+"""
 from __future__ import annotations
 
 import os
@@ -7,28 +14,63 @@ from pathlib import Path
 
 import pytest
 
-# Never reach a hub or a hosted tracker from tests.
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("WANDB_DISABLE_GIT", "true")
-os.environ.setdefault("WANDB_DISABLE_CODE", "true")
-os.environ.setdefault("WANDB_CONSOLE", "off")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
-os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from _support import DATA
 
-# Keep what trackbridge and wandb-core write outside the test folders (the migration ledger, wandb-core's debug
-# logs) out of the home folder too.
-_SCRATCH = tempfile.mkdtemp(prefix="trackbridge-tests-")
-os.environ.setdefault("TRACKBRIDGE_STATE_DIR", os.path.join(_SCRATCH, "state"))
-os.environ.setdefault("XDG_CACHE_HOME", os.path.join(_SCRATCH, "xdg-cache"))
-
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")   # every fact a test needs (README)
 SHARED = DATA      # the public logs and framework inventories, copied into tests/data
+
+FOLDER_MARKS = {"unit": "unit", "trackers": "tracker", "frameworks": "framework"}
+MARKERS = [
+    "unit: tests/unit: imports no tracker package and no framework (pytest -m unit is the quick run)",
+    "tracker: tests/trackers: writes to or reads from a real tracker (wandb, TensorBoard, MLflow, Trackio)",
+    "framework: tests/frameworks: runs TRL/veRL/OpenRLHF (or torch) code",
+]
+
+# Session-wide environment, set in pytest_configure (not when this file is imported) and restored in
+# pytest_unconfigure. It has to be in place before any test module imports a tracker or a framework: wandb, mlflow
+# and transformers read these when imported or first used. Never reach a hub or a hosted tracker from tests.
+FORCED_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+DEFAULT_ENV = {
+    "WANDB_DISABLE_GIT": "true",
+    "WANDB_DISABLE_CODE": "true",
+    "WANDB_CONSOLE": "off",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DISABLE_MLFLOW_INTEGRATION": "TRUE",
+    "MLFLOW_ALLOW_FILE_STORE": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "GIT_PYTHON_REFRESH": "quiet",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VERL_USE_EXTERNAL_PLUGINS": "none",
+}
+_ENV_PATCH: pytest.MonkeyPatch | None = None
+
+
+def pytest_configure(config):
+    global _ENV_PATCH
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    _ENV_PATCH = pytest.MonkeyPatch()
+    for k, v in FORCED_ENV.items():
+        _ENV_PATCH.setenv(k, v)
+    for k, v in DEFAULT_ENV.items():
+        if k not in os.environ:
+            _ENV_PATCH.setenv(k, v)
+    # Keep what trackbridge, wandb and wandb-core write outside the test folders (the migration ledger, wandb's
+    # cache/config/data, wandb-core's debug logs) out of the home folder too.
+    scratch = Path(tempfile.mkdtemp(prefix="trackbridge-tests-"))
+    for k, sub in (("TRACKBRIDGE_STATE_DIR", "state"), ("XDG_CACHE_HOME", "xdg-cache"),
+                   ("WANDB_CONFIG_DIR", "wandb-config"), ("WANDB_DATA_DIR", "wandb-data"),
+                   ("WANDB_CACHE_DIR", "wandb-cache")):
+        if k not in os.environ:
+            _ENV_PATCH.setenv(k, str(scratch / sub))
+
+
+def pytest_unconfigure(config):
+    global _ENV_PATCH
+    if _ENV_PATCH is not None:
+        _ENV_PATCH.undo()
+        _ENV_PATCH = None
 
 
 def pytest_addoption(parser):
@@ -37,6 +79,14 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).resolve().parent
+    for item in items:          # unit / tracker / framework, from the folder under tests/ the test lives in
+        try:
+            folder = Path(str(item.path)).resolve().relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        if folder in FOLDER_MARKS:
+            item.add_marker(FOLDER_MARKS[folder])
     skip = config.getoption("--skip-integration") or os.environ.get("TRACKBRIDGE_SKIP_INTEGRATION") == "1"
     if not skip:
         return

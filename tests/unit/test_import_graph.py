@@ -1,0 +1,235 @@
+"""The package's import graph, read from the source (``ast`` over ``trackbridge/**/*.py``):
+
+* no import cycle among modules. Every ``import`` counts, those inside functions too; only imports under
+  ``if TYPE_CHECKING:`` are left out (they never run). Importing ``a.b.c`` counts as importing ``a.b.c`` and the
+  packages ``a.b`` it lives in (Python runs their ``__init__`` first), except the importing module's own packages;
+* no tracker folder (``trackbridge/trackers/<name>/``) imports another tracker's folder;
+* the core (``schema/``, ``translate.py``, ``derive/``, ``record.py``, ``pipeline.py``, ``holdings.py`` and the
+  logger, ``logger/``) imports no tracker module when it is imported (imports inside functions run later and are
+  not followed here; a subprocess checks the same on ``sys.modules``), and names no tracker and no framework in its
+  code: identifiers and string literals are checked, comments and docstrings are not (they may say what a rule is
+  for).
+"""
+from __future__ import annotations
+
+from _support import ROOT
+import ast
+import io
+import re
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+PKG = ROOT / "trackbridge"
+TRACKERS = sorted(p.name for p in (PKG / "trackers").iterdir() if (p / "__init__.py").is_file())
+CORE = ["trackbridge.schema", "trackbridge.translate", "trackbridge.derive", "trackbridge.record",
+        "trackbridge.pipeline", "trackbridge.holdings", "trackbridge.logger"]
+TRACKER_NAMES = ["jsonl", "tensorboard", "tfevents", "mlflow", "wandb", "trackio"]
+FRAMEWORK_NAMES = ["trl", "verl", "openrlhf", "transformers", "accelerate", "deepspeed"]
+# Names the core still uses, each with the reason; the test fails for any other.
+ALLOWED = {
+    # the spool is written by the jsonl tracker's sink (Run.__init__ builds it from a "jsonl:" locator); to go when
+    # the spool has a writer of its own (issue 13, "one reader and one writer of the canonical stream")
+    ("trackbridge/logger/run.py", "jsonl"),
+}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {_module(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in node.body:
+                skip.update(id(n) for n in ast.walk(sub))
+    return skip
+
+
+def _deferred_nodes(tree: ast.AST) -> set[int]:
+    """Nodes inside function bodies (they run when called, not when the module is imported)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            out.update(id(n) for n in ast.walk(node) if n is not node)
+    return out
+
+
+def _targets(mod: str, path: Path, node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        return [target] + [f"{target}.{a.name}" for a in node.names]
+    return []
+
+
+def _edges(at_import_only: bool) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for mod, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_nodes(tree) | (_deferred_nodes(tree) if at_import_only else set())
+        out: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            for name in _targets(mod, path, node):
+                parts = name.split(".")
+                if parts[0] != "trackbridge":
+                    continue
+                while parts and ".".join(parts) not in MODULES:     # `from pkg import name`: name is no module
+                    parts = parts[:-1]
+                for i in range(1, len(parts) + 1):
+                    target = ".".join(parts[:i])
+                    if target != mod and not mod.startswith(target + "."):
+                        out.add(target)
+        edges[mod] = out
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _tracker_of(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "trackers" and parts[2] in TRACKERS else None
+
+
+def _is_core(mod: str) -> bool:
+    return any(mod == c or mod.startswith(c + ".") for c in CORE)
+
+
+def test_no_import_cycle():
+    assert _cycles(_edges(at_import_only=False)) == []
+
+
+def test_no_tracker_imports_another():
+    bad = [(m, t) for m, targets in _edges(at_import_only=False).items() if _tracker_of(m)
+           for t in targets if _tracker_of(t) and _tracker_of(t) != _tracker_of(m)]
+    assert bad == []
+
+
+def test_every_tracker_folder_is_registered_once():
+    from trackbridge.trackers import kinds, tracker
+    for name in TRACKERS:
+        assert name in kinds("sink") and name in kinds("source"), name
+        entry = tracker(name)
+        assert entry.sink_class().__module__ == f"trackbridge.trackers.{name}.sink"
+        assert entry.source_class().__module__ == f"trackbridge.trackers.{name}.source"
+        assert entry.sniff == f"trackbridge.trackers.{name}:sniff"
+    registry = (PKG / "trackers" / "__init__.py").read_text(encoding="utf-8")
+    assert len(re.findall(r"^register_tracker\(", registry, flags=re.M)) == len(kinds())
+
+
+def test_the_core_imports_no_tracker_when_imported():
+    edges = _edges(at_import_only=True)
+    for core in [m for m in MODULES if _is_core(m)]:
+        seen, todo = set(), [core]
+        while todo:
+            m = todo.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            todo += edges.get(m, ())
+        assert not [m for m in seen if _tracker_of(m)], core
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in CORE) +
+            "print(sorted(m for m in sys.modules if m.startswith('trackbridge.trackers.') or "
+            f"m.split('.')[0] in {TRACKER_NAMES + ['torch', 'numpy']!r}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                lines.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    return lines
+
+
+def test_the_core_names_no_tracker_and_no_framework():
+    word = re.compile(r"(?<![A-Za-z])(" + "|".join(TRACKER_NAMES + FRAMEWORK_NAMES) + r")(?![A-Za-z])", re.I)
+    found = set()
+    for mod, path in MODULES.items():
+        if not _is_core(mod):
+            continue
+        text = path.read_text(encoding="utf-8")
+        docs = _docstring_lines(ast.parse(text))
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type not in (tokenize.NAME, tokenize.STRING) or (tok.type == tokenize.STRING and
+                                                                     tok.start[0] in docs):
+                continue
+            for m in word.finditer(tok.string):
+                found.add((str(path.relative_to(ROOT)), m.group(1).lower(), tok.start[0]))
+    assert sorted(f for f in found if (f[0], f[1]) not in ALLOWED) == []
+
+
+def test_every_error_class_of_the_package_is_a_trackbridge_error():
+    """``except trackbridge.TrackBridgeError`` catches every error class the library defines (each keeps its
+    built-in base too, so ``except ValueError`` still works)."""
+    import ast
+    import importlib
+    import pathlib
+
+    import trackbridge
+    root = pathlib.Path(trackbridge.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and (node.name.endswith("Error") or node.name == "Unreachable"):
+                mod = ".".join(path.relative_to(root.parent).with_suffix("").parts).replace(".__init__", "")
+                found.append(getattr(importlib.import_module(mod), node.name))
+    assert len(found) >= 14
+    not_ours = [c.__qualname__ for c in found if not issubclass(c, trackbridge.TrackBridgeError)]
+    assert not not_ours, not_ours
+    with __import__("pytest").raises(trackbridge.TrackBridgeError):
+        trackbridge.init(sinks=["nosuchkind:x"], spool="/nonexistent-trackbridge-spool")
