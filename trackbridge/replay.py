@@ -15,7 +15,7 @@ the tracker lacks, so a batch that landed in part (some keys written, others not
 written twice. A sink that cannot tell (wandb, whose rows land whole) is asked for its
 :meth:`~trackbridge.sinks.base.Sink.last_step` instead; records with ``step <= last_step`` are skipped. Per tracker:
 
-* **jsonl**: ``last_step`` is read from the file's last complete line; the file is appended to.
+* **jsonl**: what it holds is read from the file's complete lines; the file is appended to.
 * **TensorBoard**: ``last_step`` scans the run folder's event files; without it a second copy of every point
   would be appended (TensorBoard does not deduplicate; its loaders keep the last value per step on display only).
 * **wandb** (offline): wandb ignores ``resume`` offline, so the sink finds the existing offline run for the id and
@@ -26,9 +26,10 @@ written twice. A sink that cannot tell (wandb, whose rows land whole) is asked f
 
 A sink whose ``last_step`` is ``None`` is taken to hold nothing of the run and receives every record.
 
-Spool reading is tolerant: a line that is not valid JSON (a partial last line after SIGKILL, or an append after
-such a line) is skipped and reported as ``file:line: ...`` in the result's ``problems``; a partial point is never
-written anywhere.
+Spool reading (:mod:`trackbridge.stream`, as every reader of the canonical stream) is tolerant: a line that is not
+valid JSON (a partial last line after SIGKILL, or an append after such a line) is skipped and reported as
+``file:line: ...`` in the result's ``problems``; a partial point is never written anywhere. A spool stamped with an
+older canonical schema version is read under today's names.
 """
 from __future__ import annotations
 
@@ -39,13 +40,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import UsageError
-from .record import Record, RunInfo, iter_json_objects
-
-
-def spool_file(directory: str | os.PathLike, run_id: str) -> Path:
-    """Where the spool of ``run_id`` lives under a spool directory (the ``jsonl`` sink's file naming)."""
-    from .trackers.jsonl.sink import run_file_name  # standard library only
-    return Path(directory).expanduser() / run_file_name(run_id)
+from .record import Record
+from .stream import StreamScan, read_stream, scan_stream
+from .stream import stream_file as spool_file
 
 
 def pending_file(spool: str | os.PathLike) -> Path:
@@ -87,64 +84,17 @@ def settle_pending(spool: str | os.PathLike, done: list[str]) -> None:
     write_pending(path, run_id, left)
 
 
-@dataclass
-class SpoolScan:
-    """What a spool holds: its (last) run header, how many records, the highest step, and any problems."""
-
-    path: Path
-    info: RunInfo | None = None
-    records: int = 0
-    last_step: int | None = None
-    ends_with_newline: bool = True
-    problems: list[str] = field(default_factory=list)
-
-
-def _lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, parsed object) for every complete, valid JSON line of the spool."""
-    with open(path, "r", encoding="utf-8", errors="replace") as fh:
-        yield from iter_json_objects(fh, str(path), problems, complete_lines=True)
-
-
-def scan_spool(path: str | os.PathLike) -> SpoolScan:
-    """Read a spool once: header, record count, highest step. Missing file -> an empty scan."""
-    p = Path(path)
-    scan = SpoolScan(path=p)
-    if not p.exists():
-        return scan
-    for _lineno, obj in _lines(p, scan.problems):
-        if obj.get("type") == "run":
-            scan.info = RunInfo.from_json(obj)
-            continue
-        scan.records += 1
-        step = obj.get("step")
-        if isinstance(step, int) and (scan.last_step is None or step > scan.last_step):
-            scan.last_step = step
-    size = p.stat().st_size
-    if size:
-        with open(p, "rb") as fh:
-            fh.seek(size - 1)
-            scan.ends_with_newline = fh.read(1) == b"\n"
-    return scan
+# The spool is the canonical stream: read it as trackbridge.stream reads every stream (one definition of the
+# record numbers, the last step and the lines skipped).
+SpoolScan = StreamScan
+scan_spool = scan_stream
 
 
 def iter_spool(path: str | os.PathLike, *, start: int = 0, stop: int | None = None,
                problems: list[str] | None = None) -> Iterator[tuple[int, Record]]:
-    """``(seq, record)`` for the spool's records, ``seq`` counting valid record lines from 0; only
-    ``start <= seq < stop``. Streams the file."""
-    probs = problems if problems is not None else []
-    seq = -1
-    for lineno, obj in _lines(Path(path), probs):
-        if obj.get("type") == "run":
-            continue
-        seq += 1
-        if seq < start:
-            continue
-        if stop is not None and seq >= stop:
-            return
-        try:
-            yield seq, Record.from_json(obj)
-        except (TypeError, ValueError, KeyError) as exc:
-            probs.append(f"{path}:{lineno}: not a record ({exc}), skipped")
+    """``(seq, record)`` for the spool's records, ``seq`` counting record lines from 0; only ``start <= seq <
+    stop``. Streams the file (:func:`trackbridge.stream.read_stream`)."""
+    return read_stream(path, start=start, stop=stop, problems=problems)
 
 
 def names_translator(target: str | None, *, mappings: list[str] | None = None,

@@ -2,7 +2,7 @@
 
 Pipeline (one run)::
 
-    run.log(dict)  ──►  inbox  ──►  dispatcher thread  ──►  spool queue  ──►  spool worker  ──►  jsonl file
+    run.log(dict)  ──►  inbox  ──►  dispatcher thread  ──►  spool queue  ──►  spool worker  ──►  spool file
      validate +                     translate (names in     (per sink,       (one thread      (always on)
      normalise values               -> canonical), derive,   bounded)         per sink,  ──►  tensorboard, mlflow,
      (caller's thread)              step, Record, rename                      batches)        wandb, trackio, ...
@@ -12,11 +12,12 @@ Pipeline (one run)::
   logged) and hands them off; translation, derivation and every tracker's I/O happen in other threads. ``log()``
   never waits on a tracker: a tracker whose queue is full *falls behind* and is fed from the spool until it has
   caught up. Only the spool's queue makes the dispatcher wait (the disk, never a tracker).
-* **The spool** (``jsonl`` sink in ``spool=DIR``, file ``DIR/<run_id>.jsonl``) is always on. Its worker writes a
-  batch and flushes it to the operating system at the latest ``flush_interval / 2`` seconds after the first record
-  of the batch was logged, so a process killed with SIGKILL loses at most about ``flush_interval`` seconds of
-  records (default 1.0 s; ``flush_interval=`` to change; the SIGKILL test checks the bound). A machine crash can
-  lose more unless the spool is opened with ``?fsync=1`` (``spool="DIR?fsync=1"``).
+* **The spool** (the canonical stream of :mod:`trackbridge.stream`, file ``DIR/<run_id>.jsonl`` in ``spool=DIR``)
+  is always on. Its worker writes a batch and flushes it to the operating system at the latest
+  ``flush_interval / 2`` seconds after the first record of the batch was logged, so a process killed with SIGKILL
+  loses at most about ``flush_interval`` seconds of records (default 1.0 s; ``flush_interval=`` to change; the
+  SIGKILL test checks the bound). A machine crash can lose more unless the spool is opened with ``?fsync=1``
+  (``spool="DIR?fsync=1"``).
 * **Fault isolation**: a sink that raises in ``open`` or ``write`` is retried with exponential back-off
   (``retries`` attempts, starting at ``backoff`` seconds), then marked *failed* with a warning naming the sink and
   the error; the other sinks and the training loop carry on. A failed sink is tried again every

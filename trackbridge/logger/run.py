@@ -14,18 +14,30 @@ from typing import Any
 
 from ..errors import UsageError
 from ..record import RunInfo
-from ..replay import iter_spool, names_translator, pending_file, scan_spool, spool_file, write_pending
+from ..replay import names_translator, pending_file, write_pending
 from ..sinks.base import Sink
+from ..stream import read_stream, scan_stream, stream_file
 from ..values import sanitize_config
 from .checks import check_packages, derive_hook, make_translator, precheck_location, ready_for_shutdown, validate_call
 from .common import STOP, RunView, fix_text, warn
 from .dispatch import Dispatcher
 from .options import LoggerOptions
-from .spool import SpoolWorker
+from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
 from .worker import RunContext, sync_run_info
 
 _INFO_LOCK = threading.Lock()
+
+
+def _writes(sink: Sink, run_id: str, spool_path: Path) -> bool:
+    """True when ``sink`` would write the canonical stream to the spool's own file."""
+    target = getattr(sink, "stream_file", None)
+    if not callable(target):
+        return False
+    try:
+        return Path(target(run_id)).expanduser().resolve() == spool_path.expanduser().resolve()
+    except (OSError, TypeError, ValueError):
+        return False
 
 
 class Run(RunView):
@@ -35,7 +47,7 @@ class Run(RunView):
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
                  tags: dict[str, str] | None) -> None:
-        from ..locators import LocatorError, parse
+        from ..locators import LocatorError
         from ..sinks import make_sink
 
         self.options = options
@@ -47,12 +59,11 @@ class Run(RunView):
         self._warned_values: set[str] = set()
         self._warned_once: set[str] = set()
 
-        # spool: "DIR" or "DIR?fsync=1" (or a full "jsonl:..." locator)
-        spool_text = spool if str(spool).startswith("jsonl:") else f"jsonl:{spool}"
-        spool_loc = parse(spool_text, kinds=("jsonl",))
+        # spool: "DIR" or "DIR?fsync=1"
+        spool_dir, spool_fsync = spool_place(spool)
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        self.spool_path = spool_file(spool_loc.location, self.run_id)
-        scan = scan_spool(self.spool_path)
+        self.spool_path = stream_file(spool_dir, self.run_id)
+        scan = scan_stream(self.spool_path)
         if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
             raise UsageError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
                              f"pass resume=True to continue it, or choose another run_id")
@@ -75,10 +86,10 @@ class Run(RunView):
             # stateful derived rules (delta, rate, ema ...) continue from the history kept in the spool
             warm = getattr(translator, "warm_derive", None)
             if warm is not None:
-                warm(rec for _seq, rec in iter_spool(self.spool_path))
+                warm(rec for _seq, rec in read_stream(self.spool_path))
 
         # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
-        spool_sink = make_sink(spool_loc)
+        spool_sink = SpoolFile(self.spool_path, fsync=spool_fsync)
         built: list[Sink] = []
         for spec in sinks or []:
             try:
@@ -90,10 +101,9 @@ class Run(RunView):
             if isinstance(spec, str):
                 precheck_location(spec, sink)
             built.append(sink)
-        # a jsonl sink on the spool's own folder is the spool itself
-        spool_dir = Path(spool_loc.location).expanduser().resolve()
-        built = [s for s in built if not (s.kind == "jsonl" and Path(s.location).expanduser().resolve() == spool_dir)]
-        precheck_location(spool_text, spool_sink)
+        # a sink that would write the spool's own file (the canonical stream in the spool folder) is the spool itself
+        built = [s for s in built if not _writes(s, self.run_id, self.spool_path)]
+        precheck_location(str(spool), spool_sink)
 
         # trackers get the names asked for through the same pipeline as replay and migrate, judged from the
         # source detected while logging and the approximations found so far (both live)

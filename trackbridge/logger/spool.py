@@ -1,17 +1,72 @@
-"""The spool's worker: the run's own durable log (a JSON-lines file of canonical records), always on.
+"""The spool: the run's own durable log, always on. It is the canonical stream (:mod:`trackbridge.stream`) in
+``spool=DIR`` (``DIR/<run_id>.jsonl``), written by the stream's own writer (:class:`SpoolFile`), not by a tracker.
 
-It never drops a record: a full queue makes the dispatcher wait (back-pressure on the disk, never on a tracker).
-Batches are handed to the OS at most ``flush_interval / 2`` seconds after their first record was logged, so a
-SIGKILL loses at most about ``flush_interval`` seconds. Trackers that fell behind or failed catch up from the file;
-:meth:`SpoolWorker.wait_written` tells them when the records they need are in it."""
+Its worker never drops a record: a full queue makes the dispatcher wait (back-pressure on the disk, never on a
+tracker). Batches are handed to the OS at most ``flush_interval / 2`` seconds after their first record was logged, so
+a SIGKILL loses at most about ``flush_interval`` seconds; ``spool="DIR?fsync=1"`` also forces each batch to the disk.
+Trackers that fell behind or failed catch up from the file; :meth:`SpoolWorker.wait_written` tells them when the
+records they need are in it."""
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from urllib.parse import parse_qsl
 
-from ..record import Record
-from ..sinks.base import Sink
+from .. import stream
+from ..errors import UsageError
+from ..holdings import Holdings
+from ..record import Record, RunInfo
+from ..sinks.base import Capabilities, Sink
 from .worker import RunContext, Worker
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def spool_place(spool: str) -> tuple[Path, bool]:
+    """The spool folder and whether to fsync, from ``init(spool=...)``: ``"DIR"`` or ``"DIR?fsync=1"``."""
+    folder, _, query = str(spool).partition("?")
+    if not folder:
+        raise UsageError(f"spool {spool!r}: no folder given (expected DIR or DIR?fsync=1)")
+    opts = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(opts) - {"fsync"})
+    if unknown:
+        raise UsageError(f"spool {spool!r}: unknown option(s) {', '.join(unknown)} (the spool takes fsync=1)")
+    return Path(folder).expanduser(), opts.get("fsync", "").strip().lower() in _TRUE
+
+
+class SpoolFile(Sink):
+    """The spool as the worker's sink: one stream file written by :class:`trackbridge.stream.StreamWriter`."""
+
+    kind = "spool"
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+
+    def __init__(self, path: Path, *, fsync: bool = False) -> None:
+        super().__init__(str(path.parent), **({"fsync": "1"} if fsync else {}))
+        self.path = path
+        self.fsync = fsync
+        self._writer = stream.StreamWriter(path, fsync=fsync, reject=self.reject)
+
+    def open(self, run: RunInfo, *, resume: bool = False) -> None:
+        self.run = run
+        self._writer.open(run, resume=resume)
+
+    def write(self, records: list[Record]) -> None:
+        self._writer.write(records)
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def last_step(self) -> int | None:
+        self._writer.flush()
+        return stream.last_step(self.path)
+
+    def held(self, since: int | None = None) -> Holdings:
+        self._writer.flush()
+        return stream.holdings(self.path, since)
+
+    def describe(self) -> str:
+        return f"spool:{self.path}"
 
 
 class SpoolWorker(Worker):

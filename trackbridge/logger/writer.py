@@ -2,9 +2,10 @@
 
 The training process then does only what the spool needs (validate, translate, derive, append a line); the
 trackers' clients, their serialisation and their I/O run in a child process with its own interpreter, so they never
-take the GIL from training. The child reads the spool as the parent appends it (complete lines only, counted the way
-:func:`trackbridge.replay.iter_spool` counts them) and feeds the same :class:`~.tracker.TrackerWorker` s the threads
-use, with the same catch-up, recovery and pending-note rules. Parent and child talk through one pipe: the parent
+take the GIL from training. The child follows the spool as the parent appends it
+(:class:`trackbridge.stream.StreamTail`: complete lines only, numbered as every reader of the stream numbers them) and
+feeds the same :class:`~.tracker.TrackerWorker` s the threads use, with the same catch-up, recovery and pending-note
+rules. Parent and child talk through one pipe: the parent
 sends what it learns while logging (detected source, approximations) and, at ``finish()``, the last record number
 and how the run ended; the child sends each tracker's status and what each tracker holds on resume. If the parent
 dies, the child writes what the spool holds and exits.
@@ -19,73 +20,13 @@ from typing import Any
 
 from ..record import Record, RunInfo
 from ..replay import names_translator
+from ..stream import StreamTail
 from .common import warn
 from .options import LoggerOptions
 from .tracker import TrackerWorker
 from .worker import RunContext, sync_run_info
 
 STATUS_EVERY = 0.2
-
-
-class SpoolTail:
-    """The spool's records after ``seq_base``, read as they are appended; ``wait_written`` as the spool worker has
-    it, for catch-up from the file."""
-
-    def __init__(self, path: Path, seq_base: int) -> None:
-        import json
-        self._json = json
-        self.path = path
-        self.seq_base = seq_base
-        self.pos = 0
-        self.buf = b""
-        self.seq = -1                 # last record number read
-        self.done = threading.Event()
-        self.cond = threading.Condition()
-        self.lost = False
-
-    def poll(self) -> list[tuple[int, Record]]:
-        out: list[tuple[int, Record]] = []
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read()
-        except FileNotFoundError:
-            return out
-        if not data:
-            return out
-        self.pos += len(data)
-        lines = (self.buf + data).split(b"\n")
-        self.buf = lines.pop()        # an incomplete last line waits for its end
-        for line in lines:
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                obj = self._json.loads(text)
-            except ValueError:
-                continue
-            if not isinstance(obj, dict) or obj.get("type") == "run":
-                continue
-            self.seq += 1
-            if self.seq < self.seq_base:
-                continue
-            try:
-                out.append((self.seq, Record.from_json(obj)))
-            except (TypeError, ValueError, KeyError):
-                continue
-        with self.cond:
-            self.cond.notify_all()
-        return out
-
-    def wait_written(self, seq: int, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        with self.cond:
-            while self.seq < seq and not self.done.is_set():
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-            return self.seq >= seq
 
 
 def writer_main(conn: Any, spec: dict[str, Any]) -> None:
@@ -98,7 +39,7 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     problems: list[str] = []
     rename = names_translator(spec["names"], mappings=spec["mappings"], config=info.config,
                               origin=lambda: info.source, fidelity=info.approximate)
-    tail = SpoolTail(Path(spec["spool_path"]), spec["seq_base"])
+    tail = StreamTail(Path(spec["spool_path"]), spec["seq_base"])      # wait_written as the spool worker
 
     def approximate(is_spool: bool) -> dict[str, str]:
         pipe = rename.pipeline() if rename is not None else None
