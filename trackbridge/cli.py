@@ -1,7 +1,8 @@
 """The ``trackbridge`` command line: a thin layer over the library.
 
-Exit codes: 0 success; 1 data problems (unmapped keys with --strict, skipped input lines, a failed sink);
-2 bad usage or invalid mapping files.
+Exit codes (0 ok, 1 done with problems, 2 bad usage or input, 130 interrupted) are :mod:`trackbridge.exitcodes`'
+(the table per command is there and in ``docs/cli.md``). ``trackbridge --help`` imports neither the translator, the
+logger nor any tracker: each command imports what it needs when it runs.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from typing import Any
 
 from . import __version__
+from .exitcodes import ExitCode
 
 
 def _add_mappings(p: argparse.ArgumentParser) -> None:
@@ -68,11 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)          # bad usage: argparse exits with 2 (ExitCode.USAGE)
+        if args.command is None:
+            parser.print_help()
+            return ExitCode.USAGE
+        return int(_dispatch(args, parser))
+    except KeyboardInterrupt:
+        print("trackbridge: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+
+
+def _dispatch(args, parser) -> int:
     from .schema.yamlfile import MappingError
     from .spec import SpecError
     try:
@@ -86,22 +96,19 @@ def main(argv: list[str] | None = None) -> int:
         return commands.run(args)
     except MappingError as exc:
         print(f"trackbridge: invalid mappings:\n{exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except SpecError as exc:
         print(f"trackbridge: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except BrokenPipeError:                 # `trackbridge translate ... | head`: the reader is gone, not an error
         try:
             sys.stdout = open(os.devnull, "w")
         except OSError:
             pass
-        return 0
-    except (ValueError, OSError, RuntimeError) as exc:     # includes SourceError, SinkError, UnicodeDecodeError
+        return ExitCode.OK
+    except (ValueError, OSError, RuntimeError) as exc:     # UsageError, SourceError, UnicodeDecodeError ...: input
         print(f"trackbridge: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("trackbridge: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.USAGE
 
 
 def _one_line(exc: BaseException) -> str:
@@ -171,11 +178,11 @@ def cmd_translate(args) -> int:
     print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped, {len(approx)} approximate "
           f"(source: {tr.source})", file=sys.stderr)
     if problems:
-        return 1
+        return ExitCode.PROBLEMS
     if args.strict and unmapped:
         print(f"trackbridge: --strict: unmapped keys: {', '.join(unmapped)}", file=sys.stderr)
-        return 1
-    return 0
+        return ExitCode.PROBLEMS
+    return ExitCode.OK
 
 
 def _is_locator(text: str) -> bool:
@@ -236,7 +243,7 @@ def cmd_detect(args) -> int:
             print(f"runners-up:  {', '.join(det.candidates)}")
         if det.unexplained:
             print(f"unexplained: {', '.join(det.unexplained[:30])}{' ...' if len(det.unexplained) > 30 else ''}")
-    return 0 if det.spec is not None else 1
+    return ExitCode.OK if det.spec is not None else ExitCode.PROBLEMS
 
 
 # ---------------------------------------------------------------------------------------------------- mappings
@@ -245,20 +252,20 @@ def cmd_mappings(args, parser) -> int:
     from .schema.loader import load_registry
     if args.mcommand is None:
         print("trackbridge mappings: choose an action: list, show NAME, lint [PATH...], docs", file=sys.stderr)
-        return 2
-    if args.mcommand == "lint":
-        return docs.lint(args.paths)
+        return ExitCode.USAGE
+    if args.mcommand == "lint":           # problems in mapping files are bad input: 2
+        return ExitCode.OK if docs.lint(args.paths) == 0 else ExitCode.USAGE
     reg = load_registry(args.mappings or None)
     if args.mcommand == "list":
         print(docs.listing(reg))
-        return 0
+        return ExitCode.OK
     if args.mcommand == "show":
         text = docs.show(reg, args.name)
         if text is None:
             print(f"trackbridge: {args.name!r} is neither a framework nor a canonical metric name", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         print(text)
-        return 0
+        return ExitCode.OK
     if args.mcommand == "docs":
         text = docs.reference(reg)
         if args.out:
@@ -267,8 +274,8 @@ def cmd_mappings(args, parser) -> int:
             print(f"wrote {args.out}", file=sys.stderr)
         else:
             sys.stdout.write(text)
-        return 0
-    return 2
+        return ExitCode.OK
+    return ExitCode.USAGE
 
 
 if __name__ == "__main__":

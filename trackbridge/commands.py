@@ -1,7 +1,11 @@
-"""Subcommands beyond translate/detect/mappings: each registers its parser and its handler here."""
+"""Subcommands beyond translate/detect/mappings: each registers its parser and its handler here. Each handler returns
+an :class:`~trackbridge.exitcodes.ExitCode` (the table per command is in :mod:`trackbridge.exitcodes`)."""
 from __future__ import annotations
 
 import argparse
+import sys
+
+from .exitcodes import ExitCode
 
 _HANDLERS: dict[str, object] = {}
 
@@ -87,9 +91,21 @@ def run(args) -> int:
     return handler(args)
 
 
-def _migrate(args) -> int:
-    import sys
+def check_destination(text: str) -> str | None:
+    """Why the sink locator ``text`` cannot be written to (an unknown kind, a bad locator, a place its tracker
+    refuses), or None: asked before anything is read, so that a bad destination is bad usage (exit 2) and a tracker
+    that fails later is a problem of the run (exit 1)."""
+    from .locators import parse
+    from .trackers import kinds, sink_class
+    try:
+        loc = parse(text, kinds=kinds("sink"))
+        sink_class(loc.kind).check_location(loc.location)
+    except (ValueError, RuntimeError, OSError) as exc:
+        return str(exc)
+    return None
 
+
+def _migrate(args) -> int:
     from .migrate import migrate, summary
     from .sinks.base import SinkError
     from .sources.base import SourceError
@@ -97,49 +113,65 @@ def _migrate(args) -> int:
         result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
                          dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,
                          progress=not args.quiet)
-    except (SourceError, SinkError) as exc:     # nothing could be read (missing path, run, store): say what
+    except (SourceError, SinkError) as exc:     # nothing could be read, or the destination is refused: say what
         print(f"trackbridge migrate: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     print(summary(result, dry_run=args.dry_run), file=sys.stderr if not args.dry_run else sys.stdout)
     if not result.runs:
         print(f"trackbridge: no runs found in {args.src}", file=sys.stderr)
-        return 1
+        return ExitCode.PROBLEMS
     if not result.ok:
-        return 1
+        return ExitCode.PROBLEMS
     if args.strict and (any(r.problems for r in result.runs) or result.totals().unmapped):
-        return 1
-    return 0
+        return ExitCode.PROBLEMS
+    return ExitCode.OK
 
 
 def _compare(args) -> int:
-    import sys
-
     from .compare import compare_runs
+    if args.into:
+        bad = check_destination(args.into)
+        if bad:
+            print(f"trackbridge compare: --into {args.into}: {bad}", file=sys.stderr)
+            return ExitCode.USAGE
     out = args.out if args.out else (None if args.into else "compare-report")
     try:
         result = compare_runs(args.runs, metrics=args.metrics, x=args.x, smooth=args.smooth,
-                              smooth_kind=args.smooth_kind, out=out, into=args.into,
-                              mappings=args.mappings or None, title=args.title)
-    except (ValueError, OSError) as exc:
+                              smooth_kind=args.smooth_kind, out=out, mappings=args.mappings or None,
+                              title=args.title)
+    except (ValueError, OSError, RuntimeError) as exc:     # a run that cannot be read: bad input
         print(f"trackbridge compare: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     for r in result.runs:
         print(f"{r.label}: {len(r.records)} records, translated from {r.source}", file=sys.stderr)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    for res in result.into:
-        print(f"into {args.into}: {res.label} -> run {res.run_id}: {res.records} records"
-              + (f" ({res.skipped} already there)" if res.skipped else ""), file=sys.stderr)
     if result.html is not None:
         print(f"{len(result.metrics)} metrics, {len(result.pngs)} charts", file=sys.stderr)
         print(result.html)
-    return 0 if result.metrics or result.into else 1
+    code = ExitCode.OK if result.metrics else ExitCode.PROBLEMS
+    if args.into:                       # after the report: a tracker that fails does not cost the report
+        from .compare.into import write_into
+        try:
+            result.into = write_into(result.runs, args.into)
+        except Exception as exc:  # noqa: BLE001 - the tracker failed: a problem of this run, reported
+            print(f"trackbridge compare: --into {args.into}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return ExitCode.PROBLEMS
+        for res in result.into:
+            print(f"into {args.into}: {res.label} -> run {res.run_id}: {res.records} records"
+                  + (f" ({res.skipped} already there)" if res.skipped else ""), file=sys.stderr)
+        code = ExitCode.OK
+    return code
 
 
 def _replay(args) -> int:
-    import sys
+    from pathlib import Path
 
+    from .errors import UsageError
     from .replay import read_pending, replay, settle_pending
+    if not Path(args.spool).is_file():
+        print(f"trackbridge replay: spool file {args.spool!r} does not exist", file=sys.stderr)
+        return ExitCode.USAGE
     if args.sink:
         targets = [args.sink]
     else:
@@ -147,18 +179,30 @@ def _replay(args) -> int:
             targets = [e["sink"] for e in read_pending(args.spool)]
         except ValueError as exc:
             print(f"trackbridge replay: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         if not targets:
             print(f"trackbridge replay: no tracker of {args.spool} was left lacking records (no pending note); "
                   f"give one with --to", file=sys.stderr)
-            return 0
-    done, code = [], 0
+            return ExitCode.OK
+    if args.names:
+        from .schema.loader import load_registry
+        from .spec import parse_spec
+        parse_spec(args.names, load_registry(args.mappings or None), allow_auto=False)   # SpecError: exit 2
+    for target in targets:
+        bad = check_destination(target)
+        if bad:
+            print(f"trackbridge replay: {target}: {bad}", file=sys.stderr)
+            return ExitCode.USAGE
+    done, code = [], ExitCode.OK
     for target in targets:
         try:
             res = replay(args.spool, target, names=args.names, mappings=args.mappings or None)
+        except UsageError as exc:           # the spool is not one (no run header)
+            print(f"trackbridge replay: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
         except Exception as exc:  # noqa: BLE001 - one failing tracker does not stop the others
             print(f"trackbridge replay: {target}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            code = 1
+            code = ExitCode.PROBLEMS
             continue
         done.append(target)
         print(f"replayed {args.spool} into {res}", file=sys.stderr)

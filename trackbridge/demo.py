@@ -17,6 +17,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from .exitcodes import ExitCode
+
 EXAMPLES = [
     ("trl-grpo", "trainer-state", "trl_grpo_trainer_state.json"),
     ("verl-ppo", "console", "verl_console.log"),
@@ -52,7 +54,7 @@ def _prepare(out: Path):
 
 def run_demo(out: Path) -> int:
     from .pipeline import Pipeline
-    from .record import dumps
+    from .stream import StreamWriter, stream_file
     from .trackers import open_source
 
     out = Path(out)
@@ -60,7 +62,7 @@ def run_demo(out: Path) -> int:
         manifest = _prepare(out)
     except ValueError as exc:
         print(f"trackbridge demo: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     ex = examples_dir()
     _say(f"trackbridge demo: example runs from {ex}\n")
     locators = []
@@ -71,11 +73,14 @@ def run_demo(out: Path) -> int:
             info = reader.info
             pipe = Pipeline.for_run(info, "canonical", derive=True)
             records = list(pipe.process(reader.records()))      # small runs: the header then knows everything
-            path = out / "canonical" / f"{label}.jsonl"
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(dumps(pipe.run_info(info).to_json()) + "\n")
-                for rec in records:
-                    fh.write(dumps(rec.to_json()) + "\n")
+            path = stream_file(out / "canonical", label)
+            path.unlink(missing_ok=True)        # the demo's own (a foreign file there was refused by _prepare)
+            writer = StreamWriter(path)
+            writer.open(pipe.run_info(info))
+            try:
+                writer.write(records)
+            finally:
+                writer.close()
             pipe.finish_notes()
             st = pipe.stats
             _say(f"== {label}: {loc}")
@@ -93,7 +98,7 @@ def run_demo(out: Path) -> int:
                 _say("   time axis   the source holds no wall times; none are made up")
             _say()
     manifest.save(complete=False)
-    extra = _write_trackers(out)
+    extra, failed = _write_trackers(out)
     manifest.save(complete=False)
     report = _compare(out, locators)
     manifest.save()
@@ -103,12 +108,15 @@ def run_demo(out: Path) -> int:
         _say(f"  {line}")
     if report:
         _say(f"  comparison report      {report}")
-    return 0
+    for line in failed:
+        print(f"trackbridge demo: {line}", file=sys.stderr)
+    return ExitCode.PROBLEMS if failed else ExitCode.OK
 
 
-def _write_trackers(out: Path) -> list[str]:
+def _write_trackers(out: Path) -> tuple[list[str], list[str]]:
     """Write the translated runs into every local tracker whose package is installed, through the migration path
-    (the same sinks the logger uses; old runs keep their steps and get no invented wall times)."""
+    (the same sinks the logger uses; old runs keep their steps and get no invented wall times). Returns what was
+    written where, and what failed."""
     import os
 
     from .migrate import migrate
@@ -123,9 +131,13 @@ def _write_trackers(out: Path) -> list[str]:
     os.environ.setdefault("WANDB_MODE", "offline")
     old_state = os.environ.get("TRACKBRIDGE_STATE_DIR")
     os.environ["TRACKBRIDGE_STATE_DIR"] = str(out / ".state")      # the demo's own migration ledger
+    failed: list[str] = []
     try:
         for sink in active:
-            migrate(f"jsonl:{out / 'canonical'}", sink, source="canonical", names="canonical", progress=False)
+            result = migrate(f"jsonl:{out / 'canonical'}", sink, source="canonical", names="canonical",
+                             progress=False)
+            failed += [f"{sink.split(':', 1)[0]}: run {r.source_name} not written: {r.error}"
+                       for r in result.runs if r.error]
     finally:
         if old_state is None:
             os.environ.pop("TRACKBRIDGE_STATE_DIR", None)
@@ -134,7 +146,7 @@ def _write_trackers(out: Path) -> list[str]:
     lines = [f"{s.split(':', 1)[0]:22s} {s.split(':', 1)[1].split('?')[0]}" for s in active]
     if missing:
         lines.append(f"(not installed, skipped: {', '.join(missing)})")
-    return lines
+    return lines, failed
 
 
 def _compare(out: Path, locators: list[str]) -> str | None:
@@ -147,11 +159,16 @@ def _compare(out: Path, locators: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m trackbridge.demo``: the same as ``trackbridge demo`` (same exit codes)."""
     import argparse
     ap = argparse.ArgumentParser(prog="trackbridge demo")
     ap.add_argument("--out", default="out/demo")
     args = ap.parse_args(argv)
-    return run_demo(Path(args.out))
+    try:
+        return run_demo(Path(args.out))
+    except KeyboardInterrupt:
+        print("trackbridge demo: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":
