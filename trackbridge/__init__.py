@@ -1,6 +1,8 @@
 """trackbridge: translate, multiplex, migrate and compare RL fine-tuning metrics."""
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -8,20 +10,20 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "init", "Run", "NoOpRun", "LoggerOptions", "translate", "Translator", "Translation", "wrap",
            "unwrap", "register_tracker", "unregister_tracker", "TrackBridgeError", "UsageError"]
 
-# `translate` is imported at once: the submodule of the same name would otherwise shadow the function once anything
-# imports it. The logger and the integrations load on first use, so that `trackbridge --help` or `trackbridge detect
-# FILE` import only what they need.
 from .errors import TrackBridgeError, UsageError  # noqa: E402
-from .translate import Translation, Translator, translate  # noqa: E402
 
-_LAZY = {"init": "logger", "Run": "logger", "NoOpRun": "logger", "LoggerOptions": "logger", "wrap": "integrations",
-         "unwrap": "integrations",
+# Everything else loads on first use, so that `trackbridge --help` or `trackbridge detect FILE` import only what they
+# need (the translator, the logger and the trackers are not imported by `import trackbridge`).
+_LAZY = {"translate": "translate", "Translator": "translate", "Translation": "translate",
+         "init": "logger", "Run": "logger", "NoOpRun": "logger", "LoggerOptions": "logger",
+         "wrap": "integrations", "unwrap": "integrations",
          "register_tracker": "trackers", "unregister_tracker": "trackers"}
 
 if TYPE_CHECKING:       # pragma: no cover
     from .integrations import unwrap, wrap
     from .logger import LoggerOptions, NoOpRun, Run, init
     from .trackers import register_tracker, unregister_tracker
+    from .translate import Translation, Translator, translate
 
 
 def __getattr__(name: str) -> Any:
@@ -36,3 +38,18 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """``trackbridge.translate`` is the function, as ``__all__`` says, although a submodule has the same name:
+    importing the submodule ``trackbridge.translate`` (which Python then binds as an attribute of the package) leaves
+    the package's attribute to :func:`__getattr__`, which gives the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name and \
+                value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
