@@ -1,26 +1,26 @@
 """Migration: readers -> pipeline -> sinks, in batches, idempotent and resumable.
 
 Every run in the source becomes its own run in the destination, under a run id derived from the source run (so a
-second migration finds the same destination run). Progress is kept in a small ledger (how many source records of
-each run were written, and whether the run is complete) under ``$TRACKBRIDGE_STATE_DIR`` (default
-``~/.cache/trackbridge``): a migration interrupted halfway continues after the last batch that was written, and a
-finished one is not written again. Without a ledger entry, the destination's own last step is used instead
-(records at or below it are skipped).
+second migration finds the same destination run). Progress is kept in a small ledger (:mod:`trackbridge.ledger`: how
+many source records of each run were written, and whether the run is complete): a migration interrupted halfway
+continues after the last batch that was written, and a finished one is not written again. Without a ledger entry,
+and for a batch that was in flight when the migration stopped, what the destination holds decides (per key and step
+where the tracker can tell, else by its last step), through :func:`trackbridge.catchup.lacking` as in every
+catch-up.
 """
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
+from .catchup import CatchUp, lacking
 from .holdings import Holdings
+from .ledger import Ledger, state_dir  # noqa: F401  (state_dir: where the ledger lives, kept importable from here)
 from .locators import parse
 from .pipeline import Pipeline, Stats
 from .record import Record, RunInfo
@@ -29,6 +29,8 @@ from .trackers import kinds, make_sink, open_source, sink_class
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
+
+
 def _no_wall_time(reader: RunReader) -> bool:
     """True when the run has no time axis (its reader says so; a run marked by an earlier migration included)."""
     return not reader.has_wall_time
@@ -39,43 +41,6 @@ def _without_wall_time(records: Iterable[Record]) -> Iterable[Record]:
         if r.wall_time is not None:
             r = Record(r.step, None, r.metrics, r.derived)
         yield r
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("TRACKBRIDGE_STATE_DIR") or Path.home() / ".cache" / "trackbridge")
-
-
-class Ledger:
-    """How far each (source run, destination) migration got. One small JSON file per migration key."""
-
-    def __init__(self, key: str) -> None:
-        self.path = state_dir() / "migrations" / f"{key}.json"
-        self.data: dict[str, Any] = {}
-        if self.path.is_file():
-            try:
-                self.data = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError):
-                self.data = {}
-
-    @property
-    def written(self) -> int:
-        return int(self.data.get("records_written", 0))
-
-    @property
-    def pending(self) -> int:
-        """Records up to which a batch was being written when the migration stopped (0: none in flight)."""
-        return int(self.data.get("records_pending", 0))
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.data.get("complete"))
-
-    def save(self, **fields: Any) -> None:
-        self.data.update(fields)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
 
 
 @dataclass
@@ -274,23 +239,15 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
                         # service process; a kill loses them): trust the destination, as without a ledger
                         skip_n, check_n, last_step = 0, None, top
                         held = held if held is not None else sink.held()
-            todo = []
-            for rec in batch:
-                seen += 1
-                if seen <= skip_n:
-                    res.skipped_records += 1
-                    continue
-                if check_n is None or seen <= check_n:
-                    if held is not None:
-                        part = held.lacking(rec)
-                        if part is None:
-                            res.skipped_records += 1
-                            continue
-                        rec = part
-                    elif last_step is not None and rec.step is not None and rec.step <= last_step:
-                        res.skipped_records += 1
-                        continue
-                todo.append(rec)
+            # in order: records the ledger counts as written, records that may be in the destination (cut down to
+            # what it lacks, as every catch-up does), records it cannot hold yet
+            start, seen = seen, seen + len(batch)
+            n_skip = min(len(batch), max(0, skip_n - start))
+            rest = batch[n_skip:]
+            n_check = len(rest) if check_n is None else min(len(rest), max(0, check_n - start - n_skip))
+            held_now = CatchUp()
+            todo = [*lacking(rest[:n_check], held, last_step, held_now), *rest[n_check:]]
+            res.skipped_records += n_skip + held_now.skipped
             if todo:
                 ledger.save(records_written=max(seen - len(batch), skip_n), records_pending=seen,
                             source=pipe.stats.source, complete=False)
