@@ -31,6 +31,7 @@ def global_rank(env: dict[str, str] | None = None) -> int:
 
 
 def world_size(env: dict[str, str] | None = None) -> int:
+    """The number of processes of the job: ``WORLD_SIZE``, then MPI/SLURM variables; 1 when none is set."""
     size, _ = _first_int(_WORLD, dict(os.environ) if env is None else env)
     return size or 1
 

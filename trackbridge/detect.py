@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from .schema.loader import Registry
-from .schema.model import FrameworkMapping
+from .schema.model import Entry, FrameworkMapping
 from .spec import Spec
 
 MIN_EXPLAINED = 0.25
@@ -20,6 +20,8 @@ MIN_EXPLAINED = 0.25
 
 @dataclass
 class Candidate:
+    """One framework/trainer and the release range (indices, inclusive) in which it explains the most keys."""
+
     framework: str
     trainer: str | None
     lo: int
@@ -30,11 +32,13 @@ class Candidate:
     literal: int = 0          # keys named literally (not through a template) by the trainer's own entries
 
     def rank(self) -> tuple[int, int, int, int]:
+        """The sort key of candidates: higher is better."""
         # literal names before the always-logged check: a key a trainer names itself is better evidence than a
         # template instance (GRPO's rewards/{reward_fn} also matches DPO's rewards/margins)
         return (self.explained, self.literal, -self.missing, self.specific)
 
     def describe(self, registry: Registry) -> str:
+        """``FRAMEWORK[/TRAINER]@LO[..HI]`` with release names."""
         fw = registry.frameworks[self.framework]
         lo, hi = fw.release_name(self.lo), fw.release_name(self.hi)
         rng = lo if lo == hi else f"{lo}..{hi}"
@@ -43,6 +47,8 @@ class Candidate:
 
 @dataclass
 class Detection:
+    """The result of :func:`detect`: the spec found (None when it cannot tell), how sure, and why."""
+
     spec: Spec | None                      # None when it cannot tell
     source: str                            # e.g. "trl/grpo@v0.17.0..v0.17.0", "canonical", "unknown"
     confidence: float
@@ -52,13 +58,14 @@ class Detection:
     candidates: list[str] = field(default_factory=list)   # runners-up, best first
     reason: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
+        """The summary ``trackbridge detect --json`` prints."""
         return {"source": self.source, "confidence": round(self.confidence, 3), "keys": self.n_keys,
                 "explained": self.explained, "unexplained": self.unexplained, "candidates": self.candidates,
                 "reason": self.reason}
 
 
-def _keys_of(fw: FrameworkMapping, key: str):
+def _keys_of(fw: FrameworkMapping, key: str) -> list[tuple[Entry, dict[str, str] | None]]:
     hits = fw.lookup(key)
     if not hits:
         split, rest = fw.split_prefix(key)
@@ -83,13 +90,13 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
     releases inside ``within`` when given."""
     n_rel = len(fw.releases)
     w_lo, w_hi = _release_window(fw, within)
-    trainers = list(trainers or fw.trainers) or [None]
-    counts = {t: [0] * n_rel for t in trainers}
+    names: list[str | None] = list(trainers or fw.trainers) or [None]
+    counts = {t: [0] * n_rel for t in names}
     # a trainer explains keys only in the releases in which it exists
-    span = {t: (fw.trainer_span(t) if t is not None else (0, float("inf"))) for t in trainers}
-    span = {t: (a, min(b, n_rel - 1)) for t, (a, b) in span.items()}
-    specific = {t: 0 for t in trainers}
-    literal = {t: 0 for t in trainers}
+    full = {t: (fw.trainer_span(t) if t is not None else (0.0, float("inf"))) for t in names}
+    span = {t: (a, min(b, n_rel - 1)) for t, (a, b) in full.items()}
+    specific = {t: 0 for t in names}
+    literal = {t: 0 for t in names}
     explained_any: set[str] = set()
     for key in keys:
         if key in fw.internal:
@@ -98,7 +105,7 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
         if not hits:
             continue
         explained_any.add(key)
-        for t in trainers:
+        for t in names:
             covered = [False] * n_rel
             spec_hit = lit_hit = False
             for e, _ in hits:
@@ -121,7 +128,7 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
                 if covered[r]:
                     row[r] += 1
     best: Candidate | None = None
-    for t in trainers:
+    for t in names:
         row = counts[t]
         top = max(row) if row else 0
         if top == 0:
@@ -143,7 +150,7 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
     return best, explained_any
 
 
-def config_trainers(fw: FrameworkMapping, config: dict | None, within: Spec | None = None) -> list[str]:
+def config_trainers(fw: FrameworkMapping, config: dict[str, Any] | None, within: Spec | None = None) -> list[str]:
     """The trainers whose distinguishing config fields (``config_fields`` in the mapping) appear in ``config``
     (flattened: ``a.b`` keys; a field matches at any depth, since trackers nest the arguments differently).
 
@@ -171,7 +178,7 @@ def config_trainers(fw: FrameworkMapping, config: dict | None, within: Spec | No
 
 
 def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
-           config: dict | None = None) -> Detection:
+           config: dict[str, Any] | None = None) -> Detection:
     """The framework, trainer and release range that best explain ``keys``. ``within`` (a framework spec, perhaps
     with a trainer or releases) restricts the answer to what it allows: ``trl@1.16.0`` detects only the trainer.
     ``config`` (the run config, flattened) names the trainer when it holds fields only one trainer's config has."""
@@ -239,8 +246,10 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
                      [c.describe(registry) for c, _ in cands[1:4]], reason)
 
 
-def _detect_within(keys: list[str], registry: Registry, within: Spec, config: dict | None = None) -> Detection:
+def _detect_within(keys: list[str], registry: Registry, within: Spec,
+                   config: dict[str, Any] | None = None) -> Detection:
     """Detection inside one framework (and the trainer/releases ``within`` names): which trainer, which releases."""
+    assert within.framework is not None          # a framework spec: detect() checked its kind
     fw = registry.frameworks[within.framework]
     by_config = [] if within.trainer else config_trainers(fw, config, within)
     trainers = [within.trainer] if within.trainer else (by_config or list(fw.trainers))
@@ -302,7 +311,7 @@ def _own_keys_in(fw: FrameworkMapping, keys: list[str], trainer: str, within: Sp
             and e.since <= best.hi and e.until >= best.lo}
 
 
-def _meanings(fw: FrameworkMapping, key: str, trainer: str, release: int) -> set[tuple]:
+def _meanings(fw: FrameworkMapping, key: str, trainer: str, release: int) -> set[tuple[Any, ...]]:
     hits = _keys_of(fw, key)
     specific = [e for e, _ in hits if e.trainers is not None and trainer in e.trainers
                 and e.applies(trainer, release, release)]
@@ -327,8 +336,9 @@ def _differing(fw: FrameworkMapping, keys: list[str], winner: str, others: list[
         if o not in spans:
             continue
         common = min(spans[winner][1], spans[o][1])
-        r_w = r_o = common if common >= max(spans[winner][0], spans[o][0]) else None
-        if r_w is None:                      # no release in common: each at its own newest
+        if common >= max(spans[winner][0], spans[o][0]):
+            r_w = r_o = common
+        else:                                # no release in common: each at its own newest
             r_w, r_o = spans[winner][1], spans[o][1]
         diff = [k for k in keys if _meanings(fw, k, winner, r_w) != _meanings(fw, k, o, r_o)]
         if diff:
@@ -337,13 +347,13 @@ def _differing(fw: FrameworkMapping, keys: list[str], winner: str, others: list[
     return "; " + "; ".join(out) if out else ""
 
 
-def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int, int]:
+def _trainer_score(fw: FrameworkMapping, keys: list[str], trainer: str) -> tuple[int, int, int, int]:
     best, _ = _best_for_framework(fw, keys, [trainer])
-    return best.rank() if best else (0, 0, 0)
+    return best.rank() if best else (0, 0, 0, 0)
 
 
 def _observed(fw: FrameworkMapping, keys: list[str]) -> set[str]:
-    out = set()
+    out: set[str] = set()
     for k in keys:
         split, rest = fw.split_prefix(k)
         out.add(rest if split is not None else k)

@@ -18,6 +18,8 @@ from .record import iter_json_objects
 
 @dataclass
 class Row:
+    """One logged dict read from an input file, with where it was read and its step/wall time if it had them."""
+
     where: str          # "file:line"
     metrics: dict[str, Any]
     step: Any = None
@@ -26,10 +28,11 @@ class Row:
 
 
 class InputError(TrackBridgeError, ValueError):
-    pass
+    """An input file that cannot be opened."""
 
 
 def open_text(path: str) -> TextIO:
+    """``path`` opened as UTF-8 text (``-``: stdin); raises InputError when it cannot be opened."""
     if path == "-":
         return sys.stdin
     try:
@@ -100,7 +103,7 @@ def _first_line_document(line: str) -> tuple[Any, str]:
     return None, "line"
 
 
-def _split_step(obj: dict) -> tuple[dict, Any]:
+def _split_step(obj: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """A plain row's ``step`` (what ``translate`` writes beside the names, and what trainers log as their x axis) is
     the row's step, not a metric."""
     step = obj.get("step")
@@ -120,8 +123,9 @@ def _whole_document(text: str) -> Any:
     return None
 
 
-def _rows_of_document(name: str, doc: dict, problems: list[str]) -> Iterator[Row]:
-    rows = doc.get("log_history") if isinstance(doc.get("log_history"), list) else doc.get("rows")
+def _rows_of_document(name: str, doc: dict[str, Any], problems: list[str]) -> Iterator[Row]:
+    history = doc.get("log_history")
+    rows: list[Any] = history if isinstance(history, list) else doc.get("rows") or []
     field = "log_history" if "log_history" in doc else "rows"
     for i, row in enumerate(rows):
         if not isinstance(row, dict):

@@ -36,6 +36,8 @@ class LocatorError(TrackBridgeError, ValueError):
 
 @dataclass(frozen=True)
 class Locator:
+    """A parsed locator: ``KIND:LOCATION?options`` and, where a command takes several runs, its label."""
+
     kind: str
     location: str
     options: dict[str, str] = field(default_factory=dict)
@@ -48,6 +50,7 @@ class Locator:
         return f"{self.label}={text}" if self.label else text
 
     def option(self, name: str, default: str | None = None) -> str | None:
+        """The value of ``?name=...`` (``default`` when not given)."""
         return self.options.get(name, default)
 
 

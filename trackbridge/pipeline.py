@@ -8,12 +8,16 @@ marks carried through, and one :class:`Stats` (the same bookkeeping type as a si
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from .record import Record, RunInfo
 from .translate import Report, Translator
+
+if TYPE_CHECKING:       # pragma: no cover
+    from .schema.loader import Registry
 
 DETECT_LOOKAHEAD = 50      # records read ahead to detect the framework of a stored run
 
@@ -26,12 +30,14 @@ class Stats(Report):
     records: int = 0
 
     def merge(self, other: Report) -> None:
+        """Add ``other``'s bookkeeping (and its counts, when it is a :class:`Stats` too) to this one."""
         super().merge(other)
         if isinstance(other, Stats):
             self.points += other.points
             self.records += other.records
 
     def to_json(self) -> dict[str, Any]:
+        """The summary the commands print with ``--json`` (lists of names, counts of renames)."""
         return {"source": self.source, "records": self.records, "points": self.points,
                 "renamed": len(self.renamed), "unmapped": list(self.unmapped), "approximate": self.approximate,
                 "derived": list(self.derived), "conflicts": self.conflicts, "notes": self.notes}
@@ -47,8 +53,8 @@ class Pipeline:
     approximations) let the target's trainer and fidelity be judged as if translating the original names.
     """
 
-    def __init__(self, source: str = "auto", names: str = "canonical", *, config: dict | None = None,
-                 mappings: Iterable[str] | None = None, derive: bool = True, registry=None,
+    def __init__(self, source: str = "auto", names: str = "canonical", *, config: dict[str, Any] | None = None,
+                 mappings: Iterable[str] | None = None, derive: bool = True, registry: Registry | None = None,
                  origin: str | None = None, fidelity: Mapping[str, str] | None = None) -> None:
         self.source = source
         self.names = names
@@ -63,7 +69,7 @@ class Pipeline:
         self._kept = False
 
     @classmethod
-    def for_run(cls, info: RunInfo, names: str = "canonical", *, source: str = "auto", **kw) -> "Pipeline":
+    def for_run(cls, info: RunInfo, names: str = "canonical", *, source: str = "auto", **kw: Any) -> "Pipeline":
         """The pipeline for a stored run. With ``source="auto"``, a run trackbridge wrote under canonical names is
         read as canonical and remembers where its names came from (``info.source``: the target's trainer and the
         fidelity are judged from it); any other run is detected from its keys (and config)."""
@@ -98,7 +104,8 @@ class Pipeline:
 
     def run_info(self, info: RunInfo) -> RunInfo:
         """The RunInfo to write: names scheme, source and canonical config names recorded."""
-        out = RunInfo(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in info.__dict__.items()})
+        out = copy.copy(info)
+        out.__dict__.update({k: dict(v) for k, v in info.__dict__.items() if isinstance(v, dict)})
         out.names = self.names if not self._kept else info.names
         src = self.stats.source
         if src and not src.startswith("canonical") and src != "kept as stored":
@@ -113,6 +120,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------------------------ streaming
     def process(self, records: Iterable[Record]) -> Iterator[Record]:
+        """Translate a stream of records; the source is resolved from the first :data:`DETECT_LOOKAHEAD` records."""
         it = iter(records)
         if self.translator is None and not self._kept:
             head = list(itertools.islice(it, DETECT_LOOKAHEAD))
@@ -125,6 +133,7 @@ class Pipeline:
             yield self.one(rec)
 
     def one(self, rec: Record) -> Record:
+        """Translate one record (the source resolved from its keys if not yet known) and count it in ``stats``."""
         st = self.stats
         tr = self.translator if self.translator is not None else self.setup(rec.metrics)
         if tr is None:
@@ -141,6 +150,7 @@ class Pipeline:
         return out
 
     def finish_notes(self) -> list[str]:
+        """The run's notes, the translator's included, each once (also left in ``stats.notes``)."""
         notes = list(self.stats.notes)
         if self.translator is not None:
             notes += [n for n in self.translator.notes if n not in notes]

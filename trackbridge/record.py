@@ -64,8 +64,8 @@ class Histogram:
                 for x in seq:
                     if not math.isfinite(x):
                         return False
-        for x in (self.min, self.max, self.num, self.sum, self.sum_squares, self.nonfinite):
-            if x is not None and not math.isfinite(x):
+        for stat in (self.min, self.max, self.num, self.sum, self.sum_squares, self.nonfinite):
+            if stat is not None and not math.isfinite(stat):
                 return False
         return True
 
@@ -100,10 +100,12 @@ class Histogram:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """The stream's JSON form: ``{"_type": "histogram", ...}`` with the fields that are set."""
         return {"_type": "histogram", **{k: v for k, v in self.__dict__.items() if v is not None}}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Histogram":
+        """Inverse of :meth:`to_json`; unknown keys are ignored."""
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in obj.items() if k in known})
 
@@ -118,6 +120,7 @@ class Record:
     derived: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
+        """The stream's JSON form of this record (values through :func:`encode_value`)."""
         obj: dict[str, Any] = {"step": self.step, "wall_time": self.wall_time,
                                "metrics": {k: encode_value(v) for k, v in self.metrics.items()}}
         if self.derived:
@@ -126,6 +129,7 @@ class Record:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Record":
+        """Inverse of :meth:`to_json` (values through :func:`decode_value`)."""
         return cls(step=obj.get("step"), wall_time=obj.get("wall_time"),
                    metrics={k: decode_value(v) for k, v in (obj.get("metrics") or {}).items()},
                    derived=list(obj.get("derived") or []))
@@ -147,10 +151,12 @@ class RunInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The stream's header line: ``{"type": "run", "format": ..., <every field>}``."""
         return {"type": "run", "format": STREAM_FORMAT, **{k: v for k, v in self.__dict__.items()}}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "RunInfo":
+        """Inverse of :meth:`to_json`; unknown keys are ignored."""
         known = {k: obj[k] for k in cls.__dataclass_fields__ if k in obj}
         return cls(**known)
 
@@ -205,6 +211,7 @@ def decode_value(v: Any) -> Any:
 
 
 def dumps(obj: Any) -> str:
+    """Compact strict JSON (no NaN/Infinity literals): the form of one line of the stream."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 

@@ -14,11 +14,13 @@ from .schema.yamlfile import MappingError
 
 
 class SpecError(TrackBridgeError, ValueError):
-    pass
+    """A naming-scheme spec that cannot be parsed or names an unknown framework, trainer or release."""
 
 
 @dataclass(frozen=True)
 class Spec:
+    """A parsed naming-scheme spec (see the module docstring); ``lo``/``hi`` bound the framework releases meant."""
+
     kind: str                       # "canonical" | "auto" | "framework"
     framework: str | None = None
     trainer: str | None = None
@@ -28,7 +30,8 @@ class Spec:
     canonical_version: str | None = None
 
     def describe(self, registry: Registry | None = None) -> str:
-        if self.kind != "framework":
+        """The spec as text; with a registry, a release range is named by its first and last release."""
+        if self.kind != "framework" or self.framework is None:
             return self.kind + (f"@{self.canonical_version}" if self.canonical_version else "")
         text = self.framework + (f"/{self.trainer}" if self.trainer else "")
         if self.version:
@@ -41,16 +44,18 @@ class Spec:
         return text
 
     def bounds(self, n_releases: int) -> tuple[float, float]:
+        """The release-index range, the upper end capped just past the last of ``n_releases`` releases."""
         return self.lo, min(self.hi, n_releases - 1 + 0.5)
 
 
 def parse_spec(text: str, registry: Registry, *, allow_auto: bool = True) -> Spec:
+    """Parse a naming-scheme spec against the registry's frameworks, aliases and releases; raises SpecError."""
     raw = (text or "").strip()
     if not raw:
         raise SpecError("empty naming scheme; expected canonical, auto, or FRAMEWORK[/TRAINER][@VERSION]")
-    name, _, version = raw.partition("@")
+    name, _, version_text = raw.partition("@")
     name = name.strip().lower()
-    version = version.strip() or None
+    version = version_text.strip() or None
     if name == "canonical":
         known = [v for v, _ in registry.canonical.renames] or [registry.canonical.version]
         if version and not any(v.lstrip("v") == version.lstrip("v") for v in known):
@@ -60,14 +65,14 @@ def parse_spec(text: str, registry: Registry, *, allow_auto: bool = True) -> Spe
         if not allow_auto:
             raise SpecError("'auto' is only allowed for the source naming scheme")
         return Spec("auto")
-    fw_name, _, trainer = name.partition("/")
+    fw_name, _, trainer_text = name.partition("/")
     resolved = registry.resolve_alias(fw_name)
     if resolved is None:
         known = sorted(set(registry.frameworks) | {a for f in registry.frameworks.values() for a in f.aliases})
         raise SpecError(f"{raw!r}: unknown framework {fw_name!r}; known: canonical, auto, {', '.join(known)}")
     fw_name, alias = resolved
     fw = registry.frameworks[fw_name]
-    trainer = trainer or alias.get("trainer")
+    trainer: str | None = trainer_text or alias.get("trainer")
     if trainer and trainer not in fw.trainers:
         raise SpecError(f"{raw!r}: unknown {fw_name} trainer {trainer!r}; known: {', '.join(sorted(fw.trainers))}")
     lo, hi = 0.0, float("inf")

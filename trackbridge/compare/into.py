@@ -19,6 +19,8 @@ BATCH = 500
 
 @dataclass
 class IntoResult:
+    """What ``--into`` wrote for one compared run: its run id in the tracker, records written and skipped."""
+
     label: str
     run_id: str
     records: int = 0
@@ -26,10 +28,11 @@ class IntoResult:
 
 
 def write_into(runs: list[LoadedRun], into: str, *, project: str = DEFAULT_PROJECT) -> list[IntoResult]:
+    """Write every run, under canonical names, into the tracker locator ``into`` (see the module docstring)."""
     from ..catchup import catch_up
     from ..trackers import make_sink
 
-    results = []
+    results: list[IntoResult] = []
     for run in runs:
         run_id = "cmp-" + hashlib.sha1(f"{run.locator}\0{run.label}".encode()).hexdigest()[:16]
         info = RunInfo(name=run.label, project=project, run_id=run_id,

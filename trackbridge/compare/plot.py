@@ -5,6 +5,7 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 WIDTH_IN, HEIGHT_IN, DPI = 9.0, 5.0, 100
 PNG_SIZE = (int(WIDTH_IN * DPI), int(HEIGHT_IN * DPI))      # (width, height) in pixels of every chart
@@ -14,6 +15,8 @@ COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e3
 
 @dataclass
 class Line:
+    """One run's series on a chart (``smoothed``: drawn over the faint raw values)."""
+
     label: str
     xs: list[float]
     ys: list[float]
@@ -23,6 +26,8 @@ class Line:
 
 @dataclass
 class Chart:
+    """One metric's chart: every run's line, and a warning printed under it."""
+
     metric: str
     ylabel: str
     xlabel: str
@@ -31,7 +36,7 @@ class Chart:
     notes: list[str] = field(default_factory=list)
 
 
-def _mpl():
+def _mpl() -> ModuleType:
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -39,6 +44,7 @@ def _mpl():
 
 
 def draw(chart: Chart, path: Path) -> Path:
+    """Draw ``chart`` into the PNG file ``path`` (its folder is created); returns ``path``."""
     plt = _mpl()
     fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
     note_lines: list[str] = []

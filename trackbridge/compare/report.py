@@ -23,14 +23,18 @@ import html
 import json
 import os
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .. import __version__ as _tb_version
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
 from .plot import Chart, Line, draw
 from .presets import PRESETS
-from .stats import COLUMNS, fmt_csv, fmt_short
+from .stats import COLUMNS, MetricStats, fmt_csv, fmt_short
+
+if TYPE_CHECKING:       # pragma: no cover  (the package imports this module on use: no import at run time)
+    from . import CompareResult, MetricReport
+    from .load import LoadedRun
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -170,10 +174,14 @@ def _delete_listed(folder: Path, files: list[str], dirs: list[str]) -> None:
     (folder / MANIFEST).unlink(missing_ok=True)
 
 
-def write_report(result, axes: dict[str, Axis], *, smooth_kind: str = "ema", title: str | None = None) -> None:
+def write_report(result: CompareResult, axes: dict[str, Axis], *, smooth_kind: str = "ema",
+                 title: str | None = None) -> None:
+    """Write the charts, ``summary.csv``, ``summary.md`` and ``report.html`` of ``result`` into ``result.out``
+    (recorded in an output manifest, so that a later report replaces exactly these files)."""
     from . import slug
 
-    out: Path = result.out
+    out = result.out
+    assert out is not None, "write_report: the comparison has no output folder"
     charts = [f"charts/{i:03d}_{slug(mr.name)}.png" for i, mr in enumerate(result.metrics, 1)]
     manifest = OutputManifest.prepare(out, "compare", [*charts, "report.html", "summary.csv", "summary.md"])
     charts_dir = out / "charts"
@@ -181,7 +189,7 @@ def write_report(result, axes: dict[str, Axis], *, smooth_kind: str = "ema", tit
     by_label = {r.label: r for r in result.runs}
     xlabel = X_LABELS[result.x]
     for i, mr in enumerate(result.metrics, 1):
-        lines = []
+        lines: list[Line] = []
         for label in mr.runs:
             run = by_label[label]
             xs, ys = series(run, mr.name, axes[label])
@@ -198,19 +206,19 @@ def write_report(result, axes: dict[str, Axis], *, smooth_kind: str = "ema", tit
     manifest.save()
 
 
-def _color(runs, label: str) -> str:
+def _color(runs: list[LoadedRun], label: str) -> str:
     from .plot import COLORS
     idx = [r.label for r in runs].index(label)
     return COLORS[idx % len(COLORS)]
 
 
-def _rows(result):
+def _rows(result: CompareResult) -> Iterator[MetricStats]:
     for mr in result.metrics:
         for st in mr.stats:
             yield st
 
 
-def _write_csv(result, path: Path) -> Path:
+def _write_csv(result: CompareResult, path: Path) -> Path:
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(COLUMNS)
@@ -220,16 +228,16 @@ def _write_csv(result, path: Path) -> Path:
     return path
 
 
-def _md_cell(text) -> str:
+def _md_cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _title(result, title):
+def _title(result: CompareResult, title: str | None) -> str:
     return title or ("trackbridge comparison: " + " vs ".join(r.label for r in result.runs)
                      if len(result.runs) > 1 else f"trackbridge report: {result.runs[0].label}")
 
 
-def _write_md(result, path: Path, title) -> Path:
+def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
     lines = [f"# {_title(result, title)}", ""]
     lines.append(f"x axis: {X_LABELS[result.x]}. Statistics are over the values as logged (not smoothed), in log "
                  "order; `points` counts every numeric value.")
@@ -257,7 +265,7 @@ def _write_md(result, path: Path, title) -> Path:
     return path
 
 
-def _e(text) -> str:
+def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
@@ -266,7 +274,7 @@ def _anchor(name: str) -> str:
     return "m-" + slug(name)
 
 
-def _write_html(result, path: Path, title, smooth_kind: str) -> Path:
+def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kind: str) -> Path:
     t = _title(result, title)
     h: list[str] = []
     h.append("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">")
@@ -320,7 +328,7 @@ def _write_html(result, path: Path, title, smooth_kind: str) -> Path:
 
     # contents
     h.append("<h2 id=\"contents\">Metrics</h2>")
-    groups: dict[str, list] = {p: [] for p in PRESETS}
+    groups: dict[str, list[MetricReport]] = {p: [] for p in PRESETS}
     groups["other"] = []
     for mr in result.metrics:
         groups[mr.preset or "other"].append(mr)

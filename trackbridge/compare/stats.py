@@ -18,6 +18,8 @@ COLUMNS = ["metric", "run", "first", "last", "min", "max", "mean", "points", "no
 
 @dataclass
 class MetricStats:
+    """The statistics of one metric in one run (see the module docstring)."""
+
     metric: str
     run: str
     first: float | None
@@ -29,20 +31,24 @@ class MetricStats:
     non_finite: int = 0
     note: str = ""
 
-    def row(self) -> dict:
+    def row(self) -> dict[str, Any]:
+        """The summary table's row (:data:`COLUMNS`)."""
         return {"metric": self.metric, "run": self.run, "first": self.first, "last": self.last, "min": self.min,
                 "max": self.max, "mean": self.mean, "points": self.points, "note": self.note}
 
 
-def is_number(v: Any) -> bool:
+def is_number(v: object) -> bool:
+    """An int or float value (not a bool, a string or a histogram)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def values(run: "LoadedRun", metric: str) -> list[float]:
+    """The numeric values of ``metric`` in ``run``, in stored order."""
     return [float(r.metrics[metric]) for r in run.records if is_number(r.metrics.get(metric))]
 
 
 def metric_stats(run: "LoadedRun", metric: str) -> MetricStats | None:
+    """The statistics of ``metric`` in ``run``; None when the run has no numeric value of it."""
     vals = values(run, metric)
     if not vals:
         return None
@@ -54,7 +60,7 @@ def metric_stats(run: "LoadedRun", metric: str) -> MetricStats | None:
     return st
 
 
-def fmt_csv(v) -> str:
+def fmt_csv(v: object) -> str:
     """Full precision (shortest repr that round-trips), so the CSV holds exactly the logged numbers."""
     if v is None:
         return ""
@@ -67,7 +73,7 @@ def fmt_csv(v) -> str:
     return str(v)
 
 
-def fmt_short(v) -> str:
+def fmt_short(v: object) -> str:
     """For people: 6 significant digits."""
     if v is None:
         return ""

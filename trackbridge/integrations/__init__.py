@@ -21,26 +21,42 @@ from __future__ import annotations
 
 import builtins
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, TypeGuard, overload
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ._tee import Tee
+    from .callable import LogWrapper
 
 # importing the submodule ``callable`` sets ``callable`` in this module's namespace: use the builtin explicitly
 _callable = builtins.callable
 
-_ACTIVE: dict[int, Any] = {}   # id(wrapped target) -> handle, for unwrap(target)
+_ACTIVE: dict[int, Tee] = {}   # id(wrapped target) -> handle, for unwrap(target)
 
 
-def _is_wandb(obj: Any) -> bool:
+def _is_wandb(obj: object) -> bool:
     if isinstance(obj, types.ModuleType):
         return obj.__name__ == "wandb"
     return (type(obj).__module__ or "").startswith("wandb.") and hasattr(obj, "log") and hasattr(obj, "define_metric")
 
 
-def _is_summary_writer(obj: Any) -> bool:
+def _is_summary_writer(obj: object) -> bool:
     return (not isinstance(obj, types.ModuleType) and _callable(getattr(obj, "add_scalar", None))
             and _callable(getattr(obj, "add_scalars", None)))
 
 
-def wrap(target: Any, **options: Any) -> Any:
+def _is_callable(obj: object) -> TypeGuard[Callable[..., Any]]:
+    return _callable(obj)
+
+
+@overload
+def wrap(target: type[Any], **options: Any) -> Tee: ...        # wrap(SummaryWriter): the class
+@overload
+def wrap(target: Callable[..., Any], **options: Any) -> LogWrapper: ...
+@overload
+def wrap(target: object, **options: Any) -> Tee: ...
+
+
+def wrap(target: object, **options: Any) -> Tee:
     """Make an existing logger also write through trackbridge; returns a handle with ``unwrap()``.
 
     * the ``wandb`` module or a wandb ``Run`` -> :class:`~trackbridge.integrations.wandb.WandbWrapper`
@@ -52,33 +68,40 @@ def wrap(target: Any, **options: Any) -> Any:
     ``options``: those of :func:`trackbridge.init` (``sinks``, ``source``, ``project``, ``name``, ``config``,
     ``names``, ``spool`` ...), or ``run=`` an open trackbridge run to share between several wrappers.
     """
-    if _is_wandb(target):
-        from .wandb import WandbWrapper as cls
-    elif _is_summary_writer(target):
-        from .tensorboard import WriterWrapper as cls
-    elif _callable(target):
-        from .callable import LogWrapper as cls
-    else:
+    is_wandb = _is_wandb(target)
+    is_writer = not is_wandb and _is_summary_writer(target)
+    if not (is_wandb or is_writer or _is_callable(target)):
         raise TypeError(f"trackbridge.wrap(): cannot wrap a {type(target).__name__}; expected the wandb module or a "
                         f"wandb run, a SummaryWriter, or a callable log(dict, step=None)")
     previous = _ACTIVE.get(id(target))
     if previous is not None and previous.active and not isinstance(previous, _callable_class()):
         raise RuntimeError(f"trackbridge.wrap(): {target!r} is already wrapped; unwrap it first "
                            f"(or pass run= to share one trackbridge run between wrappers)")
-    handle = cls(target, **options)
+    handle: Tee
+    if is_wandb:
+        from .wandb import WandbWrapper
+        handle = WandbWrapper(target, **options)
+    elif is_writer:
+        from .tensorboard import WriterWrapper
+        handle = WriterWrapper(target, **options)
+    else:
+        from .callable import LogWrapper
+        assert _is_callable(target)             # checked above
+        handle = LogWrapper(target, **options)
     _ACTIVE[id(target)] = handle
     return handle
 
 
-def _callable_class() -> type:
+def _callable_class() -> type[Tee]:
     from .callable import LogWrapper
     return LogWrapper
 
 
-def unwrap(target: Any, finish: bool = True) -> Any:
+def unwrap(target: object, finish: bool = True) -> dict[str, Any] | Callable[..., Any] | None:
     """Undo :func:`wrap`: pass the handle, or the wrapped object itself. Returns the trackbridge run's status
-    (for a wrapped callable: the original callable)."""
-    handle = target if hasattr(target, "unwrap") and hasattr(target, "active") else _ACTIVE.get(id(target))
+    (None when the run was never opened; for a wrapped callable: the original callable)."""
+    from ._tee import Tee
+    handle = target if isinstance(target, Tee) else _ACTIVE.get(id(target))
     if handle is None:
         raise ValueError(f"trackbridge.unwrap(): {target!r} is not wrapped")
     for key, value in list(_ACTIVE.items()):

@@ -63,6 +63,7 @@ class Tee:
 
     @property
     def opened(self) -> bool:
+        """Whether the trackbridge run was opened (or given as ``run=``)."""
         return self._run is not None
 
     def emit(self, metrics: dict[str, Any], step: Any = None) -> None:
@@ -76,6 +77,7 @@ class Tee:
                                                f"({type(exc).__name__}: {exc}); the original logger is unaffected")
 
     def warn_once(self, key: str, message: str) -> None:
+        """Issue ``message`` as a LoggerWarning, once per ``key`` for this wrapper."""
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, LoggerWarning, stacklevel=3)

@@ -49,18 +49,21 @@ class TrackBridgeTracker(GeneralTracker):
         """Nothing to do yet: the run opens at the first log, with the configuration."""
 
     @on_main_process
-    def store_init_configuration(self, values: dict) -> None:
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Keep the configuration: it becomes the run's config when the run opens (at the first log)."""
         self._config.update(dict(values or {}))
         if self._tee.opened:
             self._tee.warn_once("late-config", "trackbridge: store_init_configuration() after the first log(); "
                                                "the run's configuration was already written")
 
     @on_main_process
-    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log one record through trackbridge (never raises; problems are warnings)."""
         self._tee.emit(dict(values), step)
 
     @on_main_process
     def finish(self) -> None:
+        """Flush and finish the trackbridge run (when this tracker opened it)."""
         self._tee.finish()
 
 

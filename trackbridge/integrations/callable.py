@@ -56,7 +56,7 @@ class LogWrapper(Tee):
                 self.emit(dict(data), step)
         return result
 
-    def _extract(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    def _extract(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         bound: dict[str, Any] = {}
         if self._sig is not None:
             try:

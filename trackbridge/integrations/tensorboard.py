@@ -30,7 +30,7 @@ from ._tee import Tee, as_step
 _SENTINEL = object()
 
 
-def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any = None) -> Any:
     if len(args) > index:
         return args[index]
     return kwargs.get(name, default)
@@ -91,8 +91,8 @@ class WriterWrapper(Tee):
         wrapper.__name__ = name
         wrapper.__qualname__ = getattr(orig, "__qualname__", name)
         wrapper.__doc__ = getattr(orig, "__doc__", None)
-        wrapper.__wrapped__ = orig
-        wrapper.__trackbridge_wrapper__ = self
+        setattr(wrapper, "__wrapped__", orig)            # function attributes: set dynamically
+        setattr(wrapper, "__trackbridge_wrapper__", self)
         return wrapper
 
     def _safe(self, fn: Any) -> None:
@@ -104,29 +104,29 @@ class WriterWrapper(Tee):
                            f"the event files are unaffected")
 
     # -- the calls -----------------------------------------------------------------------------------------------------
-    def _on_add_scalar(self, args: tuple, kwargs: dict) -> None:
+    def _on_add_scalar(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._add(_arg(args, kwargs, 0, "tag"), _arg(args, kwargs, 1, "scalar_value"),
                   _arg(args, kwargs, 2, "global_step"))
 
-    def _on_add_scalars(self, args: tuple, kwargs: dict) -> None:
+    def _on_add_scalars(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         main = _arg(args, kwargs, 0, "main_tag")
         values = _arg(args, kwargs, 1, "tag_scalar_dict") or {}
         step = _arg(args, kwargs, 2, "global_step")
         for sub, value in values.items():
             self._add(f"{main}/{sub}", value, step)
 
-    def _on_add_histogram(self, args: tuple, kwargs: dict) -> None:
+    def _on_add_histogram(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._add(_arg(args, kwargs, 0, "tag"), _arg(args, kwargs, 1, "values"), _arg(args, kwargs, 2, "global_step"))
 
-    def _on_add_text(self, args: tuple, kwargs: dict) -> None:
+    def _on_add_text(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._add(_arg(args, kwargs, 0, "tag"), _arg(args, kwargs, 1, "text_string"),
                   _arg(args, kwargs, 2, "global_step"))
 
-    def _on_flush(self, args: tuple, kwargs: dict) -> None:
+    def _on_flush(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.flush()
 
-    def _on_close(self, args: tuple, kwargs: dict) -> None:   # handled in the wrapper (flush, close, finish)
-        pass
+    def _on_close(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        pass                    # handled in the wrapper (flush, close, finish)
 
     def _add(self, tag: Any, value: Any, step: Any) -> None:
         if not isinstance(tag, str):

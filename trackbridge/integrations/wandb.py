@@ -121,20 +121,21 @@ class WandbWrapper(Tee):
         orig_log, orig_define, orig_finish = self._orig["log"], self._orig["define_metric"], self._orig["finish"]
 
         @functools.wraps(orig_log)
-        def log(run_self: Any, data: Any = None, step: Any = None, commit: Any = None, *args: Any, **kwargs: Any):
+        def log(run_self: Any, data: Any = None, step: Any = None, commit: Any = None, *args: Any,
+                **kwargs: Any) -> Any:
             if not tee._targets(run_self):
                 return orig_log(run_self, data, step, commit, *args, **kwargs)
             return tee._log(orig_log, run_self, data, step, commit, args, kwargs)
 
         @functools.wraps(orig_define)
-        def define_metric(run_self: Any, name: str, step_metric: Any = None, *args: Any, **kwargs: Any):
+        def define_metric(run_self: Any, name: str, step_metric: Any = None, *args: Any, **kwargs: Any) -> Any:
             result = orig_define(run_self, name, step_metric, *args, **kwargs)
             if step_metric is not None and tee._targets(run_self):
                 tee._add_rule(name, getattr(step_metric, "name", step_metric))
             return result
 
         @functools.wraps(orig_finish)
-        def finish(run_self: Any, *args: Any, **kwargs: Any):
+        def finish(run_self: Any, *args: Any, **kwargs: Any) -> Any:
             if tee._targets(run_self):
                 with tee._lock:
                     try:
@@ -145,7 +146,7 @@ class WandbWrapper(Tee):
 
         self._patched = {"log": log, "define_metric": define_metric, "finish": finish}
         for name, fn in self._patched.items():
-            fn.__trackbridge_wrapper__ = self
+            setattr(fn, "__trackbridge_wrapper__", self)      # a function attribute: set dynamically
             setattr(cls, name, fn)
         self._rebind_globals(self._patched)
 
@@ -172,7 +173,7 @@ class WandbWrapper(Tee):
         current = {name: getattr(cls, name) for name in ("log", "define_metric")}
         for name in ("log", "define_metric"):
             bound = getattr(self.wb, name, None)
-            if getattr(bound, "__func__", None) is self._patched[name]:
+            if bound is not None and getattr(bound, "__func__", None) is self._patched[name]:
                 setattr(self.wb, name, types.MethodType(current[name], bound.__self__))
 
     # -- define_metric rules -------------------------------------------------------------------------------------------
@@ -192,7 +193,8 @@ class WandbWrapper(Tee):
         return None
 
     # -- the tee -------------------------------------------------------------------------------------------------------
-    def _log(self, orig_log: Any, run_self: Any, data: Any, step: Any, commit: Any, args: tuple, kwargs: dict) -> Any:
+    def _log(self, orig_log: Any, run_self: Any, data: Any, step: Any, commit: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
         with self._lock:
             before = self._row_step(run_self)
             out = data

@@ -3,15 +3,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
 from ..sinks.base import Sink, Unreachable, check_reachable
 from ..values import STEP_MAX, as_step, check_step, normalize_metrics
 from .common import warn
 
+if TYPE_CHECKING:       # pragma: no cover
+    from ..translate import Translation, Translator
 
-def make_translator(source: str, mappings: list[str] | None, config: dict[str, Any]) -> Any:
+#: ``hook(translation, step, wall_time)``: see :func:`derive_hook`
+DeriveHook = Callable[["Translation", "int | None", "float | None"], None]
+
+
+def make_translator(source: str, mappings: list[str] | None, config: dict[str, Any]) -> Translator:
     """Translator from ``source`` names to canonical ones. A mapping file that cannot be used (the user's
     ``mappings=`` or a shipped one) is an error at ``init``, naming the file: logging untranslated names into
     trackers would be worse than not starting."""
@@ -23,24 +29,26 @@ def make_translator(source: str, mappings: list[str] | None, config: dict[str, A
         raise UsageError(f"init({what}): cannot build the translation: {exc}") from exc
 
 
-def derive_hook(translator: Any) -> Callable[..., None] | None:
+def derive_hook(translator: Translator) -> DeriveHook | None:
     """The translator's derive step (run after the step is known): ``hook(translation, step, wall_time)`` fills
     ``translation.metrics`` in place and sets ``translation.derived``."""
     return getattr(translator, "apply_derive", None)
 
 
-def validate_call(metrics: Any, step: Any) -> tuple[dict[str, Any], list[str], int | None]:
+def validate_call(metrics: object, step: object) -> tuple[dict[str, Any], list[str], int | None]:
     """What ``log(metrics, step)`` checks on every rank: the values normalised (with the problems of the ones left
-    out) and the step as an int. Raises as :meth:`Run.log` documents."""
+    out) and the step as an int. Raises as :meth:`Run.log` documents (the arguments are the caller's, unchecked)."""
     values, problems = normalize_metrics(metrics)
+    as_int = None
     if step is not None:
-        step = to_step(step)
-        if not 0 <= step <= STEP_MAX:
-            check_step(step)
-    return values, problems, step
+        as_int = to_step(step)
+        if not 0 <= as_int <= STEP_MAX:
+            check_step(as_int)
+    return values, problems, as_int
 
 
-def to_step(step: Any) -> int:
+def to_step(step: object) -> int:
+    """``step`` as an int (an integer of any kind: Python, NumPy, a 0-d tensor); TypeError for anything else."""
     out = as_step(step)
     if out is None:
         kind = "bool" if isinstance(step, bool) else type(step).__name__
@@ -55,7 +63,7 @@ def ready_for_shutdown() -> None:
     import concurrent.futures.thread  # noqa: F401
 
 
-def check_packages(spec: Any, sink: Sink, *, import_now: bool = True) -> None:
+def check_packages(spec: object, sink: Sink, *, import_now: bool = True) -> None:
     """Fail at init, naming the extra to install, when a sink's tracker package is missing (rather than retrying
     in the background and losing the tracker for the whole run); import it now (see below)."""
     import importlib
@@ -97,6 +105,7 @@ def precheck_location(spec: str, sink: Sink) -> None:
 
 
 def check_server(spec: str, url: str) -> None:
+    """UsageError for a URL without a host; a warning (training goes on) when the server does not answer now."""
     try:
         check_reachable(url)
     except ValueError as exc:

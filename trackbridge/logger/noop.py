@@ -1,11 +1,15 @@
 """What a non-zero rank gets from ``init``."""
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..record import RunInfo
 from .checks import validate_call
 from .common import RunView
+
+if TYPE_CHECKING:       # pragma: no cover
+    from .options import LoggerOptions
 
 
 class NoOpRun(RunView):
@@ -14,34 +18,41 @@ class NoOpRun(RunView):
 
     def __init__(self, rank: int, *, project: str | None = None, name: str | None = None,
                  config: dict[str, Any] | None = None, run_id: str | None = None, names: str = "canonical",
-                 resume: bool = False, options: Any = None) -> None:
+                 resume: bool = False, options: LoggerOptions | None = None) -> None:
         self.rank = rank
         self.run_id = run_id
-        self.spool_path = None
+        self.spool_path: Path | None = None
         self.problems: list[str] = []
         self.resume = bool(resume)
         self.names = names or "canonical"
         self.options = options
-        self.info = RunInfo(name=name, project=project, run_id=run_id, config=dict(config or {}))
+        self.info: RunInfo = RunInfo(name=name, project=project, run_id=run_id, config=dict(config or {}))
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Check the call as :meth:`Run.log <trackbridge.logger.Run.log>` does (and raise the same errors), then
+        discard it."""
         validate_call(metrics, step)      # refuses what rank 0 refuses, then discards
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
+        """The run info ``init`` was given (no tracker is opened on this rank)."""
         return self.info
 
     def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
+        """Nothing is translated on this rank: no approximations."""
         return {}
 
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
+        """Nothing to flush; returns :attr:`status`."""
         return self.status
 
     @property
     def status(self) -> dict[str, Any]:
+        """The same keys as :attr:`Run.status <trackbridge.logger.Run.status>`: not writing, no sinks."""
         return {"run_id": self.run_id, "rank": self.rank, "writing": False, "spool": None, "finished": False,
                 "logged": 0, "sinks": [], "problems": []}
 
     def summary(self) -> str:
+        """One line saying that this rank does not write."""
         return f"rank {self.rank}: not writing (only rank 0 writes; init(rank_zero_only=False) to change)"
 
     def __enter__(self) -> "NoOpRun":

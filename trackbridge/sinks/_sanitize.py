@@ -85,7 +85,7 @@ def escape_path(name: str, allowed: "re.Pattern[str] | Callable[[str], bool]") -
     return "/".join(pieces)
 
 
-def _escape_keep_slash(seg: str, allowed) -> list[str]:
+def _escape_keep_slash(seg: str, allowed: "re.Pattern[str] | Callable[[str], bool]") -> list[str]:
     """Escape a segment as :func:`escape` does but return per-character pieces, slashes left as '/' marks."""
     ok = allowed.fullmatch if isinstance(allowed, re.Pattern) else allowed
     out: list[str] = []
@@ -151,5 +151,6 @@ class NameCache:
         return stored
 
     def take_new(self) -> dict[str, str]:
+        """The stored -> original pairs first seen since the last call (for :meth:`Sink.record_sanitized`)."""
         out, self.new = self.new, {}
         return out

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Capabilities:
+    """What a tracker can store natively (a sink converts or leaves out the rest)."""
+
     histograms: bool = False     # can store a distribution natively
     text: bool = False           # can store strings
     nan: bool = True             # can store NaN / +-inf
@@ -63,6 +65,7 @@ STEP_MIN, STEP_LIMIT = -(2 ** 63), 2 ** 63 - 1
 
 
 def step_ok(step: int | None) -> bool:
+    """Whether a sink can write a record at ``step`` (None, or inside :data:`STEP_MIN` .. :data:`STEP_LIMIT`)."""
     return step is None or STEP_MIN <= step <= STEP_LIMIT
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import TrackBridgeError
-from .base import SourceError
+from .base import RunReader, SourceError
 
 # ANSI colour/cursor sequences (Ray prefixes every worker line with "\x1b[36m(TaskRunner pid=N)\x1b[0m ").
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -163,6 +163,7 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str, bool]]:
 
 
 def existing_file(location: str, what: str) -> Path:
+    """``location`` as a path (``~`` expanded); SourceError naming ``what`` when nothing is there."""
     p = Path(location).expanduser()
     if not p.exists():
         raise SourceError(f"{what}: no such file or folder: {location}")
@@ -188,11 +189,13 @@ class LineSummary:
         self.keep = keep
 
     def add(self, lineno: int) -> None:
+        """Count one skipped line."""
         self.count += 1
         if len(self.first) < self.keep:
             self.first.append(lineno)
 
     def text(self, what: str) -> str:
+        """``skipped N WHAT (lines a, b, ...)``."""
         more = ", ..." if self.count > len(self.first) else ""
         return f"skipped {self.count} {what} (lines {', '.join(map(str, self.first))}{more})"
 
@@ -254,7 +257,7 @@ class JunkGuard:
     are all unreadable, the file is given up instead: **one** fatal problem naming the first line and byte offset of
     the run, and how much of the file was left unread (:meth:`bad` returns True; the reader stops)."""
 
-    def __init__(self, reader: Any, path: Path, what: str) -> None:
+    def __init__(self, reader: RunReader, path: Path, what: str) -> None:
         self.reader = reader
         self.path = path
         self.what = what
@@ -264,6 +267,7 @@ class JunkGuard:
         self.readable = 0
 
     def bad(self, lineno: int, offset: int | None, data: bytes | str, where: str, what: str) -> bool:
+        """Hold back an unreadable line; True when the reader should give up on the file (reported as fatal)."""
         if not self.pending:
             self.first = (lineno, offset)
         self.pending.append((where, what))
@@ -291,10 +295,12 @@ class JunkGuard:
         self.pending = []
 
     def good(self) -> None:
+        """A readable line: the lines held back were isolated bad lines (reported as skipped)."""
         self.flush()
         self.readable += 1
 
     def flush(self) -> None:
+        """Report the lines held back as skipped (at the end of the file)."""
         for where, what in self.pending:
             self.reader.skip(where, what)
         self.pending = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from ..record import Record, RunInfo
 from ._files import ANSI, LineSummary, LiteralError, existing_file, iter_lines, parse_number, parse_printed_dict
@@ -91,7 +91,7 @@ class ConsoleRun(RunReader):
             yield rec
 
     # -- parsing ---------------------------------------------------------------------------------------------------
-    def _scan(self, report: bool) -> Iterator[tuple[Record, str]]:
+    def _scan(self, report: bool) -> Generator[tuple[Record, str], None, None]:
         where = str(self.path)
         noise = LineSummary()
         ordinal = 0
@@ -162,7 +162,7 @@ class ConsoleRun(RunReader):
                 out[key] = num
         return out
 
-    def _step_line(self, m: re.Match, where: str, report: bool, complete: bool) -> Record | None:
+    def _step_line(self, m: re.Match[str], where: str, report: bool, complete: bool) -> Record | None:
         rest = m.group("rest")
         if not rest:
             if report:

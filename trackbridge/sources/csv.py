@@ -181,7 +181,7 @@ class CsvRun(RunReader):
                     wall = float(t) if t is not None else None
                 yield Record(step=step, wall_time=wall, metrics=metrics)
         guard.flush()
-        if no_step.count:
+        if no_step.count and self.step_col is not None:
             self.skip(where, no_step.text(f"rows with no integer {self.header[self.step_col]!r}"))
         for name, summary in non_scalar.items():
             self.skip(where, summary.text(f"non-scalar cells (media/tables) of {name!r}"))
@@ -253,11 +253,11 @@ class CsvSource(Source):
             raise SourceError(f"csv: {path}: no column {want!r} for ?step= (columns: {', '.join(header[:12])}...)")
         panel = _panel_runs(header)
         if panel is not None and not want:
-            step_col = header.index("Step")
+            panel_step = header.index("Step")
             for run, cols in panel.items():
                 kept = {i: m for i, m in cols.items() if not _PANEL_EXTREME.search(m)}
                 left = [header[i] for i in cols if i not in kept]
-                yield CsvRun(path, header, kept, step_col, None, run, "wandb-panel", left)
+                yield CsvRun(path, header, kept, panel_step, None, run, "wandb-panel", left)
             return
         step_name = want or next((c for c in STEP_COLUMNS if c in header), None)
         step_col = header.index(step_name) if step_name else None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 from ..record import Record, RunInfo
 from ._files import existing_file
@@ -44,7 +44,7 @@ class _Scanner:
 
     _WS = " \t\r\n"
 
-    def __init__(self, fh) -> None:
+    def __init__(self, fh: IO[str]) -> None:
         self.fh = fh
         self.buf = ""
         self.pos = 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
 from ..locators import Locator, LocatorError, parse
 
@@ -32,6 +32,11 @@ if TYPE_CHECKING:       # pragma: no cover
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
+#: what :func:`register_tracker` takes for each role: the object, or ``"module:attribute"`` imported on first use
+SinkRef = Union["type[Sink]", str, None]
+SourceRef = Union["type[Source]", str, None]
+SniffRef = Union[Callable[[str], bool], str, None]
+
 
 @dataclass
 class Tracker:
@@ -40,14 +45,15 @@ class Tracker:
     ``pip install 'trackbridge[EXTRA]'``)."""
 
     name: str
-    sink: Any = None
-    source: Any = None
-    sniff: Any = None
+    sink: SinkRef = None
+    source: SourceRef = None
+    sniff: SniffRef = None
     extra: str = ""
     requires: tuple[str, ...] = ()
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _get(self, role: str) -> Any:
+        """The object registered for ``role``, imported on first use when it was given as ``"module:attribute"``."""
         if role in self._loaded:
             return self._loaded[role]
         target = getattr(self, role)
@@ -60,10 +66,12 @@ class Tracker:
         return target
 
     def sink_class(self) -> type[Sink]:
-        return self._get("sink")
+        """The sink class (imported now if registered by name); LocatorError when this kind has none."""
+        return cast("type[Sink]", self._get("sink"))
 
     def source_class(self) -> type[Source]:
-        return self._get("source")
+        """The source class (imported now if registered by name); LocatorError when this kind has none."""
+        return cast("type[Source]", self._get("source"))
 
     def sniffs(self, path_or_uri: str) -> bool:
         """Whether this tracker's ``sniff`` recognises ``path_or_uri`` (False when it has none, or it fails)."""
@@ -78,13 +86,12 @@ class Tracker:
 _TRACKERS: dict[str, Tracker] = {}
 
 
-def _key(name: str) -> str:
+def _key(name: object) -> str:
     return str(name).strip().lower().replace("_", "-")
 
 
-def register_tracker(name: str, *, sink: Any = None, source: Any = None,
-                     sniff: "Callable[[str], bool] | str | None" = None, extra: str = "",
-                     requires: "tuple[str, ...] | list[str]" = (), replace: bool = False) -> Tracker:
+def register_tracker(name: str, *, sink: SinkRef = None, source: SourceRef = None, sniff: SniffRef = None,
+                     extra: str = "", requires: tuple[str, ...] | list[str] = (), replace: bool = False) -> Tracker:
     """Register the kind ``name`` (used as ``name:LOCATION`` in every locator).
 
     ``sink``: a :class:`~trackbridge.sinks.base.Sink` subclass, built as ``sink(location, **options)``;
@@ -126,14 +133,16 @@ def tracker(kind: str, role: str | None = None) -> Tracker:
 
 
 def sink_class(kind: str) -> type[Sink]:
+    """The sink class registered as ``kind``; LocatorError naming the kinds with a sink when there is none."""
     return tracker(kind, "sink").sink_class()
 
 
 def source_class(kind: str) -> type[Source]:
+    """The source class registered as ``kind``; LocatorError naming the kinds with a source when there is none."""
     return tracker(kind, "source").source_class()
 
 
-def make_sink(spec: Any) -> Sink:
+def make_sink(spec: str | Locator | Sink) -> Sink:
     """A sink from a locator string (``tensorboard:runs/tb``), a parsed Locator, or a ready Sink object (returned as
     it is)."""
     if not isinstance(spec, (str, Locator)):
@@ -146,7 +155,7 @@ def make_sink(spec: Any) -> Sink:
     return sink
 
 
-def open_source(spec: "str | Locator") -> Source:
+def open_source(spec: str | Locator) -> Source:
     """The reader of a locator (``LABEL=`` allowed and ignored here)."""
     loc = spec if isinstance(spec, Locator) else parse(spec, allow_label=True, kinds=kinds("source"))
     return source_class(loc.kind)(loc.location, **loc.options)

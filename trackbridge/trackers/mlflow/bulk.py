@@ -19,6 +19,8 @@ from typing import Any
 
 
 class BulkWriter:
+    """Metric inserts straight into a local (SQLite) MLflow store's tables, bypassing the ORM (see :meth:`write`)."""
+
     def __init__(self, store: Any, metric_table: Any, latest_table: Any) -> None:
         self.store = store
         self.metrics = metric_table
@@ -26,6 +28,8 @@ class BulkWriter:
 
     @classmethod
     def for_client(cls, client: Any, uri: str) -> "BulkWriter | None":
+        """The bulk writer of an ``MlflowClient`` on a SQLite store; None for any other store, or when the installed
+        MLflow's tables are not the ones this writer knows (the sink then logs through the client)."""
         if not uri.startswith("sqlite:"):
             return None
         try:
@@ -50,7 +54,7 @@ class BulkWriter:
             return
         sanitize = self.store.sanitize_metric_value
         rows = []
-        newest: dict[str, tuple] = {}
+        newest: dict[str, tuple[Any, ...]] = {}
         for m in metrics:
             is_nan, value = sanitize(m.value)
             row = (m.key, value, m.timestamp, m.step, is_nan, run_id)
@@ -66,7 +70,7 @@ class BulkWriter:
             try:
                 cur.executemany(f"INSERT OR IGNORE INTO {mt} ({cols}) VALUES (?, ?, ?, ?, ?, ?)", rows)
                 keys = sorted(newest)
-                held: dict[str, tuple] = {}
+                held: dict[str, tuple[Any, ...]] = {}
                 for i in range(0, len(keys), 500):
                     part = keys[i:i + 500]
                     q = (f'SELECT "key", step, timestamp, value FROM {lt} WHERE run_uuid = ? AND "key" IN '

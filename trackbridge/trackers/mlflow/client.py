@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import SQLITE_SUFFIXES
+
+if TYPE_CHECKING:       # pragma: no cover
+    from mlflow import MlflowClient
 
 TAG_ESCAPE = "trackbridge.key_escape"
 TAG_NAMES = "trackbridge.names"
@@ -35,7 +38,7 @@ def tracking_uri(location: str) -> str:
     return Path(loc).expanduser().resolve().as_uri()
 
 
-def make_client(location: str):
+def make_client(location: str) -> MlflowClient:
     """An ``MlflowClient`` for ``location`` (imports MLflow here, not at module import).
 
     For a tracking server, MLflow's own HTTP retries (7 retries with exponential back-off and a 120 s timeout by

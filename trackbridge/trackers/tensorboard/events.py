@@ -63,13 +63,13 @@ def _crc32c_py(data: bytes) -> int:
 
 def _pick_crc32c() -> tuple[Callable[[bytes], int], str]:
     try:  # the package tensorboardX also uses
-        import crc32c as _native  # type: ignore
+        import crc32c as _native
 
         return (lambda d: _native.crc32c(d)), "crc32c"
     except Exception:
         pass
     try:
-        import google_crc32c as _g  # type: ignore
+        import google_crc32c as _g
 
         if getattr(_g, "implementation", "c") == "c":
             return _g.value, "google_crc32c"
@@ -82,6 +82,7 @@ crc32c, CRC_IMPLEMENTATION = _pick_crc32c()
 
 
 def masked_crc32c(data: bytes) -> int:
+    """The CRC32C of ``data``, masked as TFRecord framing stores it."""
     x = crc32c(data)
     return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 

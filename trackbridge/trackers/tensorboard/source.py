@@ -324,9 +324,11 @@ class TensorBoardSource(Source):
         self.verify = _truthy(options.get("verify"), True)
 
     def run_folders(self) -> list[tuple[str, Path, list[Path] | None]]:
+        """``(run name, folder, event files or None for all of the folder's)`` of every run under the root (a single
+        event file as the root: that file alone)."""
         if self.root.is_file():
             return [(self.root.parent.name, self.root.parent, [self.root])]
-        found = []
+        found: list[tuple[str, Path, list[Path] | None]] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames.sort()
             if any("tfevents" in f for f in filenames):

@@ -31,6 +31,7 @@ def canonical_project_name(project: str) -> str:
 
 
 def iso(wall_time: float) -> str:
+    """Epoch seconds as the UTC ISO timestamp trackio stores."""
     return datetime.fromtimestamp(wall_time, timezone.utc).isoformat()
 
 
@@ -62,6 +63,8 @@ def encode(value: Any) -> Any:
 
 
 def histogram_to_trackio(h: Histogram) -> dict[str, Any]:
+    """A histogram as trackio's JSON value (``bins`` edges and ``values`` counts; raw samples are bucketed), with
+    the statistics kept under ``trackbridge`` so that :func:`trackio_to_histogram` restores them."""
     if h.limits is not None and h.counts is not None and len(h.limits) == len(h.counts) and h.limits:
         first = h.limits[0]
         if h.min is not None and h.min <= first:
@@ -90,6 +93,7 @@ def histogram_to_trackio(h: Histogram) -> dict[str, Any]:
 
 
 def trackio_to_histogram(obj: dict[str, Any]) -> Histogram:
+    """Inverse of :func:`histogram_to_trackio` (bucketed: ``limits`` are the right edges)."""
     bins = [float(b) for b in obj.get("bins") or []]
     counts = [float(c) for c in obj.get("values") or []]
     extra = obj.get("trackbridge") or {}
@@ -118,12 +122,14 @@ def process_lock(directory: Path, project: str) -> Iterator[None]:
 
 
 def connect(db: Path) -> sqlite3.Connection:
+    """A connection to a project database (rows as ``sqlite3.Row``; waits up to 30 s for trackio's locks)."""
     conn = sqlite3.connect(str(db), timeout=30.0)
     conn.row_factory = sqlite3.Row
     return conn
 
 
 def schema_version(db: Path) -> int:
+    """The database's ``user_version``: the trackio schema it was created with."""
     with contextlib.closing(sqlite3.connect(str(db))) as conn:
         return conn.execute("PRAGMA user_version").fetchone()[0]
 

@@ -28,6 +28,7 @@ _FOLDER = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-(.+?)(?:-(\d+))?$")
 
 
 def folder_order(path: Path) -> tuple[str, int, str]:
+    """Sort key of ``.wandb`` files: by the run folder's timestamp and resume number, then path."""
     m = _FOLDER.match(path.parent.name)
     if not m:
         return ("", 0, str(path))

@@ -47,7 +47,7 @@ def _histogram(obj: dict[str, Any]) -> Histogram | None:
     packed = obj.get("packedBins")
     if bins is None and isinstance(packed, dict):
         lo, size, n = packed.get("min"), packed.get("size"), packed.get("count")
-        if None not in (lo, size, n):
+        if lo is not None and size is not None and n is not None:
             bins = [lo + size * i for i in range(int(n) + 1)]
     if not isinstance(counts, list) or not isinstance(bins, list) or len(bins) != len(counts) + 1:
         return None
