@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-from _support import ROOT
 import ast
 import io
 import re
@@ -21,18 +20,17 @@ import sys
 import tokenize
 from pathlib import Path
 
+from _support import ROOT
+
 PKG = ROOT / "trackbridge"
 TRACKERS = sorted(p.name for p in (PKG / "trackers").iterdir() if (p / "__init__.py").is_file())
 CORE = ["trackbridge.schema", "trackbridge.translate", "trackbridge.derive", "trackbridge.record",
         "trackbridge.pipeline", "trackbridge.holdings", "trackbridge.logger"]
 TRACKER_NAMES = ["jsonl", "tensorboard", "tfevents", "mlflow", "wandb", "trackio"]
 FRAMEWORK_NAMES = ["trl", "verl", "openrlhf", "transformers", "accelerate", "deepspeed"]
-# Names the core still uses, each with the reason; the test fails for any other.
-ALLOWED = {
-    # the spool is written by the jsonl tracker's sink (Run.__init__ builds it from a "jsonl:" locator); to go when
-    # the spool has a writer of its own (issue 13, "one reader and one writer of the canonical stream")
-    ("trackbridge/logger/run.py", "jsonl"),
-}
+# Names the core still uses, each with the reason; the test fails for any other. None left: the spool is written by
+# the canonical stream's own writer (trackbridge/stream.py), no longer by the jsonl tracker's sink.
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _module(path: Path) -> str:
