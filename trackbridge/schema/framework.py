@@ -259,7 +259,8 @@ def check_framework(fw: FrameworkMapping, errors: list[MappingError]) -> None:
                                            file=fw.file, entry=name))
     claimed: dict[str, list[str]] = {}
     for name, spec in fw.trainers.items():
-        for cls in spec.get("classes") or ():
+        classes = spec.get("classes")
+        for cls in classes if isinstance(classes, list) else ():
             claimed.setdefault(str(cls), []).append(name)
     for cls, names in claimed.items():
         kinds = [fw.trainers[n].get("callbacks", True) is not False for n in names]

@@ -126,15 +126,23 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
         for fw in frameworks.values():
             _guarded(lambda: check_framework(fw, errors), structural, errors)
             fw.index()
-    # a problem the loader names in its own words is not repeated by the schema at the same file and line
-    said = {(e.file, e.line) for e in errors}
-    errors = [*errors, *(e for e in structural if (e.file, e.line) not in said)]
+    errors = [*errors, *(e for e in structural if not _said(e, errors))]
     errors.sort(key=lambda e: (e.file or "", e.line or 0))
     if errors:
         raise errors[0] if len(errors) == 1 else MappingErrors(errors)
     return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs])
 
 
+
+
+def _said(e: Any, errors: list[MappingError]) -> bool:
+    """Whether the loader already names the field a schema error is about, at the same file and line, in its own
+    words (``role 'penalty' is not one of ...``): then the schema's error would only repeat it."""
+    field_name = e.detail if getattr(e, "keyword", "") in ("required", "additionalProperties") else next(
+        (p for p in reversed(getattr(e, "path", ())) if isinstance(p, str)), None)
+    if not field_name:
+        return False
+    return any(o.file == e.file and o.line == e.line and str(field_name) in o.message for o in errors)
 
 
 def _guarded(parse: Any, structural: list[MappingError], errors: list[MappingError]) -> Any:

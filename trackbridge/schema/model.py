@@ -339,7 +339,8 @@ class FrameworkMapping:
         """The trainer a Python class names (the trainers' ``classes:``). A class two trainers list (a step()-API
         class and a later callback-driven class of the same name) names the one whose ``callbacks`` (default true)
         is ``callbacks``: whether the class runs the framework's trainer callbacks."""
-        found = [t for t, spec in self.trainers.items() if class_name in (spec.get("classes") or ())]
+        found = [t for t, spec in self.trainers.items()
+                 if isinstance(spec.get("classes"), list) and class_name in spec["classes"]]
         if len(found) > 1:
             found = [t for t in found
                      if (self.trainers[t].get("callbacks", True) is not False) == callbacks]
