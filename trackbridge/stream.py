@@ -398,11 +398,16 @@ class StreamWriter:
 
 
 def _last_schema(path: Path) -> str | None:
-    """The schema stamp of the last header line of ``path`` (None: no stamp)."""
+    """The schema stamp of the last header line of ``path`` (None: no stamp). Only lines that can be a header (they
+    hold ``"run"``) are parsed, so that resuming a long stream does not decode every record."""
     stamp = None
-    for line in iter_lines(path):
-        if line.obj is not None and is_header(line.obj):
-            stamp = line.obj.get("schema")
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if b'"run"' not in raw or not raw.endswith(b"\n"):
+                continue
+            obj, _error = parse_line(raw)
+            if obj is not None and is_header(obj):
+                stamp = obj.get("schema")
     return stamp
 
 
