@@ -41,7 +41,9 @@ _SCHEMA_ONE = {"additionalProperties", "items", "propertyNames", "not"}   # sche
 _VALUES = {"type", "required", "enum", "const", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength",
            "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minProperties", "$ref"}
 SUPPORTED = _ANNOTATIONS | _SCHEMA_MAPS | _SCHEMA_LISTS | _SCHEMA_ONE | _VALUES
-_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
+_TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+               "number": "a number", "boolean": "a boolean", "null": "null"}
+_TYPES = set(_TYPE_WORDS)
 
 
 class SchemaError(MappingError):
@@ -220,8 +222,7 @@ class _Validator:
         if "type" in schema:
             types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
             if not any(_type_ok(value, t) for t in types):
-                want = " or ".join("a list" if t == "array" else "a mapping" if t == "object" else
-                                   "null" if t == "null" else f"a {t}" for t in types)
+                want = " or ".join(_TYPE_WORDS[t] for t in types)
                 return out + [self.err(f"must be {want}, not {_type_name(value)} {_show(value)}", line, path,
                                        "type")]
         if "const" in schema and not _equal(value, schema["const"]):
@@ -252,8 +253,12 @@ class _Validator:
         props = schema.get("properties", {})
         pats = schema.get("patternProperties", {})
         key_lines = getattr(obj, "key_lines", {})
+        unknown = [k for k in obj if k not in props and not any(isinstance(k, str) and _regex(p).search(k)
+                                                                 for p in pats)]
+        misspelled = {h for k in unknown for h in difflib.get_close_matches(str(k), list(props), n=1, cutoff=0.6)}
         for req in schema.get("required", ()):
-            if req not in obj:
+            if req not in obj and not (req in misspelled and schema.get("additionalProperties") is False):
+                # a misspelled required field is reported once, as the unknown field (did you mean ...?)
                 out.append(self.err(f"missing required field {req!r}", line, path, "required", req))
         if "minProperties" in schema and len(obj) < schema["minProperties"]:
             out.append(self.err(f"must have at least {schema['minProperties']} field(s)", line, path,
@@ -351,5 +356,5 @@ def _describe(schema: Any, root: dict) -> str:
         return "one of " + ", ".join(_show(e) for e in schema["enum"])
     t = schema.get("type")
     if t:
-        return " or ".join(t) if isinstance(t, list) else str(t)
+        return " or ".join(_TYPE_WORDS[x] for x in (t if isinstance(t, list) else [t]))
     return "a schema"
