@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 from .exitcodes import ExitCode
 
-_HANDLERS: dict[str, object] = {}
+_HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
 def register(sub: "argparse._SubParsersAction") -> None:

@@ -37,12 +37,15 @@ import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, cast
 
 from .errors import UsageError
 from .record import Record
 from .stream import StreamScan, read_stream, scan_stream
 from .stream import stream_file as spool_file
+
+if TYPE_CHECKING:       # pragma: no cover
+    from .pipeline import Pipeline
 
 
 def pending_file(spool: str | os.PathLike) -> Path:
@@ -97,9 +100,18 @@ def iter_spool(path: str | os.PathLike, *, start: int = 0, stop: int | None = No
     return read_stream(path, start=start, stop=stop, problems=problems)
 
 
+class Renamer(Protocol):
+    """What :func:`names_translator` returns: called with a canonical record, gives it under the target's names;
+    ``pipeline()`` is the pipeline doing it (None before the first record), with its bookkeeping."""
+
+    def __call__(self, rec: Record) -> Record: ...
+
+    def pipeline(self) -> "Pipeline | None": ...
+
+
 def names_translator(target: str | None, *, mappings: list[str] | None = None,
                      config: dict[str, Any] | None = None, origin: Any = None,
-                     fidelity: dict[str, str] | None = None) -> Callable[[Record], Record] | None:
+                     fidelity: dict[str, str] | None = None) -> Renamer | None:
     """A function renaming a canonical record to the ``target`` naming (``FRAMEWORK[@VERSION]``) through the one
     pipeline (derived marks follow their values; the target's trainer and the fidelity are judged from ``origin``,
     the framework the canonical names came from, a value or a function returning it), or ``None`` when the target is
@@ -119,7 +131,7 @@ def names_translator(target: str | None, *, mappings: list[str] | None = None,
         return pipe.one(rec)
 
     rename.pipeline = lambda: state.get("pipe")        # type: ignore[attr-defined]
-    return rename
+    return cast(Renamer, rename)
 
 
 @dataclass
@@ -183,5 +195,5 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     return result
 
 
-__all__ = ["ReplayResult", "SpoolScan", "iter_spool", "names_translator", "pending_file", "read_pending", "replay",
-           "scan_spool", "settle_pending", "spool_file", "write_pending"]
+__all__ = ["Renamer", "ReplayResult", "SpoolScan", "iter_spool", "names_translator", "pending_file", "read_pending",
+           "replay", "scan_spool", "settle_pending", "spool_file", "write_pending"]

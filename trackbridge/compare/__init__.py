@@ -162,7 +162,7 @@ def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis], sche
             mr.derived_in.append(r.label)
         ax = axes[r.label]
         if not ax.available:
-            mr.axis_notes.append(f"{r.label} is not on this chart: {ax.note.split(': ', 1)[-1]}")
+            mr.axis_notes.append(f"{r.label} is not on this chart: {(ax.note or 'no axis').split(': ', 1)[-1]}")
         else:
             xs, _ = series(r, name, ax)
             if not xs:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeGuard
 
 from ..locators import Locator, parse_many
 from ..pipeline import Pipeline
@@ -26,11 +26,11 @@ AXIS_METRICS = ("progress/samples", "progress/tokens", "perf/tokens_per_step")
 _NAN = math.nan
 
 
-def is_number(v: Any) -> bool:
+def is_number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def is_finite_number(v: Any) -> bool:
+def is_finite_number(v: Any) -> TypeGuard[float]:
     return is_number(v) and math.isfinite(v)
 
 
@@ -57,7 +57,10 @@ class _Stats:
     __slots__ = ("first", "last", "min", "max", "points", "non_finite", "partials", "finite")
 
     def __init__(self) -> None:
-        self.first = self.last = self.min = self.max = None
+        self.first: float | None = None
+        self.last: float | None = None
+        self.min: float | None = None
+        self.max: float | None = None
         self.points = self.non_finite = self.finite = 0
         self.partials: list[float] = []
 
@@ -114,12 +117,14 @@ class _Series:
                 self._rebucket(4)
             return
         self._fold(i, y)
+        assert self.open is not None
         if self.open[0] >= self.stride:
             self._close()
             if len(self.idx) > self.cap:
                 self._rebucket(self.stride * 2)
 
     def _close(self) -> None:
+        assert self.open is not None
         _, lo_i, lo_y, hi_i, hi_y = self.open
         self.open = None
         if lo_i == hi_i:
@@ -239,28 +244,32 @@ class LoadedRun:
             for rec in self.records:
                 self.data.add(rec)
 
+    def _folded(self) -> RunData:
+        assert self.data is not None            # set by __post_init__
+        return self.data
+
     def metric_names(self) -> list[str]:
-        return list(self.data.names)
+        return list(self._folded().names)
 
     def scalar_names(self) -> list[str]:
-        return list(self.data.scalars)
+        return list(self._folded().scalars)
 
     def original_names(self, canonical: str) -> list[str]:
         """The stored names this run translated to ``canonical`` (empty when derived or already canonical)."""
         return [k for k, v in self.renamed.items() if v == canonical]
 
     def has_metric(self, name: str) -> bool:
-        return name in self.data.scalars
+        return name in self._folded().scalars
 
     def step_range(self) -> tuple[int, int] | None:
         """The lowest and highest step of the run (None: no record has a step)."""
-        steps = [s for s in self.data.steps if s == s]
+        steps = [s for s in self._folded().steps if s == s]
         return (int(min(steps)), int(max(steps))) if steps else None
 
     def metric_stats(self, metric: str):
         """First, last, min, max, mean and points of ``metric`` (a :class:`~.stats.MetricStats`; None: no numbers)."""
         from .stats import MetricStats
-        st = self.data.stats.get(metric)
+        st = self._folded().stats.get(metric)
         if st is None:
             return None
         return MetricStats(metric, self.label, first=st.first, last=st.last, min=st.min, max=st.max,
@@ -268,7 +277,7 @@ class LoadedRun:
 
     def points(self, metric: str) -> Iterator[tuple[int, float]]:
         """(record index, value) of the numbers of ``metric`` the chart draws, in log order."""
-        ser = self.data.series.get(metric)
+        ser = self._folded().series.get(metric)
         return ser.points() if ser is not None else iter(())
 
 

@@ -276,7 +276,7 @@ class Run(RunView):
         spec = {**self._writer_spec, "info": self._clean_info().to_json()}
         self._writer, self._writer_conn = start(spec)
         self._remote = {t.sink.locator(): t for t in trackers}
-        self._sent_info: tuple = ()
+        self._sent_info: tuple[Any, ...] = ()
         self._monitor = threading.Thread(target=self._monitor_writer, name="trackbridge-writer-monitor",
                                          daemon=True)
         self._monitor.start()
@@ -372,7 +372,7 @@ class Run(RunView):
             config, notes = sanitize_config(src.config)
             for key, message in notes:
                 self._warn_once(f"config:{key}", message)
-            info = copy.deepcopy(dataclasses.replace(src, config={}, extra={}))
+            info: RunInfo = copy.deepcopy(dataclasses.replace(src, config={}, extra={}))
             info.config = config
             info.extra, _ = sanitize_config(src.extra)
             info.name = fix_text(info.name) if isinstance(info.name, str) else info.name

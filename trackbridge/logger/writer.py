@@ -27,6 +27,7 @@ from .tracker import TrackerWorker
 from .worker import RunContext, sync_run_info
 
 STATUS_EVERY = 0.2
+_HELD_LOCKS: list[Any] = []
 
 
 def writer_main(conn: Any, spec: dict[str, Any]) -> None:
@@ -128,7 +129,7 @@ def _one_writer_per_run(spool: Path) -> None:
     spool.parent.mkdir(parents=True, exist_ok=True)
     fh = open(spool.with_name(spool.name + ".writer.lock"), "w")
     fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-    _one_writer_per_run.held = fh        # type: ignore[attr-defined]  (kept open: the lock lasts the process)
+    _HELD_LOCKS.append(fh)               # kept open: the lock lasts the process
 
 
 class _RemoteThread:
