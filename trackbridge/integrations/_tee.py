@@ -8,10 +8,25 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 from ..logger import LoggerWarning
 from ..values import as_step
+
+
+class RunLike(Protocol):
+    """What a wrapper needs of the trackbridge run it writes to (what ``trackbridge.init`` returns, ``Run`` or
+    ``NoOpRun``, or a run passed as ``run=``)."""
+
+    @property
+    def run_id(self) -> str | None: ...
+
+    @property
+    def status(self) -> dict[str, Any]: ...
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
+
+    def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]: ...
 
 
 class Tee:
@@ -24,7 +39,7 @@ class Tee:
 
     kind = "logger"
 
-    def __init__(self, *, run: Any = None, **init_options: Any) -> None:
+    def __init__(self, *, run: RunLike | None = None, **init_options: Any) -> None:
         self._run = run
         self._owns_run = run is None
         self._init_options = {k: v for k, v in init_options.items() if v is not None}
@@ -43,7 +58,7 @@ class Tee:
         return {}
 
     @property
-    def run(self) -> Any:
+    def run(self) -> RunLike:
         """The trackbridge run (opened on first access; after a finish, the finished run until the next record)."""
         with self._lock:
             if self._run is None:
@@ -51,7 +66,7 @@ class Tee:
                 self._run = init(**{**self.defaults(), **self._init_options})
             return self._run
 
-    def _live_run(self) -> Any:
+    def _live_run(self) -> RunLike:
         """The run to log to: a run this wrapper finished is reopened with ``resume=True`` (same run id)."""
         with self._lock:
             run = self.run
@@ -122,4 +137,4 @@ class Tee:
         self.unwrap()
 
 
-__all__ = ["Tee", "as_step"]
+__all__ = ["RunLike", "Tee", "as_step"]

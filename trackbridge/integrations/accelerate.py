@@ -21,7 +21,7 @@ from typing import Any
 
 from accelerate.tracking import GeneralTracker, on_main_process
 
-from ._tee import Tee
+from ._tee import RunLike, Tee
 
 
 class TrackBridgeTracker(GeneralTracker):
@@ -33,14 +33,14 @@ class TrackBridgeTracker(GeneralTracker):
     main_process_only = True
 
     def __init__(self, project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
-                 run: Any = None, **init_options: Any) -> None:
+                 run: RunLike | None = None, **init_options: Any) -> None:
         super().__init__()
         self._config: dict[str, Any] = dict(init_options.pop("config", None) or {})
         self._tee = _TrackerTee(self, run=run, project=project, name=name, sinks=sinks, **init_options)
         self._tee.kind = "Accelerate tracker"
 
     @property
-    def tracker(self) -> Any:
+    def tracker(self) -> RunLike:
         """The trackbridge run (opened on first access)."""
         return self._tee.run
 

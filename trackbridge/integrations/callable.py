@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping
 
-from ._tee import Tee
+from ._tee import RunLike, Tee
 
 _DATA_NAMES = ("data", "metrics", "values", "logs", "stats", "d", "metrics_dict", "log_dict")
 _STEP_NAMES = ("step", "global_step", "iteration", "it")
@@ -29,7 +29,7 @@ class LogWrapper(Tee):
     kind = "callable"
 
     def __init__(self, fn: Callable[..., Any], *, data_arg: str | None = None, step_arg: str | None = None,
-                 run: Any = None, **init_options: Any) -> None:
+                 run: RunLike | None = None, **init_options: Any) -> None:
         if not callable(fn):
             raise TypeError(f"trackbridge.wrap(): {fn!r} is not callable")
         super().__init__(run=run, **init_options)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..values import normalize
-from ._tee import Tee, as_step
+from ._tee import RunLike, Tee, as_step
 
 _SENTINEL = object()
 
@@ -42,7 +42,7 @@ class WriterWrapper(Tee):
     kind = "SummaryWriter"
     methods = ("add_scalar", "add_scalars", "add_histogram", "add_text", "flush", "close")
 
-    def __init__(self, writer: Any, *, run: Any = None, **init_options: Any) -> None:
+    def __init__(self, writer: Any, *, run: RunLike | None = None, **init_options: Any) -> None:
         super().__init__(run=run, **init_options)
         self.writer = writer
         self.is_class = isinstance(writer, type)      # wrap(SummaryWriter): every writer the class makes

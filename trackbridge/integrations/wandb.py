@@ -43,7 +43,7 @@ import sys
 import types
 from typing import Any
 
-from ._tee import Tee
+from ._tee import RunLike, Tee
 
 _WANDB_RESERVED = ("_step", "_runtime", "_timestamp")
 
@@ -54,7 +54,7 @@ class WandbWrapper(Tee):
     kind = "wandb"
 
     def __init__(self, target: Any, *, wandb_names: str = "original", step_metrics: dict[str, str] | None = None,
-                 run: Any = None, **init_options: Any) -> None:
+                 run: RunLike | None = None, **init_options: Any) -> None:
         super().__init__(run=run, **init_options)
         if wandb_names not in ("original", "translated"):
             raise ValueError(f"wandb_names={wandb_names!r}; expected 'original' or 'translated'")
