@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
 from functools import lru_cache
 from typing import Any
@@ -72,12 +73,17 @@ def json_path(path: tuple | list) -> str:
 # ---------------------------------------------------------------------------------------------------- schemas
 def load_schema(name: str) -> dict:
     """The schema ``mappings/schemas/<name>.schema.json`` of the one mappings folder (``TRACKBRIDGE_MAPPINGS_DIR``
-    honoured), checked against the supported subset; cached per file."""
-    return _load_file(str(mappings_dir() / "schemas" / f"{name}.schema.json"))
+    honoured), checked against the supported subset; cached per file and modification time."""
+    path = str(mappings_dir() / "schemas" / f"{name}.schema.json")
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError as exc:
+        raise MappingError(f"cannot read JSON Schema: {exc.strerror or exc}", file=path) from None
+    return _load_file(path, stamp)
 
 
 @lru_cache(maxsize=16)
-def _load_file(path: str) -> dict:
+def _load_file(path: str, stamp: int) -> dict:
     try:
         with open(path, encoding="utf-8") as fh:
             schema = json.load(fh)
