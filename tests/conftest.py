@@ -76,6 +76,9 @@ def pytest_unconfigure(config):
 def pytest_addoption(parser):
     parser.addoption("--skip-integration", action="store_true", default=False,
                      help="skip tests that run real TRL trainers (also: TRACKBRIDGE_SKIP_INTEGRATION=1)")
+    parser.addoption("--check-unit-imports", action="store_true", default=False,
+                     help="fail the session if a tracker package or a framework was imported (what `pytest -m unit` "
+                          "promises; tests/unit/test_unit_imports.py)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -133,6 +136,12 @@ def fault_cell():
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if session.config.getoption("--check-unit-imports"):
+        from _support.unit_imports import imported
+        bad = imported()
+        print(f"\nUNIT-IMPORTS: {', '.join(bad) if bad else 'no tracker package or framework imported'}")
+        if bad:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
     out = os.environ.get("TRACKBRIDGE_FAULT_MATRIX")
     if not out or not FAULT_CELLS:
         return

@@ -1,4 +1,5 @@
-"""Proofs by execution of the mappings' fidelity claims (issue 11), and the table docs/fidelity-proofs.md made from them.
+"""Proofs by execution of the mappings' fidelity claims (issue 11), and the table docs/fidelity-proofs.md made from
+them.
 
 Every pair of framework keys that share a canonical name with ``exact`` fidelity on both sides is enumerated from the
 mappings with trackbridge's own loader when this runs (so an entry added tomorrow shows up as "source-only: no proof
@@ -97,8 +98,8 @@ def grpo_advantages(b: Batch):
 def _trl_trainer(b: Batch, *, beta: float = 0.04):
     """A real GRPOTrainer without __init__ (no model, no data set): the attributes its metric code reads, set the
     way __init__ sets them from a GRPOConfig; the rank's simulated accelerator; the rollout as a rollout_func."""
-    import torch
     from collections import defaultdict
+
     from transformers.trainer_callback import TrainerControl, TrainerState
     t = F.trl()
     args = types.SimpleNamespace(use_bias_correction_kl=False, delta=None, include_num_input_tokens_seen="no",
@@ -122,7 +123,7 @@ def _trl_trainer(b: Batch, *, beta: float = 0.04):
         current_gradient_accumulation_steps=GA, _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         rollout_func=rollout_func, processing_class=tok, _tokenizer=tok, eos_token_ids=[EOS], tools=None,
         environment_factories=None, state=TrainerState(), control=TrainerControl(), log_completions=False,
-        callback_handler=types.SimpleNamespace(on_log=lambda a, s, c, l: (logs.append(dict(l)), c)[1]),
+        callback_handler=types.SimpleNamespace(on_log=lambda a, s, c, logged: (logs.append(dict(logged)), c)[1]),
         num_generations=GROUP, num_generations_eval=GROUP, _logs=defaultdict(list))
     self.state.num_input_tokens_seen = 0
     self._captured, self._logged = captured, logs
@@ -236,7 +237,8 @@ def run_openrlhf(b: Batch, *, use_kl_loss: bool = False) -> dict[str, float]:
     def experience(rows: list[int]):
         width = max(b.lengths[i] for i in rows)
         sl = (rows, slice(0, width))
-        e = o.Experience(sequences=torch.full((len(rows), 3 + width), 5), attention_mask=torch.ones(len(rows), 3 + width),
+        e = o.Experience(sequences=torch.full((len(rows), 3 + width), 5),
+                         attention_mask=torch.ones(len(rows), 3 + width),
                          action_mask=b.mask[sl].bool(), action_log_probs=b.old_logp[sl].clone(),
                          base_action_log_probs=b.ref_logp[sl].clone(), advantages=adv[sl].clone(),
                          response_length=torch.tensor([float(b.lengths[i]) for i in rows]),
@@ -305,8 +307,9 @@ def run_trl_scores(b: Batch) -> dict[str, float]:
     that returns the batch's scores; accelerate's module-level ``gather``/``gather_object`` simulated over the ranks.
     ``reward``, ``reward_std``, ``frac_reward_zero_std`` and ``rewards/score/*`` are appended once per generation,
     then ``log``. Returns what rank 0 logs."""
-    import torch
     from collections import defaultdict
+
+    import torch
     t = F.trl()
 
     def rank(r: int) -> dict:
@@ -438,7 +441,8 @@ def _proof_clip(b: Batch) -> dict[Key, float]:
 
 def _proof_lengths(stat: str, verl_key: str):
     def run(b: Batch) -> dict[Key, float]:
-        out = {**_pick(trl_grpo(b), {Key("trl", f"completions/{stat}_length", "grpo", TRL_CONFIG): f"completions/{stat}_length"}),
+        trl_key = f"completions/{stat}_length"
+        out = {**_pick(trl_grpo(b), {Key("trl", trl_key, "grpo", TRL_CONFIG): trl_key}),
                **_pick(verl_run(b), {Key("verl", verl_key, "ppo"): verl_key})}
         if stat == "mean":
             out.update(_pick(openrlhf_run(b), {Key("openrlhf", "response_length", "ppo"): "response_length"}))
@@ -447,7 +451,8 @@ def _proof_lengths(stat: str, verl_key: str):
 
 
 def _proof_clipped(b: Batch) -> dict[Key, float]:
-    return {**_pick(trl_grpo(b), {Key("trl", "completions/clipped_ratio", "grpo", TRL_CONFIG): "completions/clipped_ratio"}),
+    return {**_pick(trl_grpo(b),
+                    {Key("trl", "completions/clipped_ratio", "grpo", TRL_CONFIG): "completions/clipped_ratio"}),
             **_pick(verl_run(b), {Key("verl", "response_length/clip_ratio", "ppo"): "response_length/clip_ratio"}),
             **_pick(openrlhf_run(b), {Key("openrlhf", "truncated", "ppo"): "truncated"})}
 
@@ -556,10 +561,12 @@ SOURCE_ONLY: dict[str, str] = {
     "reward/shaped/mean": "TRL's entries are PPOv2/RLOO/online DPO (rollout loops with a model); not written yet",
     "advantage/mean": "TRL's entries are experimental trainers (a2po, dppo); not written yet",
     "kl/ref/k1": "OpenRLHF's exact `kl` (use_loss, default k1) entries end at v0.10.2; the installed 0.11.2 is "
-                 "approximate [weighting], shown by tests/frameworks/test_fidelity_openrlhf.py (2.375 vs 1.750); veRL's kl_loss_type kl "
+                 "approximate [weighting], shown by tests/frameworks/test_fidelity_openrlhf.py (2.375 vs 1.750); "
+                 "veRL's kl_loss_type kl "
                  "pair is not written yet",
     "loss/value": "TRL's exact entries are the PPOv2/legacy trainers, not in the installed release; OpenRLHF's "
-                  "critic_loss (v0.10.4+) is shown to be the token mean by tests/frameworks/test_fidelity_openrlhf.py (the wheel's "
+                  "critic_loss (v0.10.4+) is shown to be the token mean by tests/frameworks/test_fidelity_openrlhf.py "
+                  "(the wheel's "
                   "CriticPPOTrainer), but a pair proof against veRL's engine-path critic is not written yet",
     "response/length/max": "",
     "response/length/min": "",
@@ -578,8 +585,8 @@ def _derive(inputs: dict[str, float], source: str, config: dict | None = None) -
 
 def _derived_clip_frac(b: Batch) -> tuple[float, float]:
     m = trl_grpo(b)
-    out = _derive({"policy/clip_frac_low": m["clip_ratio/low_mean"], "policy/clip_frac_high": m["clip_ratio/high_mean"]},
-                  "trl/grpo")
+    out = _derive({"policy/clip_frac_low": m["clip_ratio/low_mean"],
+                   "policy/clip_frac_high": m["clip_ratio/high_mean"]}, "trl/grpo")
     return out["policy/clip_frac"], m["clip_ratio/region_mean"]
 
 
@@ -827,8 +834,9 @@ def table(reg=None) -> str:
     lines = [
         "# Fidelity proofs by execution",
         "",
-        "Generated by `python tests/_support/fidelity_proofs.py` from the mappings and from running the frameworks' own metric "
-        "code (tests/frameworks/test_fidelity_proofs.py checks it is up to date). Every pair of framework keys that share a "
+        "Generated by `python tests/_support/fidelity_proofs.py` from the mappings and from running the frameworks' "
+        "own metric code (tests/frameworks/test_fidelity_proofs.py checks it is up to date). Every pair of framework "
+        "keys that share a "
         "canonical name with `exact` fidelity on both sides is listed. *proven equal*: the frameworks' code, run on "
         "the same synthetic batch, logs the same value (uneven and even micro-batches); *proven different*: it "
         "does not, so the `exact` claim is wrong; *source-only*: no proof runs it, for the reason given.",

@@ -1,4 +1,5 @@
-"""The frameworks' own metric code, loaded for the fidelity proofs (tests/frameworks/test_fidelity_proofs.py) on a CPU machine.
+"""The frameworks' own metric code, loaded for the fidelity proofs (tests/frameworks/test_fidelity_proofs.py) on a CPU
+machine.
 
 * TRL is imported from its wheel (``trl.GRPOTrainer``); its metric code runs as methods of a GRPOTrainer built
   without ``__init__`` (no model, no data set): the pieces it needs are set by the proofs.
@@ -150,7 +151,7 @@ def trl() -> types.SimpleNamespace:
 @functools.lru_cache(maxsize=None)
 def verl() -> types.SimpleNamespace:
     import os
-    os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")
+    os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")   # for the script run; under pytest conftest sets it
     from verl import DataProto
     from verl.trainer.ppo import core_algos, metric_utils
     from verl.utils import seqlen_balancing

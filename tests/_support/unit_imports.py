@@ -1,24 +1,14 @@
-"""A pytest plugin (``-p _support.unit_imports``) that fails the session if a tracker package or a framework was
-imported: what ``pytest -m unit`` promises (tests/unit/test_unit_imports.py runs tests/unit with it)."""
+"""What tests/unit must never import: a tracker package or a framework. ``pytest --check-unit-imports``
+(tests/conftest.py) fails the session when one of them is in sys.modules at its end; tests/unit/test_unit_imports.py
+uses both."""
 from __future__ import annotations
 
 import sys
 
-import pytest
-
 FORBIDDEN = ("wandb", "tensorboard", "tensorboardX", "tbparse", "mlflow", "trackio",
-             "torch", "transformers", "trl", "verl", "openrlhf", "deepspeed")
+             "torch", "transformers", "trl", "datasets", "accelerate", "verl", "openrlhf", "deepspeed", "ray")
 
 
 def imported() -> list[str]:
+    """The forbidden top-level packages this process has imported."""
     return sorted({m.split(".")[0] for m in sys.modules} & set(FORBIDDEN))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session, exitstatus):
-    bad = imported()
-    if bad:
-        sys.stderr.write(f"\nUNIT-IMPORTS: imported during the unit tests: {', '.join(bad)}\n")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    else:
-        sys.stderr.write("\nUNIT-IMPORTS: no tracker package or framework imported\n")

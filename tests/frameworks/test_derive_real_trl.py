@@ -8,23 +8,23 @@ value TRL really logged, derive it back from the rest, and compare (issue 4).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
-from _support.tiny_trl import build_tiny_model, sentences  # noqa: E402
-
 from trackbridge.derive import make_deriver  # noqa: E402
 from trackbridge.schema.loader import load_registry  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
+
+from _support.tiny_trl import build_tiny_model, sentences  # noqa: E402
 
 
 class Recorder(transformers.TrainerCallback):

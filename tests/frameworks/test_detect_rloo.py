@@ -11,10 +11,7 @@ and checks the same on the rows it logs. Every check is also made leave-one-out:
 """
 from __future__ import annotations
 
-from _support import DATA
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +19,8 @@ from trackbridge.detect import detect
 from trackbridge.schema.loader import load_registry
 from trackbridge.spec import parse_spec
 from trackbridge.translate import Translator
+
+from _support import DATA
 
 SETS_FILE = DATA / "frameworks" / "trl-rl-detection-sets.json"
 SETS = json.loads(SETS_FILE.read_text())["sets"]
@@ -121,13 +120,13 @@ def test_rloo_0_11_translated_with_its_own_meanings(reg):
 # ----------------------------------------------------------------------------------------- real TRL 1.16.0
 @pytest.mark.integration
 def test_real_trl_rloo_and_grpo_told_apart_by_their_config(tmp_path):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
-    from _support.tiny_trl import build_tiny_model, sentences
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+    from _support.tiny_trl import build_tiny_model, sentences
 
     class Recorder(transformers.TrainerCallback):
         def __init__(self):

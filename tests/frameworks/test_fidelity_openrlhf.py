@@ -1,6 +1,6 @@
 """OpenRLHF fidelity claims corrected in issue 11 (items 1 and 2), each shown by running OpenRLHF's own code from
-the installed wheel (loaded by file, tests/_support/framework_code.py: its package __init__ files need DeepSpeed, peft and
-vLLM) on a small batch, and each checked in mappings/openrlhf.yaml through trackbridge's loader.
+the installed wheel (loaded by file, tests/_support/framework_code.py: its package __init__ files need DeepSpeed, peft
+and vLLM) on a small batch, and each checked in mappings/openrlhf.yaml through trackbridge's loader.
 
 1. DPO / RM ``acc``, ``chosen_reward``, ``reject_reward``: ``fit`` builds ``logs_dict`` from the micro-batch just
    trained, averages it over the data-parallel ranks (``strategy.all_reduce``) and hands it to the trackers only
@@ -17,15 +17,15 @@ vLLM) on a small batch, and each checked in mappings/openrlhf.yaml through track
 from __future__ import annotations
 
 import os
-import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from _support import framework_code as F  # noqa: E402
 from trackbridge.schema.loader import load_registry  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
+
+from _support import framework_code as F  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -217,8 +217,8 @@ def test_ppo_entropy_and_kl_loss_mapping(reg, release, exact):
 def test_ppo_entry_sources_cite_the_releases(reg):
     fw = reg.frameworks["openrlhf"]
     for e in fw.entries:
-        if e.key in ("entropy_loss", "kl") and (e.canonical == "policy/entropy" or e.canonical.startswith("kl/ref/")) and not e.exact \
-                and "aggregate_loss" in e.reason:
+        if e.key in ("entropy_loss", "kl") and (e.canonical == "policy/entropy" or e.canonical.startswith("kl/ref/")) \
+                and not e.exact and "aggregate_loss" in e.reason:
             assert "ppo_actor.py@" in e.source and "loss_utils.py@" in e.source and "models/loss.py@" in e.source
 
 
@@ -244,7 +244,8 @@ def _trainer_fit(o, kind: str, gas: int, world: int = 2) -> list[dict]:
     (``concatenated_forward``) returns the rewards above: DPO as policy log-probs (reference 0, so beta * logp is
     the implicit reward), RM as the scores. Returns what rank 0 hands to wandb."""
     root = Path(o.loss.__file__).resolve().parents[1]     # the wheel's openrlhf/ (loaded by file)
-    cls, path = {"dpo": ("DPOTrainer", "trainer/dpo_trainer.py"), "rm": ("RewardModelTrainer", "trainer/rm_trainer.py")}[kind]
+    cls, path = {"dpo": ("DPOTrainer", "trainer/dpo_trainer.py"),
+                 "rm": ("RewardModelTrainer", "trainer/rm_trainer.py")}[kind]
 
     class NoSampler:
         pass
@@ -261,7 +262,8 @@ def _trainer_fit(o, kind: str, gas: int, world: int = 2) -> list[dict]:
         for i in range(gas):
             ids = torch.full((2, 1, 4), float(i))              # the micro-batch index travels in the ids
             mask = torch.ones(2, 1, 4)
-            items.append((ids, mask, ids.clone(), mask, [2, 2]) if kind == "dpo" else (ids, mask, ids.clone(), mask, [0.0, 0.0]))
+            extra = [2, 2] if kind == "dpo" else [0.0, 0.0]
+            items.append((ids, mask, ids.clone(), mask, extra))
         policy, ref = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
 
         def forward(model, chosen_ids, c_mask, reject_ids, r_mask, *rest):

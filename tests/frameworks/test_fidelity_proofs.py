@@ -125,7 +125,8 @@ def test_table_is_up_to_date():
     """docs/fidelity-proofs.md is generated from the mappings and the proofs; regenerate it with
     `.venv/bin/python tests/_support/fidelity_proofs.py > docs/fidelity-proofs.md` after changing either."""
     assert P.DOC.read_text(encoding="utf-8") == P.table(), \
-        "docs/fidelity-proofs.md is stale: run .venv/bin/python tests/_support/fidelity_proofs.py > docs/fidelity-proofs.md"
+        "docs/fidelity-proofs.md is stale: run " \
+        ".venv/bin/python tests/_support/fidelity_proofs.py > docs/fidelity-proofs.md"
 
 
 def test_reward_fn_std_differs_by_bessels_correction():

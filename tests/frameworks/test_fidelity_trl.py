@@ -213,14 +213,13 @@ def test_when_comparisons_are_checked(tmp_path, reg):
 def test_real_sft_logs_the_unweighted_mean_of_micro_batch_means(tmp_path):
     """Run TRL 1.16.0's SFTTrainer with gradient_accumulation_steps=2 on sentences of different lengths: each
     logged mean_token_accuracy / entropy is the plain mean of what the micro-batches appended."""
-    import os
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
-    from _support.tiny_trl import build_tiny_model, sentences
     from trl import SFTConfig, SFTTrainer
+
+    from _support.tiny_trl import build_tiny_model, sentences
 
     appended: list[dict] = []
 

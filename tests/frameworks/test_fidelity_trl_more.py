@@ -60,15 +60,16 @@ def test_online_dpo_gathers_the_rewards_in_the_installed_release():
 def _cpo_log(stored: dict[str, list[float]]) -> dict:
     """CPOTrainer.log (installed TRL) on a trainer built without __init__: the stored per-compute_loss metrics are
     averaged as log() does; what Trainer.log hands to the callbacks is returned."""
+    from collections import defaultdict
+
     from transformers.trainer_callback import TrainerControl, TrainerState
     from trl.experimental.cpo import CPOTrainer
-    from collections import defaultdict
     t = CPOTrainer.__new__(CPOTrainer)
     logged: list[dict] = []
     t.__dict__.update(
         _stored_metrics=defaultdict(lambda: defaultdict(list)), state=TrainerState(), control=TrainerControl(),
         args=types.SimpleNamespace(include_num_input_tokens_seen="no"),
-        callback_handler=types.SimpleNamespace(on_log=lambda a, s, c, l: (logged.append(dict(l)), c)[1]))
+        callback_handler=types.SimpleNamespace(on_log=lambda a, s, c, out: (logged.append(dict(out)), c)[1]))
     for k, vals in stored.items():
         for v in vals:
             CPOTrainer.store_metrics(t, {k: v}, train_eval="train")
@@ -109,8 +110,8 @@ def test_gkd_logs_no_token_means():
     """GKDTrainer.compute_loss (installed) replaces SFTTrainer.compute_loss, which is where entropy and
     mean_token_accuracy are appended: GKD has no per-micro-batch token means to average (the SFT/GRPO pattern does
     not apply)."""
-    from trl.experimental.gkd import GKDTrainer
     from trl import SFTTrainer
+    from trl.experimental.gkd import GKDTrainer
     src = inspect.getsource(GKDTrainer.compute_loss)
     assert GKDTrainer.compute_loss is not SFTTrainer.compute_loss
     assert "super().compute_loss" not in src and "_metrics" not in src

@@ -7,18 +7,14 @@ KL term and DPO's reference model load it from there). Marked ``integration`` (`
 ``TRACKBRIDGE_SKIP_INTEGRATION=1`` skips them).
 """
 import json
-import os
 import sqlite3
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,9 +1,7 @@
 """The wrappers of the loggers people already use, against the real thing: wandb (offline), torch's and
 tensorboardX's SummaryWriter (real event files), Accelerate (a real Accelerator) and a veRL-style ``log(data, step)``
 callable. Each test shows the original logger's output unchanged and the translated output in every sink."""
-from _support import ROOT
 import math
-import os
 import subprocess
 import sys
 import time
@@ -15,9 +13,10 @@ import trackbridge
 from trackbridge.replay import iter_spool
 from trackbridge.sources import open_source
 
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+from _support import ROOT
+
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 
 N = 5
 
@@ -84,8 +83,8 @@ def test_wandb_module_verl_style(tmp_path):
     import wandb
 
     original_log = wandb.Run.log
-    run = wandb.init(project="verl", name="orig", dir=str(tmp_path / "orig"), mode="offline",
-                     config={"actor_rollout_ref": {"actor": {"kl_loss_coef": 0.001}}})
+    wandb.init(project="verl", name="orig", dir=str(tmp_path / "orig"), mode="offline",
+               config={"actor_rollout_ref": {"actor": {"kl_loss_coef": 0.001}}})
     handle = trackbridge.wrap(wandb, source="verl", sinks=_sinks(tmp_path), spool=str(tmp_path / "spool"),
                               run_id="verl1")
     assert wandb.log.__func__ is not original_log
@@ -184,7 +183,7 @@ def test_wandb_wrapped_before_init_and_context_manager(tmp_path):
     assert handle.run.status["finished"]
 
 
-# -- SummaryWriter ------------------------------------------------------------------------------------------------------
+# -- SummaryWriter -----------------------------------------------------------------------------------------------------
 def _writer(kind, logdir):
     if kind == "torch":
         from torch.utils.tensorboard import SummaryWriter
@@ -245,7 +244,7 @@ def test_summary_writer(tmp_path, kind):
                             "kl/old_ref/k1": {g: g / 100 for g in range(1, N + 1)}})
 
 
-# -- Accelerate ---------------------------------------------------------------------------------------------------------
+# -- Accelerate --------------------------------------------------------------------------------------------------------
 def _legacy_ppo_stats(i):
     return {"ppo/loss/total": 1.0 / (i + 1), "ppo/mean_scores": i / 3, "objective/kl": 0.1 * i,
             "ppo/learning_rate": 1.41e-5}
@@ -255,6 +254,7 @@ def test_accelerate_tracker_beside_tensorboard(tmp_path):
     """Legacy TRL PPOTrainer's path: Accelerator(log_with=[...]), init_trackers(config), log(values, step),
     end_training(). Accelerate's own TensorBoard tracker still writes the raw keys."""
     from accelerate import Accelerator
+
     from trackbridge.integrations.accelerate import TrackBridgeTracker
 
     tracker = TrackBridgeTracker(project="ppo", name="legacy", sinks=_sinks(tmp_path), source="trl-legacy",

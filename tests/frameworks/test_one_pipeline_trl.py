@@ -1,6 +1,6 @@
-"""The one-pipeline check of tests/trackers/test_one_pipeline.py on real TRL runs: a GRPO and a DPO run of a tiny model built
-in code (tests/_support/tiny_trl.py), their logged dicts (as TRL hands them to callbacks) written as plain JSON lines, then
-sent through translate (API and CLI), init(names=X) + replay, migrate and compare: identical everywhere."""
+"""The one-pipeline check of tests/trackers/test_one_pipeline.py on real TRL runs: a GRPO and a DPO run of a tiny model
+built in code (tests/_support/tiny_trl.py), their logged dicts (as TRL hands them to callbacks) written as plain JSON
+lines, then sent through translate (API and CLI), init(names=X) + replay, migrate and compare: identical everywhere."""
 from __future__ import annotations
 
 import json
@@ -14,8 +14,8 @@ transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
-from _support.tiny_trl import build_tiny_model, sentences  # noqa: E402
 from _support import load_test_module  # noqa: E402
+from _support.tiny_trl import build_tiny_model, sentences  # noqa: E402
 
 _one = load_test_module("trackers/test_one_pipeline.py")      # the checks of the one-pipeline test, on these runs
 _raw_records, check_cli, check_compare = _one._raw_records, _one.check_cli, _one.check_compare

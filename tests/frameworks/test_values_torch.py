@@ -3,10 +3,11 @@ torch scalars and tensors, duck typed, without importing torch themselves."""
 import numpy as np
 import pytest
 
-from _support import load_test_module
 from trackbridge.record import Histogram
 from trackbridge.translate import Translator
 from trackbridge.values import normalize_metrics
+
+from _support import load_test_module
 
 torch = pytest.importorskip("torch")
 
@@ -31,6 +32,7 @@ def test_torch_tensors():
 
 def test_torch_values_never_crash_translation(reg):
     res = Translator("alpha/grpo", "canonical", registry=reg).translate(
-        {"timing_ms/gen": torch.tensor(2500.0), "timing_ms/upd": np.array([1500.0]), "entropy": torch.tensor([1.0, 2.0])})
+        {"timing_ms/gen": torch.tensor(2500.0), "timing_ms/upd": np.array([1500.0]),
+         "entropy": torch.tensor([1.0, 2.0])})
     assert res.metrics["time/gen"] == pytest.approx(2.5) and res.metrics["time/upd"] == pytest.approx(1.5)
     assert list(res.metrics["policy/entropy"]) == [1.0, 2.0]      # not a scalar: carried through untouched

@@ -7,18 +7,19 @@ or the tracker's own tools (sqlite3 on the MLflow store, ``MlflowClient``). Bina
 """
 from __future__ import annotations
 
-from _support import ROOT
 import hashlib
-import subprocess
 import json
 import random
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from test_migrate_support import env, location, read_runs, run_cli, write_run  # noqa: F401
 from trackbridge.record import Record, RunInfo
+
+from _support import ROOT
+from test_migrate_support import location, read_runs, run_cli, write_run
 
 MB = 1_000_000
 

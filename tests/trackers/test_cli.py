@@ -1,13 +1,11 @@
 """The command line as a user runs it: translate, detect, mappings, replay; exit codes and error messages."""
 from __future__ import annotations
 
-from _support import ROOT
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
+from _support import ROOT
 
 PUBLIC = ROOT / "tests" / "data" / "public-logs"
 
@@ -129,7 +127,8 @@ def test_user_mappings_add_project_keys(tmp_path):
     user2 = tmp_path / "mine_verl.yaml"
     user2.write_text(
         "format: trackbridge.mapping/1\nframework: verl\nentries:\n"
-        "  - {key: 'reward_extra_info/{reward_fn}', canonical: 'reward/fn/{reward_fn}/extra', source: 'my_reward.py@v1'}\n")
+        "  - {key: 'reward_extra_info/{reward_fn}', canonical: 'reward/fn/{reward_fn}/extra', "
+        "source: 'my_reward.py@v1'}\n")
     r = tb("translate", "--from", "verl@0.6.0", "--mappings", user, "--mappings", user2, "-",
            stdin=json.dumps({"reward_extra_info/format": 0.5}) + "\n")
     assert r.returncode == 0, r.stderr

@@ -12,7 +12,6 @@ kl/old_policy/k1.
 """
 from __future__ import annotations
 
-from _support import ROOT
 import csv
 import html
 import json
@@ -28,6 +27,8 @@ from trackbridge.compare.plot import COLORS, PNG_SIZE
 from trackbridge.compare.presets import PRESETS, select
 from trackbridge.pipeline import Pipeline
 from trackbridge.sources import open_source
+
+from _support import ROOT
 
 GRPO_FILE = ROOT / "examples" / "trl_grpo_trainer_state.json"
 VERL_FILE = ROOT / "examples" / "verl_console.log"
@@ -411,7 +412,8 @@ def test_from_option_names_the_framework(tmp_path):
     """`?from=` skips detection: the veRL log (~v0.3) read with the v0.3.0.post1 mapping entries."""
     res = compare_runs([f"verl=console:{VERL_FILE}?from=verl@v0.3.0.post1"], metrics="policy/entropy",
                        out=tmp_path / "r")
-    assert res.runs[0].source.startswith("verl/ppo@v0.3"), res.runs[0].source   # trainer detected within the release given
+    # trainer detected within the release given
+    assert res.runs[0].source.startswith("verl/ppo@v0.3"), res.runs[0].source
     mr = res.metric("policy/entropy")
     assert mr is not None and mr.runs == ["verl"]
     want = pipeline_approximate(f"console:{VERL_FILE}", "verl@v0.3.0.post1").get("policy/entropy")

@@ -1,7 +1,6 @@
 """Derived values are marked as derived in every tracker that can hold a mark, and never overwrite a logged value."""
 from __future__ import annotations
 
-from _support import ROOT
 import json
 import sqlite3
 
@@ -9,6 +8,8 @@ import pytest
 
 import trackbridge
 from trackbridge.sources import open_source
+
+from _support import ROOT
 
 
 @pytest.fixture
@@ -129,7 +130,6 @@ def test_fidelity_is_stored_with_the_run_and_survives_migration(env):
 def test_no_time_axis_stays_missing_when_read_back(env):
     """A source without wall times migrated into trackers that must store some time: trackbridge's own readers
     give the records back without wall times and say the run has no time axis."""
-    from pathlib import Path
 
     from trackbridge.migrate import migrate
 

@@ -1,9 +1,6 @@
 """The multiplexing logger with real sinks (spool/jsonl, TensorBoard) and small in-test sinks that fail or stall."""
 import math
-import os
-import threading
 import time
-import warnings
 
 import pytest
 

@@ -10,7 +10,6 @@ name; a server that accepts connections and never answers.
 """
 from __future__ import annotations
 
-from _support import ROOT
 import collections
 import json
 import os
@@ -27,9 +26,11 @@ from pathlib import Path
 import pytest
 
 import trackbridge
-from _support.mlflow_server import MlflowServer
 from trackbridge.logger import LoggerWarning
 from trackbridge.replay import iter_spool, pending_file, read_pending, replay
+
+from _support import ROOT
+from _support.mlflow_server import MlflowServer
 
 KEYS = [f"custom/k{j:03d}" for j in range(100)]
 
@@ -367,7 +368,8 @@ def test_sigkill_then_resume_continues_steps_and_doubles_nothing(tmp_path, fault
         # each tracker: what it held, plus what the spool had that it lacked, plus the resumed steps; once each
         want = held_before | spool_steps | set(range(first, first + 300))
         assert_exact(pts, keys, want)
-        fault_cell(f"training SIGKILLed, then resumed (writer={writer})", name, len(want) * len(keys), sum(sum(pts[k].values()) for k in keys))
+        fault_cell(f"training SIGKILLed, then resumed (writer={writer})", name, len(want) * len(keys),
+                   sum(sum(pts[k].values()) for k in keys))
     # nothing the spool had is missing anywhere
     for name, pts in after.items():
         assert spool_steps <= set(pts[keys[0]]), name

@@ -3,7 +3,6 @@ interpreter exit) closes the MLflow run as FAILED and wandb with exit code 1; a 
 missing tracker package fails at init, naming the extra to install."""
 from __future__ import annotations
 
-from _support import ROOT
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 import trackbridge
 from trackbridge.sources import open_source
 
+from _support import ROOT
 
 
 def _mlflow_status(db):
@@ -28,6 +28,7 @@ def _mlflow_status(db):
 def _wandb_exit_code(folder):
     """The exit codes in the offline run's transaction log, read with wandb's own protobuf records."""
     from wandb.proto import wandb_internal_pb2 as pb
+
     from trackbridge.trackers.wandb.records import read_payloads
     (f,) = list(Path(folder).rglob("*.wandb"))
     codes = []

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import sqlite3
 import time
@@ -21,11 +20,8 @@ import warnings
 
 import pytest
 
-os.environ["WANDB_MODE"] = "offline"      # never online in tests
-os.environ["WANDB_SILENT"] = "true"
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 import trackbridge  # noqa: E402
 from trackbridge.logger import LoggerWarning  # noqa: E402
 from trackbridge.record import Histogram, decode_value, encode_value  # noqa: E402

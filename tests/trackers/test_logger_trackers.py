@@ -1,7 +1,6 @@
 """The logger writing to all five real trackers at once, read back point for point with the trackers' own readers
 (TensorBoard's EventAccumulator, MlflowClient, Trackio's SQLite store) and trackbridge's readers (wandb offline
 files); one sink broken mid-run and restored by replay; and MLflow through a real ``mlflow server``."""
-import os
 import sqlite3
 import time
 
@@ -12,10 +11,8 @@ from trackbridge.logger import LoggerWarning
 from trackbridge.replay import iter_spool, replay
 from trackbridge.sources import open_source
 
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 
 N = 30
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from test_migrate_support import env, location, read_runs, run_cli, same_value, write_run  # noqa: F401
 from trackbridge.record import Record, RunInfo
+
+from test_migrate_support import location, read_runs, run_cli, same_value, write_run
 
 
 def _records(n: int, keys=("loss", "reward", "kl")) -> list[Record]:

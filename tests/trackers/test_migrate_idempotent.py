@@ -15,11 +15,21 @@ import time
 
 import pytest
 
-from test_migrate_support import (KINDS, PY, child_env, count_points, env, location, points,  # noqa: F401
-                                  read_runs, run_cli, write_run)
 import trackbridge.migrate as mig
 from trackbridge.migrate import migrate, summary
 from trackbridge.record import Record, RunInfo
+
+from test_migrate_support import (
+    KINDS,
+    PY,
+    child_env,
+    count_points,
+    location,
+    points,
+    read_runs,
+    run_cli,
+    write_run,
+)
 
 NAMES = ["actor/pg_loss", "critic/score/mean", "response_length/mean", "val-core/openai/gsm8k/acc/mean@1"]
 

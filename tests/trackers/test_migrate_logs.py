@@ -1,4 +1,5 @@
-"""Migrate real runs (examples/ and the public logs in tests/data) into every tracker with canonical names, and read back.
+"""Migrate real runs (examples/ and the public logs in tests/data) into every tracker with canonical names, and read
+back.
 
 Checked for each (log, tracker): the canonical names the pipeline gives are the names stored; every value equals the
 source's (float32 in TensorBoard); the steps are the source's; the source has no wall times and none are invented
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from test_migrate_support import KINDS, ROOT, env, f32, location, read_runs, same_value  # noqa: F401
 from trackbridge.migrate import TIME_AXIS, migrate, summary
 from trackbridge.pipeline import Pipeline
 from trackbridge.sources import open_source
+
+from test_migrate_support import KINDS, ROOT, f32, location, read_runs, same_value
 
 EXAMPLES = {
     "verl_console": f"console:{ROOT / 'examples' / 'verl_console.log'}",

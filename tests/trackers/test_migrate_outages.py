@@ -11,11 +11,12 @@ import sqlite3
 import subprocess
 import time
 
-from _support.mlflow_server import MlflowServer
-from test_logger_outages import assert_exact, mlflow_points, total
-from test_migrate_support import PY, child_env, env, run_cli, write_run  # noqa: F401
 from trackbridge.migrate import target_run_id
 from trackbridge.record import Record, RunInfo
+
+from _support.mlflow_server import MlflowServer
+from test_logger_outages import assert_exact, mlflow_points, total
+from test_migrate_support import PY, child_env, run_cli, write_run
 
 KEYS = [f"custom/m{j:03d}" for j in range(100)]
 

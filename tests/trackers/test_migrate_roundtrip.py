@@ -18,10 +18,11 @@ import itertools
 
 import pytest
 
-from test_migrate_support import KINDS, env, f32, location, read_runs, same_value, write_run  # noqa: F401
 from trackbridge.migrate import migrate, summary
 from trackbridge.pipeline import Pipeline
 from trackbridge.record import Histogram, Record, RunInfo
+
+from test_migrate_support import KINDS, f32, location, read_runs, same_value, write_run
 
 STEPS = [0, 1, 2, 5, 3, 4]
 T0 = 1763700000.0

@@ -1,4 +1,5 @@
-"""Shared helpers of the migration tests (tests/trackers/test_migrate_*.py), plus a few checks of the helpers themselves.
+"""Shared helpers of the migration tests (tests/trackers/test_migrate_*.py), plus a few checks of the helpers
+themselves.
 
 * ``env`` fixture: every migration test gets its own ``TRACKBRIDGE_STATE_DIR`` (the ledger), wandb offline with
   ``XDG_CACHE_HOME``/``WANDB_CONFIG_DIR``/``WANDB_DATA_DIR`` in a temporary folder.
@@ -9,7 +10,6 @@
 """
 from __future__ import annotations
 
-from _support import ROOT
 import math
 import os
 import shutil
@@ -24,18 +24,14 @@ import pytest
 
 from trackbridge.record import Histogram, Record, RunInfo
 
+from _support import ROOT
+
 KINDS = ("tensorboard", "wandb", "mlflow", "trackio", "jsonl")
 PY = sys.executable
 
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="tb-migtest-"))
-os.environ.setdefault("XDG_CACHE_HOME", str(_SESSION_TMP / "xdg-cache"))
-os.environ.setdefault("WANDB_CONFIG_DIR", str(_SESSION_TMP / "wandb-config"))
-os.environ.setdefault("WANDB_DATA_DIR", str(_SESSION_TMP / "wandb-data"))
-os.environ.setdefault("WANDB_CACHE_DIR", str(_SESSION_TMP / "wandb-cache"))
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 
 _TEMPLATES: dict[str, Path] = {}
 
@@ -77,14 +73,6 @@ def location(kind: str, folder: Path, *, projects: tuple[str, ...] = ("proj", "t
                 shutil.copyfile(src, folder / src.name)
         return f"trackio:{folder}"
     return f"{kind}:{folder}"
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    """Per-test ledger and wandb cache folders."""
-    monkeypatch.setenv("TRACKBRIDGE_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    return tmp_path
 
 
 def write_run(dst: str, info: RunInfo, records: list[Record]) -> None:

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from test_migrate_support import env, location  # noqa: F401
 from trackbridge.migrate import migrate, summary
 from trackbridge.record import Record, RunInfo
 from trackbridge.sources import open_source
+
+from test_migrate_support import location
 
 pytest.importorskip("tensorboard")
 

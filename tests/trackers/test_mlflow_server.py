@@ -19,8 +19,6 @@ T0 = 1763700000.5
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import os
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     with mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as url:
         yield url
 

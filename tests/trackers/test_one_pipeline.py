@@ -8,13 +8,11 @@ console log, a veRL console log), each given with the trainer left out.
 """
 from __future__ import annotations
 
-from _support import ROOT
 import json
 import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +20,8 @@ import trackbridge
 from trackbridge.migrate import migrate
 from trackbridge.replay import iter_spool, replay
 from trackbridge.sources import open_source
+
+from _support import ROOT
 
 EX = ROOT / "examples"
 

@@ -62,7 +62,7 @@ def test_crashed_spool_partial_line_is_skipped_and_reported(tmp_path):
     assert "partial last line" in scan.problems[0] and "crash.jsonl:7" in scan.problems[0]
     res = replay(path, f"jsonl:{tmp_path}/out")
     assert res.written == 5 and res.problems
-    out = [json.loads(l) for l in (tmp_path / "out" / "crash.jsonl").read_text().splitlines()]
+    out = [json.loads(line) for line in (tmp_path / "out" / "crash.jsonl").read_text().splitlines()]
     assert out[0]["type"] == "run" and [o["step"] for o in out[1:]] == [0, 1, 2, 3, 4]
 
 

@@ -1,14 +1,13 @@
 """A run killed with SIGKILL loses at most the spool's flush interval; a run that just exits is flushed at exit."""
-from _support import ROOT
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from trackbridge.replay import iter_spool, scan_spool
 
+from _support import ROOT
 
 CHILD = r"""
 import sys, time

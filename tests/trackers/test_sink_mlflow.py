@@ -7,11 +7,11 @@ import posixpath
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import make_sink
-from trackbridge.sinks import _sanitize
+from trackbridge.sinks import _sanitize, make_sink
 from trackbridge.sinks.base import SinkError
 from trackbridge.trackers.mlflow.client import read_chunked
 from trackbridge.trackers.mlflow.names import mlflow_key, mlflow_valid

@@ -41,6 +41,7 @@ def test_native_and_python_crc32c_agree():
     """The native CRC32C (google-crc32c, in the [tensorboard] extra) and the pure-Python fallback give the same
     checksum on random data of every length class, so files written with one verify with the other."""
     import random
+
     from trackbridge.trackers.tensorboard.events import CRC_IMPLEMENTATION, crc32c
     if CRC_IMPLEMENTATION == "python":
         pytest.skip("no native CRC32C installed")
@@ -164,8 +165,10 @@ def test_modules_import_no_tracker():
     import sys
 
     code = ("import sys\n"
-            "import trackbridge.trackers.jsonl.sink, trackbridge.trackers.tensorboard.sink, trackbridge.trackers.wandb.sink\n"
-            "import trackbridge.trackers.jsonl.source, trackbridge.trackers.tensorboard.source, trackbridge.trackers.wandb.source\n"
+            "import trackbridge.trackers.jsonl.sink, trackbridge.trackers.tensorboard.sink, "
+            "trackbridge.trackers.wandb.sink\n"
+            "import trackbridge.trackers.jsonl.source, trackbridge.trackers.tensorboard.source, "
+            "trackbridge.trackers.wandb.source\n"
             "print(sorted(m for m in ('wandb', 'tensorboard', 'numpy', 'google.protobuf', 'torch') "
             "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

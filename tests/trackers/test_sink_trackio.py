@@ -119,7 +119,10 @@ def test_resume_missing_run_by_option(tmp_path):
 
 def test_two_directories_in_one_process(tmp_path):
     a, b = make_sink(f"trackio:{tmp_path / 'a'}?project=x"), make_sink(f"trackio:{tmp_path / 'b'}?project=x")
-    a.open(info()); b.open(info())
-    a.write(records(1)); b.write(records(2))
-    a.close(); b.close()
+    a.open(info())
+    b.open(info())
+    a.write(records(1))
+    b.write(records(2))
+    a.close()
+    b.close()
     assert a.last_step() == 0 and b.last_step() == 5

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-os.environ["WANDB_MODE"] = "offline"      # never online in tests
-os.environ["WANDB_SILENT"] = "true"
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 pytest.importorskip("wandb")
 
 from trackbridge.record import Histogram, Record, RunInfo  # noqa: E402
 from trackbridge.sinks import make_sink  # noqa: E402
 from trackbridge.sinks.base import SinkError  # noqa: E402
-from trackbridge.trackers.wandb.sink import WandbSink  # noqa: E402
 from trackbridge.trackers.wandb.records import run_files  # noqa: E402
+from trackbridge.trackers.wandb.sink import WandbSink  # noqa: E402
 from trackbridge.trackers.wandb.source import WandbSource  # noqa: E402
 
 RUN = RunInfo(name="grpo seed 1", project="proj", run_id="tbrun1",

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
+import trackbridge.trackers.mlflow.source as src_mlflow
 from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sources import open_source
 from trackbridge.sources.base import SourceError
-import trackbridge.trackers.mlflow.source as src_mlflow
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.125

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from trackbridge.record import Record, RunInfo
-from trackbridge.trackers.tensorboard.events import event_files
-from trackbridge.trackers.tensorboard.sink import TensorBoardSink
 from trackbridge.sources import open_source
 from trackbridge.sources.base import SourceError
+from trackbridge.trackers.tensorboard.events import event_files
+from trackbridge.trackers.tensorboard.sink import TensorBoardSink
 from trackbridge.trackers.tensorboard.source import TensorBoardSource
 
 pytest.importorskip("tensorboard")

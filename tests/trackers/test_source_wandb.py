@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-os.environ["WANDB_MODE"] = "offline"      # never online in tests
-os.environ["WANDB_SILENT"] = "true"
+# wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
+# test module imports a tracker
 wandb = pytest.importorskip("wandb")
 
 from trackbridge.sources import open_source  # noqa: E402
@@ -42,8 +42,9 @@ def native(tmp_path_factory):
         run.log(row, step=step * 2)
     run.finish()
     (path,) = run_files(folder / "wandb", "nat1")
-    from trackbridge.trackers.wandb.records import has_exit_record
     import time
+
+    from trackbridge.trackers.wandb.records import has_exit_record
     deadline = time.monotonic() + 60
     while not has_exit_record(path) and time.monotonic() < deadline:     # finish() may return before the flush
         time.sleep(0.05)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _support import DATA
 
 from trackbridge.schema.canonical import compatibility_problems
 from trackbridge.schema.loader import build_registry, load_registry
+
+from _support import DATA
 
 RELEASED = DATA / "released" / "canonical.yaml"
 

@@ -8,7 +8,6 @@ which fails the test.
 """
 from __future__ import annotations
 
-from _support import ROOT
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +16,8 @@ import pytest
 
 from trackbridge.compare import compare_runs
 from trackbridge.compare.plot import COLORS
+
+from _support import ROOT
 
 GRPO = f"grpo=trainer-state:{ROOT / 'examples' / 'trl_grpo_trainer_state.json'}"
 VERL = f"verl=console:{ROOT / 'examples' / 'verl_console.log'}"

@@ -5,14 +5,14 @@ translation engine (trackbridge.translate) replaces them.
 """
 from __future__ import annotations
 
-from _support import DATA
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from trackbridge.derive import Deriver, load_rules
+
+from _support import DATA
 
 LOGS = DATA / "public-logs"
 

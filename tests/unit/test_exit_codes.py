@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from _support import ROOT
 
 import trackbridge
 from trackbridge import cli, commands, demo
@@ -16,6 +15,8 @@ from trackbridge.exitcodes import ExitCode
 from trackbridge.record import Record, RunInfo
 from trackbridge.sinks.base import Sink, SinkError
 from trackbridge.stream import StreamWriter
+
+from _support import ROOT
 
 OK, PROBLEMS, USAGE, INTERRUPTED = ExitCode.OK, ExitCode.PROBLEMS, ExitCode.USAGE, ExitCode.INTERRUPTED
 

@@ -44,7 +44,8 @@ SAME = [
     (("verl@v0.4.1", "actor/ppo_kl"), ("openrlhf/ppo@v0.9.8", "ppo_kl"), "approximate"),
     (("verl@v0.4.1", "actor/ppo_kl"), ("trl-legacy@v0.11.4", "ppo/policy/policykl"), "approximate"),
     (("openrlhf/ppo@v0.9.8", "ppo_kl"), ("trl-legacy@v0.11.4", "ppo/policy/policykl"), "approximate"),  # 3.1; trl 2.1
-    (("verl@v0.5.0", "actor/ppo_kl"), ("verl@v0.6.0", "actor/ppo_kl"), "approximate"),  # 1.0: all DP workers from v0.6.0
+    # 1.0: all DP workers from v0.6.0
+    (("verl@v0.5.0", "actor/ppo_kl"), ("verl@v0.6.0", "actor/ppo_kl"), "approximate"),
     # --- k2 approx KL: legacy masked mean vs PPOv2 unmasked mean
     (("trl-legacy@v0.11.4", "ppo/policy/approxkl"), ("trl/ppo@v0.12.0", "policy/approxkl_avg"), "approximate"),
     # --- exact per-token entropy

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from _support import ROOT
 
 WRAPPER = ("import json, runpy, sys\n"

@@ -10,15 +10,15 @@ Self-contained on purpose (PyYAML + a small local template matcher), so it runs 
 """
 from __future__ import annotations
 
-from _support import DATA, ROOT
 import csv
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 import yaml
+
+from _support import DATA, ROOT
 
 REF = DATA
 SPANS = REF / "frameworks" / "trl-metric-spans.csv"

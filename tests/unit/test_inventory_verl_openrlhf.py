@@ -7,12 +7,12 @@ placeholders, and the file-level rules of docs/mapping-format.md that can be che
 """
 from __future__ import annotations
 
-from _support import DATA, ROOT
 import re
-from pathlib import Path
 
 import pytest
 import yaml
+
+from _support import DATA, ROOT
 
 MAPPINGS = ROOT / "mappings"
 REFERENCE = DATA / "frameworks"
@@ -143,7 +143,8 @@ def verl_inventory():
         "response_length/clip_ratio": ["response_length/clip_ratio"],
         "prompt_length/mean": ["prompt_length/mean"],
         "prompt_length/clip_ratio": ["prompt_length/clip_ratio"],
-        "response_length_non_aborted/mean": ["response_length_non_aborted/mean", "response_length_non_aborted/clip_ratio"],
+        "response_length_non_aborted/mean": ["response_length_non_aborted/mean",
+                                             "response_length_non_aborted/clip_ratio"],
         "response/aborted_ratio": ["response/aborted_ratio"],
         "num_turns/mean": ["num_turns/mean", "num_turns/max"],
         "tool_call_counts/mean": ["tool_call_counts/mean"],
@@ -161,7 +162,8 @@ def verl_inventory():
         "perf/cpu_memory_used_gb": ["perf/cpu_memory_used_gb"],
         "training/global_step": ["training/global_step"],
         "training/epoch": ["training/epoch"],
-        "training/rollout_probs_diff_mean": ["training/rollout_probs_diff_mean", "training/rollout_actor_probs_pearson_corr"],
+        "training/rollout_probs_diff_mean": ["training/rollout_probs_diff_mean",
+                                             "training/rollout_actor_probs_pearson_corr"],
         "global_seqlen prefix": ["global_seqlen/min", "global_seqlen/balanced_max", "global_seqlen/mean"],
         "{prefix}/minmax_diff": ["global_seqlen/minmax_diff"],
         "actor/pg_loss": ["actor/pg_loss"],
@@ -427,8 +429,10 @@ def _engine(framework, trainer, release):
 
 def test_special_cases():
     # timing_s/ names that are not seconds get their own canonical names
-    assert lookup("verl", "timing_s/agent_loop/slowest/response_length", "v0.7.0")[0]["canonical"] == "response/length/slowest"
-    assert lookup("verl", "timing_s/generation_timing/topk_ratio", "v0.6.0")[0]["canonical"] == "perf/generation/topk_ratio"
+    assert lookup("verl", "timing_s/agent_loop/slowest/response_length", "v0.7.0")[0]["canonical"] \
+        == "response/length/slowest"
+    assert lookup("verl", "timing_s/generation_timing/topk_ratio", "v0.6.0")[0]["canonical"] \
+        == "perf/generation/topk_ratio"
     assert lookup("verl", "timing_s/update_actor", "v0.5.0")[1] == {"stage": "update_actor"}
     # validation templates: data sources with '/', best@n/mean parsed from the right
     e, b = lookup("verl", "val-core/openai/gsm8k/acc/best@8/mean", "v0.5.0")
@@ -450,7 +454,8 @@ def test_special_cases():
     assert lookup("openrlhf", "kl", "v0.11.0", trainer="ppo")[0]["canonical"] == "kl/old_ref/k1"
     on = {"algo": {"kl": {"use_loss": True}}}
     assert lookup("openrlhf", "kl", "v0.11.0", trainer="ppo", config=on)[0]["canonical"] == "kl/ref/k1"
-    assert lookup("openrlhf", "kl", "v0.9.0", trainer="ppo", config={"use_kl_loss": True})[0]["canonical"] == "kl/ref/k1"
+    assert lookup("openrlhf", "kl", "v0.9.0", trainer="ppo", config={"use_kl_loss": True})[0]["canonical"] \
+        == "kl/ref/k1"
     e, b = lookup("openrlhf", "eval_openai/gsm8k_pass8", "v0.11.0", trainer="ppo")
     assert b == {"data_source": "openai/gsm8k", "n": "8"}
     assert lookup("openrlhf", "loss", "v0.5.0", trainer="dpo")[0]["canonical"] == "loss/total"
@@ -487,7 +492,8 @@ def test_new_release_facts():
     assert lookup("verl", "actor/kl_loss", "v0.9.1")[0]["source"].endswith("losses.py@v0.9.1")
     # memory readings move under actor/ and critic/ with the engine workers
     assert lookup("verl", "perf/max_memory_allocated_gb", "v0.8.0", trainer="ppo") is None
-    assert lookup("verl", "actor/perf/max_memory_allocated_gb", "v0.8.0")[0]["canonical"] == "perf/memory/max_allocated_gb"
+    assert lookup("verl", "actor/perf/max_memory_allocated_gb", "v0.8.0")[0]["canonical"] \
+        == "perf/memory/max_allocated_gb"
     assert lookup("verl", "timing_s/generation_timing/max", "v0.8.0") is None
     # update-time entropy is not the pre-update entropy
     cfg = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}}

@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from _support import ROOT
 
 from trackbridge.schema import facts
 from trackbridge.schema.jsonschema import load_schema, validate
 from trackbridge.schema.loader import build_registry, load_registry, shipped_files
 from trackbridge.schema.model import STEP_AXIS
 from trackbridge.schema.yamlfile import MappingError, MappingErrors, load_yaml
+
+from _support import ROOT
 
 MAPPINGS = ROOT / "mappings"
 FRAMEWORKS = ("trl", "verl", "openrlhf")

@@ -2,11 +2,9 @@
 framework, trainer and releases (also for a release left out of the tables); exact entries round-trip."""
 from __future__ import annotations
 
-from _support import DATA
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,6 +12,8 @@ import yaml
 from trackbridge.detect import detect
 from trackbridge.schema.loader import build_registry, load_registry, shipped_files
 from trackbridge.translate import Translator
+
+from _support import DATA
 
 LOGS = DATA / "public-logs"
 

@@ -3,20 +3,18 @@ public logs: values must equal the source rows exactly, problems must be reporte
 never an invented wall time."""
 from __future__ import annotations
 
-from _support import DATA, ROOT
-import io
 import json
 import math
 import pprint
-from contextlib import redirect_stdout
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from trackbridge.sources import SourceError, open_source
 from trackbridge.sources import trainer_state as ts_mod
 from trackbridge.sources._files import parse_number, parse_printed_dict
+
+from _support import DATA, ROOT
 
 EXAMPLES = ROOT / "examples"
 PUBLIC = DATA / "public-logs"
@@ -158,29 +156,6 @@ def test_trl_ppo_console_example_equals_public_rows():
     run, recs = one_run(f"console:{EXAMPLES / 'trl_ppo_console.log'}?step=episode")
     assert [r.step for r in recs] == [r["episode"] for r in src]
     assert all("episode" in r.metrics for r in recs)
-
-
-@needs_public
-def test_transformers_printed_dicts_with_step_key_and_rounding(tmp_path):
-    """Real transformers PrinterCallback output (5.x prints floats as '{v:.4g}' strings)."""
-    from transformers.trainer_callback import PrinterCallback
-
-    src = [r for r in rows("14_trl_grpo.json")]
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        for r in src:
-            PrinterCallback().on_log(None, SimpleNamespace(is_local_process_zero=True), None, logs=dict(r))
-    p = tmp_path / "trl.log"
-    p.write_text(buf.getvalue())
-    run, recs = one_run(f"console:{p}")
-    assert [r.step for r in recs] == [r["step"] for r in src]       # 'step' key used, not the order
-    assert run.info.extra["step_source"] == "logged"
-    assert "rounded" in run.info.extra
-    for rec, row in zip(recs, src):
-        want = {k: v for k, v in row.items() if k not in ("step", "total_flos")}
-        assert list(rec.metrics) == list(want)
-        for k, v in want.items():
-            assert rec.metrics[k] == (float(f"{v:.4g}") if isinstance(v, float) else v)
 
 
 def test_console_folder_and_missing(tmp_path):

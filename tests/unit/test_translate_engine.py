@@ -5,7 +5,8 @@ import math
 import textwrap
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trackbridge.detect import detect
 from trackbridge.schema.loader import build_registry

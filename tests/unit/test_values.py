@@ -1,10 +1,8 @@
 """Value normalisation for log(): numbers, numpy/torch scalars and tensors (duck typed), lists -> histograms."""
-from _support import ROOT
 import decimal
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import pytest
 from trackbridge.record import Histogram
 from trackbridge.values import UnsupportedValue, normalize, normalize_metrics
 
+from _support import ROOT
 
 
 def test_plain_values_kept():
