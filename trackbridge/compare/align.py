@@ -43,6 +43,7 @@ def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
     if kind not in X_KINDS:
         raise ValueError(f"unknown x axis {kind!r}; expected one of {', '.join(X_KINDS)}")
     d = run.data
+    assert d is not None                 # folded from the records when the run was loaded
     n = d.count
     if kind == "step":
         steps = d.steps
@@ -62,10 +63,10 @@ def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
                         note=f"{run.label}: the source holds no wall times, so this run is left out of the "
                              "time-axis charts (no time was made up)")
         t0 = min(times)
-        vals = [w - t0 if w == w else None for w in walls]
+        rel: list[float | None] = [w - t0 if w == w else None for w in walls]
         missing = n - len(times)
         note = f"{run.label}: {missing} record(s) without a wall time left out" if missing else None
-        return Axis(kind, vals, note=note)
+        return Axis(kind, rel, note=note)
     counter = COUNTERS[kind]
     col = d.column(counter)
     steps = d.steps
@@ -100,6 +101,7 @@ def _running_sum(run: LoadedRun, kind: str, per_step: str | None) -> Axis | None
     if per_step is None:
         return None
     d = run.data
+    assert d is not None                 # folded from the records when the run was loaded
     steps: dict[float, float] = {}
     for v, s in zip(d.column(per_step), d.steps):
         if s == s and v == v:

@@ -56,8 +56,7 @@ def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
     pattern (``kl/*``), or a comma-separated list or a list of those."""
     avail = list(dict.fromkeys(available))
     if spec is None:
-        chosen = [n for n in avail if not is_axis(n)]
-        return sorted(chosen, key=order_key), []
+        return sorted((n for n in avail if not is_axis(n)), key=order_key), []
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else
                                  [x for part in spec for x in str(part).split(",")]) if s.strip()]
     chosen: dict[str, None] = {}

@@ -164,8 +164,9 @@ class TrackBridgeCallback(TrainerCallback):
             return None
         from .. import logger
         if self.run is not None:               # finished in on_train_end; a later evaluate() continues the run
-            self.run = logger.init(project=self.project, name=self.name, sinks=self.sinks, source=self.source,
-                                   run_id=self.run.run_id, resume=True, rank_zero_only=self.rank_zero_only,
+            self.run = logger.init(project=self.project, name=self.name, sinks=self.sinks,
+                                   source=self.source or "auto", run_id=self.run.run_id, resume=True,
+                                   rank_zero_only=self.rank_zero_only,
                                    **{k: v for k, v in self.init_options.items() if k not in ("run_id", "resume")})
             return self.run
         if self.source is None:

@@ -240,7 +240,8 @@ def load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError],
     if ordered and str(ordered[-1][0]) != version:
         errors.append(MappingError(f"schema_version {version} is not the newest entry of versions "
                                    f"({ordered[-1][0]})", file=main_file, line=line_of(main, "schema_version")))
-    templates = sorted((m for m in metrics.values() if m.template), key=lambda m: -m.template.literal_len)
+    templates = sorted((m for m in metrics.values() if m.template),
+                       key=lambda m: -m.template.literal_len if m.template else 0)
     schema = CanonicalSchema(version=version, metrics=metrics, templates=templates, config=config, renames=renames,
                              file=main_file)
     splits = parse_splits(main, main_file, errors)

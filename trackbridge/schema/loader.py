@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from . import cache
 from .canonical import load_canonical
 from .framework import check_framework, load_framework
-from .jsonschema import load_schema, validate
+from .jsonschema import SchemaError, load_schema, validate
 from .model import CanonicalSchema, FrameworkMapping
 from .paths import mappings_dir
 from .yamlfile import MappingError, MappingErrors, line_of, load_yaml
@@ -91,7 +91,9 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
             docs.append((f, load_yaml(f)))
         except MappingError as exc:
             errors.append(exc)
-    canon_docs, fw_docs, derived = [], [], []
+    canon_docs: list[tuple[str, Any]] = []
+    fw_docs: list[tuple[str, Any]] = []
+    derived: list[str] = []
     for f, doc in docs:
         if not isinstance(doc, dict):
             errors.append(MappingError("expected a mapping at the top level", file=f, line=1))
@@ -113,7 +115,7 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
     if not canon_docs:
         errors.append(MappingError("no canonical schema (format: trackbridge.canonical/1) among the mapping files"))
     else:
-        shipped = (None, None)
+        shipped: tuple[Any, Any] = (None, None)
         if "splits" not in canon_docs[0][1] or "axes" not in canon_docs[0][1]:
             # a canonical file of one's own without these sections gets the shipped ones
             from .facts import shipped_splits_and_axes
@@ -130,9 +132,8 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
     errors.sort(key=lambda e: (e.file or "", e.line or 0))
     if errors:
         raise errors[0] if len(errors) == 1 else MappingErrors(errors)
+    assert canonical is not None            # no canonical file, or one that failed to parse, is an error above
     return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs])
-
-
 
 
 def _said(e: Any, errors: list[MappingError]) -> bool:
@@ -145,7 +146,7 @@ def _said(e: Any, errors: list[MappingError]) -> bool:
     return any(o.file == e.file and o.line == e.line and str(field_name) in o.message for o in errors)
 
 
-def _guarded(parse: Any, structural: list[MappingError], errors: list[MappingError]) -> Any:
+def _guarded(parse: Any, structural: list[SchemaError], errors: list[MappingError]) -> Any:
     """Run one parsing step; a file the JSON Schema already rejected may trip it (a list where a mapping belongs):
     then the schema's errors say what is wrong and the step's crash is not reported."""
     try:

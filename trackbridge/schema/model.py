@@ -135,7 +135,7 @@ class CanonicalSchema:
             from .templates import strip_types
             return self.metrics.get(strip_types(name))
         for t in self.templates:
-            if t.template.match(name) is not None:
+            if t.template is not None and t.template.match(name) is not None:
                 return t
         return None
 
@@ -193,7 +193,7 @@ class Entry:
     framework: str
     key: str
     canonical: str
-    since: int                        # index into the framework's releases (inclusive)
+    since: float                      # index into the framework's releases (inclusive)
     until: float                      # inclusive; OPEN (infinity) when the framework still logs the key
     trainers: frozenset[str] | None
     fidelity: str
@@ -265,9 +265,10 @@ def _apply(value: Any, scale: float, offset: float) -> Any:
         return value
     value = _plain_number(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hist: Any = value
         values = getattr(value, "values", None)
         if isinstance(values, list):         # a Histogram of raw samples
-            new = replace(value, values=[v * scale + offset for v in values])
+            new = replace(hist, values=[v * scale + offset for v in values])
             return replace(new, min=None, max=None, sum=None, sum_squares=None) if scale < 0 or offset else new
         return value
     return value * scale + offset
@@ -381,7 +382,7 @@ class FrameworkMapping:
                 self.exact_index.setdefault(e.key, []).append(e)
             else:
                 self.template_entries.append(e)
-        self.template_entries.sort(key=lambda e: -e.key_template.literal_len)
+        self.template_entries.sort(key=lambda e: -e.key_template.literal_len if e.key_template else 0)
         self._keys = [version_key(r) for r in self.releases]
 
     def release_index(self, version: str) -> float:
@@ -396,8 +397,8 @@ class FrameworkMapping:
             return len(self._keys) - 0.5
         return float(i - 1)
 
-    def release_name(self, index: int) -> str:
-        return self.releases[max(0, min(index, len(self.releases) - 1))]
+    def release_name(self, index: float) -> str:
+        return self.releases[max(0, min(int(index), len(self.releases) - 1))]
 
     def has_release(self, version: str) -> bool:
         return any(normalize(r) == normalize(version) for r in self.releases)
@@ -406,8 +407,9 @@ class FrameworkMapping:
         """Every entry whose key matches (exact entries first, then templates, most specific first)."""
         out: list[tuple[Entry, dict[str, str] | None]] = [(e, None) for e in self.exact_index.get(key, ())]
         for e in self.template_entries:
-            if key.startswith(e.key_template.prefix):
-                caps = e.key_template.match(key)
+            tpl = e.key_template
+            if tpl is not None and key.startswith(tpl.prefix):
+                caps = tpl.match(key)
                 if caps is not None:
                     out.append((e, caps))
         return out
