@@ -117,7 +117,7 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
                     spec_hit = True
                     lit_hit = lit_hit or e.key_template is None
                 hi = int(min(e.until, n_rel - 1, span[t][1]))
-                for r in range(max(e.since, int(span[t][0])), hi + 1):
+                for r in range(max(math.ceil(e.since), int(span[t][0])), hi + 1):
                     covered[r] = True
             if spec_hit:
                 specific[t] += 1
