@@ -5,7 +5,7 @@ import bisect
 import operator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Mapping
 
 from .templates import Template
 from .versions import normalize, version_key
@@ -215,12 +215,12 @@ class Entry:
     def exact(self) -> bool:
         return self.fidelity == EXACT
 
-    def applies(self, trainer: str | None, lo: int, hi: int) -> bool:
+    def applies(self, trainer: str | None, lo: float, hi: float) -> bool:
         if self.until < lo or self.since > hi:
             return False
         return trainer is None or self.trainers is None or trainer in self.trainers
 
-    def condition_holds(self, config: dict[str, Any] | None) -> bool | None:
+    def condition_holds(self, config: Mapping[str, Any] | None) -> bool | None:
         """True/False when the run config decides the ``when`` condition; None when the config does not say."""
         if not self.when:
             return True
