@@ -130,3 +130,18 @@ def test_main_only_sections_in_an_extension_are_refused(tmp_path):
         build_registry(shipped_files(), [str(ext)])
     assert any("`splits` is declared by the main canonical file" in str(e) and e.line == 2
                for e in _errors(info.value)), str(info.value)
+
+
+def test_shipped_files_cite_no_path_outside_the_repository():
+    """What ships (the package and the mappings) cites framework files as path@release, never a local path."""
+    import re
+    outside = re.compile(r"(\.\./)+shared|(?<![\w.])/(work|home|Users|mnt)/|~/(?!\.cache)")
+    found = []
+    for base in (ROOT / "trackbridge", ROOT / "mappings"):
+        for path in sorted(base.rglob("*")):
+            if path.suffix not in (".py", ".yaml", ".json", ".md", ".txt") or "__pycache__" in path.parts:
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if outside.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == []
