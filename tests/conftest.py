@@ -81,6 +81,19 @@ def pytest_addoption(parser):
                           "promises; tests/unit/test_unit_imports.py)")
 
 
+def pytest_ignore_collect(collection_path, config):
+    """``-m unit`` does not even import the other folders' modules (they import trackers and frameworks when
+    collected): the quick run needs neither."""
+    if (config.getoption("markexpr") or "").strip() != "unit":
+        return None
+    tests = Path(__file__).resolve().parent
+    try:
+        folder = Path(collection_path).resolve().relative_to(tests).parts[:1]
+    except ValueError:
+        return None
+    return True if folder and folder[0] in ("trackers", "frameworks") else None
+
+
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).resolve().parent
     for item in items:          # unit / tracker / framework, from the folder under tests/ the test lives in

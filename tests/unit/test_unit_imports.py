@@ -1,8 +1,9 @@
 """tests/unit imports no tracker package and no framework, so ``pytest -m unit`` runs without them (README, tests).
 
 Two checks: no test file under tests/unit names one of them in an import or an ``importorskip`` (anywhere, also inside
-a function), and collecting tests/unit in a fresh interpreter (which imports every unit test module and conftest)
-leaves none of them in sys.modules (``--check-unit-imports``, which also works on a full ``pytest -m unit`` run)."""
+a function), and collecting ``pytest -m unit`` in a fresh interpreter (which imports every unit test module and
+conftest, and not the other folders': tests/conftest.py) leaves none of them in sys.modules
+(``--check-unit-imports``, which also works on a full ``pytest -m unit`` run)."""
 from __future__ import annotations
 
 import ast
@@ -44,7 +45,8 @@ def test_the_scan_finds_what_it_looks_for():
 
 
 def test_collecting_the_unit_tests_imports_none_of_them():
-    r = subprocess.run([sys.executable, "-m", "pytest", str(UNIT), "-m", "unit", "--collect-only", "-q",
+    """``pytest -m unit`` from the repository, collection only."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "unit", "--collect-only", "-q",
                         "-p", "no:cacheprovider", "--check-unit-imports"],
                        cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
