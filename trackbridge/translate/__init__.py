@@ -16,6 +16,11 @@ from .entries import flatten_config
 from .report import Report, Translation
 from .translator import Translator
 
+# the public classes are documented, printed and pickled under the package's name, where users import them from
+for _cls in (Report, Translation, Translator):
+    _cls.__module__ = __name__
+del _cls
+
 _COMPILED: "OrderedDict[Any, Translator]" = OrderedDict()
 _COMPILED_MAX = 32
 
