@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import builtins
 import types
-from typing import TYPE_CHECKING, Any, Callable, TypeGuard, overload
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeGuard, overload, runtime_checkable
 
 if TYPE_CHECKING:       # pragma: no cover
     from ._tee import Tee
@@ -31,6 +31,16 @@ if TYPE_CHECKING:       # pragma: no cover
 _callable = builtins.callable
 
 _ACTIVE: dict[int, Tee] = {}   # id(wrapped target) -> handle, for unwrap(target)
+
+
+@runtime_checkable
+class _Handle(Protocol):
+    """What :func:`unwrap` takes as a handle: what :func:`wrap` returned (or a method bound to it, when a wrapped
+    callable was set as a class attribute)."""
+
+    active: bool
+
+    def unwrap(self, finish: bool = True) -> dict[str, Any] | Callable[..., Any] | None: ...
 
 
 def _is_wandb(obj: object) -> bool:
@@ -100,8 +110,7 @@ def _callable_class() -> type[Tee]:
 def unwrap(target: object, finish: bool = True) -> dict[str, Any] | Callable[..., Any] | None:
     """Undo :func:`wrap`: pass the handle, or the wrapped object itself. Returns the trackbridge run's status
     (None when the run was never opened; for a wrapped callable: the original callable)."""
-    from ._tee import Tee
-    handle = target if isinstance(target, Tee) else _ACTIVE.get(id(target))
+    handle: _Handle | None = target if isinstance(target, _Handle) else _ACTIVE.get(id(target))
     if handle is None:
         raise ValueError(f"trackbridge.unwrap(): {target!r} is not wrapped")
     for key, value in list(_ACTIVE.items()):
