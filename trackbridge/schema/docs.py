@@ -66,7 +66,7 @@ def show(reg: Registry, name: str) -> str | None:
             spec = parse_spec(name, reg)
         except SpecError:
             spec = None
-    if spec is not None and spec.kind == "framework":
+    if spec is not None and spec.kind == "framework" and spec.framework is not None:
         fw = reg.frameworks[spec.framework]
         trainer = spec.trainer
         lo, hi = spec.bounds(len(fw.releases))
