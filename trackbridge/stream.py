@@ -26,7 +26,9 @@ sanitized (``RunInfo.sanitized``) are restored.
 :func:`iter_lines` and :class:`RecordDecoder` are the parts a reader with its own damage policy builds on (the
 ``jsonl`` source, which also reads JSON lines that are not this stream).
 
-Needs nothing but the standard library (the mapping files only to upgrade an old stream's names).
+Needs nothing but the standard library (the mapping files only to stamp a stream and to upgrade an old one's names).
+Longer than 400 lines on purpose: the writer and every reader of the format stay in one module, so that the line
+format is known in one place.
 """
 from __future__ import annotations
 
