@@ -44,12 +44,11 @@ de-duplicate.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...record import Histogram, Record, RunInfo
 from ...sinks import _sanitize
@@ -70,6 +69,8 @@ from .client import (
     read_chunked,
     tracking_uri,
 )
+from .held import held as read_held
+from .held import last_step as read_last_step
 from .names import mlflow_key, mlflow_valid
 from .store import check_sqlite_store, sqlite_path
 
@@ -96,6 +97,14 @@ def param_value(v: Any) -> str:
     return text[:MAX_PARAM_VAL]
 
 
+class _Point(NamedTuple):
+    """A metric point for the bulk path (the fields of ``mlflow.entities.Metric`` it reads)."""
+    key: str
+    value: float
+    timestamp: int
+    step: int
+
+
 def _metric_key(m: Any) -> str:
     return m.key
 
@@ -118,6 +127,7 @@ class MlflowSink(Sink):
         self.experiment_id: str | None = None
         self._names = _sanitize.NameCache(mlflow_key)
         self._hist: set[str] = set()
+        self._keys: dict[str, str] = {}     # name -> stored key, for names already taken as plain numbers
         self._next_step = 0
         self._closed = False
         self._text_seq = 0
@@ -257,6 +267,8 @@ class MlflowSink(Sink):
         if self.client is None or self.run_id is None:
             raise SinkError(f"mlflow:{self.location}: write() before open()")
         from mlflow.entities import Metric
+        point = _Point if self._bulk is not None else Metric    # the bulk path needs no MLflow entity
+        keys = self._keys
         metrics: list[Any] = []
         texts: list[dict[str, Any]] = []
         hist_before = len(self._hist)
@@ -272,27 +284,11 @@ class MlflowSink(Sink):
                 # (points are grouped by (step, timestamp)) and identical rows dropped by the SQL store
                 ts = self._last_auto_ms = max(ts, self._last_auto_ms + 1)
             for name, value in rec.metrics.items():
-                if value is None:
-                    continue
-                try:
-                    if isinstance(value, Histogram):
-                        summary = [(self._key(f"{name}/{stat}"), float(v)) for stat, v in value.summary().items()]
-                        self._hist.add(name)
-                        metrics.extend(Metric(k, v, ts, step) for k, v in summary)
-                        continue
-                    if isinstance(value, str):
-                        if not (utf8_ok(name) and utf8_ok(value)):
-                            raise ValueError("a lone surrogate (invalid Unicode) in the name or the text")
-                        texts.append({"step": step, "timestamp": ts, "wall_time": rec.wall_time, "name": name,
-                                      "value": value})
-                        continue
-                    try:
-                        number = float(value)
-                    except (TypeError, ValueError, OverflowError):
-                        raise ValueError(f"cannot store a {type(value).__name__} value {str(value)[:40]}") from None
-                    metrics.append(Metric(self._key(name), number, ts, step))
-                except (SinkError, ValueError) as exc:     # this key only: the rest of the record is written
-                    self.reject(printable(name), step, printable(str(exc))[:300])
+                t = type(value)
+                if (t is float or t is int) and name in keys:     # the common case, cheaply
+                    metrics.append(point(keys[name], float(value), ts, step))
+                elif value is not None:
+                    self._add(point, metrics, texts, name, value, ts, step, rec.wall_time)
         # by key (stable: steps keep their order): each log_batch then touches few keys, and MLflow's SQL store
         # updates latest_metrics per key of a batch -- 1.75x faster with 500 keys per step (benchmarks/bench_migrate.py)
         metrics.sort(key=_metric_key)
@@ -310,6 +306,30 @@ class MlflowSink(Sink):
         derived = self.note_derived(records)
         if new or derived or len(self._hist) != hist_before:
             self._put_tags(self._run_tags())
+
+    def _add(self, point: Any, metrics: list[Any], texts: list[dict[str, Any]], name: str, value: Any, ts: int,
+             step: int, wall_time: float | None) -> None:
+        """One value that is not a plain number under a known name: a histogram, a text, a new name, or one MLflow
+        cannot take (left out of this record only, reported through :meth:`Sink.reject`)."""
+        try:
+            if isinstance(value, Histogram):
+                summary = [(self._key(f"{name}/{stat}"), float(v)) for stat, v in value.summary().items()]
+                self._hist.add(name)
+                metrics.extend(point(k, v, ts, step) for k, v in summary)
+            elif isinstance(value, str):
+                if not (utf8_ok(name) and utf8_ok(value)):
+                    raise ValueError("a lone surrogate (invalid Unicode) in the name or the text")
+                texts.append({"step": step, "timestamp": ts, "wall_time": wall_time, "name": name, "value": value})
+            else:
+                try:
+                    number = float(value)
+                except (TypeError, ValueError, OverflowError):
+                    raise ValueError(f"cannot store a {type(value).__name__} value {str(value)[:40]}") from None
+                metrics.append(point(self._key(name), number, ts, step))
+                if type(value) in (float, int):
+                    self._keys[name] = metrics[-1].key
+        except (SinkError, ValueError) as exc:     # this key only: the rest of the record is written
+            self.reject(printable(name), step, printable(str(exc))[:300])
 
     def _log_metrics(self, chunk: list[Any]) -> None:
         """One ``log_batch`` request. A server refuses a whole request holding a point it already has (UNIQUE
@@ -362,47 +382,14 @@ class MlflowSink(Sink):
         """Highest step among the run's latest metric values (MLflow keeps the max-step point per key)."""
         if self.client is None or self.run_id is None:
             return None
-        data = self.client.get_run(self.run_id).data
-        objs = getattr(data, "_metric_objs", None)
-        if objs is None:   # public fallback: one history per key
-            steps = [m.step for key in data.metrics for m in self.client.get_metric_history(self.run_id, key)]
-        else:
-            steps = [m.step for m in objs]
-        return max(steps) if steps else None
+        return read_last_step(self.client, self.run_id)
 
     def held(self, since: int | None = None):
-        """The run's metric points, read from MLflow (plain SQL on a local SQLite store, the REST API otherwise),
-        under the names this sink was given: escaped names restored, a histogram counted once (its ``/count``)."""
-        from ...holdings import Holdings
+        """The run's metric points, read from MLflow, under the names this sink was given (:mod:`.held`)."""
         if self.client is None or self.run_id is None:
             return None
-        low = since if since is not None else -(2 ** 63)
-        unkey = dict(self._names.changed)
-        stats = ("/std", "/min", "/max", "/mean", "/sum")
-        h = Holdings()
-
-        def add(stored: str, step: int) -> None:
-            name = unkey.get(stored, stored)
-            if name.endswith("/count") and name[:-6] in self._hist:
-                name = name[:-6]
-            elif name.endswith(stats) and name.rsplit("/", 1)[0] in self._hist:
-                return
-            h.add(name, step)
-
-        uri = tracking_uri(self.location)
-        if uri.startswith("sqlite:///"):
-            import sqlite3
-            db = uri[len("sqlite:///"):]
-            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
-                for key, step in conn.execute("SELECT key, step FROM metrics WHERE run_uuid = ? AND step >= ?",
-                                              (self.run_id, low)):
-                    add(key, step)
-            return h
-        for key in self.client.get_run(self.run_id).data.metrics:
-            for m in self.client.get_metric_history(self.run_id, key):
-                if m.step >= low:
-                    add(key, m.step)
-        return h
+        return read_held(self.client, self.location, self.run_id, changed=dict(self._names.changed),
+                         hist=self._hist, since=since)
 
     def describe(self) -> str:
         return f"mlflow:{self.location}" + (f" (run {self.run_id})" if self.run_id else "")
