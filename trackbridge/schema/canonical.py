@@ -82,12 +82,7 @@ def parse_axes(doc: Any) -> dict[str, Axis] | None:
 
 
 def check_axes(axes: dict[str, Axis], schema: CanonicalSchema, doc: Any, f: str, errors: list[MappingError]) -> None:
-    raw = doc.get("axes") or {}
-    for req in ("step", "time"):
-        if req not in axes:
-            errors.append(MappingError(f"`axes` must declare {req!r} (the record's own "
-                                       f"{'step' if req == 'step' else 'wall time'})", file=f,
-                                       line=line_of(doc, "axes"), entry="axes"))
+    raw = doc.get("axes") or {}             # (step and time are required: the JSON Schema says so)
     for a in axes.values():
         line = line_of(raw, a.name)
         for field_name in ("metric", "per_step"):
