@@ -137,13 +137,16 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
 
 
 def _said(e: Any, errors: list[MappingError]) -> bool:
-    """Whether the loader already names the field a schema error is about, at the same file and line, in its own
-    words (``role 'penalty' is not one of ...``): then the schema's error would only repeat it."""
+    """Whether the loader already names the field a schema error is about, in its own words (``role 'penalty' is
+    not one of ...``), at the same file and line or for the same entry: then the schema's error would only repeat
+    it."""
     field_name = e.detail if getattr(e, "keyword", "") in ("required", "additionalProperties") else next(
         (p for p in reversed(getattr(e, "path", ())) if isinstance(p, str)), None)
     if not field_name:
         return False
-    return any(o.file == e.file and o.line == e.line and str(field_name) in o.message for o in errors)
+    path = [p for p in getattr(e, "path", ()) if isinstance(p, str)]
+    return any(o.file == e.file and (o.line == e.line or (o.entry is not None and o.entry in path))
+               and str(field_name) in o.message for o in errors)
 
 
 def _guarded(parse: Any, structural: list[SchemaError], errors: list[MappingError]) -> Any:
