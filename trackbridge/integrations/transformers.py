@@ -11,8 +11,9 @@ and runs beside ``report_to`` (``report_to="wandb"`` keeps logging as before) or
 * **Source, not guessed**: the trainer's class (found on the call stack; the ``*Config`` class of the arguments
   otherwise) and the installed TRL release give ``source`` -- ``GRPOTrainer`` with TRL 1.16.0 is
   ``trl/grpo@1.16.0``, a subclass (Unsloth's ``UnslothGRPOTrainer``, your own) is its TRL base class, the plain
-  ``transformers.Trainer`` is ``trl@<release>`` (or ``trl`` without TRL installed: the HF keys are in trl.yaml). An
-  explicit ``source=`` wins. ``callback.source`` tells what was used.
+  ``transformers.Trainer`` is ``trl@<release>`` (or ``trl`` without TRL installed: the HF keys are in trl.yaml). Which
+  class is which trainer is a fact of ``mappings/trl.yaml`` (each trainer's ``classes:``). An explicit ``source=``
+  wins. ``callback.source`` tells what was used.
 * **Records**: every dict that reaches ``on_log`` is one record at ``state.global_step``: training rows, ``eval_``
   rows (split ``eval``: ``eval_loss`` is ``eval/loss/total``) and the final summary row (``train_runtime``,
   ``train_loss``, ``total_flos`` ... as ``train/runtime`` ...). Other integrations keep the summary keys out of the
