@@ -16,7 +16,7 @@ QUICK = {
     "bench_translate.py": ["--calls", "2000"],
     "bench_derive.py": ["--n", "5000", "--steps", "500"],
     "bench_load.py": ["--runs", "3"],
-    "bench_training_loop.py": ["--steps", "300"],
+    "bench_training_loop.py": ["--steps", "300", "--rounds", "1"],
 }
 
 
