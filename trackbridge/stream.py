@@ -53,7 +53,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 Reject = Callable[[str, "int | None", str], None]      # (key, step, why): a value left out of a record
 
 
-def stream_file(directory: str | os.PathLike, run_id: str) -> Path:
+def stream_file(directory: str | os.PathLike[str], run_id: str) -> Path:
     """Where the stream of ``run_id`` lives in ``directory``: the run id with characters unsafe in file names
     replaced by ``_``, plus ``.jsonl``."""
     return Path(directory).expanduser() / (_UNSAFE.sub("_", run_id) + SUFFIX)
@@ -210,7 +210,7 @@ def _upgrader(schema: str | None, names: str | None) -> Callable[[str], str] | N
     return upgrade
 
 
-def read_stream(path: str | os.PathLike, *, start: int = 0, stop: int | None = None, since: int | None = None,
+def read_stream(path: str | os.PathLike[str], *, start: int = 0, stop: int | None = None, since: int | None = None,
                 problems: list[str] | None = None, decoder: RecordDecoder | None = None
                 ) -> Iterator[tuple[int, Record]]:
     """``(seq, record)`` for the stream's records, ``seq`` counting record lines from 0 (complete lines holding a
@@ -260,7 +260,7 @@ class StreamScan:
     problems: list[str] = field(default_factory=list)
 
 
-def scan_stream(path: str | os.PathLike) -> StreamScan:
+def scan_stream(path: str | os.PathLike[str]) -> StreamScan:
     """Read a stream once: header, record count, highest step. A missing file gives an empty scan."""
     p = Path(path)
     scan = StreamScan(path=p)
@@ -288,12 +288,12 @@ def scan_stream(path: str | os.PathLike) -> StreamScan:
     return scan
 
 
-def last_step(path: str | os.PathLike) -> int | None:
+def last_step(path: str | os.PathLike[str]) -> int | None:
     """The highest step of the stream's complete record lines (None: no record has a step)."""
     return scan_stream(path).last_step
 
 
-def holdings(path: str | os.PathLike, since: int | None = None) -> "Holdings":
+def holdings(path: str | os.PathLike[str], since: int | None = None) -> "Holdings":
     """The points the stream holds (complete record lines; steps ``>= since``), per key and step."""
     from .holdings import Holdings
     return Holdings.from_records(rec for _seq, rec in read_stream(path, since=since))
@@ -306,7 +306,7 @@ class StreamWriter:
     stamp (default: :func:`schema_stamp`). ``reject(key, step, why)`` is told about each value left out because it
     is not strict JSON in UTF-8 (the rest of its record is written)."""
 
-    def __init__(self, path: str | os.PathLike, *, fsync: bool = False, schema: str | None = None,
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, schema: str | None = None,
                  reject: Reject | None = None) -> None:
         self.path = Path(path)
         self.fsync = fsync
@@ -419,7 +419,7 @@ class StreamTail:
     completed since the last call (numbered as :func:`read_stream` numbers them); :meth:`wait_written` waits until a
     record number has been read."""
 
-    def __init__(self, path: str | os.PathLike, seq_base: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike[str], seq_base: int = 0) -> None:
         self.path = Path(path)
         self.seq_base = seq_base
         self.pos = 0
