@@ -6,6 +6,8 @@ from typing import Any
 
 from ..errors import UsageError
 
+WRITERS = ("auto", "process", "thread")
+
 
 @dataclass(frozen=True)
 class LoggerOptions:
@@ -17,8 +19,10 @@ class LoggerOptions:
     ``retry_interval``: how often a failed sink is tried again. ``stall_timeout``: how long ``finish()`` waits for
     a tracker that makes no progress. ``finish_timeout``: the most ``finish()`` waits in all. ``resume_wait``: how
     long a resumed run waits for the trackers to say what they hold before it numbers its first step. ``writer``:
-    ``"thread"`` (each tracker in a thread of the training process) or ``"process"`` (the trackers in one writer
-    process fed from the spool, so their work never takes the GIL from training; sinks must be locator strings)."""
+    ``"process"`` (the trackers in one writer process fed from the spool, so their work never takes the GIL from
+    training; sinks must be locator strings of trackers the writer can load), ``"thread"`` (each tracker in a thread
+    of the training process) or ``"auto"`` (the default: the writer process when it can take every sink, else
+    threads -- a Sink object, or a tracker registered only in this process, with a warning naming it)."""
 
     flush_interval: float = 1.0
     queue_size: int = 5000
@@ -29,11 +33,11 @@ class LoggerOptions:
     stall_timeout: float = 30.0
     finish_timeout: float = 300.0
     resume_wait: float = 10.0
-    writer: str = "thread"
+    writer: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.writer not in ("thread", "process"):
-            raise UsageError(f"writer must be 'thread' or 'process', got {self.writer!r}")
+        if self.writer not in WRITERS:
+            raise UsageError(f"writer must be one of {', '.join(map(repr, WRITERS))}, got {self.writer!r}")
         if not self.flush_interval > 0:
             raise UsageError(f"flush_interval must be > 0 seconds, got {self.flush_interval!r}")
         if self.queue_size < 1 or self.batch_size < 1:
