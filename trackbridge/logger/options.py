@@ -22,7 +22,8 @@ class LoggerOptions:
     ``"process"`` (the trackers in one writer process fed from the spool, so their work never takes the GIL from
     training; sinks must be locator strings of trackers the writer can load), ``"thread"`` (each tracker in a thread
     of the training process) or ``"auto"`` (the default: the writer process when it can take every sink, else
-    threads -- a Sink object, or a tracker registered only in this process, with a warning naming it)."""
+    threads -- with a warning saying why for a tracker registered only in this process; silently for Sink objects,
+    which the caller built in this process)."""
 
     flush_interval: float = 1.0
     queue_size: int = 5000
