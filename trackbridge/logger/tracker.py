@@ -13,8 +13,8 @@ from typing import Callable, Iterable
 
 from ..catchup import CatchUp, lacking, write_batches
 from ..record import Record
-from ..replay import iter_spool
 from ..sinks.base import Sink
+from ..stream import read_stream
 from .common import log, warn
 from .worker import RunContext, Worker
 
@@ -113,7 +113,7 @@ class TrackerWorker(Worker):
         return (self.rename(rec) for rec in recs)
 
     def _spool_records(self, start: int = 0, stop: int | None = None) -> Iterable[Record]:
-        return self._renamed(rec for _s, rec in iter_spool(self.ctx.spool_path, start=start, stop=stop))
+        return self._renamed(rec for _s, rec in read_stream(self.ctx.spool_path, start=start, stop=stop))
 
     def _catch_up_resume(self) -> None:
         """On resume: give the tracker, from the spool, the points it lacks (per key and step: a batch that landed
