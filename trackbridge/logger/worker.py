@@ -27,7 +27,7 @@ class RunContext:
     resume: bool
     resume_last_step: int | None                # the spool's highest step before this process
     tracker_info: Callable[[bool], RunInfo]     # the run info a sink opens with (is_spool)
-    sync_info: Callable[[RunInfo, bool], None]  # fill a sink's run info with what was learnt while logging
+    sync_info: Callable[[RunInfo | None, bool], None]  # fill a sink's run info with what was learnt logging
     report: Callable[[str], None]               # a problem for run.problems (the caller warns)
     spool: Any = field(default=None)            # the run's SpoolWorker, set once built
 

@@ -122,7 +122,7 @@ class MlflowSink(Sink):
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)
-        self.client = None
+        self.client: Any = None
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self._names = _sanitize.NameCache(mlflow_key)

@@ -173,7 +173,7 @@ class TensorBoardSink(Sink):
             raise SinkError(f"tensorboard sink: option bins={options.get('bins')!r} is not an integer") from None
         self.folder: Path | None = None
         self.path: Path | None = None
-        self._fh = None
+        self._fh: Any = None
         self._pb: Any = None
         self._step = 0
         self._max_step: int | None = None
@@ -211,6 +211,7 @@ class TensorBoardSink(Sink):
     def _create_file(self) -> None:
         event_pb2, summary_pb2 = self._pb
         run = self.run
+        assert run is not None and self.folder is not None      # set by open()
         self._pending_open = False
         now = time.time()
         name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}."
@@ -379,6 +380,7 @@ class TensorBoardSink(Sink):
         """Highest step of any metric event already in the run folder (read with the TensorBoard reader)."""
         from .source import TensorBoardRunReader
 
+        assert self.folder is not None
         reader = TensorBoardRunReader(self.folder, name=self.folder.name, verify=False)
         best = None
         for rec in reader.records():

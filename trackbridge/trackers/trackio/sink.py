@@ -113,6 +113,7 @@ class TrackioSink(Sink):
     def _write_config(self) -> None:
         text = json.dumps(_json_safe(self._config()), ensure_ascii=False, allow_nan=False, default=str)
         now = datetime.now(timezone.utc).isoformat()
+        assert self.project is not None and self.db is not None      # set by open()
         with process_lock(self.dir, self.project), contextlib.closing(connect(self.db)) as conn, conn:
             conn.execute("INSERT OR REPLACE INTO configs (run_id, run_name, config, created_at) VALUES (?, ?, ?, ?)",
                          (self.run_id, self.run_name, text, self._created or now))
@@ -152,6 +153,7 @@ class TrackioSink(Sink):
             if self._conn is None:      # kept open for the run: no connect/close per batch
                 self._conn = connect(self.db)
             conn = self._conn
+            assert self.project is not None
             with process_lock(self.dir, self.project), conn:
                 conn.executemany("INSERT OR IGNORE INTO metrics (timestamp, run_id, run_name, step, metrics, log_id) "
                                  "VALUES (?, ?, ?, ?, ?, ?)", rows)

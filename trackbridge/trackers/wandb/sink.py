@@ -151,6 +151,7 @@ class WandbSink(Sink):
         """Find earlier offline folders of this run id; refuse them without resume, continue after them with."""
         from .source import WandbRunReader
 
+        assert run.run_id is not None           # set by open()
         previous = run_files(folder / "wandb", run.run_id)
         if not previous:
             return
