@@ -122,7 +122,8 @@ def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault
     try:
         run = trackbridge.init(project="outage", name="killed-server", sinks=[f"mlflow:{srv.url}"],
                                spool=str(tmp_path / "spool"), source="canonical", batch_size=500, queue_size=2000,
-                               retries=0, retry_interval=3600, stall_timeout=3, finish_timeout=30)
+                               retries=0, retry_interval=3600, stall_timeout=3, finish_timeout=30,
+                               writer="thread")
         worker = run._workers[1]
         run.log(_row(0), step=0)
         _wait(lambda: worker.written >= 1, 120, "the run to open")

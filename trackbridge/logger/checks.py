@@ -113,3 +113,30 @@ def check_server(spec: str, url: str) -> None:
     except Unreachable as exc:
         warn(f"trackbridge: sink {spec!r}: server {exc.host}:{exc.port} is not reachable now ({exc.reason}); "
              f"training goes on, the sink is retried later and catches up from the spool")
+
+
+def choose_writer(asked: str, sinks: list[Any], built: list[Sink]) -> tuple[str, str | None]:
+    """Where the trackers run, and why not in the writer process when ``writer='auto'`` falls back with a reason
+    to say. ``'auto'`` is the writer process when it can load every sink (locator strings of trackers the package
+    registers), else threads: silently for a Sink object (the caller built it in this process, so it stays here),
+    with a warning for a tracker registered only in this process. An explicit ``writer='process'`` that cannot be
+    honoured is a UsageError."""
+    if not built or asked == "thread":
+        return "thread", None
+    objects = len([s for s in sinks if isinstance(s, str)]) != len(sinks)
+    foreign = [s.locator() for s in built if not type(s).__module__.startswith("trackbridge.")]
+    if asked == "process":
+        if objects:
+            raise UsageError("init(writer='process') takes sinks as locator strings (a Sink object cannot be "
+                             "handed to another process)")
+        if foreign:
+            raise UsageError(f"init(writer='process'): {', '.join(foreign)} is a tracker registered in this "
+                             f"process, which the writer process cannot load; use writer='thread' for it")
+        return "process", None
+    if objects:
+        return "thread", None
+    if foreign:
+        return "thread", (f"{', '.join(foreign)} is a tracker registered in this process (register_tracker), which "
+                          f"the writer process cannot load; the trackers are written by threads of the training "
+                          f"process (writer='thread' says so)")
+    return "process", None

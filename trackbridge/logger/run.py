@@ -1,5 +1,9 @@
 """``Run``: what ``trackbridge.init`` returns on rank 0. It builds the sinks and their workers, takes ``log()``
-calls, and at ``finish()`` waits for the trackers while they make progress, then writes down what any still lacks."""
+calls, and at ``finish()`` waits for the trackers while they make progress, then writes down what any still lacks.
+
+About 400 lines because ``Run`` is one object with one lifecycle (init, log, finish, resume, and the link to the
+writer process that ``writer='auto'`` starts); what can stand alone lives beside it (checks, dispatch, spool,
+tracker, writer)."""
 from __future__ import annotations
 
 import atexit
@@ -18,7 +22,15 @@ from ..replay import names_translator, pending_file, write_pending
 from ..sinks.base import Sink
 from ..stream import read_stream, scan_stream, stream_file
 from ..values import sanitize_config
-from .checks import check_packages, derive_hook, make_translator, precheck_location, ready_for_shutdown, validate_call
+from .checks import (
+    check_packages,
+    choose_writer,
+    derive_hook,
+    make_translator,
+    precheck_location,
+    ready_for_shutdown,
+    validate_call,
+)
 from .common import STOP, RunView, fix_text, warn
 from .dispatch import Dispatcher
 from .options import LoggerOptions
@@ -115,23 +127,31 @@ class Run(RunView):
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
         self._writer: Any = None
-        if options.writer == "process" and built:
-            specs = [spec for spec in sinks or [] if isinstance(spec, str)]
-            if len(specs) != len(sinks or []):
-                raise UsageError("init(writer='process') takes sinks as locator strings (a Sink object cannot be "
-                                 "handed to another process)")
-            foreign = [s.locator() for s in built if not type(s).__module__.startswith("trackbridge.")]
-            if foreign:
-                raise UsageError(f"init(writer='process'): {', '.join(foreign)} is a tracker registered in this "
-                                 f"process, which the writer process cannot load; use writer='thread' for it")
+        writer, why_thread = choose_writer(options.writer, sinks or [], built)
+        if why_thread:
+            self._warn_once("writer", why_thread)
+        if writer == "process":
             from .writer import RemoteTracker
             by_locator = {s.locator(): s for s in built}
-            trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
-            self._writer_spec = {
+            self._writer_spec: dict[str, object] | None = {
                 "sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
                 "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
                 "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options)}
+            try:
+                self._start_writer_process()
+            except (OSError, ValueError, RuntimeError) as exc:   # the platform cannot start it (no pass_fds ...)
+                if options.writer == "process":
+                    raise UsageError(f"init(writer='process'): the writer process could not start: {exc}") from None
+                self._warn_once("writer", f"the writer process could not start ({type(exc).__name__}: {exc}); "
+                                          f"the trackers are written by threads of the training process")
+                self._writer_spec = None
+                writer = "thread"
+        if writer == "process":
+            trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
         else:
+            if options.writer != "thread":          # imported now, in this thread (see check_packages)
+                for s in built:
+                    check_packages(s.locator(), s)
             trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
                                       rename=self._rename) for s in built]
         self._workers: list[Any] = [self._spool_worker, *trackers]
@@ -271,10 +291,12 @@ class Run(RunView):
     def _writer_spec_given(self) -> bool:
         return getattr(self, "_writer_spec", None) is not None
 
-    def _start_writer(self, trackers: list[Any]) -> None:
+    def _start_writer_process(self) -> None:
         from .writer import start
-        spec = {**self._writer_spec, "info": self._clean_info().to_json()}
+        spec = {**(self._writer_spec or {}), "info": self._clean_info().to_json()}
         self._writer, self._writer_conn = start(spec)
+
+    def _start_writer(self, trackers: list[Any]) -> None:
         self._remote = {t.sink.locator(): t for t in trackers}
         self._sent_info: tuple[Any, ...] = ()
         self._monitor = threading.Thread(target=self._monitor_writer, name="trackbridge-writer-monitor",
@@ -294,7 +316,9 @@ class Run(RunView):
         while True:
             try:
                 if self._writer_conn.poll(0.1):
-                    kind, statuses, problems, _final = self._writer_conn.recv()
+                    kind, statuses, problems, _final, warned = self._writer_conn.recv()
+                    for message in warned:      # the trackers' warnings, as the threads would have warned them
+                        warn(message)
                     for t, st in zip(trackers, statuses):
                         t.update(st)
                     for p in problems:

@@ -55,6 +55,8 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     def sync_info(run: RunInfo | None, is_spool: bool) -> None:
         sync_run_info(run, info, approximate(is_spool))
 
+    warned: list[str] = []       # the trackers' warnings: the parent warns them, where the user sees warnings
+    _forward_warnings(warned)
     _one_writer_per_run(tail.path)
     ctx = RunContext(options=options, spool_path=tail.path, seq_base=spec["seq_base"], resume=spec["resume"],
                      resume_last_step=spec["resume_last_step"], tracker_info=tracker_info, sync_info=sync_info,
@@ -64,13 +66,18 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     for w in workers:
         w.thread.start()
 
+    sent = [0]
+
     def report(final: bool = False) -> None:
+        new = warned[sent[0]:]
         conn.send(("status", [{**w.status(), "progress": w.progress(), "acked": w.acked,
                                "alive": w.thread.is_alive(), "probed": w.probed.is_set(), "top": w.resume_top}
-                              for w in workers], list(problems), final))
+                              for w in workers], list(problems), final, new))
+        sent[0] += len(new)
 
     final_seq: int | None = None
     parent_gone = False
+    frozen = False
     last_report = 0.0
     try:
         while True:
@@ -89,8 +96,25 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
             except (EOFError, OSError):
                 parent_gone = True
             for seq, rec in tail.poll():
+                out = rec
+                if rename is not None:      # once for all trackers, as the dispatcher does for threads
+                    try:
+                        out = rename(rec)
+                    except Exception as exc:
+                        note = (f"renaming to {spec['names']!r} failed ({type(exc).__name__}: {exc}); trackers get "
+                                f"canonical names")
+                        if note not in problems:
+                            problems.append(note)
+                            warn(f"trackbridge: {note}")
                 for w in workers:
-                    w.put(seq, rec)
+                    w.put(seq, out)
+            if not frozen and all(w.opened or w.state == "failed" for w in workers):
+                # the trackers' packages and opened clients live as long as this process: freezing them keeps the
+                # cyclic GC from walking them at every collection (it was most of the sinks' own Python work)
+                import gc
+                gc.collect()
+                gc.freeze()
+                frozen = True
             if time.monotonic() - last_report > STATUS_EVERY and not parent_gone:
                 last_report = time.monotonic()
                 try:
@@ -117,6 +141,23 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     except BaseException as exc:  # never die silently
         warn(f"trackbridge: the writer process failed: {type(exc).__name__}: {exc}")
         raise
+
+
+def _forward_warnings(into: list[str]) -> None:
+    """Collect this process's LoggerWarnings in ``into`` (sent to the parent, which warns them) instead of
+    printing them here; other warnings are shown as usual."""
+    import warnings
+
+    from .common import LoggerWarning
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if issubclass(category, LoggerWarning):
+            into.append(str(message))
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def _one_writer_per_run(spool: Path) -> None:
@@ -242,6 +283,11 @@ def start(spec: dict[str, Any]) -> tuple[Any, _FdConn]:
 
 
 def _child_main(argv: list[str]) -> None:
+    import os
+    try:
+        os.nice(5)          # the trackers take only the CPU time training leaves (the spool holds what waits)
+    except (AttributeError, OSError):
+        pass
     from multiprocessing.connection import Connection
     conn = _FdConn(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
     kind, spec = conn.recv()
