@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..schema.model import STEP_AXIS as STEP_AXIS  # the canonical name of the tracker step (canonical.yaml axes)
 from ..values import utf8_ok
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ..record import RunInfo
 
 log = logging.getLogger("trackbridge")
 
@@ -28,11 +31,11 @@ def warn(message: str) -> None:
 class RunView:
     """What ``Run`` and ``NoOpRun`` derive alike from their ``run_id`` and ``info``."""
 
-    run_id: Any
-    info: Any
+    run_id: str | None      # None only on a NoOpRun not given one
+    info: RunInfo
 
     @property
-    def id(self) -> Any:
+    def id(self) -> str | None:
         return self.run_id
 
     @property

@@ -73,7 +73,7 @@ class Run(RunView):
 
         # spool: "DIR" or "DIR?fsync=1"
         spool_dir, spool_fsync = spool_place(spool)
-        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.run_id: str = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.spool_path = stream_file(spool_dir, self.run_id)
         scan = scan_stream(self.spool_path)
         if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
