@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11 and make:
 #   make demo   - create .venv if missing, install, run the demo on the embedded default, print where the output is
-#   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff), run the
+#   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff, mypy), run the
 #                 whole test suite
 # Flags: make test PYTEST_ARGS="--skip-integration"   (skip the slow real-TRL tests locally)
 PYTHON ?= python3
@@ -38,7 +38,8 @@ docs: $(VENV)/.demo-installed
 
 lint: $(VENV)/.test-installed
 	$(BIN)/python -m trackbridge mappings lint
-	$(BIN)/ruff check trackbridge benchmarks
+	$(BIN)/ruff check trackbridge benchmarks tests
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) out build *.egg-info
