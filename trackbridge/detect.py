@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .schema.facts import SPLIT_PREFIXES
 from .schema.loader import Registry
 from .schema.model import Entry, FrameworkMapping
 from .spec import Spec
@@ -191,7 +192,7 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
     canon = registry.canonical
     canon_hits = 0
     for k in keys:
-        base = k.split("/", 1)[1] if k.startswith(("eval/", "test/")) else k
+        base = k.split("/", 1)[1] if k.startswith(SPLIT_PREFIXES) else k
         if canon.find(canon.upgrade(base)) is not None:
             canon_hits += 1
     cands: list[tuple[Candidate, set[str]]] = []

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator, TextIO
 
 from .errors import TrackBridgeError
 from .record import iter_json_objects
+from .stream import is_header
 
 
 @dataclass
@@ -81,7 +82,7 @@ def _rows_of(fh: TextIO, name: str, problems: list[str]) -> Iterator[Row]:
                 return
             head, lines = [], text.splitlines(keepends=True)
     for lineno, obj in iter_json_objects(itertools.chain(head, lines), name, problems):
-        if obj.get("type") == "run":
+        if is_header(obj):
             continue
         if isinstance(obj.get("metrics"), dict) and "step" in obj:
             yield Row(f"{name}:{lineno}", obj["metrics"], obj.get("step"), obj.get("wall_time"), "record")

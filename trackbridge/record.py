@@ -243,13 +243,3 @@ def iter_json_objects(lines: Iterable[str], where: str, problems: list[str] | No
             bad(f"{where}:{lineno}: expected a JSON object, got {type(obj).__name__}; line skipped")
             continue
         yield lineno, obj
-
-
-def read_stream(lines: Iterable[str], where: str = "<stream>",
-                problems: list[str] | None = None) -> Iterator[RunInfo | Record]:
-    """Parse the canonical stream: RunInfo header lines and Record lines (bad lines: see iter_json_objects)."""
-    for _lineno, obj in iter_json_objects(lines, where, problems):
-        if obj.get("type") == "run":
-            yield RunInfo.from_json(obj)
-        else:
-            yield Record.from_json(obj)

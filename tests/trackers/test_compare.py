@@ -376,7 +376,8 @@ def test_cli_bad_axis_and_locator(tmp_path, capsys):
 
 
 def test_into_jsonl_one_run_per_input(tmp_path):
-    from trackbridge.record import RunInfo, read_stream
+    from trackbridge.record import RunInfo
+    from trackbridge.stream import read_stream, scan_stream
     dest = tmp_path / "tracker"
     res = compare_runs([GRPO, VERL], out=None, into=f"jsonl:{dest}")
     assert res.html is None
@@ -384,10 +385,9 @@ def test_into_jsonl_one_run_per_input(tmp_path):
     assert len(files) == 2
     seen = {}
     for f in files:
-        items = list(read_stream(f.read_text().splitlines()))
-        info = items[0]
+        info = scan_stream(f).info
         assert isinstance(info, RunInfo) and info.names == "canonical"
-        seen[info.name] = items[1:]
+        seen[info.name] = [rec for _seq, rec in read_stream(f)]
     assert set(seen) == {"grpo", "verl"}
     assert len(seen["grpo"]) == len(grpo_rows()) and len(seen["verl"]) == len(verl_rows())
     assert seen["grpo"][0].metrics["reward/score/mean"] == grpo_rows()[0]["reward"]

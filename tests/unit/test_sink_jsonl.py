@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from trackbridge.record import Histogram, Record, RunInfo, read_stream
+from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sinks.base import SinkError
+from trackbridge.stream import read_stream, scan_stream
 from trackbridge.trackers.jsonl.sink import JsonlSink
 from trackbridge.trackers.jsonl.source import JsonlSource
 
@@ -46,9 +47,9 @@ def test_round_trip_exact(tmp_path):
     assert json.loads(lines[0])["type"] == "run" and len(lines) == 5
     for line in lines:                      # strict JSON (no bare NaN)
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
-    # plain reader of the stream format
-    parsed = list(read_stream(lines))
-    assert parsed[0] == run
+    # the stream's own reader
+    assert scan_stream(path).info == run
+    assert [r.step for _seq, r in read_stream(path)] == [0, 2, 1, None]
     # the source
     (reader,) = list(JsonlSource(str(tmp_path)).runs())
     assert reader.info == run

@@ -260,10 +260,7 @@ def test_the_spool_takes_only_fsync(tmp_path):
 
 # Modules outside trackbridge/stream.py that still tell a header line themselves, each with the reason; the test fails
 # for any other (and for an entry here that no longer applies).
-KNOWN = {
-    "record.py": "record.read_stream(lines), kept for its users until record.py's owner removes it",
-    "inputs.py": "translate's logged-dict reader skips header lines; to use stream.is_header",
-}
+KNOWN: dict[str, str] = {}
 
 
 def test_no_other_module_parses_stream_lines():
