@@ -10,10 +10,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from . import __version__
 from .exitcodes import ExitCode
+
+if TYPE_CHECKING:       # pragma: no cover
+    from .inputs import Row
 
 
 def _add_mappings(p: argparse.ArgumentParser) -> None:
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.INTERRUPTED
 
 
-def _dispatch(args, parser) -> int:
+def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .schema.yamlfile import MappingError
     from .spec import SpecError
     try:
@@ -125,7 +128,7 @@ def _load_config(path: str | None) -> dict[str, Any]:
         return json.load(fh)
 
 
-def cmd_translate(args) -> int:
+def cmd_translate(args: argparse.Namespace) -> int:
     from .translate import Translator
     tr = Translator(args.source, args.target, mappings=args.mappings or None, config=_load_config(args.config),
                     derive=args.derive)
@@ -189,7 +192,7 @@ def _is_locator(text: str) -> bool:
     return ":" in text.split("/", 1)[0] and not text.startswith(("/", "."))
 
 
-def _input_rows(path: str, problems: list[str]):
+def _input_rows(path: str, problems: list[str]) -> Iterator[Row]:
     """Logged dicts from a JSON-lines or trainer_state.json file, or from anything a reader understands (a run
     locator, or a plain path that looks like a console log, a CSV export, a TensorBoard or wandb folder)."""
     from .inputs import Row, read_rows
@@ -221,7 +224,7 @@ def _json_default(obj: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------- detect
-def cmd_detect(args) -> int:
+def cmd_detect(args: argparse.Namespace) -> int:
     from .detect import detect
     from .schema.loader import load_registry
     reg = load_registry(args.mappings or None)
@@ -247,7 +250,7 @@ def cmd_detect(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- mappings
-def cmd_mappings(args, parser) -> int:
+def cmd_mappings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .schema import docs
     from .schema.loader import load_registry
     if args.mcommand is None:

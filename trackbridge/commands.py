@@ -78,14 +78,14 @@ def register(sub: "argparse._SubParsersAction") -> None:
     _HANDLERS["compare"] = _compare
 
 
-def _demo(args) -> int:
+def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .demo import run_demo
     return run_demo(Path(args.out))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     handler = _HANDLERS.get(args.command)
     if handler is None:
         raise ValueError(f"unknown command {args.command!r}")
@@ -106,7 +106,7 @@ def check_destination(text: str) -> str | None:
     return None
 
 
-def _migrate(args) -> int:
+def _migrate(args: argparse.Namespace) -> int:
     from .migrate import migrate, summary
     from .sinks.base import SinkError
     from .sources.base import SourceError
@@ -128,7 +128,7 @@ def _migrate(args) -> int:
     return ExitCode.OK
 
 
-def _compare(args) -> int:
+def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs
     if args.into:
         bad = check_destination(args.into)
@@ -165,7 +165,7 @@ def _compare(args) -> int:
     return code
 
 
-def _replay(args) -> int:
+def _replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .errors import UsageError

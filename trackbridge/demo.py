@@ -16,8 +16,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode
+
+if TYPE_CHECKING:       # pragma: no cover
+    from .compare.report import OutputManifest
 
 EXAMPLES = [
     ("trl-grpo", "trainer-state", "trl_grpo_trainer_state.json"),
@@ -41,7 +45,7 @@ OLD_MARKER = ".trackbridge-demo"     # what demos before the manifest left (they
 REPORT = "report"
 
 
-def _prepare(out: Path):
+def _prepare(out: Path) -> OutputManifest:
     from .compare.report import MANIFEST, OutputManifest
 
     if (out / OLD_MARKER).is_file() and not (out / MANIFEST).is_file():

@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, TextIO
 
 from .catchup import CatchUp, lacking
 from .holdings import Holdings
@@ -95,7 +95,7 @@ def _batches(records: Iterable[Record]) -> Iterable[list[Record]]:
 class Progress:
     """A progress line: a live bar on a terminal, plain lines otherwise."""
 
-    def __init__(self, total_runs: int, stream=None, enabled: bool = True) -> None:
+    def __init__(self, total_runs: int, stream: TextIO | None = None, enabled: bool = True) -> None:
         self.total_runs = total_runs
         self.stream = stream or sys.stderr
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
@@ -144,7 +144,7 @@ class Progress:
 
 def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical", derive: bool = False,
             dry_run: bool = False, jobs: int = 1, mappings: list[str] | None = None, progress: bool = True,
-            out=None) -> MigrationResult:
+            out: TextIO | None = None) -> MigrationResult:
     """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way."""
     t0 = time.monotonic()
     out = out or sys.stdout
@@ -187,7 +187,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
 
 
 def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, names: str, derive: bool,
-                 mappings, prog: Progress, dest_missing: bool = False) -> RunResult:
+                 mappings: list[str] | None, prog: Progress, dest_missing: bool = False) -> RunResult:
     info = reader.info
     run_id = target_run_id(src, info, idx)
     label = info.name or info.run_id or f"run-{idx}"
@@ -291,7 +291,8 @@ def _destination_exists(dst: str) -> bool:
     return True if path is None else path.exists()
 
 
-def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool, mappings, out) -> RunResult:
+def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool, mappings: list[str] | None,
+            out: TextIO) -> RunResult:
     info = reader.info
     label = info.name or info.run_id or "run"
     pipe = Pipeline.for_run(info, names, source=source, mappings=mappings, derive=derive)

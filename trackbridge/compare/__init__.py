@@ -24,12 +24,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from .align import SMOOTH_KINDS, X_KINDS, Axis, run_axis, series
 from .load import LoadedRun, load_runs
 from .presets import LOOK_ALIKES, PRESETS, preset_of, select
 from .stats import MetricStats
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ..schema.model import CanonicalSchema
 
 __all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS"]
 
@@ -135,12 +138,13 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     return result
 
 
-def _schema(mappings):
+def _schema(mappings: list[str] | None) -> CanonicalSchema:
     from ..schema.loader import load_registry
     return load_registry(mappings or None).canonical
 
 
-def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis], schema) -> MetricReport:
+def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis],
+                   schema: CanonicalSchema | None) -> MetricReport:
     meta = schema.find(name) if schema is not None else None
     if meta is None and schema is not None:
         from .presets import strip_split

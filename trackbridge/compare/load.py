@@ -15,11 +15,15 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, TypeGuard
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeGuard
 
 from ..locators import Locator, parse_many
 from ..pipeline import Pipeline
 from ..record import Histogram, Record, RunInfo
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ..sources.base import RunReader
+    from .stats import MetricStats
 
 SERIES_POINTS = 10_000          # points kept per run and metric for the chart before buckets take over
 AXIS_METRICS = ("progress/samples", "progress/tokens", "perf/tokens_per_step")
@@ -266,7 +270,7 @@ class LoadedRun:
         steps = [s for s in self._folded().steps if s == s]
         return (int(min(steps)), int(max(steps))) if steps else None
 
-    def metric_stats(self, metric: str):
+    def metric_stats(self, metric: str) -> MetricStats | None:
         """First, last, min, max, mean and points of ``metric`` (a :class:`~.stats.MetricStats`; None: no numbers)."""
         from .stats import MetricStats
         st = self._folded().stats.get(metric)
@@ -311,7 +315,7 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
     return runs
 
 
-def load_one(label: str, locator: str, reader, *, mappings=None, source: str = "auto",
+def load_one(label: str, locator: str, reader: RunReader, *, mappings: list[str] | None = None, source: str = "auto",
              derive: bool = True) -> LoadedRun:
     """Read one run through a pipeline, record by record, keeping only :class:`RunData` (see the module
     docstring); ``records`` of the result reads the run again when iterated."""

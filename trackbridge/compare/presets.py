@@ -10,7 +10,7 @@ framework source file and release it was read from).
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..schema.facts import LOOK_ALIKE, SPLITS
 from ..schema.facts import PRESETS as _PRESETS
@@ -49,7 +49,7 @@ def order_key(name: str) -> tuple:
 
 
 def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
-           is_axis=lambda n: False) -> tuple[list[str], list[str]]:
+           is_axis: Callable[[str], bool] = lambda n: False) -> tuple[list[str], list[str]]:
     """The metrics to chart, in report order, and what was asked for but found in no run.
 
     ``spec``: ``None`` (every metric of every run except progress axes), a preset name, a canonical name, a

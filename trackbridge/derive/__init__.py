@@ -7,17 +7,24 @@ per step. Typical use::
     d = Deriver(rules, config={"kl_coef": 0.05}, source="trl/ppo@v0.12.0", fidelity=translation.approximate)
     names = d.apply(metrics, step=17, wall_time=time.time())   # fills metrics in place, returns derived names
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
 from .engine import Deriver
 from .expr import ExprError, NoValue, parse
 from .rules import Rule, RuleError, RuleSet, load_rules
 
+if TYPE_CHECKING:       # pragma: no cover
+    from ..schema.loader import Registry
+
 __all__ = ["Deriver", "ExprError", "NoValue", "Rule", "RuleError", "RuleSet", "load_rules", "parse", "make_deriver",
            "rules_for", "lint_rules", "SplitDeriver"]
 
-_CACHE: dict = {}
+_CACHE: dict[tuple[int, tuple[str, ...]], RuleSet] = {}
 
 
-def rules_for(registry, extra_paths=None) -> RuleSet:
+def rules_for(registry: Registry, extra_paths: Iterable[str] | None = None) -> RuleSet:
     """The shipped rules plus the derived-rule files among ``extra_paths``, checked against ``registry``'s names.
     Loaded once per registry and set of files."""
     from pathlib import Path
@@ -44,7 +51,7 @@ class SplitDeriver:
     of another split interrupts the training split's ``rate()`` (the wall time until the next training row includes
     the evaluation)."""
 
-    def __init__(self, make) -> None:
+    def __init__(self, make: Callable[[str], Deriver]) -> None:
         self._make = make
         self._by_split: dict[str, Deriver] = {"": self._new("")}
         self.fidelity: dict[str, str] = {}
@@ -58,7 +65,8 @@ class SplitDeriver:
             d = self._by_split[prefix] = self._new(prefix)
         return d
 
-    def apply(self, metrics: dict, *, step=None, wall_time=None) -> list[str]:
+    def apply(self, metrics: dict[str, Any], *, step: int | None = None, wall_time: float | None = None) -> list[str]:
+        """:meth:`Deriver.apply` for each split of ``metrics`` (filled in place); returns the derived names."""
         prefixes = {p for k in metrics for p in SPLIT_PREFIXES if k.startswith(p)}
         base = self._by_split[""]
         base.fidelity.update({k: v for k, v in self.fidelity.items() if not k.startswith(SPLIT_PREFIXES)})
@@ -76,6 +84,7 @@ class SplitDeriver:
 
     @property
     def notes(self) -> list[str]:
+        """Every split's notes, prefixed with the split (``[eval] ...``)."""
         seen: list[str] = []
         for p, d in self._by_split.items():
             seen += [(f"[{p.rstrip('/')}] " if p else "") + n for n in d.notes]
@@ -83,28 +92,37 @@ class SplitDeriver:
 
     @property
     def approximate(self) -> dict[str, str]:
+        """Derived names (with their split prefix) -> why they are approximate."""
         return {p + k: v for p, d in self._by_split.items() for k, v in d.approximate.items()}
 
-    def to_state(self) -> dict:
+    def to_state(self) -> dict[str, Any]:
+        """Every split's :meth:`Deriver.to_state`, by split prefix."""
         return {p: d.to_state() for p, d in self._by_split.items()}
 
-    def from_state(self, state: dict) -> "SplitDeriver":
+    def from_state(self, state: dict[str, Any]) -> "SplitDeriver":
+        """Restore what :meth:`to_state` saved."""
         for p, s in (state or {}).items():
             self._deriver(p).from_state(s)
         return self
 
 
-def make_deriver(registry, extra_paths=None, *, config=None, source=None, fidelity=None) -> SplitDeriver:
+def make_deriver(registry: Registry, extra_paths: Iterable[str] | None = None, *,
+                 config: dict[str, Any] | None = None, source: str | None = None,
+                 fidelity: Mapping[str, str] | None = None) -> SplitDeriver:
     """A deriver for one run: rules from ``registry`` (and user files), canonical ``config``, the run's ``source``;
     train, eval and test records are derived separately."""
     rules = rules_for(registry, extra_paths)
     axes = frozenset(n for n, m in registry.canonical.metrics.items() if m.axis)
-    d = SplitDeriver(lambda split="": Deriver(rules, config=config, source=source, split=split, axes=axes))
+
+    def make(split: str = "") -> Deriver:
+        return Deriver(rules, config=config, source=source, split=split, axes=axes)
+
+    d = SplitDeriver(make)
     d.fidelity.update(fidelity or {})
     return d
 
 
-def lint_rules(registry, paths=None) -> int:
+def lint_rules(registry: Registry, paths: Iterable[str] | None = None) -> int:
     """Check every derived-rule file (shipped and user) and return the number of rules. Raises :class:`RuleError`
     naming file, line and rule; :class:`~trackbridge.derive.rules.RuleErrors` (``errors``) for the structural
     (JSON Schema) problems of every file at once."""

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import TrackBridgeError
 
@@ -381,7 +381,7 @@ def parse(text: str) -> Node:
 
 
 # ------------------------------------------------------------------------------------------------ inspection
-def _walk(node: Node):
+def _walk(node: Node) -> Iterator[Node]:
     yield node
     if isinstance(node, Unary):
         yield from _walk(node.operand)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ..schema.jsonschema import SchemaError, json_path, load_schema, validate
 from ..schema.paths import mappings_dir
@@ -138,7 +138,7 @@ class RuleSet:
     rules: list[Rule]
     files: list[str]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Rule]:
         return iter(self.rules)
 
     def __len__(self) -> int:

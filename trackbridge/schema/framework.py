@@ -42,7 +42,8 @@ def _trainers(value: Any, f: str, line: int | None, entry: str, known: dict, err
     return frozenset(items)
 
 
-def _release(fw_releases: list[str], value: Any, f: str, line, entry: str, errors: list, default: float) -> float:
+def _release(fw_releases: list[str], value: Any, f: str, line: int | None, entry: str, errors: list[MappingError],
+             default: float) -> float:
     if value is None:
         return default
     text = str(value)

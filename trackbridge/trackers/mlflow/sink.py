@@ -48,7 +48,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...record import Histogram, Record, RunInfo
 from ...sinks import _sanitize
@@ -73,6 +73,9 @@ from .held import held as read_held
 from .held import last_step as read_last_step
 from .names import mlflow_key, mlflow_valid
 from .store import check_sqlite_store, sqlite_path
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ...holdings import Holdings
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
@@ -384,7 +387,7 @@ class MlflowSink(Sink):
             return None
         return read_last_step(self.client, self.run_id)
 
-    def held(self, since: int | None = None):
+    def held(self, since: int | None = None) -> Holdings | None:
         """The run's metric points, read from MLflow, under the names this sink was given (:mod:`.held`)."""
         if self.client is None or self.run_id is None:
             return None

@@ -39,11 +39,14 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo, dumps
 from ...sinks.base import Capabilities, Sink, SinkError, printable
 from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, frame
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ...holdings import Holdings
 
 _FILE_COUNTER = itertools.count()
 _UNSAFE_DIR = re.compile(r"[\\/:*?\"<>|\x00-\x1f]")
@@ -363,7 +366,7 @@ class TensorBoardSink(Sink):
     def last_step(self) -> int | None:
         return self._max_step
 
-    def held(self, since: int | None = None):
+    def held(self, since: int | None = None) -> Holdings | None:
         """The points of every event file in the run folder, read back with the TensorBoard reader."""
         from ...holdings import Holdings
         from .source import TensorBoardRunReader

@@ -36,12 +36,15 @@ import sqlite3
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...record import Record, RunInfo
 from ...sinks._sanitize import NameCache
 from ...sinks.base import Capabilities, Sink, SinkError, printable, step_ok
 from .schema import CONFIG_KEY, connect, encode, init_db, iso, process_lock, trackio_key, trackio_unkey
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ...holdings import Holdings
 
 
 # -- the sink ---------------------------------------------------------------------------------------------
@@ -201,7 +204,7 @@ class TrackioSink(Sink):
             row = conn.execute("SELECT MAX(step) FROM metrics WHERE run_id = ?", (self.run_id,)).fetchone()
         return row[0] if row and row[0] is not None else None
 
-    def held(self, since: int | None = None):
+    def held(self, since: int | None = None) -> Holdings | None:
         """The points of the run's rows in Trackio's SQLite store (one row per record, JSON of its values)."""
         from ...holdings import Holdings
         if self.db is None or self.run_id is None:
