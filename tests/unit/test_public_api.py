@@ -51,3 +51,28 @@ def test_public_callables_are_annotated():
 
 def test_the_package_ships_py_typed():
     assert (Path(trackbridge.__file__).parent / "py.typed").is_file()
+
+
+def test_public_members_of_exported_classes_are_documented():
+    """The methods and properties a user calls on ``Run``, ``NoOpRun``, ``LoggerOptions``, ``Translator`` and
+    ``Translation`` (and the trackbridge classes they derive from) each have a docstring."""
+    missing = []
+    for name in _public_names():
+        cls = getattr(trackbridge, name)
+        if not inspect.isclass(cls) or issubclass(cls, BaseException):
+            continue
+        members = {}
+        for klass in reversed(cls.__mro__):
+            if klass.__module__.startswith("trackbridge"):
+                members.update(vars(klass))
+        for attr, value in members.items():
+            if attr.startswith("_"):
+                continue
+            fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+            if isinstance(fn, property):
+                fn = fn.fget
+            if not callable(fn):
+                continue
+            if not (fn.__doc__ or "").strip():
+                missing.append(f"{name}.{attr}")
+    assert missing == []

@@ -36,14 +36,17 @@ class RunView:
 
     @property
     def id(self) -> str | None:
+        """The run id (as ``wandb.Run.id``): the spool file's name and the id every tracker keeps the run under."""
         return self.run_id
 
     @property
     def name(self) -> str | None:
+        """The run's display name."""
         return self.info.name
 
     @property
     def config(self) -> dict[str, Any]:
+        """The run's configuration (on rank 0 with the canonical config names added)."""
         return self.info.config
 
 

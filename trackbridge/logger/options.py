@@ -51,6 +51,7 @@ class LoggerOptions:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
+        """The names of the knobs (each also a keyword of :func:`trackbridge.init`)."""
         return tuple(f.name for f in fields(cls))
 
     @classmethod

@@ -206,6 +206,8 @@ class Run(RunView):
         return info
 
     def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
+        """Name -> why its value is approximate, as found so far: canonical names for the spool, the names a
+        tracker receives otherwise."""
         if is_spool or self._rename is None:
             return dict(self.info.approximate)
         pipe = self._rename.pipeline()

@@ -21,6 +21,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     def merge(self, other: "Report") -> None:
+        """Add ``other``'s bookkeeping to this one (a run's total over its records; each name and note once)."""
         self.mapped += other.mapped
         if other.unmapped:      # a run merges every record's report: set lookups, not list scans
             seen = set(self.unmapped)
@@ -43,6 +44,8 @@ class Translation(Report):
     metrics: dict[str, Any] = field(default_factory=dict)
 
     def report(self) -> dict[str, Any]:
+        """The bookkeeping as a plain dict: ``mapped``, ``unmapped``, ``approximate``, ``source``, and ``derived`` and
+        ``conflicts`` when there are any."""
         out = {"mapped": self.mapped, "unmapped": list(self.unmapped), "approximate": dict(self.approximate),
                "source": self.source}
         if self.derived:

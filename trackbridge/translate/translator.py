@@ -68,6 +68,8 @@ class Translator(Resolution, Planning, Deriving):
 
     @property
     def source(self) -> str:
+        """The source naming scheme for people: the resolved spec, ``(detected, confidence ...)`` when it was
+        detected, ``auto (undetected)`` before then."""
         if self._src is None:
             return "auto (undetected)"
         text = self._src.describe(self.registry)
@@ -82,6 +84,8 @@ class Translator(Resolution, Planning, Deriving):
 
     def translate(self, metrics: Mapping[str, Any], *, step: int | None = None,
                   wall_time: float | None = None) -> Translation:
+        """Translate one logged dict into the target's names (derived values added when derivation is on);
+        ``step``/``wall_time`` feed the stateful derived rules. Raises TypeError for anything but a mapping."""
         if not isinstance(metrics, Mapping):
             raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
         if self._src is None or (not self._pinned and self._needs_detection()
