@@ -259,9 +259,12 @@ class _Validator:
         props = schema.get("properties", {})
         pats = schema.get("patternProperties", {})
         key_lines = getattr(obj, "key_lines", {})
-        unknown = [k for k in obj if k not in props and not any(isinstance(k, str) and _regex(p).search(k)
-                                                                 for p in pats)]
-        misspelled = {h for k in unknown for h in difflib.get_close_matches(str(k), list(props), n=1, cutoff=0.6)}
+        misspelled: set[str] = set()
+        if schema.get("additionalProperties") is False:     # only then can an unknown key be a misspelled field
+            unknown = [k for k in obj if k not in props and not any(isinstance(k, str) and _regex(p).search(k)
+                                                                     for p in pats)]
+            misspelled = {h for k in unknown for h in difflib.get_close_matches(str(k), list(props), n=1,
+                                                                                   cutoff=0.6)}
         for req in schema.get("required", ()):
             if req not in obj and not (req in misspelled and schema.get("additionalProperties") is False):
                 # a misspelled required field is reported once, as the unknown field (did you mean ...?)
