@@ -251,7 +251,7 @@ class Run(RunView):
             stalled = []
             for w in alive:
                 p = w.progress()
-                if p != last_progress[id(w)][0]:
+                if p != last_progress[id(w)][0] or w.starting():
                     last_progress[id(w)] = (p, now)
                 elif now - last_progress[id(w)][1] > self.options.stall_timeout:
                     stalled.append(w)

@@ -311,6 +311,11 @@ class Worker:
             self.ctx.report(message)
             log.warning("trackbridge: %s", message)
 
+    def starting(self) -> bool:
+        """Not yet tried to open its sink (the thread, or the writer process holding it, is still starting):
+        ``finish()`` does not count that time as a stall; ``finish_timeout`` still bounds it."""
+        return not self.open_tried
+
     def progress(self) -> tuple:
         """Changes while the worker gets anywhere (records written or caught up, requests answered)."""
         return (self.written, self.caught_up, self.state, self.failures, getattr(self.sink, "progress", 0))

@@ -71,7 +71,8 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     def report(final: bool = False) -> None:
         new = warned[sent[0]:]
         conn.send(("status", [{**w.status(), "progress": w.progress(), "acked": w.acked,
-                               "alive": w.thread.is_alive(), "probed": w.probed.is_set(), "top": w.resume_top}
+                               "alive": w.thread.is_alive(), "probed": w.probed.is_set(), "top": w.resume_top,
+                               "starting": w.starting()}
                               for w in workers], list(problems), final, new))
         sent[0] += len(new)
 
@@ -212,10 +213,12 @@ class RemoteTracker:
                                         "queued": 0, "failures": 0, "recoveries": 0, "last_error": None,
                                         "spool": False}
         self._progress: tuple = ()
+        self._starting = True           # until the child says this tracker's open was tried
         self.thread = _RemoteThread(self)
 
     def update(self, st: dict[str, Any]) -> None:
         self._progress = tuple(st.pop("progress"))
+        self._starting = bool(st.pop("starting", False))
         self.acked = st.pop("acked")
         self.alive = st.pop("alive")
         if st.pop("probed"):
@@ -236,6 +239,10 @@ class RemoteTracker:
 
     def progress(self) -> tuple:
         return self._progress
+
+    def starting(self) -> bool:
+        """The writer process is starting, or has not yet tried to open this tracker (see TrackerWorker.starting)."""
+        return self._starting and self.alive
 
     def status(self) -> dict[str, Any]:
         return dict(self._status)
