@@ -262,30 +262,15 @@ def run_openrlhf(b: Batch, *, use_kl_loss: bool = False) -> dict[str, float]:
         by_sequences.update({id(e.sequences): e for e in exps})
         actor = Actor()
 
-        class Buffer(torch.utils.data.Dataset):
-            sample_batch_size = 1
-
-            def __len__(self):
-                return len(exps)
-
-            def __getitem__(self, i):
-                return exps[i]
-
-            @staticmethod
-            def collate_fn(xs):
-                return xs[0]
-
-        strategy = types.SimpleNamespace(
-            ring_attn_group=None, accumulated_gradient=GA, is_rank_0=lambda: r == 0,
-            all_reduce=F.strategy_all_reduce, backward=lambda *a, **k: None, optimizer_step=lambda *a, **k: None,
-            get_grad_norm=lambda model: 0.0)
+        strategy = F.openrlhf_strategy(r, GA)
         args = types.SimpleNamespace(
             train=types.SimpleNamespace(dynamic_batch_enable=False), ds=types.SimpleNamespace(tensor_parallel_size=1),
             actor=types.SimpleNamespace(entropy_coef=0.0, aux_loss_coef=0.0),
             algo=types.SimpleNamespace(kl=types.SimpleNamespace(use_loss=use_kl_loss, init_coef=0.04,
                                                                  estimator="k3", unbiased_gradient=False)))
         trainer = types.SimpleNamespace(
-            args=args, strategy=strategy, replay_buffer=Buffer(), dataloader_pin_memory=False, max_epochs=1,
+            args=args, strategy=strategy, replay_buffer=F.openrlhf_buffer(exps), dataloader_pin_memory=False,
+            max_epochs=1,
             actor=actor, actor_loss_fn=o.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2), aux_loss=False,
             ema_model=None, actor_optim=None, actor_scheduler=types.SimpleNamespace(get_last_lr=lambda: [1e-6]))
         trainer.training_step = types.MethodType(o.training_step, trainer)

@@ -315,3 +315,32 @@ def _verl_gdpo_block() -> Any:
                     block = ast.Module(body=[st, stmts[i + 1]], type_ignores=[])
                     return compile(ast.fix_missing_locations(block), str(path), "exec")
     raise ImportError(f"{path}: no gdpo_reward_keys block in RayPPOTrainer.fit")
+
+
+def openrlhf_strategy(rank: int, accumulated_gradient: int) -> types.SimpleNamespace:
+    """The parts of OpenRLHF's DeepSpeed strategy a trainer's loop touches, on one simulated rank: the real
+    ``all_reduce`` arithmetic (``strategy_all_reduce``), no backward pass, no optimizer step."""
+    return types.SimpleNamespace(
+        ring_attn_group=None, accumulated_gradient=accumulated_gradient, is_rank_0=lambda: rank == 0,
+        all_reduce=strategy_all_reduce, backward=lambda *a, **k: None, optimizer_step=lambda *a, **k: None,
+        get_grad_norm=lambda model: 0.0)
+
+
+def openrlhf_buffer(items: list):
+    """A replay buffer handing out prepared experiences one at a time, as OpenRLHF's trainers iterate theirs."""
+    import torch
+
+    class Buffer(torch.utils.data.Dataset):
+        sample_batch_size = 1
+
+        def __len__(self):
+            return len(items)
+
+        def __getitem__(self, i):
+            return items[i]
+
+        @staticmethod
+        def collate_fn(xs):
+            return xs[0]
+
+    return Buffer()

@@ -84,30 +84,15 @@ def _ppo_run(o, per_rank: list[list[tuple[int, float, float]]], gas: int, *, use
                 e = by_id[id(sequences)]
                 return e._logp.clone(), types.SimpleNamespace(entropy=e._entropy.clone())
 
-        class Buffer(torch.utils.data.Dataset):
-            sample_batch_size = 1
-
-            def __len__(self):
-                return len(exps)
-
-            def __getitem__(self, i):
-                return exps[i]
-
-            @staticmethod
-            def collate_fn(xs):
-                return xs[0]
-
-        strategy = types.SimpleNamespace(
-            ring_attn_group=None, accumulated_gradient=gas, is_rank_0=lambda: r == 0,
-            all_reduce=F.strategy_all_reduce, backward=lambda *a, **k: None, optimizer_step=lambda *a, **k: None,
-            get_grad_norm=lambda model: 0.0)
+        strategy = F.openrlhf_strategy(r, gas)
         args = types.SimpleNamespace(
             train=types.SimpleNamespace(dynamic_batch_enable=False), ds=types.SimpleNamespace(tensor_parallel_size=1),
             actor=types.SimpleNamespace(entropy_coef=0.0, aux_loss_coef=0.0, loss_agg_mode="token-mean"),
             algo=types.SimpleNamespace(kl=types.SimpleNamespace(use_loss=use_kl_loss, init_coef=0.04,
                                                                  estimator="k1", unbiased_gradient=False)))
         trainer = types.SimpleNamespace(
-            args=args, strategy=strategy, replay_buffer=Buffer(), dataloader_pin_memory=False, max_epochs=1,
+            args=args, strategy=strategy, replay_buffer=F.openrlhf_buffer(exps), dataloader_pin_memory=False,
+            max_epochs=1,
             actor=Actor(), actor_loss_fn=o.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2), aux_loss=False,
             ema_model=None, actor_optim=None, actor_scheduler=types.SimpleNamespace(get_last_lr=lambda: [1e-6]))
         trainer.training_step = types.MethodType(o.training_step, trainer)
@@ -287,9 +272,7 @@ def _trainer_fit(o, kind: str, gas: int, world: int = 2) -> list[dict]:
             concatenated_forward=forward, args=args, aux_loss=False, nll_loss=False, margin_loss=False,
             compute_fp32_loss=False, loss_fn=o.DPOLoss(BETA) if kind == "dpo" else o.loss.PairWiseLoss(),
             optimizer=None, scheduler=types.SimpleNamespace(get_last_lr=lambda: [1e-6]),
-            strategy=types.SimpleNamespace(accumulated_gradient=gas, is_rank_0=lambda: r == 0,
-                                           all_reduce=F.strategy_all_reduce, backward=lambda *a, **k: None,
-                                           optimizer_step=lambda *a, **k: None, get_grad_norm=lambda model: 0.0),
+            strategy=F.openrlhf_strategy(r, gas),
             _wandb=types.SimpleNamespace(log=logged.append, finish=lambda: None) if r == 0 else None, _tensorboard=None,
             disable_ds_ckpt=True, save_hf_ckpt=False)
         t.save_logs_and_checkpoints = types.MethodType(m["save_logs_and_checkpoints"], t)
@@ -420,28 +403,13 @@ def _critic_run(o, per_rank: list[list[tuple[int, float, float]]], gas: int) -> 
             def __call__(self, sequences, action_mask=None, **kw):
                 return by_id[id(sequences)]._values.clone(), types.SimpleNamespace(aux_loss=0.0)
 
-        class Buffer(torch.utils.data.Dataset):
-            sample_batch_size = 1
-
-            def __len__(self):
-                return len(exps)
-
-            def __getitem__(self, i):
-                return exps[i]
-
-            @staticmethod
-            def collate_fn(xs):
-                return xs[0]
-
-        strategy = types.SimpleNamespace(
-            ring_attn_group=None, accumulated_gradient=gas, is_rank_0=lambda: r == 0,
-            all_reduce=F.strategy_all_reduce, backward=lambda *a, **k: None, optimizer_step=lambda *a, **k: None,
-            get_grad_norm=lambda model: 0.0)
+        strategy = F.openrlhf_strategy(r, gas)
         args = types.SimpleNamespace(train=types.SimpleNamespace(dynamic_batch_enable=False),
                                      ds=types.SimpleNamespace(tensor_parallel_size=1),
                                      actor=types.SimpleNamespace(aux_loss_coef=0.0))
         trainer = types.SimpleNamespace(
-            args=args, strategy=strategy, replay_buffer=Buffer(), dataloader_pin_memory=False, max_epochs=1,
+            args=args, strategy=strategy, replay_buffer=F.openrlhf_buffer(exps), dataloader_pin_memory=False,
+            max_epochs=1,
             critic=Critic(), critic_loss_fn=c.ValueLoss(0.2), aux_loss=False, critic_optim=None,
             critic_scheduler=types.SimpleNamespace(get_last_lr=lambda: [1e-6]))
         trainer.training_step = types.MethodType(c.training_step, trainer)
