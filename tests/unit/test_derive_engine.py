@@ -291,3 +291,36 @@ def test_shipped_kl_rules(tmp_path):
         assert d.apply(m, step=step) == []
     assert len(d.notes) == 1 and "division by zero" in d.notes[0]
     assert not math.isnan(0.0)
+
+
+# ------------------------------------------------------------------------------------------------ older names
+OLD_NAME_RULE = rule("reward/kl_penalty/token_mean", "-config.kl_coef * kl/ref",
+                     "    forbid_approximate: [kl/ref]\n")     # kl/ref: canonical@1.0.0's name of kl/ref/k3
+
+
+def test_a_rule_written_for_an_older_canonical_version_reads_the_renamed_metric(tmp_path):
+    path = rules_file(tmp_path, OLD_NAME_RULE)
+    with pytest.warns(FutureWarning) as caught:
+        rs = load_rules([path])
+    msg = str(caught[0].message)
+    assert f"{path}:" in msg and "'kl/ref'" in msg and "'kl/ref/k3'" in msg and "reward/kl_penalty/token_mean" in msg
+    (mine,) = [r for r in rs if r.file == path]
+    assert mine.inputs == ["kl/ref/k3"] and mine.forbid_approximate == ["kl/ref/k3"]
+    m = {"kl/ref/k3": 2.0}
+    assert Deriver(rs, config={"kl_coef": 0.1}).apply(m) == ["reward/kl_penalty/token_mean"]
+    assert m["reward/kl_penalty/token_mean"] == pytest.approx(-0.2)
+
+
+def test_a_user_rules_file_with_an_older_name_works_through_the_translator(tmp_path):
+    from trackbridge.translate import Translator
+    path = rules_file(tmp_path, OLD_NAME_RULE)
+    with pytest.warns(FutureWarning, match="kl/ref/k3"):
+        t = Translator("canonical", mappings=[path], derive=True, config={"kl_coef": 0.5})
+        out = t.translate({"kl/ref/k3": 0.25}, step=3)
+    assert out.metrics["reward/kl_penalty/token_mean"] == pytest.approx(-0.125)
+    assert "reward/kl_penalty/token_mean" in out.derived
+
+
+def test_a_name_that_is_no_older_canonical_name_is_still_an_error(tmp_path):
+    with pytest.raises(RuleError, match="unknown canonical name 'kl/reff'"):
+        load_rules([rules_file(tmp_path, rule("reward/kl_penalty/token_mean", "kl/reff * 2"))])

@@ -35,7 +35,8 @@ def rules_for(registry: Registry, extra_paths: Iterable[str] | None = None) -> R
     rules = _CACHE.get(key)
     if rules is None:
         canon = registry.canonical
-        rules = load_rules(extra, canonical=lambda n: canon.find(n) is not None, config_names=set(canon.config))
+        rules = load_rules(extra, canonical=lambda n: canon.find(n) is not None, config_names=set(canon.config),
+                           upgrade=canon.upgrade)
         _CACHE[key] = rules
     return rules
 

@@ -395,6 +395,13 @@ def _walk(node: Node) -> Iterator[Node]:
         yield from _walk(node.arg)
 
 
+def rename(node: Node, new_name: Callable[[str], str]) -> None:
+    """Replace, in place, every metric name the formula reads by ``new_name(name)``."""
+    for n in _walk(node):
+        if isinstance(n, Name):
+            n.name = new_name(n.name)
+
+
 def names_of(node: Node) -> list[str]:
     """Metric names the formula reads, in order of first appearance."""
     return list(dict.fromkeys(n.name for n in _walk(node) if isinstance(n, Name)))

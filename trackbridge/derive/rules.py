@@ -36,6 +36,7 @@ line and rule.
 from __future__ import annotations
 
 import heapq
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -43,11 +44,13 @@ from typing import Any, Callable, Iterable, Iterator
 from ..schema.jsonschema import SchemaError, json_path, load_schema, validate
 from ..schema.paths import mappings_dir
 from ..schema.templates import TemplateError, compile_template, fill, is_template, may_overlap, shape, template_regex
+from ..schema.versions import version_key
 from ..schema.yamlfile import LineDict, MappingError, line_of, load_yaml
 from . import expr as E
 
 __all__ = ["FORMAT", "RuleError", "RuleErrors", "Rule", "RuleSet", "CanonicalNames", "load_rules", "parse_rules",
-           "order_rules", "shipped_canonical", "mappings_dir", "fill", "is_template", "may_overlap", "template_regex"]
+           "order_rules", "shipped_canonical", "shipped_upgrade", "mappings_dir", "fill", "is_template", "may_overlap",
+           "template_regex"]
 
 FORMAT = "trackbridge.derived/1"
 
@@ -95,9 +98,39 @@ class CanonicalNames:
 
 def shipped_canonical() -> tuple[set[str], set[str]]:
     """(metric names, config names) of the shipped ``canonical.yaml``, read with the mapping files' loader."""
-    path = mappings_dir() / "canonical.yaml"
-    data = load_yaml(path) or {}
+    data = load_yaml(mappings_dir() / "canonical.yaml") or {}
     return set((data.get("metrics") or {}).keys()), set((data.get("config") or {}).keys())
+
+
+def shipped_upgrade() -> Callable[[str], str]:
+    """Old canonical name -> current one, by the ``versions:`` renames of the shipped ``canonical.yaml``."""
+    data = load_yaml(mappings_dir() / "canonical.yaml") or {}
+    steps = [dict((v or {}).get("rename_metrics") or {}) for _, v in
+             sorted((data.get("versions") or {}).items(), key=lambda kv: version_key(str(kv[0])))]
+
+    def upgrade(name: str) -> str:
+        for renames in steps:
+            name = renames.get(name, name)
+        return name
+    return upgrade
+
+
+def _current_names(canonical: CanonicalNames, upgrade: Callable[[str], str] | None, file: str,
+                   line: int | None, rule: str) -> Callable[[str], str]:
+    """A name as the rule should read it: an older schema version's name (``versions:`` renames of
+    canonical.yaml) becomes the current one, with a :class:`FutureWarning` naming file, line and both names, so a
+    rules file written for an older canonical version keeps working and says what to change."""
+    def current(name: str) -> str:
+        if upgrade is None or name in canonical:
+            return name
+        new = upgrade(name)
+        if new != name and new in canonical:
+            warnings.warn(f"{file}:{line}: rule {rule!r}: {name!r} is an older canonical name of {new!r} "
+                          f"(canonical.yaml versions:); read as {new!r}, rename it in the file", FutureWarning,
+                          stacklevel=2)
+            return new
+        return name
+    return current
 
 
 # ------------------------------------------------------------------------------------------------ rules
@@ -187,7 +220,8 @@ def _template_names(text: str, file: str, line: int | None, rule: str) -> list[s
         raise RuleError(str(exc), file, line, rule) from None
 
 
-def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_names: set[str] | None) -> Rule:
+def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_names: set[str] | None,
+                upgrade: Callable[[str], str] | None = None) -> Rule:
     """One rule of a file the schema accepted: the checks of meaning (formula, names, placeholders, conditions)."""
     line = raw.line
     name, formula = raw["name"], raw["formula"]
@@ -197,6 +231,8 @@ def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_name
     except E.ExprError as exc:
         # report the line of the formula; for a block scalar the text starts on the next line
         raise RuleError(f"formula: {exc}", file, fline + ("formula" in raw.block_keys), name) from None
+    name = _current_names(canonical, upgrade, file, nline, name)(name)
+    E.rename(ast, _current_names(canonical, upgrade, file, fline, name))
     inputs, cfg = E.names_of(ast), E.config_of(ast)
     out_ph = set(_template_names(name, file, nline, name))
     if name not in canonical:
@@ -233,7 +269,8 @@ def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_name
         if config_names is not None and c not in config_names:
             raise RuleError(f"requires.config_absent names unknown config name {c!r}", file,
                             line_of(raw, "requires"), name)
-    rule.forbid_approximate = _names(raw.get("forbid_approximate"))
+    current = _current_names(canonical, upgrade, file, line_of(raw, "forbid_approximate", line), name)
+    rule.forbid_approximate = [current(n) for n in _names(raw.get("forbid_approximate"))]
     for n in rule.forbid_approximate:
         if n not in inputs:
             raise RuleError(f"forbid_approximate names {n!r}, which the formula does not read", file,
@@ -272,10 +309,11 @@ def read_rules_file(file: str) -> Any:
     return doc
 
 
-def parse_rules(file: str, canonical: CanonicalNames, config_names: set[str] | None) -> list[Rule]:
-    """Load and check one rules file."""
+def parse_rules(file: str, canonical: CanonicalNames, config_names: set[str] | None,
+                upgrade: Callable[[str], str] | None = None) -> list[Rule]:
+    """Load and check one rules file. ``upgrade``: older canonical name -> current one (see ``load_rules``)."""
     doc = read_rules_file(file)
-    return [_parse_rule(r, file, canonical, config_names) for r in doc["rules"] or []]
+    return [_parse_rule(r, file, canonical, config_names, upgrade) for r in doc["rules"] or []]
 
 
 def order_rules(rules: list[Rule]) -> list[Rule]:
@@ -354,13 +392,19 @@ def _apply_overrides(shipped: list[Rule], user: list[Rule]) -> list[Rule]:
 
 
 def load_rules(paths: list[str] | None = None, *, canonical: Iterable[str] | Callable[[str], bool] | None = None,
-               config_names: Iterable[str] | None = None, shipped: bool = True) -> RuleSet:
+               config_names: Iterable[str] | None = None, shipped: bool = True,
+               upgrade: Callable[[str], str] | None = None) -> RuleSet:
     """Load the shipped ``derived.yaml`` (unless ``shipped=False``) plus user rule files, check and order them.
 
     ``canonical``: the canonical metric names (a set, templates included) or a callable ``name -> bool``; default:
     the names of the shipped ``canonical.yaml``. ``config_names``: canonical config names (default: the shipped
-    ``canonical.yaml``'s ``config:`` section). Raises :class:`RuleError` naming file, line and rule.
+    ``canonical.yaml``'s ``config:`` section). ``upgrade``: an older canonical name -> the current one (the
+    ``versions:`` renames); a rule reading an older name reads the current one, with a :class:`FutureWarning`.
+    Default: the shipped ``canonical.yaml``'s renames when ``canonical`` is defaulted too, else none.
+    Raises :class:`RuleError` naming file, line and rule.
     """
+    if upgrade is None and canonical is None:
+        upgrade = shipped_upgrade()
     if canonical is None or config_names is None:
         metric_names, cfg_names = shipped_canonical()
         if canonical is None:
@@ -373,7 +417,7 @@ def load_rules(paths: list[str] | None = None, *, canonical: Iterable[str] | Cal
     if shipped:
         files.append(str(mappings_dir() / "derived.yaml"))
     files.extend(str(p) for p in (paths or []))
-    per_file = [parse_rules(f, names, cfg) for f in files]
+    per_file = [parse_rules(f, names, cfg, upgrade) for f in files]
     if shipped and per_file:
         per_file[0] = _apply_overrides(per_file[0], [r for rules in per_file[1:] for r in rules])
     # user files first (later files first), the shipped file last: for one output, user rules are tried first
