@@ -346,6 +346,21 @@ def test_presets(report):
     assert set(PRESETS) == {"effectiveness", "stability", "efficiency", "data"}
 
 
+def test_an_older_canonical_name_still_selects_its_metric(tmp_path):
+    """A dashboard or script written for canonical@1.0.0 asks for ``kl/ref``: the metric is now ``kl/ref/k3``
+    (canonical.yaml versions:), compared under its current name, and the report says so."""
+    res = compare_runs([GRPO, VERL], metrics="kl/ref,eval/kl/old_policy,kl/old_policy_k2", out=tmp_path / "old")
+    assert "kl/ref/k3" in [m.name for m in res.metrics]
+    assert any("kl/ref is an older canonical name of kl/ref/k3" in w for w in res.warnings)
+    assert "kl/ref is an older canonical name" in (tmp_path / "old" / "summary.md").read_text()
+    assert res.missing == ["eval/kl/old_policy (now eval/kl/old_policy/k1)", "kl/old_policy_k2 (now kl/old_policy/k2)"]
+    renamed: dict[str, str] = {}
+    assert select("kl/ref", ["kl/ref/k3"], upgrade=lambda n: n + "/k3" if n == "kl/ref" else n,
+                  renamed=renamed) == (["kl/ref/k3"], [])
+    assert renamed == {"kl/ref": "kl/ref/k3"}
+    assert select("kl/ref", ["kl/ref/k3"]) == ([], ["kl/ref"])          # no upgrade asked for: as written
+
+
 def test_single_run_report(tmp_path):
     res = compare_runs([VERL], out=tmp_path / "one")
     assert res.html.is_file() and len(res.pngs) == len(res.metrics) > 10

@@ -103,8 +103,12 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         m = schema.find(name) if schema is not None else None
         return bool(m is not None and getattr(m, "axis", False)) or name.startswith("progress/")
 
-    chosen, missing = select(metrics, available, is_axis=is_axis)
+    renamed: dict[str, str] = {}
+    chosen, missing = select(metrics, available, is_axis=is_axis, upgrade=schema.upgrade, renamed=renamed)
     result.missing = missing
+    for old, new in renamed.items():
+        result.warnings.append(f"{old} is an older canonical name of {new} (canonical.yaml versions:); "
+                               f"compared as {new}")
     axes = {r.label: run_axis(r, x) for r in runs}
     if x != "step" and not any(a.available for a in axes.values()):
         result.warnings.insert(0, f"no run has a {x} axis, so the charts are empty (the tables do not depend on "

@@ -49,11 +49,14 @@ def order_key(name: str) -> tuple:
 
 
 def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
-           is_axis: Callable[[str], bool] = lambda n: False) -> tuple[list[str], list[str]]:
+           is_axis: Callable[[str], bool] = lambda n: False, upgrade: Callable[[str], str] | None = None,
+           renamed: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
     """The metrics to chart, in report order, and what was asked for but found in no run.
 
     ``spec``: ``None`` (every metric of every run except progress axes), a preset name, a canonical name, a
-    pattern (``kl/*``), or a comma-separated list or a list of those."""
+    pattern (``kl/*``), or a comma-separated list or a list of those. ``upgrade``: an older canonical name -> the
+    current one (canonical.yaml ``versions:``), so a name from an older dashboard still finds its metric; each such
+    name is added to ``renamed`` (old -> new) for the caller to report."""
     avail = list(dict.fromkeys(available))
     if spec is None:
         return sorted((n for n in avail if not is_axis(n)), key=order_key), []
@@ -73,9 +76,15 @@ def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
             if not hits:
                 missing.append(item)
         else:
+            asked = item
+            if item not in avail and upgrade is not None:
+                _, base = SPLITS.split_canonical(item)
+                item = item[:len(item) - len(base)] + upgrade(base)
             hits = [item] if item in avail else []
+            if hits and item != asked and renamed is not None:
+                renamed[asked] = item
             if not hits:
-                missing.append(item)
+                missing.append(asked if item == asked else f"{asked} (now {item})")
         chosen.update(dict.fromkeys(hits))
     return list(chosen), missing
 
