@@ -239,3 +239,31 @@ def test_broken_or_disabled_cache_falls_back(monkeypatch, tmp_path):
     other = tmp_path / "off"
     reg = _fresh_load(monkeypatch, other)
     assert "trl" in reg.frameworks and not other.exists()
+
+
+def test_compiled_cache_keeps_only_the_most_recently_used(monkeypatch, tmp_path):
+    """Each edited user file or new release compiles a new registry; the folder does not grow without bound."""
+    import os
+
+    from trackbridge.schema.cache import KEEP
+    monkeypatch.delenv("TRACKBRIDGE_NO_CACHE", raising=False)
+    _fresh_load(monkeypatch, tmp_path)
+    (mine,) = tmp_path.glob("registry-*.pickle")
+    stale = []
+    for i in range(KEEP + 5):                                # older entries, oldest first
+        f = tmp_path / f"registry-{i:032d}.pickle"
+        f.write_bytes(b"old")
+        os.utime(f, (1_000_000 + i, 1_000_000 + i))
+        stale.append(f)
+    os.utime(mine, (0, 0))                                   # least recent of all, until it is read again
+    other = tmp_path / "notes.txt"
+    other.write_text("not a registry")
+    _fresh_load(monkeypatch, tmp_path)                       # a read marks the file used
+    user = tmp_path / "mine.yaml"
+    user.write_text("format: trackbridge.mapping/1\nframework: verl\nentries:\n"
+                    "  - {key: my/a, canonical: reward/score/mean, reverse: false, source: my.py@v1}\n")
+    _fresh_load(monkeypatch, tmp_path, [user])               # a new file written: the folder is pruned
+    left = set(tmp_path.glob("registry-*.pickle"))
+    assert len(left) == KEEP and mine in left and other.exists()
+    assert left - {mine} - set(stale) != set()              # the one just written
+    assert set(stale[-(KEEP - 2):]) <= left and not set(stale[:-(KEEP - 2)]) & left

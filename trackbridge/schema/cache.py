@@ -3,7 +3,9 @@
 Loading ~3,600 lines of YAML and checking them takes 0.3-0.6 s; the compiled copy loads in a few ms. The key covers
 every file's path and content, trackbridge's and Python's versions, so any edit recompiles. A cache that cannot be
 read or written is ignored: the files are then parsed as usual. TRACKBRIDGE_NO_CACHE=1 turns it off;
-TRACKBRIDGE_CACHE_DIR moves it (default: $XDG_CACHE_HOME/trackbridge or ~/.cache/trackbridge).
+TRACKBRIDGE_CACHE_DIR moves it (default: $XDG_CACHE_HOME/trackbridge or ~/.cache/trackbridge). Every edit of a
+user's mapping file, and every trackbridge release, makes a new file: after writing one, only the :data:`KEEP` most
+recently used are kept (a read marks a file used).
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .paths import mappings_dir
+
+KEEP = 16           # compiled registries kept in the cache folder, most recently used first
 
 
 def cache_key(files: list[str]) -> str | None:
@@ -49,9 +53,14 @@ def read_compiled(path: Path) -> Any:
     import pickle
     try:
         with open(path, "rb") as fh:
-            return pickle.load(fh)
+            reg = pickle.load(fh)
     except Exception:           # missing, partial, from another layout: recompile
         return None
+    try:
+        os.utime(path)          # used: kept by the pruning in write_compiled
+    except OSError:
+        pass
+    return reg
 
 
 def write_compiled(path: Path, reg: Any) -> None:
@@ -67,5 +76,20 @@ def write_compiled(path: Path, reg: Any) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        prune(path.parent, keep=KEEP)
     except Exception:
         pass                    # a read-only home or full disk: the mappings still load, just not faster
+
+
+def prune(folder: Path, keep: int = KEEP) -> None:
+    """Delete all but the ``keep`` most recently used compiled registries in ``folder`` (other files untouched)."""
+    def used(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+    for old in sorted(folder.glob("registry-*.pickle"), key=used, reverse=True)[keep:]:
+        try:
+            old.unlink()
+        except OSError:
+            pass                # another process removed or holds it: not ours to insist
