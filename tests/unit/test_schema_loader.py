@@ -77,6 +77,8 @@ def test_valid_files_load(tmp_path):
     (FW.replace("since: v0.2}", "since: v9.9}"), 10, "not in the framework's `releases`"),
     (FW.replace('canonical: "time/{stage}"', "canonical: time/step"), 9, "placeholders"),
     (FW + "  - {key: ent2, canonical: policy/entropy, source: x@v0.1}\n", 8, "ambiguous"),
+    (FW.replace("since: v0.2}", "since: v0.2, when: {config: {m: {in: []}}}}"), 10, "'in' takes a list"),
+    (FW.replace("since: v0.2}", "since: v0.2, when: {config: {m: {in: k1}}}}"), 10, "'in' takes a list"),
 ])
 def test_bad_entries_are_named_with_file_and_line(tmp_path, bad, line, needle):
     with pytest.raises(MappingError) as info:
@@ -267,3 +269,19 @@ def test_compiled_cache_keeps_only_the_most_recently_used(monkeypatch, tmp_path)
     assert len(left) == KEEP and mine in left and other.exists()
     assert left - {mine} - set(stale) != set()              # the one just written
     assert set(stale[-(KEEP - 2):]) <= left and not set(stale[:-(KEEP - 2)]) & left
+
+
+def test_when_in_matches_any_of_its_values(tmp_path):
+    """``when: {config: {KEY: {in: [a, b]}}}``: the entry applies when the config value is one of the list."""
+    from trackbridge.translate import Translator
+    fw = FW.replace("  - {key: ent, canonical: policy/entropy, source: toy.py@v0.1}\n",
+                    "  - {key: ent, canonical: policy/entropy, source: toy.py@v0.1,"
+                    " when: {config: {m: {in: [a, a+]}}}}\n"
+                    "  - {key: ent, canonical: time/step, source: toy.py@v0.1, reverse: false}\n")
+    reg = _load(tmp_path, fw)
+    (cond,) = [e for e in reg.frameworks["toy"].entries if e.when]
+    assert cond.condition_holds({"m": "a+"}) is True and cond.condition_holds({"m": "b"}) is False
+    assert cond.condition_holds({}) is None
+    for m, want in (("a", "policy/entropy"), ("a+", "policy/entropy"), ("b", "time/step")):
+        out = Translator("toy@v0.3", "canonical", registry=reg, config={"m": m}).translate({"ent": 1.0}).metrics
+        assert out == {want: 1.0}, (m, out)

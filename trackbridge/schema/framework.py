@@ -208,10 +208,16 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
                     if isinstance(v, dict):       # a comparison: {KEY: {gt: 1}}
                         if len(v) != 1 or next(iter(v)) not in _WHEN_OPS:
                             errors.append(MappingError(
-                                f"when: {k}: a comparison is one of {{ne|gt|ge|lt|le: VALUE}}, not {dict(v)!r}",
-                                file=f, line=line, entry=label))
+                                f"when: {k}: a comparison is one of {{ne|gt|ge|lt|le: VALUE}} or {{in: [VALUE, ...]}}, "
+                                f"not {dict(v)!r}", file=f, line=line, entry=label))
                             continue
                         op, val = next(iter(v.items()))
+                        if op == "in":
+                            if not isinstance(val, list) or not val:
+                                errors.append(MappingError(f"when: {k}: 'in' takes a list of values, not {val!r}",
+                                                           file=f, line=line, entry=label))
+                                continue
+                            val = tuple(val)
                         v = Cond(str(op), val)
                     items.append((str(k), v))
                 when_items = tuple(sorted(items, key=lambda kv: kv[0]))

@@ -84,17 +84,20 @@ class CanonicalSchema:
 
 
 _OPS = {"ne": (operator.ne, "!="), "gt": (operator.gt, ">"), "ge": (operator.ge, ">="), "lt": (operator.lt, "<"),
-        "le": (operator.le, "<=")}
+        "le": (operator.le, "<="), "in": (lambda have, values: have in values, " in ")}
 
 
 @dataclass(frozen=True)
 class Cond:
-    """A ``when:`` test other than equality, written ``{KEY: {gt: 1}}`` (ops: ne, gt, ge, lt, le)."""
+    """A ``when:`` test other than equality, written ``{KEY: {gt: 1}}`` (ops: ne, gt, ge, lt, le) or
+    ``{KEY: {in: [a, b]}}`` (any of the values; ``value`` is then a tuple)."""
     op: str
     value: Any
 
     def test(self, have: Any) -> bool | None:
         """True/False; None when the config value cannot be compared (then the config does not say)."""
+        if self.op == "in":
+            return have in self.value
         if isinstance(have, str) and not isinstance(self.value, str):
             try:
                 have = float(have)
@@ -106,6 +109,8 @@ class Cond:
             return None
 
     def __str__(self) -> str:
+        if self.op == "in":
+            return f" in {{{', '.join(str(v) for v in self.value)}}}"
         return f"{_OPS[self.op][1]}{self.value}"
 
 
