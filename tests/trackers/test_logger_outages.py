@@ -286,7 +286,10 @@ def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell
         silent.close()
     p99 = statistics.quantiles(times, n=100)[98]
     p99_base = statistics.quantiles(base_times, n=100)[98]
-    assert p99 < max(3 * p99_base, 0.002), f"log() p99 {p99 * 1e6:.0f} us against {p99_base * 1e6:.0f} us without it"
+    # Blocking on the hung server would cost seconds (a socket timeout) or, with the queue full, every later call;
+    # the floor (20 ms) is far below either and above what a loaded 2-core machine adds to a busy thread's p99
+    # (seen: 5 ms with another test suite running beside this one).
+    assert p99 < max(3 * p99_base, 0.02), f"log() p99 {p99 * 1e6:.0f} us against {p99_base * 1e6:.0f} us without it"
     assert max(times) < 0.5
     assert took < 15, f"finish() took {took:.1f} s"
     # the other tracker got everything, once
