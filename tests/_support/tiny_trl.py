@@ -40,3 +40,20 @@ def build_tiny_model(path: Path) -> str:
 def sentences(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5))) for _ in range(n)]
+
+
+def log_recorder():
+    """A TrainerCallback keeping a copy of every dict that reached ``on_log``: ``.logs`` (the dicts) and
+    ``.stepped`` (``(global_step, dict)`` pairs)."""
+    import transformers
+
+    class Recorder(transformers.TrainerCallback):
+        def __init__(self) -> None:
+            self.logs: list[dict] = []
+            self.stepped: list[tuple[int, dict]] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append(dict(logs or {}))
+            self.stepped.append((state.global_step, self.logs[-1]))
+
+    return Recorder()

@@ -24,15 +24,7 @@ from trackbridge.derive import make_deriver  # noqa: E402
 from trackbridge.schema.loader import load_registry  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
 
-from _support.tiny_trl import build_tiny_model, sentences  # noqa: E402
-
-
-class Recorder(transformers.TrainerCallback):
-    def __init__(self):
-        self.logs = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append(dict(logs or {}))
+from _support.tiny_trl import build_tiny_model, log_recorder, sentences  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +64,7 @@ def test_dpo_reward_margin_derived_back(tmp_path, tiny_model):
     n = 16
     ds = datasets.Dataset.from_dict({"prompt": sentences(n, 2), "chosen": sentences(n, 3),
                                      "rejected": sentences(n, 4)})
-    rec = Recorder()
+    rec = log_recorder()
     trainer = DPOTrainer(model=tiny_model, args=DPOConfig(**_args(tmp_path, max_steps=4, learning_rate=5e-3),
                                                            max_length=16, beta=0.1, eval_strategy="steps",
                                                            eval_steps=2, per_device_eval_batch_size=4),
@@ -97,7 +89,7 @@ def test_grpo_clip_region_derived_back(tmp_path, tiny_model):
     args = GRPOConfig(**_args(tmp_path, max_steps=6, learning_rate=5e-2), num_generations=4,
                       max_completion_length=8, beta=0.0, num_iterations=3, epsilon=1e-4, epsilon_high=1e-4,
                       temperature=1.0)
-    rec = Recorder()
+    rec = log_recorder()
     GRPOTrainer(model=tiny_model, reward_funcs=[length_reward], args=args, train_dataset=ds,
                 callbacks=[rec]).train()
     pairs = _hide_and_derive(rec.logs, "trl/grpo@1.16.0", "clip_ratio/region_mean", "policy/clip_frac")

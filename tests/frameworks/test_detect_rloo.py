@@ -121,19 +121,13 @@ def test_rloo_0_11_translated_with_its_own_meanings(reg):
 @pytest.mark.integration
 def test_real_trl_rloo_and_grpo_told_apart_by_their_config(tmp_path):
     pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
-    from _support.tiny_trl import build_tiny_model, sentences
+    from _support.tiny_trl import build_tiny_model, log_recorder, sentences
 
-    class Recorder(transformers.TrainerCallback):
-        def __init__(self):
-            self.logs = []
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            self.logs.append(dict(logs or {}))
 
     def length_reward(completions, **kwargs):
         return [float(len(c.split())) for c in completions]
@@ -147,7 +141,7 @@ def test_real_trl_rloo_and_grpo_told_apart_by_their_config(tmp_path):
     runs = {}
     for name, cfg_cls, trainer_cls, kw in (("grpo", GRPOConfig, GRPOTrainer, {"beta": 0.04}),
                                           ("rloo", RLOOConfig, RLOOTrainer, {})):
-        rec = Recorder()
+        rec = log_recorder()
         args = cfg_cls(output_dir=str(tmp_path / name), **common, **kw)
         trainer_cls(model=model, reward_funcs=[length_reward], args=args, train_dataset=ds,
                     callbacks=[rec]).train()

@@ -27,17 +27,9 @@ from trackbridge.replay import iter_spool  # noqa: E402
 from trackbridge.sources import open_source  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
 
-from _support.tiny_trl import WORDS, build_tiny_model  # noqa: E402
+from _support.tiny_trl import WORDS, build_tiny_model, log_recorder  # noqa: E402
 
 TRL_VERSION = "1.16.0"
-class Recorder(transformers.TrainerCallback):
-    """Keeps a copy of every dict that reached on_log, with the step."""
-
-    def __init__(self):
-        self.logs = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append((state.global_step, dict(logs or {})))
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +66,11 @@ def _check(tmp_path, callback, recorder, trainer_id):
     assert callback.source == f"trl/{trainer_id}@{TRL_VERSION}", callback.source
     st = callback.run.status
     assert st["finished"] and all(s["state"] == "closed" for s in st["sinks"]), callback.run.summary()
-    assert recorder.logs, "nothing reached on_log"
+    assert recorder.stepped, "nothing reached on_log"
     tr = Translator(f"trl/{trainer_id}@{TRL_VERSION}")
     expected: list[tuple[int, dict]] = []
     unmapped: dict[str, None] = {}
-    for step, logs in recorder.logs:
+    for step, logs in recorder.stepped:
         res = tr.translate(logs)
         for k in res.unmapped:
             unmapped[k] = None
@@ -140,12 +132,12 @@ def test_grpo_two_named_rewards_with_kl(tmp_path, tiny_model):
     ds = datasets.Dataset.from_dict({"prompt": prompts})
     args = GRPOConfig(**_common_args(tmp_path), num_generations=2, max_completion_length=8, beta=0.1,
                       temperature=1.0)
-    cb, rec = _callback(tmp_path, "grpo"), Recorder()
+    cb, rec = _callback(tmp_path, "grpo"), log_recorder()
     trainer = GRPOTrainer(model=tiny_model, reward_funcs=[format_reward, length_reward], args=args,
                           train_dataset=ds, callbacks=[rec, cb])
     trainer.train()
     expected = _check(tmp_path, cb, rec, "grpo")
-    keys = set().union(*(logs for _s, logs in rec.logs))
+    keys = set().union(*(logs for _s, logs in rec.stepped))
     assert {"kl", "rewards/format_reward/mean", "rewards/length_reward/mean", "train_runtime"} <= keys, keys
     names = set().union(*(m for _s, m in expected))
     assert "kl/ref/k3" in names and any("format_reward" in n for n in names), names
@@ -162,7 +154,7 @@ def test_dpo(tmp_path, tiny_model):
                                      "rejected": _sentences(n, 4)})
     args = DPOConfig(**_common_args(tmp_path), max_length=16, beta=0.1, eval_strategy="steps", eval_steps=2,
                      per_device_eval_batch_size=2)
-    cb, rec = _callback(tmp_path, "dpo"), Recorder()
+    cb, rec = _callback(tmp_path, "dpo"), log_recorder()
     trainer = DPOTrainer(model=tiny_model, args=args, train_dataset=ds, eval_dataset=ds.select(range(4)),
                          callbacks=[rec, cb])
     trainer.train()
@@ -179,7 +171,7 @@ def test_sft_and_evaluate_after_training(tmp_path, tiny_model):
     # beside report_to: transformers' own TensorBoard callback keeps writing its train/... tags
     args = SFTConfig(**{**_common_args(tmp_path), "report_to": ["tensorboard"]}, max_length=16,
                      per_device_eval_batch_size=2)
-    cb, rec = _callback(tmp_path, "sft"), Recorder()
+    cb, rec = _callback(tmp_path, "sft"), log_recorder()
     trainer = SFTTrainer(model=tiny_model, args=args, train_dataset=ds, eval_dataset=ds.select(range(4)),
                          callbacks=[rec, cb])
     trainer.train()
@@ -207,14 +199,14 @@ def test_plain_transformers_trainer(tmp_path, tiny_model):
     ds = datasets.Dataset.from_dict({"input_ids": ids, "labels": [[t if t != tok.pad_token_id else -100 for t in e]
                                                                  for e in ids]})
     args = TrainingArguments(**{**_common_args(tmp_path), "max_steps": 2})
-    cb, rec = _callback(tmp_path, "plain"), Recorder()
+    cb, rec = _callback(tmp_path, "plain"), log_recorder()
     trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(tiny_model), args=args, train_dataset=ds,
                       callbacks=[rec, cb])
     trainer.train()
     assert cb.source == f"trl@{TRL_VERSION}" and cb.trainer_class == "Trainer"
     spool = [r for _s, r in iter_spool(cb.run.spool_path)]
-    assert [r.step for r in spool] == [s for s, _l in rec.logs] == [1, 2, 2]
-    for (_s, logs), r in zip(rec.logs, spool):
+    assert [r.step for r in spool] == [s for s, _l in rec.stepped] == [1, 2, 2]
+    for (_s, logs), r in zip(rec.stepped, spool):
         res = Translator(f"trl@{TRL_VERSION}").translate(logs)
         assert res.unmapped == [] and set(res.metrics) <= set(r.metrics)
     assert "loss/total" in spool[0].metrics and "train/runtime" in spool[-1].metrics

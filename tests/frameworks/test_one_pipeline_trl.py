@@ -15,7 +15,7 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 from _support import load_test_module  # noqa: E402
-from _support.tiny_trl import build_tiny_model, sentences  # noqa: E402
+from _support.tiny_trl import build_tiny_model, log_recorder, sentences  # noqa: E402
 
 _one = load_test_module("trackers/test_one_pipeline.py")      # the checks of the one-pipeline test, on these runs
 _raw_records, check_cli, check_compare = _one._raw_records, _one.check_cli, _one.check_compare
@@ -24,12 +24,6 @@ check_logger_replay_migrate, reference_for = _one.check_logger_replay_migrate, _
 TARGETS = ["canonical", "trl@1.16.0", "trl@0.20.0", "verl", "openrlhf"]
 
 
-class Recorder(transformers.TrainerCallback):
-    def __init__(self):
-        self.logs = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append((state.global_step, dict(logs or {})))
 
 
 def _args(tmp_path):
@@ -49,19 +43,19 @@ def runs(tmp_path_factory):
     def reward_len(completions, **kwargs):
         return [-len(c.split()) / 10 for c in completions]
 
-    rec = Recorder()
+    rec = log_recorder()
     GRPOTrainer(model=model, reward_funcs=[reward_len],
                 args=GRPOConfig(**_args(base / "g"), num_generations=2, max_completion_length=8, beta=0.1),
                 train_dataset=datasets.Dataset.from_dict({"prompt": sentences(8, 1)}), callbacks=[rec]).train()
-    out["grpo"] = rec.logs
+    out["grpo"] = rec.stepped
     n = 8
     ds = datasets.Dataset.from_dict({"prompt": sentences(n, 2), "chosen": sentences(n, 3),
                                      "rejected": sentences(n, 4)})
-    rec = Recorder()
+    rec = log_recorder()
     DPOTrainer(model=model, args=DPOConfig(**_args(base / "d"), max_length=16, beta=0.1, eval_strategy="steps",
                                            eval_steps=2, per_device_eval_batch_size=2),
                train_dataset=ds, eval_dataset=ds.select(range(4)), callbacks=[rec]).train()
-    out["dpo"] = rec.logs
+    out["dpo"] = rec.stepped
     files = {}
     for name, logs in out.items():
         f = base / f"{name}.jsonl"
