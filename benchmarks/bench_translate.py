@@ -30,7 +30,19 @@ def verl_dict(n: int = 100) -> dict[str, float]:
     stages = ["gen", "ref", "values", "adv", "update_critic", "update_actor", "step", "reward", "old_log_prob"]
     keys += [f"timing_s/{s}" for s in stages] + [f"val-core/openai/gsm8k_{i}/acc/mean@4" for i in range(40)]
     keys = list(dict.fromkeys(keys))[:n]
-    return {k: float(i) * 0.5 + 0.25 for i, k in enumerate(keys)}
+    out = {k: float(i) * 0.5 + 0.25 for i, k in enumerate(keys)}
+    if "perf/time_per_step" in out and "timing_s/step" in out:
+        # veRL logs one value under both names (metric_utils.py@v0.7.0 compute_throughout_metrics: time_per_step is
+        # timing_raw["step"]); distinct values would make every call take the rare clash path (see clash_dict)
+        out["perf/time_per_step"] = out["timing_s/step"]
+    return out
+
+
+def clash_dict(n: int = 100) -> dict[str, float]:
+    """``verl_dict`` with two names of one quantity holding different values: the clash path (kept and reported)."""
+    out = verl_dict(n)
+    out["perf/time_per_step"] = out["timing_s/step"] + 1.0
+    return out
 
 
 def measure(fn, calls: int) -> tuple[float, float]:
@@ -64,6 +76,12 @@ def main() -> None:
         med, p99 = measure(lambda: tr.translate(metrics), args.calls)
         rows.append((f"Translator -> {target}", len(metrics), first.mapped, len(first.unmapped), t_first * 1e3,
                      med, p99))
+    clash = clash_dict()
+    tr = Translator("verl@v0.7.0", "canonical", registry=reg)
+    first_clash = tr.translate(clash)
+    med, p99 = measure(lambda: tr.translate(clash), args.calls)
+    rows.append(("Translator -> canonical, one clash (two names, two values)", len(clash), first_clash.mapped,
+                 len(first_clash.unmapped), 0.0, med, p99))
     translate(metrics, source="verl@v0.7.0")           # compiled once, as any first call
     med, p99 = measure(lambda: translate(metrics, source="verl@v0.7.0"), max(args.calls // 5, 100))
     rows.append(("translate() one-shot -> canonical", len(metrics), first.mapped, len(first.unmapped), 0.0, med, p99))
