@@ -118,16 +118,16 @@ def shipped_upgrade() -> Callable[[str], str]:
 def _current_names(canonical: CanonicalNames, upgrade: Callable[[str], str] | None, file: str,
                    line: int | None, rule: str) -> Callable[[str], str]:
     """A name as the rule should read it: an older schema version's name (``versions:`` renames of
-    canonical.yaml) becomes the current one, with a :class:`FutureWarning` naming file, line and both names, so a
-    rules file written for an older canonical version keeps working and says what to change."""
+    canonical.yaml) becomes the current one, with a :class:`FutureWarning` issued at the rules file's line, naming
+    both names, so a rules file written for an older canonical version keeps working and says what to change."""
     def current(name: str) -> str:
         if upgrade is None or name in canonical:
             return name
         new = upgrade(name)
         if new != name and new in canonical:
-            warnings.warn(f"{file}:{line}: rule {rule!r}: {name!r} is an older canonical name of {new!r} "
-                          f"(canonical.yaml versions:); read as {new!r}, rename it in the file", FutureWarning,
-                          stacklevel=2)
+            warnings.warn_explicit(f"rule {rule!r}: {name!r} is an older canonical name of {new!r} (canonical.yaml "
+                                   f"versions:); read as {new!r}, rename it in the file", FutureWarning,
+                                   filename=file, lineno=line or 0)
             return new
         return name
     return current
