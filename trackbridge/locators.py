@@ -54,19 +54,23 @@ class Locator:
         return self.options.get(name, default)
 
 
+def split_label(text: str) -> tuple[str | None, str]:
+    """``(LABEL, rest)`` of ``LABEL=rest``; ``(None, text)`` when there is no label."""
+    m = _LABEL.match(text)
+    if m and ":" not in m.group(1):
+        return m.group(1), m.group(2)
+    return None, text
+
+
 def parse(text: str, *, allow_label: bool = False, kinds: tuple[str, ...] | None = None) -> Locator:
     """Parse one locator. ``allow_label`` accepts ``LABEL=KIND:LOCATION``; ``kinds``: the kinds accepted (None: any
     well-formed kind, checked later by whoever looks it up in the registry)."""
     expected = f", KIND one of {', '.join(kinds)}" if kinds else ""
     if not isinstance(text, str) or not text.strip():
         raise LocatorError(f"empty locator {text!r}: expected KIND:LOCATION{expected}")
-    raw = text.strip()
-    label = None
-    m = _LABEL.match(raw)
-    if m and ":" not in m.group(1):
-        if not allow_label:
-            raise LocatorError(f"{raw!r}: a label (LABEL=LOCATOR) is not accepted here")
-        label, raw = m.group(1), m.group(2)
+    label, raw = split_label(text.strip())
+    if label is not None and not allow_label:
+        raise LocatorError(f"{text.strip()!r}: a label (LABEL=LOCATOR) is not accepted here")
     kind, sep, rest = raw.partition(":")
     if not sep:
         raise LocatorError(f"{text!r}: missing ':' (expected KIND:LOCATION{expected})")

@@ -25,7 +25,7 @@ from .locators import parse
 from .pipeline import Pipeline, Stats
 from .record import Record, RunInfo
 from .sources.base import TIME_AXIS, Problem, RunReader
-from .trackers import kinds, make_sink, open_source, sink_class
+from .trackers import kinds, make_sink, open_source, sink_class, source_locator
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
@@ -148,7 +148,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way."""
     t0 = time.monotonic()
     out = out or sys.stdout
-    src_loc = parse(src, allow_label=True, kinds=kinds("source"))
+    src_loc = parse(source_locator(src), allow_label=True, kinds=kinds("source"))
     dst_loc = parse(dst, kinds=kinds("sink"))    # fail early on a bad destination ...
     sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
     if names != "keep":                          # ... and on a naming scheme that does not exist

@@ -291,9 +291,9 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
 
     A locator option ``from=FRAMEWORK[/TRAINER][@VERSION]`` (``console:verl.log?from=verl@v0.3.0.post1``) names
     the framework the run's names come from instead of detecting it; ``source`` does so for every run."""
-    from ..trackers import kinds, source_class
+    from ..trackers import kinds, source_class, source_locator
 
-    texts = [str(x) for x in locators]
+    texts = [source_locator(str(x)) for x in locators]
     if not texts:
         raise ValueError("compare needs at least one run locator")
     locs = parse_many(texts, kinds=kinds("source"))

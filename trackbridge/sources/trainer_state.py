@@ -101,11 +101,22 @@ class _Scanner:
 
 
 def sniff(path_or_uri: str) -> bool:
-    """A ``trainer_state.json`` file, or a folder holding one (directly or in a ``checkpoint-*`` folder)."""
+    """A ``trainer_state.json`` file (by name, or a ``.json`` file with ``"log_history"`` in its first 64 KiB:
+    a renamed copy), or a folder holding one (directly or in a ``checkpoint-*`` folder)."""
     p = Path(path_or_uri)
     if p.is_dir():
         return (p / "trainer_state.json").is_file() or any(p.glob("checkpoint-*/trainer_state.json"))
-    return p.is_file() and p.name.lower() == "trainer_state.json"
+    if not p.is_file():
+        return False
+    if p.name.lower() == "trainer_state.json":
+        return True
+    if p.suffix.lower() != ".json":
+        return False
+    try:
+        with open(p, "rb") as fh:
+            return b'"log_history"' in fh.read(65536)
+    except OSError:
+        return False
 
 
 def _find_state_file(p: Path) -> tuple[Path, list[str]]:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
-from ..locators import Locator, LocatorError, parse
+from ..locators import Locator, LocatorError, parse, split_label
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..sinks.base import Sink
@@ -156,9 +156,32 @@ def make_sink(spec: str | Locator | Sink) -> Sink:
 
 
 def open_source(spec: str | Locator) -> Source:
-    """The reader of a locator (``LABEL=`` allowed and ignored here)."""
-    loc = spec if isinstance(spec, Locator) else parse(spec, allow_label=True, kinds=kinds("source"))
+    """The reader of a locator (``LABEL=`` allowed and ignored here), or of a plain path a reader recognises
+    (see :func:`source_locator`)."""
+    loc = spec if isinstance(spec, Locator) else parse(source_locator(spec), allow_label=True, kinds=kinds("source"))
     return source_class(loc.kind)(loc.location, **loc.options)
+
+
+
+def source_locator(text: str) -> str:
+    """A run to read, as a locator: ``[LABEL=]KIND:LOCATION`` as given, or ``[LABEL=]PATH`` with the kind a
+    reader recognises the path as (:func:`guess_locator`: a TensorBoard or wandb folder, a trainer_state.json, a
+    CSV export, a console log ...). Raises :class:`~trackbridge.locators.LocatorError` for a path that does not
+    exist or that no reader recognises, naming the path and the kinds."""
+    import os
+    if not isinstance(text, str):
+        return text
+    label, rest = split_label(text.strip())
+    head = rest.split("/", 1)[0]
+    if not rest or ":" in head or rest.startswith("-"):
+        return text                                  # KIND:LOCATION (or empty): parse() says what is wrong
+    guessed = guess_locator(rest)
+    if guessed is None:
+        if not os.path.exists(rest):
+            raise LocatorError(f"{text!r}: no such file or folder (a run is KIND:LOCATION or the path of one)")
+        raise LocatorError(f"{text!r}: no reader recognises this path; name its kind, KIND:{rest}, KIND one of "
+                           f"{', '.join(kinds('source'))}")
+    return f"{label}={guessed}" if label else guessed
 
 
 def guess_locator(path: str) -> str | None:
@@ -172,7 +195,7 @@ def guess_locator(path: str) -> str | None:
 
 
 __all__ = ["Tracker", "register_tracker", "unregister_tracker", "kinds", "tracker", "sink_class", "source_class",
-           "make_sink", "open_source", "guess_locator"]
+           "make_sink", "open_source", "guess_locator", "source_locator"]
 
 # -- the built-in kinds: one line each; sniff() is tried in this order ------------------------------------------
 _T = "trackbridge.trackers."
