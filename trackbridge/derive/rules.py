@@ -36,17 +36,16 @@ line and rule.
 from __future__ import annotations
 
 import heapq
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..schema.jsonschema import SchemaError, json_path, load_schema, validate
 from ..schema.paths import mappings_dir
-from ..schema.templates import TemplateError, compile_template, fill, is_template, may_overlap, shape, template_regex
-from ..schema.versions import version_key
+from ..schema.templates import TemplateError, compile_template, fill, is_template, may_overlap, template_regex
 from ..schema.yamlfile import LineDict, MappingError, line_of, load_yaml
 from . import expr as E
+from .names import CanonicalNames, current_names, shipped_canonical, shipped_upgrade
 
 __all__ = ["FORMAT", "RuleError", "RuleErrors", "Rule", "RuleSet", "CanonicalNames", "load_rules", "parse_rules",
            "order_rules", "shipped_canonical", "shipped_upgrade", "mappings_dir", "fill", "is_template", "may_overlap",
@@ -72,65 +71,6 @@ class RuleErrors(RuleError):
         super().__init__(first.message, first.file, first.line, first.rule)
         self.errors = errors
         self.args = ("\n".join(str(e) for e in errors),)
-
-
-# ------------------------------------------------------------------------------------------------ canonical names
-class CanonicalNames:
-    """Membership test for canonical metric names: exact names, and concrete names or templates of templated ones."""
-
-    def __init__(self, names: Iterable[str] | Callable[[str], bool]):
-        self._fn: Callable[[str], bool] | None = None
-        if callable(names) and not isinstance(names, (set, frozenset, list, tuple, dict)):
-            self._fn = names
-            return
-        names = list(names)
-        self.exact = {n for n in names if not is_template(n)}
-        self.shapes = {shape(n) for n in names if is_template(n)}
-        self.regexes = [template_regex(n) for n in names if is_template(n)]
-
-    def __contains__(self, name: str) -> bool:
-        if self._fn is not None:
-            return bool(self._fn(name))
-        if not is_template(name):
-            return name in self.exact or any(r.match(name) for r in self.regexes)
-        return shape(name) in self.shapes
-
-
-def shipped_canonical() -> tuple[set[str], set[str]]:
-    """(metric names, config names) of the shipped ``canonical.yaml``, read with the mapping files' loader."""
-    data = load_yaml(mappings_dir() / "canonical.yaml") or {}
-    return set((data.get("metrics") or {}).keys()), set((data.get("config") or {}).keys())
-
-
-def shipped_upgrade() -> Callable[[str], str]:
-    """Old canonical name -> current one, by the ``versions:`` renames of the shipped ``canonical.yaml``."""
-    data = load_yaml(mappings_dir() / "canonical.yaml") or {}
-    steps = [dict((v or {}).get("rename_metrics") or {}) for _, v in
-             sorted((data.get("versions") or {}).items(), key=lambda kv: version_key(str(kv[0])))]
-
-    def upgrade(name: str) -> str:
-        for renames in steps:
-            name = renames.get(name, name)
-        return name
-    return upgrade
-
-
-def _current_names(canonical: CanonicalNames, upgrade: Callable[[str], str] | None, file: str,
-                   line: int | None, rule: str) -> Callable[[str], str]:
-    """A name as the rule should read it: an older schema version's name (``versions:`` renames of
-    canonical.yaml) becomes the current one, with a :class:`FutureWarning` issued at the rules file's line, naming
-    both names, so a rules file written for an older canonical version keeps working and says what to change."""
-    def current(name: str) -> str:
-        if upgrade is None or name in canonical:
-            return name
-        new = upgrade(name)
-        if new != name and new in canonical:
-            warnings.warn_explicit(f"rule {rule!r}: {name!r} is an older canonical name of {new!r} (canonical.yaml "
-                                   f"versions:); read as {new!r}, rename it in the file", FutureWarning,
-                                   filename=file, lineno=line or 0)
-            return new
-        return name
-    return current
 
 
 # ------------------------------------------------------------------------------------------------ rules
@@ -231,8 +171,8 @@ def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_name
     except E.ExprError as exc:
         # report the line of the formula; for a block scalar the text starts on the next line
         raise RuleError(f"formula: {exc}", file, fline + ("formula" in raw.block_keys), name) from None
-    name = _current_names(canonical, upgrade, file, nline, name)(name)
-    E.rename(ast, _current_names(canonical, upgrade, file, fline, name))
+    name = current_names(canonical, upgrade, file, nline, name)(name)
+    E.rename(ast, current_names(canonical, upgrade, file, fline, name))
     inputs, cfg = E.names_of(ast), E.config_of(ast)
     out_ph = set(_template_names(name, file, nline, name))
     if name not in canonical:
@@ -269,7 +209,7 @@ def _parse_rule(raw: LineDict, file: str, canonical: CanonicalNames, config_name
         if config_names is not None and c not in config_names:
             raise RuleError(f"requires.config_absent names unknown config name {c!r}", file,
                             line_of(raw, "requires"), name)
-    current = _current_names(canonical, upgrade, file, line_of(raw, "forbid_approximate", line), name)
+    current = current_names(canonical, upgrade, file, line_of(raw, "forbid_approximate", line), name)
     rule.forbid_approximate = [current(n) for n in _names(raw.get("forbid_approximate"))]
     for n in rule.forbid_approximate:
         if n not in inputs:
