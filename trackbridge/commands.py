@@ -24,7 +24,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                        description="Copy every run in SRC (a TensorBoard root, an MLflow experiment, a wandb folder, "
                                    "a CSV export, a trainer_state.json, a console log, a JSONL stream) into DST. "
                                    "Idempotent and resumable: running it again writes nothing twice.")
-    p.add_argument("src", help="source locator, e.g. tensorboard:runs/tb, mlflow:sqlite:///mlflow.db?experiment=x")
+    p.add_argument("src", help="source locator, e.g. tensorboard:runs/tb, mlflow:sqlite:///mlflow.db?experiment=x, "
+                               "or a path a reader recognises (runs/tb, out/trainer_state.json, verl.log)")
     p.add_argument("dst", help="destination locator, e.g. mlflow:sqlite:///new.db, tensorboard:out/tb, jsonl:out")
     p.add_argument("--from", dest="source", default="auto", help="source names: auto, canonical or "
                                                                  "FRAMEWORK[/TRAINER][@VERSION]")
@@ -58,7 +59,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                    "One run gives the same report for a single run.")
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run locator or LABEL=LOCATOR, e.g. grpo=trainer-state:out/trainer_state.json "
-                        "verl=console:verl.log")
+                        "verl=console:verl.log; a plain path a reader recognises works too (verl=verl.log)")
     p.add_argument("--metrics", default=None, metavar="NAMES|PRESET",
                    help="comma-separated canonical names, patterns (kl/*) or presets: effectiveness, stability, "
                         "efficiency, data (default: every metric)")
