@@ -54,8 +54,9 @@ def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
     """The metrics to chart, in report order, and what was asked for but found in no run.
 
     ``spec``: ``None`` (every metric of every run except progress axes), a preset name, a canonical name, a
-    pattern (``kl/*``), or a comma-separated list or a list of those. ``upgrade``: an older canonical name -> the
-    current one (canonical.yaml ``versions:``), so a name from an older dashboard still finds its metric; each such
+    pattern (``kl/*``), or a comma-separated list or a list of those. ``upgrade``: an older canonical name, split
+    prefix and all, -> the current one (``CanonicalSchema.upgrade``), so a name from an older dashboard still
+    finds its metric; each such
     name is added to ``renamed`` (old -> new) for the caller to report."""
     avail = list(dict.fromkeys(available))
     if spec is None:
@@ -78,8 +79,7 @@ def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
         else:
             asked = item
             if item not in avail and upgrade is not None:
-                _, base = SPLITS.split_canonical(item)
-                item = item[:len(item) - len(base)] + upgrade(base)
+                item = upgrade(item)
             hits = [item] if item in avail else []
             if hits and item != asked and renamed is not None:
                 renamed[asked] = item

@@ -8,10 +8,9 @@ from typing import Callable, Iterable
 
 from ..schema.paths import mappings_dir
 from ..schema.templates import is_template, shape, template_regex
-from ..schema.versions import version_key
 from ..schema.yamlfile import load_yaml
 
-__all__ = ["CanonicalNames", "shipped_canonical", "shipped_upgrade", "current_names"]
+__all__ = ["CanonicalNames", "shipped_document", "shipped_canonical", "shipped_upgrade", "current_names"]
 
 
 class CanonicalNames:
@@ -35,23 +34,24 @@ class CanonicalNames:
         return shape(name) in self.shapes
 
 
-def shipped_canonical() -> tuple[set[str], set[str]]:
-    """(metric names, config names) of the shipped ``canonical.yaml``, read with the mapping files' loader."""
-    data = load_yaml(mappings_dir() / "canonical.yaml") or {}
+def shipped_document() -> dict:
+    """The shipped ``canonical.yaml``, read with the mapping files' loader."""
+    return load_yaml(mappings_dir() / "canonical.yaml") or {}
+
+
+def shipped_canonical(doc: dict | None = None) -> tuple[set[str], set[str]]:
+    """(metric names, config names) of the shipped ``canonical.yaml`` (``doc``: the file, already read), read with
+    the mapping files' loader."""
+    data = shipped_document() if doc is None else doc
     return set((data.get("metrics") or {}).keys()), set((data.get("config") or {}).keys())
 
 
-def shipped_upgrade() -> Callable[[str], str]:
-    """Old canonical name -> current one, by the ``versions:`` renames of the shipped ``canonical.yaml``."""
-    data = load_yaml(mappings_dir() / "canonical.yaml") or {}
-    steps = [dict((v or {}).get("rename_metrics") or {}) for _, v in
-             sorted((data.get("versions") or {}).items(), key=lambda kv: version_key(str(kv[0])))]
-
-    def upgrade(name: str) -> str:
-        for renames in steps:
-            name = renames.get(name, name)
-        return name
-    return upgrade
+def shipped_upgrade(doc: dict | None = None) -> Callable[[str], str]:
+    """Old canonical name -> current one, by the ``versions:`` renames of the shipped ``canonical.yaml`` (``doc``:
+    the file, already read), parsed as the registry parses them."""
+    from ..schema.canonical import load_canonical
+    schema = load_canonical([(str(mappings_dir() / "canonical.yaml"), shipped_document() if doc is None else doc)], [])
+    return schema.upgrade if schema is not None else (lambda name: name)
 
 
 def current_names(canonical: CanonicalNames, upgrade: Callable[[str], str] | None, file: str,

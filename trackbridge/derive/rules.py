@@ -45,7 +45,7 @@ from ..schema.paths import mappings_dir
 from ..schema.templates import TemplateError, compile_template, fill, is_template, may_overlap, template_regex
 from ..schema.yamlfile import LineDict, MappingError, line_of, load_yaml
 from . import expr as E
-from .names import CanonicalNames, current_names, shipped_canonical, shipped_upgrade
+from .names import CanonicalNames, current_names, shipped_canonical, shipped_document, shipped_upgrade
 
 __all__ = ["FORMAT", "RuleError", "RuleErrors", "Rule", "RuleSet", "CanonicalNames", "load_rules", "parse_rules",
            "order_rules", "shipped_canonical", "shipped_upgrade", "mappings_dir", "fill", "is_template", "may_overlap",
@@ -343,10 +343,11 @@ def load_rules(paths: list[str] | None = None, *, canonical: Iterable[str] | Cal
     Default: the shipped ``canonical.yaml``'s renames when ``canonical`` is defaulted too, else none.
     Raises :class:`RuleError` naming file, line and rule.
     """
-    if upgrade is None and canonical is None:
-        upgrade = shipped_upgrade()
     if canonical is None or config_names is None:
-        metric_names, cfg_names = shipped_canonical()
+        doc = shipped_document()
+        if upgrade is None and canonical is None:
+            upgrade = shipped_upgrade(doc)
+        metric_names, cfg_names = shipped_canonical(doc)
         if canonical is None:
             canonical = metric_names
         if config_names is None:

@@ -66,10 +66,13 @@ class CanonicalSchema:
         return None
 
     def upgrade(self, name: str) -> str:
-        """Follow renames recorded in ``versions`` from any older schema version to the current one."""
+        """Follow renames recorded in ``versions`` from any older schema version to the current one; a split prefix
+        (``eval/kl/ref``) is kept."""
+        _, base = self.splits.split_canonical(name)
+        prefix = name[:len(name) - len(base)]
         for _, renames in self.renames:
-            name = renames.get(name, name)
-        return name
+            base = renames.get(base, base)
+        return prefix + base
 
     def downgrade(self, name: str, to_version: str) -> str:
         """The name a canonical metric had at an older schema version."""
@@ -96,9 +99,7 @@ class Cond:
 
     def test(self, have: Any) -> bool | None:
         """True/False; None when the config value cannot be compared (then the config does not say)."""
-        if self.op == "in":
-            return have in self.value
-        if isinstance(have, str) and not isinstance(self.value, str):
+        if isinstance(have, str) and not isinstance(self.value, (str, tuple)):     # a number compared
             try:
                 have = float(have)
             except ValueError:
@@ -109,9 +110,8 @@ class Cond:
             return None
 
     def __str__(self) -> str:
-        if self.op == "in":
-            return f" in {{{', '.join(str(v) for v in self.value)}}}"
-        return f"{_OPS[self.op][1]}{self.value}"
+        value = f"{{{', '.join(str(v) for v in self.value)}}}" if self.op == "in" else self.value
+        return f"{_OPS[self.op][1]}{value}"
 
 
 def condition_value_text(key: str, want: Any) -> str:
