@@ -188,16 +188,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _is_locator(text: str) -> bool:
-    return ":" in text.split("/", 1)[0] and not text.startswith(("/", "."))
-
-
 def _input_rows(path: str, problems: list[str]) -> Iterator[Row]:
     """Logged dicts from a JSON-lines or trainer_state.json file, or from anything a reader understands (a run
     locator, or a plain path that looks like a console log, a CSV export, a TensorBoard or wandb folder)."""
     from .inputs import Row, read_rows
+    from .locators import is_locator
     from .trackers import guess_locator, open_source
-    loc = path if _is_locator(path) else None
+    loc = path if is_locator(path) else None
     if loc is None and path != "-" and not path.endswith((".json", ".jsonl")):
         guessed = guess_locator(path)
         if guessed and not guessed.startswith("jsonl:"):

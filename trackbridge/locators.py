@@ -54,6 +54,11 @@ class Locator:
         return self.options.get(name, default)
 
 
+def is_locator(text: str) -> bool:
+    """Whether ``text`` names its kind (``KIND:LOCATION``) rather than being a plain path."""
+    return ":" in text.split("/", 1)[0] and not text.startswith(("/", "."))
+
+
 def split_label(text: str) -> tuple[str | None, str]:
     """``(LABEL, rest)`` of ``LABEL=rest``; ``(None, text)`` when there is no label."""
     m = _LABEL.match(text)

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
-from ..locators import Locator, LocatorError, parse, split_label
+from ..locators import Locator, LocatorError, is_locator, parse, split_label
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..sinks.base import Sink
@@ -162,7 +162,6 @@ def open_source(spec: str | Locator) -> Source:
     return source_class(loc.kind)(loc.location, **loc.options)
 
 
-
 def source_locator(text: str) -> str:
     """A run to read, as a locator: ``[LABEL=]KIND:LOCATION`` as given, or ``[LABEL=]PATH`` with the kind a
     reader recognises the path as (:func:`guess_locator`: a TensorBoard or wandb folder, a trainer_state.json, a
@@ -172,8 +171,7 @@ def source_locator(text: str) -> str:
     if not isinstance(text, str):
         return text
     label, rest = split_label(text.strip())
-    head = rest.split("/", 1)[0]
-    if not rest or ":" in head or rest.startswith("-"):
+    if not rest or is_locator(rest):
         return text                                  # KIND:LOCATION (or empty): parse() says what is wrong
     guessed = guess_locator(rest)
     if guessed is None:
