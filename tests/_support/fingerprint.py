@@ -1,0 +1,257 @@
+"""Fingerprint a logged value's reduction (docs/reductions.md, "Proof by fingerprint").
+
+A proof feeds a framework's own code a batch and reads back the value it logs. This module computes, from the same
+batch, the value every candidate reduction would give, and checks that the logged value is the one the mapping
+entry states, and no other:
+
+    assert_stated(logged, steps, {"tokens": "token_mean", "micro_batches": "mean", "mini_batches": "mean",
+                                  "processes": "all_reduce_mean"}, tokens=("token_mean", "seq_mean_token_mean"))
+
+The batch is nested from the outermost level in: ``steps[w][m][r][u]`` is micro-batch ``u`` of rank ``r`` in
+optimizer step (mini-batch) ``m`` of logged step ``w``. A micro-batch is a list of sequences, each the list of its
+valid tokens' values (ragged: padding already removed) for token quantities, or a one-element list holding the
+sequence's own value for per-sequence quantities (``tokens="per_seq"``). A level reduced ``none`` pools its items
+(computed once over all of them).
+
+Two candidates that give the logged value are one computation when they agree on several other batches of the same
+shape (:func:`equivalent`: a level holding one item makes all its reductions equal; a token mean pooled over
+micro-batches is their token-weighted mean). When two different computations give the logged value, the batch does
+not tell them apart and the proof fails: a batch too even to discriminate fails instead of passing.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping, Sequence
+
+Seq = Sequence[float]
+Micro = Sequence[Seq]
+Steps = Sequence[Sequence[Sequence[Sequence[Micro]]]]      # [logged step][mini-batch][rank][micro-batch]
+
+TOKENS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum",
+          "per_seq")
+COMBINE = ("none", "token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min")
+PROCESSES = ("none", "all_reduce_weighted", "all_reduce_mean", "sum", "max", "min", "rank0")
+WINDOW = ("step", "mean", "last", "sum", "none")
+LEVELS = ("micro_batches", "mini_batches", "processes", "window")
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One candidate: a value for every level (the fields of a mapping entry's ``reduce:``); ``-``: not told."""
+    tokens: str
+    stat: str
+    micro_batches: str
+    mini_batches: str
+    processes: str
+    window: str
+    std: str | None = None
+
+    def differs(self, other: "Reduction") -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+# ------------------------------------------------------------------------------------------- one population
+def _stat(values: list[float], stat: str, std: str | None) -> float:
+    if stat == "mean":
+        return sum(values) / len(values)
+    if stat == "max":
+        return max(values)
+    if stat == "min":
+        return min(values)
+    if stat == "sum":
+        return sum(values)
+    if stat == "std":
+        return statistics.stdev(values) if std == "sample" else statistics.pstdev(values)
+    raise ValueError(stat)
+
+
+def reduce_population(seqs: Micro, red: Reduction, norm_len: int) -> tuple[float, int, int]:
+    """The value of one population (a micro-batch, or the union of several), with its token and sequence counts."""
+    n_tok, n_seq = sum(len(s) for s in seqs), len(seqs)
+    if red.tokens == "per_seq":
+        return _stat([s[0] for s in seqs], red.stat, red.std), n_tok, n_seq
+    if red.tokens == "token_mean":
+        return _stat([v for s in seqs for v in s], red.stat, red.std), n_tok, n_seq
+    if red.tokens == "seq_mean_token_mean":
+        return _stat([sum(s) / len(s) for s in seqs], red.stat, red.std), n_tok, n_seq
+    if red.tokens == "seq_mean_token_sum":
+        return _stat([sum(s) for s in seqs], red.stat, red.std), n_tok, n_seq
+    total = sum(v for s in seqs for v in s)
+    if red.tokens == "seq_mean_token_sum_norm":
+        return total / (n_seq * norm_len), n_tok, n_seq
+    if red.tokens == "token_sum":
+        return total, n_tok, n_seq
+    raise ValueError(red.tokens)
+
+
+def _combine(parts: list[tuple[float, int, int]], how: str, red: Reduction) -> tuple[float, int, int]:
+    toks, seqs = sum(p[1] for p in parts), sum(p[2] for p in parts)
+    vals = [p[0] for p in parts]
+    if how == "all_reduce_weighted":        # weighted by the population the value is a mean over
+        how = "token_weighted" if red.tokens == "token_mean" else "seq_weighted"
+    if how == "token_weighted":
+        return sum(p[0] * p[1] for p in parts) / toks, toks, seqs
+    if how == "seq_weighted":
+        return sum(p[0] * p[2] for p in parts) / seqs, toks, seqs
+    if how in ("mean", "all_reduce_mean"):
+        return sum(vals) / len(vals), toks, seqs
+    if how == "sum":
+        return sum(vals), toks, seqs
+    if how == "last":
+        return vals[-1], toks, seqs
+    if how == "rank0":
+        return vals[0], toks, seqs
+    if how == "max":
+        return max(vals), toks, seqs
+    if how == "min":
+        return min(vals), toks, seqs
+    raise ValueError(how)
+
+
+def value_of(steps: Steps, red: Reduction, norm_len: int = 0) -> float:
+    """What ``red`` makes of the batch."""
+    def pooled(micros: Iterable[Micro]) -> Micro:
+        return [s for m in micros for s in m]
+
+    def rank_value(micros: Sequence[Micro]) -> tuple[float, int, int]:
+        if red.micro_batches == "none":
+            return reduce_population(pooled(micros), red, norm_len)
+        return _combine([reduce_population(m, red, norm_len) for m in micros], red.micro_batches, red)
+
+    def mini_value(ranks: Sequence[Sequence[Micro]]) -> tuple[float, int, int]:
+        if red.processes == "none":            # a driver over the global batch (no micro-batches: see _valid)
+            return reduce_population(pooled(m for r in ranks for m in r), red, norm_len)
+        return _combine([rank_value(r) for r in ranks], red.processes, red)
+
+    def step_value(minis: Sequence[Sequence[Sequence[Micro]]]) -> tuple[float, int, int]:
+        if red.mini_batches == "none":         # the optimizer steps' data pooled, rank by rank
+            merged = [[m for mini in minis for m in mini[r]] for r in range(len(minis[0]))]
+            return mini_value(merged)
+        return _combine([mini_value(mini) for mini in minis], red.mini_batches, red)
+
+    if red.window == "none":                   # the logged steps' data pooled
+        return step_value([mini for step in steps for mini in step])[0]
+    if red.window == "step":
+        assert len(steps) == 1, "window 'step' logs one row per step: give one step"
+        return step_value(steps[0])[0]
+    return _combine([step_value(step) for step in steps], red.window, red)[0]
+
+
+def _valid(red: Reduction) -> bool:
+    if red.stat != "mean" and red.tokens not in ("per_seq", "token_mean", "seq_mean_token_mean",
+                                                 "seq_mean_token_sum"):
+        return False
+    if (red.stat == "std") != (red.std is not None):
+        return False
+    if red.processes == "none" and red.micro_batches != "none":
+        return False                       # a driver computes over the global batch at once: no micro-batches
+    return True
+
+
+def candidates(steps: Steps, *, tokens: Iterable[str] = TOKENS, stats: Iterable[str] = ("mean",),
+               micro: Iterable[str] = COMBINE, mini: Iterable[str] = COMBINE,
+               processes: Iterable[str] = PROCESSES, window: Iterable[str] | None = None,
+               norm_len: int = 0) -> list[tuple[float, Reduction]]:
+    """Every candidate reduction's value on ``steps``."""
+    if window is None:
+        window = ("step",) if len(steps) == 1 else tuple(w for w in WINDOW if w != "step")
+    out = []
+    for t, s, u, m, p, w in itertools.product(tokens, stats, micro, mini, processes, window):
+        for std in (("sample", "population") if s == "std" else (None,)):
+            red = Reduction(t, s, u, m, p, w, std)
+            if not _valid(red) or (t == "seq_mean_token_sum_norm" and not norm_len):
+                continue
+            out.append((value_of(steps, red, norm_len), red))
+    return out
+
+
+def _reshaped(steps: Steps, rng: random.Random) -> Steps:
+    """A batch of the same shape with other values: two reductions equal on several of these are one function."""
+    return [[[[[[rng.uniform(-1.0, 2.0) for _ in seq] for seq in micro] for micro in rank] for rank in mini]
+             for mini in step] for step in steps]
+
+
+def equivalent(a: Reduction, b: Reduction, steps: Steps, norm_len: int = 0, trials: int = 4) -> bool:
+    """Whether ``a`` and ``b`` are the same computation on batches of this shape (a level holding one item makes
+    all its reductions the same; a token mean pooled over micro-batches is their token-weighted mean ...)."""
+    rng = random.Random(1234)
+    for _ in range(trials):
+        other = _reshaped(steps, rng)
+        if not math.isclose(value_of(other, a, norm_len), value_of(other, b, norm_len), rel_tol=1e-9, abs_tol=1e-12):
+            return False
+    return True
+
+
+Observation = tuple[float, Steps]      # a logged value and the batch it was logged for
+
+
+def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = None, *, rel: float = 1e-6,
+                norm_len: int = 0, **kw: Any) -> Reduction:
+    """The reduction that gives the logged value(s): ``fingerprint(logged, steps)`` or, for several runs of the
+    framework's code on batches of one shape, ``fingerprint([(logged1, steps1), (logged2, steps2), ...])`` (a
+    reduction that selects one item, such as the last micro-batch or rank 0's value, can coincide with another
+    selection on one batch; rarely on three). Returns one representative of the candidates that fit every
+    observation, checked to be one computation. Fails when none fits, or when two different computations do (the
+    batches do not tell them apart: make them more uneven, or give more observations)."""
+    obs: list[Observation] = ([(float(observed), steps)] if steps is not None    # type: ignore[arg-type]
+                              else list(observed))                              # type: ignore[arg-type]
+    assert obs, "no observation"
+    hits = None
+    for logged, batch in obs:
+        fit = {red for v, red in candidates(batch, norm_len=norm_len, **kw)
+               if math.isclose(v, logged, rel_tol=rel, abs_tol=1e-9)}
+        hits = fit if hits is None else hits & fit
+    assert hits, f"no candidate reduction gives the logged value(s) {[o[0] for o in obs]!r}"
+    ordered = sorted(hits, key=str)
+    first, shape = ordered[0], obs[0][1]
+    other = [h for h in ordered[1:] if not equivalent(first, h, shape, norm_len)]
+    assert not other, (f"the logged value(s) fit different reductions (make the batch more uneven, or observe more "
+                       f"batches): {first} and {other[0]}" + (f" (+{len(other) - 1} more)" if len(other) > 1 else ""))
+    return first
+
+
+def _uneven(groups: Iterable[Sequence[Any]], size: Any) -> bool:
+    return any(len(g) > 1 and len({size(item) for item in g}) > 1 for g in groups)
+
+
+def check_uneven(steps: Steps, levels: Iterable[str]) -> None:
+    """Fail unless each of ``levels`` holds, somewhere, two or more items of different token counts: only then do its
+    weighted and unweighted (and first, last, pooled) reductions give different numbers."""
+    def toks(x: Any) -> int:
+        return sum(toks(y) for y in x) if x and isinstance(x[0], (list, tuple)) else len(x)
+    where = {"window": [steps],
+             "mini_batches": list(steps),
+             "processes": [mini for step in steps for mini in step],
+             "micro_batches": [rank for step in steps for mini in step for rank in mini]}
+    for level in levels:
+        assert _uneven(where[level], toks), (f"the batch does not tell {level} reductions apart: give it two or more "
+                                             f"items of different token counts")
+
+
+def assert_stated(observed: float | Sequence[Observation], steps: Steps | None, entry_reduce: Mapping[str, Any], *,
+                  rel: float = 1e-6, norm_len: int = 0, levels: Iterable[str] = LEVELS, **kw: Any) -> Reduction:
+    """Assert that the logged value(s) were computed with the entry's stated reduction and with no other on these
+    batches (arguments as :func:`fingerprint`); returns the fingerprinted reduction. ``levels``: the levels the batch
+    must tell apart (all four by default; leave out one the framework does not have for this key, such as the
+    logging window of a framework that logs every step)."""
+    shape = steps if steps is not None else observed[0][1]      # type: ignore[index]
+    check_uneven(shape, levels)
+    found = fingerprint(observed, steps, rel=rel, norm_len=norm_len, **kw)
+    want = stated(entry_reduce, shape)
+    assert equivalent(found, want, shape, norm_len), (
+        f"the logged value was computed as {found}; the entry states {want} "
+        f"(differs in {', '.join(found.differs(want))})")
+    return found
+
+
+def stated(entry_reduce: Mapping[str, Any], steps: Steps) -> Reduction:
+    """An entry's stated reduction (its ``reduce:`` fields, resolved for the proof's config) as a candidate.
+    Levels it leaves out are ``none`` (not reduced at that level: computed once over the whole)."""
+    return Reduction(str(entry_reduce.get("tokens", "none")), str(entry_reduce.get("stat", "mean")),
+                     str(entry_reduce.get("micro_batches", "none")), str(entry_reduce.get("mini_batches", "none")),
+                     str(entry_reduce.get("processes", "none")), str(entry_reduce.get("window", "step")),
+                     entry_reduce.get("std"))

@@ -1,0 +1,87 @@
+"""The fingerprint the fidelity proofs rely on (tests/_support/fingerprint.py): it names the reduction a value was
+computed with, and refuses a batch too even to tell reductions apart."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from _support.fingerprint import Reduction, assert_stated, equivalent, fingerprint, stated
+
+# 1 logged step x 3 optimizer steps x 3 ranks x 2-3 micro-batches (three items, so that the last is neither the
+# largest nor the smallest); uneven sequence lengths and micro-batch sizes,
+# values drawn so that no two candidates coincide, and rank 0 neither the largest nor the smallest
+def _batch(seed: int = 7):
+    rng = random.Random(seed)
+    shape = [[[(3, 1), (2,), (2, 3)], [(1, 2), (4,), (1,)], [(2, 2), (1, 1, 1), (3,)]],
+             [[(2,), (1, 1, 2), (1, 1)], [(3,), (1, 2), (2, 2, 1)], [(4, 1), (2,), (1, 3)]],
+             [[(1,), (2, 2)], [(3, 1), (1,), (2,)], [(1, 1, 1), (4,)]]]
+    steps = [[[[[[round(rng.uniform(0, 1), 6) for _ in range(n)] for n in micro] for micro in rank]
+               for rank in mini] for mini in shape]]
+    for mini in steps[0]:          # rank 0 the middle one: min/max over ranks never equal rank 0's value
+        mini.sort(key=lambda rank: sum(v for m in rank for s in m for v in s) / sum(len(s) for m in rank for s in m))
+        mini.insert(0, mini.pop(1))
+    return steps
+
+
+STEPS = _batch()
+LEVELS3 = ("micro_batches", "mini_batches", "processes")   # one logged step: no window
+
+
+def token_mean(seqs):
+    flat = [v for s in seqs for v in s]
+    return sum(flat) / len(flat)
+
+
+def test_names_mean_of_micro_batch_token_means_over_mini_batches():
+    # written out by hand: token mean per micro-batch, unweighted mean over micro-batches, mean over ranks,
+    # mean over the two optimizer steps (veRL's actor metrics)
+    per_mini = []
+    for mini in STEPS[0]:
+        per_rank = [sum(token_mean(m) for m in rank) / len(rank) for rank in mini]
+        per_mini.append(sum(per_rank) / len(per_rank))
+    logged = sum(per_mini) / len(per_mini)
+    assert_stated(logged, STEPS, {"tokens": "token_mean", "micro_batches": "mean", "mini_batches": "mean",
+                                  "processes": "all_reduce_mean"}, tokens=("token_mean", "seq_mean_token_mean"),
+                  levels=LEVELS3)
+    with pytest.raises(AssertionError, match="differs in mini_batches"):
+        assert_stated(logged, STEPS, {"tokens": "token_mean", "micro_batches": "mean",
+                                      "mini_batches": "token_weighted", "processes": "all_reduce_mean"},
+                      tokens=("token_mean", "seq_mean_token_mean"), levels=LEVELS3)
+
+
+def test_a_global_token_mean_equals_its_pooled_description():
+    flat = [v for mini in STEPS[0] for rank in mini for m in rank for s in m for v in s]
+    logged = sum(flat) / len(flat)
+    found = assert_stated(logged, STEPS, {"tokens": "token_mean", "micro_batches": "token_weighted",
+                                          "mini_batches": "token_weighted", "processes": "all_reduce_weighted"},
+                          tokens=("token_mean", "seq_mean_token_mean"), levels=LEVELS3)
+    assert equivalent(found, stated({"tokens": "token_mean"}, STEPS), STEPS)    # pooled at every level: the same
+    assert not equivalent(found, stated({"tokens": "token_mean", "mini_batches": "mean"}, STEPS), STEPS)
+
+
+def test_the_last_micro_batch_of_rank0():
+    # a selection (last micro-batch, last optimizer step, rank 0) can coincide with another on one batch (rank 0's
+    # value may be the smallest): three observations of one shape tell them apart
+    obs = [(token_mean(b[0][-1][0][-1]), b) for b in (_batch(seed) for seed in (1, 2, 3))]
+    found = assert_stated(obs, None, {"tokens": "token_mean", "micro_batches": "last", "mini_batches": "last",
+                                  "processes": "rank0"}, tokens=("token_mean",), levels=LEVELS3)
+    assert (found.micro_batches, found.mini_batches, found.processes) == ("last", "last", "rank0")
+    with pytest.raises(AssertionError, match="fit different reductions"):
+        fingerprint(*obs[0], tokens=("token_mean",))          # one observation is not enough here
+
+
+def test_an_even_batch_is_refused():
+    even = [[[[[[1.0, 2.0]], [[3.0, 4.0]]]]]]      # one rank, one optimizer step, micro-batches of equal size
+    with pytest.raises(AssertionError, match="does not tell micro_batches reductions apart"):
+        assert_stated(2.5, even, {"tokens": "token_mean", "micro_batches": "mean"}, tokens=("token_mean",),
+                      levels=("micro_batches",))
+    coincide = [[[[[[0.3, 0.3]], [[0.3]]]]]]     # uneven, but every reduction of equal values coincides
+    with pytest.raises(AssertionError, match="fit different reductions"):
+        assert_stated(0.3, coincide, {"tokens": "token_mean", "micro_batches": "mean"}, tokens=("token_mean",),
+                      levels=("micro_batches",))
+
+
+def test_no_candidate_is_an_error():
+    with pytest.raises(AssertionError, match="no candidate"):
+        fingerprint(123.0, STEPS, tokens=("token_mean",))
