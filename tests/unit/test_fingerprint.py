@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from _support.fingerprint import Reduction, assert_stated, equivalent, fingerprint, stated
+from _support.fingerprint import assert_stated, equivalent, fingerprint, stated
+
 
 # 1 logged step x 3 optimizer steps x 3 ranks x 2-3 micro-batches (three items, so that the last is neither the
 # largest nor the smallest); uneven sequence lengths and micro-batch sizes,
