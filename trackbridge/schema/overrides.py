@@ -37,27 +37,27 @@ def apply_overrides(fw: FrameworkMapping, user_files: set[str], errors: list[Map
         return said
     kept_users: list[Entry] = []
     for u in users:
-        hits = [(s, kind) for s in shipped for kind in (_collision(u, s),) if kind]
+        hits = [(s, why) for s in shipped for why in (_collision(u, s),) if why is not None]
         if not hits:
             kept_users.append(u)
             continue
         if not u.override:
-            for s, kind in hits:
-                errors.append(MappingError(_problem(fw, u, s, kind), file=u.file, line=u.line, entry=u.key))
+            for s, why in hits:
+                errors.append(MappingError(_problem(fw, u, s, why), file=u.file, line=u.line, entry=u.key))
             continue           # left out, so that the shipped file is not blamed for the same collision again
         kept_users.append(u)
-        hit_ids = {id(s): kind for s, kind in hits}
+        hit_ids = {id(s): why for s, why in hits}
         out: list[Entry] = []
         for s in shipped:
-            kind = hit_ids.get(id(s))
-            if kind is None:
+            found = hit_ids.get(id(s))
+            if found is None:
                 out.append(s)
                 continue
             outside, inside = _split(fw, s, u)
             out += outside
-            if kind == "reverse" and inside is not None:
+            if found == "reverse" and inside is not None:
                 out.append(replace(inside, reverse=False))     # still read, no longer written back there
-            said.append(_said(fw, u, s, kind))
+            said.append(_said(fw, u, s, found))
         shipped = out
     fw.entries = [*shipped, *kept_users]
     return said
