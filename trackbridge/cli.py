@@ -224,9 +224,10 @@ def cmd_detect(args: argparse.Namespace) -> int:
             print(f"run:         {run.info.name or run.info.run_id}")
         print(f"source:      {det.source}")
         print(f"confidence:  {det.confidence:.2f}")
-        print(f"explained:   {det.explained} of {det.n_keys} keys")
+        if det.n_keys:                      # 0: the run or the user named the source, nothing was detected
+            print(f"explained:   {det.explained} of {det.n_keys} keys")
         print(f"why:         {det.reason}")
-        if run.info.config:
+        if run.info.config and det.n_keys:
             print(f"run config:  {', '.join(sorted(_config_keys(run.info.config))[:12])}"
                   + (" ..." if len(_config_keys(run.info.config)) > 12 else "") + " (used to tell trainers apart)")
         if det.candidates:

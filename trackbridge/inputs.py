@@ -209,16 +209,21 @@ class RowsRun(RunReader):
             rows = read_rows(self.path, self._raw)
         try:
             for row in rows:
+                self._flush()
                 if row.shape == "record":
                     self.shape = "record"
                 step = row.step if isinstance(row.step, int) and not isinstance(row.step, bool) else None
                 wall = row.wall_time if isinstance(row.wall_time, (int, float)) else None
                 yield Record(step, wall, row.metrics)
         finally:
-            for text in self._raw:
-                where, sep, what = text.partition(": ")
-                self.problems.append(Problem(where, what) if sep else Problem(self.path, text))
-            self._raw.clear()
+            self._flush()
+
+    def _flush(self) -> None:
+        """The lines :func:`read_rows` skipped so far, as :attr:`problems` (``file:line: why``)."""
+        for text in self._raw:
+            where, sep, what = text.partition(": ")
+            self.problems.append(Problem(where, what) if sep else Problem(self.path, text))
+        self._raw.clear()
 
 
 def _without_wall_time(records: Iterable[Record]) -> Iterator[Record]:
