@@ -280,7 +280,7 @@ def _anchor(name: str) -> str:
 
 # A local absolute path in text: a "/" followed by a name, at a word's start or after a locator's "KIND:", or the
 # fourth slash of ``sqlite:////abs/path``; never the "//" of a URL or a "/" inside a word (kl/ref/k3, tokens/s)
-_ABS_PATH = re.compile(r"(?:(?<=:///)|(?<![\w.~/\\-]))/(?=[^/\s])[^\s'\"<>|,;()]+")
+_ABS_PATH = re.compile(r"(?:(?<=:///)|(?<![\w.\\/~-]))/(?=[^/\s])[^\s'\"<>|,;()]+")
 
 
 class _Paths:
