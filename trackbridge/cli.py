@@ -10,13 +10,10 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from . import __version__
 from .exitcodes import ExitCode
-
-if TYPE_CHECKING:       # pragma: no cover
-    from .inputs import Row
 
 
 def _add_mappings(p: argparse.ArgumentParser) -> None:
@@ -42,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-json", metavar="PATH", help="write {mapped, unmapped, approximate, source} here")
     p.add_argument("--strict", action="store_true", help="exit 1 when any key is unmapped")
     p.add_argument("--derive", action="store_true", help="fill in derived metrics (see mappings/derived.yaml)")
-    p.add_argument("--config", metavar="JSON", help="run config as a JSON file (for config-dependent entries and "
-                                                    "derived rules)")
+    p.add_argument("--config", metavar="JSON", help="run config as a JSON file, added over the run's own (for "
+                                                    "config-dependent entries, trainer detection and derived rules)")
     _add_mappings(p)
     p.add_argument("file", nargs="?", default="-", help="input: JSON lines, a trainer_state.json, a console log, a "
                                                           "CSV export, any run locator, or - for stdin (default)")
@@ -52,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="a file or folder (JSON lines, trainer_state.json, a console log, a CSV export, a "
                                 "TensorBoard or wandb folder) or any run locator (console:PATH, mlflow:URI, ...)")
     p.add_argument("--json", action="store_true", help="print the detection as JSON")
+    p.add_argument("--config", metavar="JSON", help="run config as a JSON file, added over the run's own (a "
+                                                    "TensorBoard folder's args, a stream header's config)")
     _add_mappings(p)
 
     p = sub.add_parser("mappings", help="list, show, lint or document the mapping files")
@@ -129,83 +128,63 @@ def _load_config(path: str | None) -> dict[str, Any]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from .translate import Translator
-    tr = Translator(args.source, args.target, mappings=args.mappings or None, config=_load_config(args.config),
-                    derive=args.derive)
+    from .inputs import open_runs
+    from .pipeline import Stats
+    from .record import Record
+    runs = open_runs(args.file, rows=True, config=_load_config(args.config))   # as detect, migrate, compare read it
     problems: list[str] = []
-    rows = _input_rows(args.file, problems)
-    mapped: set[str] = set()
-    unmapped: dict[str, None] = {}
-    approx: dict[str, str] = {}
-    derived: dict[str, None] = {}
+    total = Stats()
+    sources: dict[str, None] = {}
+    keys: dict[str, None] = {}
+    notes: dict[str, None] = {}
     out = sys.stdout
-    for row in rows:
-        try:
-            res = tr.translate(row.metrics, step=row.step if isinstance(row.step, int) else None,
-                               wall_time=row.wall_time if isinstance(row.wall_time, (int, float)) else None)
-        except TypeError as exc:
-            problems.append(f"{row.where}: {exc}; line skipped")
-            continue
-        for k in row.metrics:
-            if k not in res.unmapped and k not in res.conflicts:
-                mapped.add(k)
-        for k in res.unmapped:
-            unmapped.setdefault(k)
-        for k in res.conflicts:
-            unmapped.setdefault(k)
-        for k, why in res.approximate.items():
-            approx[k] = why          # by output name, as translate() and every other path report it
-        for k in res.derived:
-            derived.setdefault(k)
-        if row.shape == "record":
-            obj = {"step": row.step, "wall_time": row.wall_time, "metrics": res.metrics}
-            if res.derived:
-                obj["derived"] = res.derived
-        else:
-            obj = dict(res.metrics)
-            if row.step is not None and "step" not in obj:
-                obj = {"step": row.step, **obj}
-        out.write(json.dumps(obj, default=_json_default) + "\n")
+
+    def seen(records: Iterator[Record]) -> Iterator[Record]:
+        for rec in records:
+            keys.update(dict.fromkeys(rec.metrics))
+            yield rec
+
+    for run in runs:
+        pipe = run.pipeline(args.target, source=args.source, mappings=args.mappings or None, derive=args.derive)
+        for rec in pipe.process(seen(run.records())):
+            if getattr(run.reader, "shape", "dict") == "record":
+                obj: dict[str, Any] = {"step": rec.step, "wall_time": rec.wall_time, "metrics": rec.metrics}
+                if rec.derived:
+                    obj["derived"] = rec.derived
+            else:
+                obj = dict(rec.metrics)
+                if rec.step is not None and "step" not in obj:
+                    obj = {"step": rec.step, **obj}
+            out.write(json.dumps(obj, default=_json_default) + "\n")
+        notes.update(dict.fromkeys(pipe.finish_notes()))
+        total.merge(pipe.stats)
+        if pipe.stats.source:
+            sources[pipe.stats.source] = None
+        problems += [str(p) for p in run.problems if "without metrics" not in str(p)]
+    unmapped = [*total.unmapped, *(k for k in total.conflicts if k not in total.unmapped)]
+    mapped = [k for k in keys if k not in total.unmapped and k not in total.conflicts]
+    source = "; ".join(sources)
     for p in problems:
         print(f"trackbridge: {p}", file=sys.stderr)
-    for n in tr.notes:
+    for n in notes:
         print(f"trackbridge: note: {n}", file=sys.stderr)
-    report = {"mapped": len(mapped), "unmapped": list(unmapped), "approximate": approx, "source": tr.source}
+    report: dict[str, Any] = {"mapped": len(mapped), "unmapped": unmapped, "approximate": total.approximate,
+                              "source": source}
     if args.derive:
-        report["derived"] = list(derived)
+        report["derived"] = list(total.derived)
     if problems:
         report["skipped"] = problems
     if args.report_json:
         with open(args.report_json, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
-    print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped, {len(approx)} approximate "
-          f"(source: {tr.source})", file=sys.stderr)
+    print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped, {len(total.approximate)} approximate "
+          f"(source: {source})", file=sys.stderr)
     if problems:
         return ExitCode.PROBLEMS
     if args.strict and unmapped:
         print(f"trackbridge: --strict: unmapped keys: {', '.join(unmapped)}", file=sys.stderr)
         return ExitCode.PROBLEMS
     return ExitCode.OK
-
-
-def _input_rows(path: str, problems: list[str]) -> Iterator[Row]:
-    """Logged dicts from a JSON-lines or trainer_state.json file, or from anything a reader understands (a run
-    locator, or a plain path that looks like a console log, a CSV export, a TensorBoard or wandb folder)."""
-    from .inputs import Row, read_rows
-    from .locators import is_locator
-    from .trackers import guess_locator, open_source
-    loc = path if is_locator(path) else None
-    if loc is None and path != "-" and not path.endswith((".json", ".jsonl")):
-        guessed = guess_locator(path)
-        if guessed and not guessed.startswith("jsonl:"):
-            loc = guessed
-    if loc is None:
-        yield from read_rows(path, problems)
-        return
-    for run in open_source(loc).runs():
-        for i, rec in enumerate(run.records()):
-            yield Row(f"{loc} record {i}", rec.metrics, rec.step, rec.wall_time)
-        problems += [str(p) for p in run.problems if "without metrics" not in str(p)]
 
 
 def _json_default(obj: Any) -> Any:
@@ -222,28 +201,60 @@ def _json_default(obj: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
-    from .detect import detect
+    from .inputs import open_runs
     from .schema.loader import load_registry
     reg = load_registry(args.mappings or None)
-    keys: set[str] = set()
-    problems: list[str] = []
-    for row in _input_rows(args.file, problems):      # the same inputs `translate` accepts
-        keys.update(row.metrics)
-    det = detect(keys, reg)
-    for p in problems:
-        print(f"trackbridge: {p}", file=sys.stderr)
+    runs = open_runs(args.file, rows=True, config=_load_config(args.config))   # as translate, migrate, compare
+    dets = []
+    for run in runs:
+        pipe = run.resolve(mappings=args.mappings or None, registry=reg)
+        dets.append((run, pipe, _detection(pipe)))
+        for p in run.problems:
+            if "without metrics" not in str(p):
+                print(f"trackbridge: {p}", file=sys.stderr)
+    if not dets:
+        print(f"trackbridge: no runs in {args.file}", file=sys.stderr)
+        return ExitCode.PROBLEMS
     if args.json:
-        print(json.dumps(det.to_json(), indent=2))
-    else:
+        items = [{**det.to_json(), "run": run.info.name, "config": sorted(_config_keys(run.info.config))}
+                 for run, _, det in dets]
+        print(json.dumps(items[0] if len(items) == 1 else items, indent=2, default=str))
+    for run, pipe, det in ([] if args.json else dets):
+        if len(dets) > 1:
+            print(f"run:         {run.info.name or run.info.run_id}")
         print(f"source:      {det.source}")
         print(f"confidence:  {det.confidence:.2f}")
-        print(f"explained:   {det.explained} of {det.n_keys} keys")
+        if det.n_keys:                      # 0: the run or the user named the source, nothing was detected
+            print(f"explained:   {det.explained} of {det.n_keys} keys")
         print(f"why:         {det.reason}")
+        if run.info.config and det.n_keys:
+            print(f"run config:  {', '.join(sorted(_config_keys(run.info.config))[:12])}"
+                  + (" ..." if len(_config_keys(run.info.config)) > 12 else "") + " (used to tell trainers apart)")
         if det.candidates:
             print(f"runners-up:  {', '.join(det.candidates)}")
         if det.unexplained:
             print(f"unexplained: {', '.join(det.unexplained[:30])}{' ...' if len(det.unexplained) > 30 else ''}")
-    return ExitCode.OK if det.spec is not None else ExitCode.PROBLEMS
+    return ExitCode.OK if all(det.spec is not None for _, _, det in dets) else ExitCode.PROBLEMS
+
+
+def _config_keys(config: dict[str, Any]) -> list[str]:
+    """The top-level keys of a run config (``args``, ``model_config`` for a transformers TensorBoard folder)."""
+    return [str(k) for k in (config or {})]
+
+
+def _detection(pipe: Any) -> Any:
+    """What ``pipe`` (an :class:`~trackbridge.pipeline.Pipeline` set up on a run) resolved its source to, as a
+    :class:`~trackbridge.detect.Detection`: the detector's answer, or the source the run or the user named."""
+    from .detect import Detection
+    tr = pipe.translator
+    if tr is not None and tr.detection is not None:
+        return tr.detection
+    if tr is None:
+        return Detection(None, "kept as stored", 0.0, 0, 0, reason="names kept as stored")
+    named = "the run says its names are canonical (written by trackbridge" + (
+        f"; translated from {pipe.origin})" if pipe.origin else ")")
+    return Detection(tr.source_spec, tr.source, 1.0, 0, 0, reason=named if tr.source_spec.kind == "canonical"
+                     else f"given: {tr.source}")
 
 
 # ---------------------------------------------------------------------------------------------------- mappings

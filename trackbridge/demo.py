@@ -57,9 +57,8 @@ def _prepare(out: Path) -> OutputManifest:
 
 
 def run_demo(out: Path) -> int:
-    from .pipeline import Pipeline
+    from .inputs import open_runs
     from .stream import StreamWriter, stream_file
-    from .trackers import open_source
 
     out = Path(out)
     try:
@@ -73,10 +72,10 @@ def run_demo(out: Path) -> int:
     for label, kind, fname in EXAMPLES:
         loc = f"{kind}:{ex / fname}"
         locators.append(f"{label}={loc}")
-        for reader in open_source(loc).runs():
-            info = reader.info
-            pipe = Pipeline.for_run(info, "canonical", derive=True)
-            records = list(pipe.process(reader.records()))      # small runs: the header then knows everything
+        for run in open_runs(loc):          # as every command reads a run: config, source, time axis
+            reader, info = run.reader, run.info
+            pipe = run.pipeline("canonical", derive=True)
+            records = list(pipe.process(run.records()))      # small runs: the header then knows everything
             path = stream_file(out / "canonical", label)
             path.unlink(missing_ok=True)        # the demo's own (a foreign file there was refused by _prepare)
             writer = StreamWriter(path)
@@ -98,7 +97,7 @@ def run_demo(out: Path) -> int:
             _say(f"   unmapped    {len(st.unmapped)}" + (f": {', '.join(st.unmapped)}" if st.unmapped else ""))
             for p in reader.problems:
                 _say(f"   note        {p}")
-            if not reader.has_wall_time:
+            if not run.has_wall_time:       # the header says so: every tracker copy is marked
                 _say("   time axis   the source holds no wall times; none are made up")
             _say()
     manifest.save(complete=False)

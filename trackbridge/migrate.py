@@ -20,27 +20,16 @@ from typing import Iterable, TextIO
 
 from .catchup import CatchUp, lacking
 from .holdings import Holdings
+from .inputs import InputRun, open_runs
 from .ledger import Ledger, state_dir  # noqa: F401  (state_dir: where the ledger lives, kept importable from here)
 from .locators import parse
-from .pipeline import Pipeline, Stats
+from .pipeline import Stats
 from .record import Record, RunInfo
-from .sources.base import TIME_AXIS, Problem, RunReader
-from .trackers import kinds, make_sink, open_source, sink_class, source_locator
+from .sources.base import Problem
+from .trackers import kinds, make_sink, sink_class, source_locator
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
-
-
-def _no_wall_time(reader: RunReader) -> bool:
-    """True when the run has no time axis (its reader says so; a run marked by an earlier migration included)."""
-    return not reader.has_wall_time
-
-
-def _without_wall_time(records: Iterable[Record]) -> Iterable[Record]:
-    for r in records:
-        if r.wall_time is not None:
-            r = Record(r.step, None, r.metrics, r.derived)
-        yield r
 
 
 @dataclass
@@ -158,25 +147,26 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
         parse_spec(names, reg, allow_auto=False)
         if source not in ("auto", "keep"):
             parse_spec(source, reg)
-    readers = list(open_source(src_loc).runs())
+    runs = open_runs(str(src_loc), allow_label=True)     # as translate, detect and compare read a run
     result = MigrationResult()
-    if not readers:
+    if not runs:
         return result
-    prog = Progress(len(readers), enabled=progress and not dry_run)
+    prog = Progress(len(runs), enabled=progress and not dry_run)
     dest_missing = not _destination_exists(dst)        # checked once, before the first run recreates it
 
-    def one(args: tuple[int, RunReader]) -> RunResult:
-        idx, reader = args
+    def one(args: tuple[int, InputRun]) -> RunResult:
+        idx, run = args
         try:
             if dry_run:
-                return _dry_run(reader, src, source, names, derive, mappings, out)
-            return _migrate_run(idx, reader, src, dst, source, names, derive, mappings, prog, dest_missing)
+                return _dry_run(run, src, source, names, derive, mappings, out)
+            return _migrate_run(idx, run, src, dst, source, names, derive, mappings, prog, dest_missing)
         except Exception as exc:      # one run failing must not stop the others; reported in the summary
-            res = RunResult(getattr(reader.info, "name", None) or str(idx), "", error=f"{type(exc).__name__}: {exc}")
-            res.problems = list(reader.problems)
+            res = RunResult(getattr(run.reader.info, "name", None) or str(idx), "",
+                            error=f"{type(exc).__name__}: {exc}")
+            res.problems = list(run.problems)
             return res
 
-    items = list(enumerate(readers))
+    items = list(enumerate(runs))
     if jobs > 1 and len(items) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             result.runs = list(pool.map(one, items))
@@ -186,9 +176,10 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     return result
 
 
-def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, names: str, derive: bool,
+def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names: str, derive: bool,
                  mappings: list[str] | None, prog: Progress, dest_missing: bool = False) -> RunResult:
-    info = reader.info
+    reader = run.reader
+    info = run.info          # the reader's, with the time-axis mark when the run has no wall times of its own
     run_id = target_run_id(src, info, idx)
     label = info.name or info.run_id or f"run-{idx}"
     res = RunResult(label, run_id)
@@ -202,7 +193,7 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
         res.stats.source = ledger.data.get("source", "")
         prog.run_done(label, res)
         return res
-    pipe = Pipeline.for_run(info, names, source=source, mappings=mappings, derive=derive)
+    pipe = run.pipeline(names, source=None if source == "auto" else source, mappings=mappings, derive=derive)
     sink = make_sink(dst)
     out_info = RunInfo(name=info.name or label, project=info.project, run_id=run_id, config=dict(info.config),
                        tags=dict(info.tags), source=info.source, extra=dict(info.extra),
@@ -210,9 +201,7 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
     out_info.tags.setdefault("trackbridge.migrated_from", src)
     if info.run_id:
         out_info.tags.setdefault("trackbridge.source_run_id", str(info.run_id))
-    no_time = _no_wall_time(reader)
-    if no_time:        # never make up a time axis; say so in the run, so that the next migration knows too
-        out_info.extra[TIME_AXIS] = "missing"
+    no_time = not run.has_wall_time     # never make up a time axis: info says so (the next reader knows too)
     skip_n = ledger.written
     # A batch that was being written when the migration was killed may be in the destination in full, in part
     # or not at all: its records are checked against the destination's last step (as without a ledger).
@@ -223,7 +212,7 @@ def _migrate_run(idx: int, reader: RunReader, src: str, dst: str, source: str, n
     max_written: int | None = ledger.data.get("max_step")      # highest step written so far (per the ledger)
     seen = 0
     try:
-        stream = pipe.process(_without_wall_time(reader.records()) if no_time else reader.records())
+        stream = pipe.process(run.records())
         for batch in _batches(stream):
             if not opened:
                 sink.open(pipe.run_info(out_info), resume=True)
@@ -291,16 +280,16 @@ def _destination_exists(dst: str) -> bool:
     return True if path is None else path.exists()
 
 
-def _dry_run(reader: RunReader, src: str, source: str, names: str, derive: bool, mappings: list[str] | None,
+def _dry_run(run: InputRun, src: str, source: str, names: str, derive: bool, mappings: list[str] | None,
             out: TextIO) -> RunResult:
-    info = reader.info
+    reader = run.reader
+    info = run.info
     label = info.name or info.run_id or "run"
-    pipe = Pipeline.for_run(info, names, source=source, mappings=mappings, derive=derive)
+    pipe = run.pipeline(names, source=None if source == "auto" else source, mappings=mappings, derive=derive)
     res = RunResult(label, "(dry run)")
     originals: dict[str, None] = {}
-    no_time = _no_wall_time(reader)
-    records = _without_wall_time(reader.records()) if no_time else reader.records()
-    stream = pipe.process(_remember(records, originals))
+    no_time = not run.has_wall_time
+    stream = pipe.process(_remember(run.records(), originals))
     for rec in stream:
         res.records += 1
         res.points += len(rec.metrics)

@@ -273,8 +273,10 @@ def test_html_is_self_contained(report):
     assert all(s.startswith("data:image/png;base64,") for s in imgs)
     assert "Content-Security-Policy" in text
     # runs' sources and detected frameworks, metrics in only one run
-    for r in report.runs:
-        assert html.escape(r.source) in text and html.escape(r.locator) in text
+    for r in report.runs:           # the locator as the report shows it: no absolute path (test_report_layout.py)
+        kind, _, where = r.locator.partition(":")
+        assert html.escape(r.source) in text and f"<code>{kind}:" in text and Path(where).name in text
+        assert where not in text
     assert "Metrics in only one run" in text
     from trackbridge.compare import slug
     for name in report.only_one_run:

@@ -97,3 +97,24 @@ def test_charts_render_in_the_browser(tmp_path):
         assert close > 100, f"run colour {color} not visible: the embedded chart did not render"
     # the approximate warning box (orange border) is visible next to the metric
     assert (abs(img - _hex("#e67700")).max(axis=-1) < 0.08).sum() > 50
+
+
+def test_a_chart_is_on_the_first_screen(tmp_path):
+    """The report opens on its key charts: in a 1280x800 window (no scrolling), the first chart is drawn, both runs'
+    line colours included, under the title and one line of context; tables and warnings come after it."""
+    import numpy as np
+    res = compare_runs([GRPO, VERL], out=tmp_path / "report")
+    shot = tmp_path / "first-screen.png"
+    proc = _chromium([f"--screenshot={shot}", "--window-size=1280,800", res.html.resolve().as_uri()],
+                     tmp_path / "profile-first")
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-3000:]
+    assert not _problems(proc.stderr)
+    import matplotlib.image as mpimg
+    img = mpimg.imread(str(shot))[..., :3]
+    assert img.shape[:2] == (800, 1280)
+    rows = []
+    for color in COLORS[:2]:
+        hit = abs(img - _hex(color)).max(axis=-1) < 0.1
+        assert hit.sum() > 100, f"run colour {color} not on the first screen: no chart there"
+        rows.append(int(np.argmax(hit.any(axis=1))))
+    assert min(rows) < 800 - 100, rows          # the chart starts well inside the first screen

@@ -4,11 +4,14 @@
 reads every run through the same readers as migration, translates it to canonical names with derived metrics filled
 in (:mod:`.load`), aligns the runs on steps, samples, tokens or wall time (:mod:`.align`), and writes to ``out``:
 
-* ``report.html``: self-contained (charts embedded as data URIs, no external CSS/JS), one section per metric with
-  a chart of all runs overlaid and a table per run, a plain warning next to every metric whose quantity is not the
-  same in every run (approximate translation, with the mapping's reason), the metrics found in only one run, and
-  each run's source and detected framework;
-* ``charts/*.png``: one chart per metric;
+* ``report.html``: self-contained (charts embedded as data URIs, no external CSS/JS). It opens on its key charts
+  (the first four metrics, those of every run first, under a reserved findings section), then the warnings grouped
+  by kind (counted, each group an expandable list with every warning in full), each run's source and detected
+  framework, the metrics found in only one run, and one section per metric: a chart of all runs overlaid, the
+  warning in full when the quantity is not the same in every run (approximate translation, with the mapping's
+  reason), and a table per run. Local paths are shown relative to the report or working folder, never absolute;
+* ``charts/*.png``: one chart per metric, with a short footnote saying what differs per run (the reasons are in
+  the report);
 * ``summary.csv`` and ``summary.md``: the same table (metric, run, first, last, min, max, mean, points, note).
 
 Canonical names that only look alike (``kl/ref/k3`` against ``kl/old_policy/k1``) are different metrics, never one
@@ -34,7 +37,7 @@ from .stats import MetricStats
 if TYPE_CHECKING:       # pragma: no cover
     from ..schema.model import CanonicalSchema
 
-__all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS"]
+__all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS", "WARNING_GROUPS"]
 
 
 @dataclass
@@ -69,9 +72,37 @@ class CompareResult:
     into: list = field(default_factory=list)                     # IntoResult per run when into= was given
     x: str = "step"
     smooth: int = 0
+    # the same warnings by kind (WARNING_GROUPS, in that order): (metric the warning is about or None, full text)
+    warning_groups: dict[str, list[tuple[str | None, str]]] = field(default_factory=dict)
+    # one short sentence per finding, shown above the key charts (issue 23 fills it: findings per run, linked to
+    # the charts); empty: no findings section
+    findings: list[str] = field(default_factory=list)
 
     def metric(self, name: str) -> MetricReport | None:
         return next((m for m in self.metrics if m.name == name), None)
+
+    def warn(self, group: str, text: str, metric: str | None = None, *, first: bool = False) -> None:
+        """Add a warning to :attr:`warnings` (the flat list the CLI prints) and to its group."""
+        if first:
+            self.warnings.insert(0, text)
+        else:
+            self.warnings.append(text)
+        items = self.warning_groups.setdefault(group, [])
+        if first:
+            items.insert(0, (metric, text))
+        else:
+            items.append((metric, text))
+
+
+# the report's warning groups, in the order shown (each an expandable list with its count)
+WARNING_GROUPS = {
+    "differs": "Not the same quantity in every run",
+    "approximate": "Approximate translations (a metric of one run)",
+    "look_alike": "Look alike, never overlaid",
+    "axis": "The x axis",
+    "reading": "Skipped while reading",
+    "names": "Metric names",
+}
 
 
 def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]" = None, x: str = "step",
@@ -107,20 +138,20 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     chosen, missing = select(metrics, available, is_axis=is_axis, upgrade=schema.upgrade, renamed=renamed)
     result.missing = missing
     for old, new in renamed.items():
-        result.warnings.append(f"{old} is an older canonical name of {new} (canonical.yaml versions:); "
-                               f"compared as {new}")
+        result.warn("names", f"{old} is an older canonical name of {new} (canonical.yaml versions:); "
+                             f"compared as {new}")
     axes = {r.label: run_axis(r, x) for r in runs}
     if x != "step" and not any(a.available for a in axes.values()):
-        result.warnings.insert(0, f"no run has a {x} axis, so the charts are empty (the tables do not depend on "
-                                  f"the x axis); use --x step for charts")
+        result.warn("axis", f"no run has a {x} axis, so the charts are empty (the tables do not depend on the x "
+                            f"axis); use --x step for charts", first=True)
     for r in runs:
         for p in r.problems:
-            result.warnings.append(f"{r.label}: skipped while reading: {p}")
+            result.warn("reading", f"{r.label}: skipped while reading: {p}")
         ax = axes[r.label]
         if ax.note:
-            result.warnings.append(ax.note)
+            result.warn("axis", ax.note)
     for name in missing:
-        result.warnings.append(f"asked for but found in no run: {name}")
+        result.warn("names", f"asked for but found in no run: {name}")
 
     for name in chosen:
         result.metrics.append(_metric_report(name, runs, axes, schema))
@@ -130,7 +161,8 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
                 result.only_one_run[mr.name] = mr.runs[0]
     for mr in result.metrics:
         if mr.warning:
-            result.warnings.append(f"{mr.name}: {mr.warning}")
+            group = ("differs" if len(mr.runs) > 1 else "approximate") if mr.approximate else "look_alike"
+            result.warn(group, f"{mr.name}: {mr.warning}", mr.name)
 
     if into:
         from .into import write_into

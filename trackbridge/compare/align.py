@@ -8,8 +8,10 @@ can be aligned on the axes of canonical.yaml ``axes:`` (read through :mod:`track
 * ``tokens``: ``progress/tokens``, tokens seen so far; when a run logs no cumulative counter but logs the tokens
   of every step (``perf/tokens_per_step``) on consecutive steps, their running sum from the first logged step is
   used, and the report says so;
-* ``time``: wall time relative to the run's first wall time. A run without wall times is left out of time-axis
-  charts and the report says so: no time is ever made up.
+* ``time``: wall time relative to the run's first wall time. A run without wall times of its own (its reader, or
+  the ``time_axis: missing`` mark a tracker copy carries, says so) is left out of time-axis charts and the report
+  says so: no time is ever made up. A run whose records are less than a millisecond apart (a tracker copy written
+  before runs carried that mark) is drawn with a warning that its times are write times.
 
 ``step`` and ``time`` come from the records themselves; every other axis from its ``metric`` (a counter the run
 logs), else from the running sum of its ``per_step`` metric.
@@ -20,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..derive.engine import MIN_RATE_INTERVAL
 from ..schema.facts import AXES
 from .load import LoadedRun
 
@@ -65,8 +68,13 @@ def run_axis(run: LoadedRun, kind: str = "step") -> Axis:
         t0 = min(times)
         rel: list[float | None] = [w - t0 if w == w else None for w in walls]
         missing = n - len(times)
-        note = f"{run.label}: {missing} record(s) without a wall time left out" if missing else None
-        return Axis(kind, rel, note=note)
+        notes = [f"{missing} record(s) without a wall time left out"] if missing else []
+        gaps = sorted(b - a for a, b in zip(times, times[1:]) if b > a)
+        if len(times) >= 3 and (not gaps or gaps[len(gaps) // 2] < MIN_RATE_INTERVAL):
+            notes.append(f"its {len(times)} records span {max(times) - t0:.3g} s: times that close are when a copy "
+                         f"wrote them (a tracker copy made before runs carried the time-axis mark), not when "
+                         f"training logged them; this time axis is not the run's")
+        return Axis(kind, rel, note=f"{run.label}: " + "; ".join(notes) if notes else None)
     counter = COUNTERS[kind]
     col = d.column(counter)
     steps = d.steps

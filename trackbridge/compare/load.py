@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeGuard
 
 from ..locators import Locator, parse_many
-from ..pipeline import Pipeline
 from ..record import Histogram, Record, RunInfo
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ..sources.base import RunReader
+    from ..inputs import InputRun
     from .stats import MetricStats
 
 SERIES_POINTS = 10_000          # points kept per run and metric for the chart before buckets take over
@@ -289,9 +288,12 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
               source: str = "auto", derive: bool = True) -> list[LoadedRun]:
     """Open every locator (``LOCATOR`` or ``LABEL=LOCATOR``) and read all its runs as canonical records.
 
-    A locator option ``from=FRAMEWORK[/TRAINER][@VERSION]`` (``console:verl.log?from=verl@v0.3.0.post1``) names
-    the framework the run's names come from instead of detecting it; ``source`` does so for every run."""
-    from ..trackers import kinds, source_class, source_locator
+    Runs are opened as every command opens them (:func:`trackbridge.inputs.open_runs`: the same config, the same
+    source resolution, the same time axis). A locator option ``from=FRAMEWORK[/TRAINER][@VERSION]``
+    (``console:verl.log?from=verl@v0.3.0.post1``) names the framework the run's names come from instead of
+    detecting it; ``source`` does so for every run without one."""
+    from ..inputs import open_runs
+    from ..trackers import kinds, source_locator
 
     texts = [source_locator(str(x)) for x in locators]
     if not texts:
@@ -299,30 +301,27 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
     locs = parse_many(texts, kinds=kinds("source"))
     runs: list[LoadedRun] = []
     for loc in locs:
-        opts = dict(loc.options)
-        run_source = opts.pop("from", None) or source     # ?from=FRAMEWORK[/TRAINER][@VERSION]: no detection
         plain = str(Locator(loc.kind, loc.location, dict(loc.options)))
-        src = source_class(loc.kind)(loc.location, **opts)
-        readers = list(src.runs())
-        if not readers:
+        found = open_runs(plain)
+        if not found:
             raise ValueError(f"{plain}: no runs found")
-        for i, reader in enumerate(readers):
-            info = reader.info
+        for i, run in enumerate(found):
+            info = run.info
             label = loc.label or "run"
-            if len(readers) > 1:
+            if len(found) > 1:
                 label = f"{label}/{info.name or info.run_id or i}"
-            runs.append(load_one(label, plain, reader, mappings=mappings, source=run_source, derive=derive))
+            runs.append(load_one(label, plain, run, mappings=mappings, source=run.source or source, derive=derive))
     return runs
 
 
-def load_one(label: str, locator: str, reader: RunReader, *, mappings: list[str] | None = None, source: str = "auto",
+def load_one(label: str, locator: str, run: InputRun, *, mappings: list[str] | None = None, source: str = "auto",
              derive: bool = True) -> LoadedRun:
     """Read one run through a pipeline, record by record, keeping only :class:`RunData` (see the module
     docstring); ``records`` of the result reads the run again when iterated."""
-    info = reader.info
-    pipe = Pipeline.for_run(info, "canonical", source=source, mappings=mappings, derive=derive)
+    info = run.info
+    pipe = run.pipeline("canonical", source=source, mappings=mappings, derive=derive)
     data = RunData()
-    for rec in pipe.process(reader.records()):
+    for rec in pipe.process(run.records()):
         data.add(rec)
     pipe.finish_notes()
     st = pipe.stats
@@ -333,11 +332,11 @@ def load_one(label: str, locator: str, reader: RunReader, *, mappings: list[str]
         notes.append("not charted (distributions or text, not numbers): " + ", ".join(sorted(data.non_scalar)))
 
     def reread() -> Iterator[Record]:
-        again = Pipeline.for_run(info, "canonical", source=source, mappings=mappings, derive=derive)
-        return again.process(reader.records())
+        again = run.pipeline("canonical", source=source, mappings=mappings, derive=derive)
+        return again.process(run.records())
 
     return LoadedRun(label=label, locator=locator, info=info, records=RecordsView(data.count, reread),
                      source=st.source or str(info.source), approximate=approx, derived=list(st.derived),
                      unmapped=list(st.unmapped), renamed=dict(st.renamed), notes=notes,
-                     problems=[str(p) for p in reader.problems],
-                     has_wall_time=bool(reader.has_wall_time) and data.any_wall, data=data)
+                     problems=[str(p) for p in run.problems],
+                     has_wall_time=run.has_wall_time and data.any_wall, data=data)

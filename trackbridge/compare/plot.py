@@ -32,7 +32,7 @@ class Chart:
     ylabel: str
     xlabel: str
     lines: list[Line]
-    warning: str | None = None                 # shown on the chart (approximate in some run, ...)
+    warning: str | None = None                 # the footnote under the chart (approximate in some run, ...)
     notes: list[str] = field(default_factory=list)
 
 
@@ -47,11 +47,8 @@ def draw(chart: Chart, path: Path) -> Path:
     """Draw ``chart`` into the PNG file ``path`` (its folder is created); returns ``path``."""
     plt = _mpl()
     fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
-    note_lines: list[str] = []
-    if chart.warning:
-        note_lines = textwrap.wrap("\u26a0 " + chart.warning, 120)[:4]
-        if len(textwrap.wrap("\u26a0 " + chart.warning, 120)) > 4:
-            note_lines[-1] = note_lines[-1][:115] + " ..."
+    # the footnote is short by design (compare.report.footnote: what differs, per run); it is drawn whole, never cut
+    note_lines = textwrap.wrap("\u26a0 " + chart.warning, 120) if chart.warning else []
     bottom = 0.13 + 0.045 * len(note_lines)
     ax = fig.add_axes((0.09, bottom, 0.88, 0.91 - bottom))
     any_points = False

@@ -22,6 +22,7 @@ import datetime as _dt
 import html
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
@@ -53,6 +54,8 @@ code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.95em;overflow-
 .metric img{max-width:100%;height:auto;border:1px solid #eee}
 .toc li{margin:.1em 0} .badge{color:#b35c00;font-weight:bold}
 .note{color:#555}
+details{margin:.3em 0} details summary{cursor:pointer} details li{margin:.25em 0}
+.warngroup{background:#fff8ef;border-left:4px solid #e67700;padding:4px 10px}
 """
 
 
@@ -197,7 +200,7 @@ def write_report(result: CompareResult, axes: dict[str, Axis], *, smooth_kind: s
             lines.append(Line(label, xs, ys, sm, color=_color(result.runs, label)))
         ylabel = mr.name + (f" [{mr.unit}]" if mr.unit else "")
         path = charts_dir / f"{i:03d}_{slug(mr.name)}.png"
-        draw(Chart(mr.name, ylabel, xlabel, lines, warning=mr.warning), path)
+        draw(Chart(mr.name, ylabel, xlabel, lines, warning=footnote(mr)), path)
         mr.chart = path
         result.pngs.append(path)
     result.summary_csv = _write_csv(result, out / "summary.csv")
@@ -238,6 +241,7 @@ def _title(result: CompareResult, title: str | None) -> str:
 
 
 def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
+    paths = _Paths(path.parent)
     lines = [f"# {_title(result, title)}", ""]
     lines.append(f"x axis: {X_LABELS[result.x]}. Statistics are over the values as logged (not smoothed), in log "
                  "order; `points` counts every numeric value.")
@@ -261,7 +265,7 @@ def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
                  fmt_short(st.max), fmt_short(st.mean), str(st.points), st.note]
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     lines.append("")
-    path.write_text("\n".join(lines), encoding="utf-8")
+    path.write_text(paths.text("\n".join(lines)), encoding="utf-8")
     return path
 
 
@@ -274,20 +278,139 @@ def _anchor(name: str) -> str:
     return "m-" + slug(name)
 
 
+# A local absolute path in text: a "/" followed by a name, at a word's start or after a locator's "KIND:", or the
+# fourth slash of ``sqlite:////abs/path``; never the "//" of a URL or a "/" inside a word (kl/ref/k3, tokens/s)
+_ABS_PATH = re.compile(r"(?:(?<=:///)|(?<![\w.\\/~-]))/(?=[^/\s])[^\s'\"<>|,;()]+")
+
+
+class _Paths:
+    """Local paths as the report shows them, without the author's file system: relative to the report folder when
+    inside it (``charts/001_x.png``), else relative to the folder the command ran in (``examples/verl_console.log``),
+    else the last two parts (``…/trackers/mlflow.db``). Applied to every text of the HTML and Markdown."""
+
+    def __init__(self, out: Path) -> None:
+        self.bases = [Path(out).resolve()]
+        cwd = Path.cwd().resolve()
+        if len(cwd.parts) > 1:
+            self.bases.append(cwd)
+
+    def show(self, text: str) -> str:
+        path = Path(os.path.normpath(text))
+        for base in self.bases:
+            try:
+                return path.relative_to(base).as_posix() or "."
+            except ValueError:
+                continue
+        return "\u2026/" + "/".join(path.parts[-2:]) if len(path.parts) > 2 else path.name or "."
+
+    def text(self, text: object) -> str:
+        return _ABS_PATH.sub(lambda m: self.show(m.group(0)), str(text))
+
+
+KEY_CHARTS = 4        # charts the report opens on
+
+
+def key_metrics(result: CompareResult, n: int = KEY_CHARTS) -> list[MetricReport]:
+    """The charts the report opens on: in report order (the presets' order: effectiveness first), metrics every run
+    has first, then those of several runs, then the rest; at most ``n``."""
+    runs = len(result.runs)
+    ranked = sorted(range(len(result.metrics)), key=lambda i: (
+        0 if len(result.metrics[i].runs) == runs else 1 if len(result.metrics[i].runs) > 1 else 2, i))
+    chosen = sorted(ranked[:n])
+    return [result.metrics[i] for i in chosen]
+
+
+def footnote(mr: MetricReport) -> str | None:
+    """What a chart's PNG says under it: the kind of warning and, per run, what differs (the mapping's ``[tags]``),
+    complete and short; the reasons in full are in report.html and summary.md."""
+    if not mr.warning:
+        return None
+    parts = []
+    if mr.approximate:
+        per_run = [f"{label}{' ' + tags if tags else ''}" for label, why in mr.approximate.items()
+                   for tags in (_tags(why),)]
+        if len(", ".join(per_run)) > 200:
+            per_run = [f"{len(per_run)} runs"]
+        head = "Not the same quantity in every run" if len(mr.runs) > 1 else "Approximate translation"
+        parts.append(f"{head}: approximate in {'; '.join(per_run)}.")
+    for text in mr.look_alikes:
+        what, _, _ = text.partition(": ")
+        parts.append(what[0].upper() + what[1:] + ": a different quantity.")
+    parts.append("Reasons: report.html, summary.md.")
+    return " ".join(parts)
+
+
+def _tags(why: str) -> str:
+    found = re.findall(r"\[([a-z_]+(?:, [a-z_]+)*)\]", why)
+    return f"[{found[-1]}]" if found else ""
+
+
 def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kind: str) -> Path:
+    """The report: title, the findings (when any), the key charts, the warnings grouped, the runs, every metric.
+
+    Layout, top to bottom: the title and one line of context (runs, axis, files); ``<section id="findings">``,
+    reserved for a short list of findings linked to the charts below (:attr:`CompareResult.findings`; nothing
+    when empty); the key charts (:func:`key_metrics`) so that the first screen shows a chart; the warnings, one
+    ``<details>`` per kind with its count and every warning in full; the runs; the metrics of one run; the contents
+    and every other metric's section. No absolute local path appears (:class:`_Paths`); links are relative to the
+    report folder."""
+    from . import WARNING_GROUPS
+    paths = _Paths(path.parent)
+
+    def e(text: object) -> str:
+        return _e(paths.text(text))
+
     t = _title(result, title)
     h: list[str] = []
     h.append("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">")
     h.append(f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">")
     h.append("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")
-    h.append(f"<title>{_e(t)}</title><style>{STYLE}</style></head><body>")
-    h.append(f"<h1>{_e(t)}</h1>")
+    h.append(f"<title>{e(t)}</title><style>{STYLE}</style></head><body>")
+    h.append(f"<h1>{e(t)}</h1>")
     smooth_txt = ("no smoothing" if result.smooth <= 1 else
                   (f"EMA of span {result.smooth}" if smooth_kind == "ema" else f"trailing mean of {result.smooth} "
                    "points") + " drawn over the faint raw values")
-    h.append(f"<p class=\"meta\">x axis: {_e(X_LABELS[result.x])} &middot; {_e(smooth_txt)} &middot; tables use "
-             f"the values as logged &middot; trackbridge {_e(_tb_version)} &middot; "
-             f"{_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>")
+    runs_txt = ", ".join(f"<b>{e(r.label)}</b> ({e(r.source)})" for r in result.runs)
+    n_warn = sum(len(v) for v in result.warning_groups.values()) or len(result.warnings)
+    h.append(f"<p class=\"meta\">{runs_txt} &middot; x axis: {e(X_LABELS[result.x])} &middot; {e(smooth_txt)}"
+             + (f" &middot; <a href=\"#warnings\">&#9888; {n_warn} warning{'s' if n_warn != 1 else ''}</a>"
+                if n_warn else "")
+             + f" &middot; <a href=\"#contents\">all {len(result.metrics)} metrics</a> &middot; "
+             "<a href=\"summary.csv\">summary.csv</a> &middot; <a href=\"summary.md\">summary.md</a> &middot; "
+             f"trackbridge {e(_tb_version)} &middot; {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>")
+
+    # findings: a short list above the charts (filled by later analyses; see CompareResult.findings)
+    h.append("<!-- findings: one short sentence each, linked to the charts below -->")
+    if result.findings:
+        h.append("<section id=\"findings\"><h2>Findings</h2><ul>"
+                 + "".join(f"<li>{e(f)}</li>" for f in result.findings) + "</ul></section>")
+
+    # the key charts
+    key = key_metrics(result)
+    if key:
+        h.append("<h2 id=\"key\">Key charts</h2>")
+        for mr in key:
+            h.append(_section(mr, e))
+    else:
+        h.append("<p>No metric to show.</p>")
+
+    # warnings, grouped
+    if result.warnings:
+        groups = result.warning_groups or {"other": [(None, w) for w in result.warnings]}
+        h.append(f"<h2 id=\"warnings\">Warnings ({n_warn})</h2>")
+        for g in [*WARNING_GROUPS, *(g for g in groups if g not in WARNING_GROUPS)]:
+            items = groups.get(g)
+            if not items:
+                continue
+            label = WARNING_GROUPS.get(g, "Other")
+            h.append(f"<details class=\"warngroup\"><summary><b>{e(label)}</b>: {len(items)}</summary><ul>")
+            for metric, text in items:
+                if metric is not None and text.startswith(metric + ": "):
+                    text = text[len(metric) + 2:]
+                    h.append(f"<li><a href=\"#{_anchor(metric)}\"><code>{e(metric)}</code></a>: {e(text)}</li>")
+                else:
+                    h.append(f"<li>{e(text)}</li>")
+            h.append("</ul></details>")
 
     # runs
     h.append("<h2 id=\"runs\">Runs</h2><table><tr><th>run</th><th>locator</th><th>translated from (detected "
@@ -297,22 +420,17 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
         rng = r.step_range()          # from the packed steps kept while streaming: the run is not read again
         step_txt = f"{rng[0]}&ndash;{rng[1]}" if rng else "none"
         unm = ", ".join(r.unmapped)
-        h.append(f"<tr><td><b>{_e(r.label)}</b></td><td><code>{_e(r.locator)}</code></td><td>{_e(r.source)}</td>"
+        h.append(f"<tr><td><b>{e(r.label)}</b></td><td><code>{e(r.locator)}</code></td><td>{e(r.source)}</td>"
                  f"<td class=\"num\">{len(r.records)}</td><td class=\"num\">{step_txt}</td>"
                  f"<td>{'yes' if r.has_wall_time else 'none in the source'}</td>"
-                 f"<td>{_e(', '.join(r.derived)) or '&mdash;'}</td>"
-                 f"<td>{_e(unm) if unm else '&mdash;'}</td></tr>")
+                 f"<td>{e(', '.join(r.derived)) or '&mdash;'}</td>"
+                 f"<td>{e(unm) if unm else '&mdash;'}</td></tr>")
     h.append("</table>")
-    notes = [(r.label, n) for r in result.runs for n in r.notes]
-    if notes:
-        h.append("<ul class=\"note\">" + "".join(f"<li>{_e(lbl)}: {_e(n)}</li>" for lbl, n in notes) + "</ul>")
-
-    # warnings
-    if result.warnings:
-        h.append("<h2 id=\"warnings\">Warnings</h2><ul>")
-        for w in result.warnings:
-            h.append(f"<li>{_e(w)}</li>")
-        h.append("</ul>")
+    for r in result.runs:
+        if r.notes:
+            h.append(f"<details class=\"note\"><summary>{e(r.label)}: {len(r.notes)} note"
+                     f"{'s' if len(r.notes) != 1 else ''} from the translation</summary><ul>"
+                     + "".join(f"<li>{e(n)}</li>" for n in r.notes) + "</ul></details>")
 
     # only in one run
     if len(result.runs) > 1:
@@ -320,55 +438,64 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
         if result.only_one_run:
             h.append("<table><tr><th>metric</th><th>only in</th></tr>")
             for name, label in result.only_one_run.items():
-                h.append(f"<tr><td><a href=\"#{_anchor(name)}\"><code>{_e(name)}</code></a></td>"
-                         f"<td>{_e(label)}</td></tr>")
+                h.append(f"<tr><td><a href=\"#{_anchor(name)}\"><code>{e(name)}</code></a></td>"
+                         f"<td>{e(label)}</td></tr>")
             h.append("</table>")
         else:
             h.append("<p>None: every charted metric is in more than one run.</p>")
 
     # contents
-    h.append("<h2 id=\"contents\">Metrics</h2>")
-    groups: dict[str, list[MetricReport]] = {p: [] for p in PRESETS}
-    groups["other"] = []
+    h.append("<h2 id=\"contents\">All metrics</h2>")
+    groups_m: dict[str, list[MetricReport]] = {p: [] for p in PRESETS}
+    groups_m["other"] = []
     for mr in result.metrics:
-        groups[mr.preset or "other"].append(mr)
+        groups_m[mr.preset or "other"].append(mr)
     h.append("<ul class=\"toc\">")
-    for g, items in groups.items():
-        if not items:
+    for g, items_m in groups_m.items():
+        if not items_m:
             continue
-        links = ", ".join(f"<a href=\"#{_anchor(m.name)}\"><code>{_e(m.name)}</code></a>"
+        links = ", ".join(f"<a href=\"#{_anchor(m.name)}\"><code>{e(m.name)}</code></a>"
                           + (" <span class=\"badge\" title=\"not the same quantity in every run\">&#9888;</span>"
-                             if m.warning else "") for m in items)
-        h.append(f"<li><b>{_e(g)}</b>: {links}</li>")
+                             if m.warning else "") for m in items_m)
+        h.append(f"<li><b>{e(g)}</b>: {links}</li>")
     h.append("</ul>")
-    if not result.metrics:
-        h.append("<p>No metric to show.</p>")
+    if key:
+        h.append("<p class=\"meta\">The key charts are at the top: "
+                 + ", ".join(f"<a href=\"#{_anchor(m.name)}\"><code>{e(m.name)}</code></a>" for m in key) + ".</p>")
 
-    # one section per metric
+    # one section per metric (the key charts' are above)
+    shown = {id(m) for m in key}
     for mr in result.metrics:
-        h.append(f"<section class=\"metric\" id=\"{_anchor(mr.name)}\"><h3>{_e(mr.name)}</h3>")
-        desc = _e(mr.description) + (f" &middot; unit: <code>{_e(mr.unit)}</code>" if mr.unit else "")
-        if desc:
-            h.append(f"<p class=\"meta\">{desc}</p>")
-        if mr.warning:
-            h.append(f"<div class=\"warn\"><b>&#9888; {_e(mr.name)}:</b> {_e(mr.warning)}</div>")
-        for n in mr.axis_notes:
-            h.append(f"<p class=\"note\">{_e(n)}</p>")
-        if mr.chart is not None and mr.chart.is_file():
-            data = base64.b64encode(mr.chart.read_bytes()).decode("ascii")
-            h.append(f"<img alt=\"chart of {_e(mr.name)}\" width=\"900\" height=\"500\" "
-                     f"src=\"data:image/png;base64,{data}\">")
-        h.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in COLUMNS[1:]) + "</tr>")
-        for st in mr.stats:
-            cells = [f"<td>{_e(st.run)}</td>"]
-            cells += [f"<td class=\"num\" title=\"{_e(fmt_csv(v))}\">{_e(fmt_short(v))}</td>"
-                      for v in (st.first, st.last, st.min, st.max, st.mean)]
-            cells.append(f"<td class=\"num\">{st.points}</td>")
-            cells.append(f"<td>{_e(st.note)}</td>")
-            h.append("<tr>" + "".join(cells) + "</tr>")
-        h.append("</table></section>")
-    h.append("<p class=\"meta\">Same table as CSV and Markdown: <code>summary.csv</code>, <code>summary.md</code>; "
-             "charts as PNG files in <code>charts/</code>.</p>")
+        if id(mr) not in shown:
+            h.append(_section(mr, e))
+    h.append("<p class=\"meta\">Same table as CSV and Markdown: <a href=\"summary.csv\">summary.csv</a>, "
+             "<a href=\"summary.md\">summary.md</a>; charts as PNG files in <code>charts/</code>.</p>")
     h.append("</body></html>\n")
     path.write_text("\n".join(h), encoding="utf-8")
     return path
+
+
+def _section(mr: MetricReport, e: Callable[[object], str]) -> str:
+    """One metric: name, description, chart (linked to its PNG), the warning in full, axis notes, the table."""
+    h = [f"<section class=\"metric\" id=\"{_anchor(mr.name)}\"><h3>{e(mr.name)}</h3>"]
+    desc = e(mr.description) + (f" &middot; unit: <code>{e(mr.unit)}</code>" if mr.unit else "")
+    if desc:
+        h.append(f"<p class=\"meta\">{desc}</p>")
+    if mr.chart is not None and mr.chart.is_file():
+        data = base64.b64encode(mr.chart.read_bytes()).decode("ascii")
+        h.append(f"<a href=\"charts/{_e(mr.chart.name)}\"><img alt=\"chart of {e(mr.name)}\" width=\"900\" "
+                 f"height=\"500\" src=\"data:image/png;base64,{data}\"></a>")
+    if mr.warning:
+        h.append(f"<div class=\"warn\"><b>&#9888; {e(mr.name)}:</b> {e(mr.warning)}</div>")
+    for n in mr.axis_notes:
+        h.append(f"<p class=\"note\">{e(n)}</p>")
+    h.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in COLUMNS[1:]) + "</tr>")
+    for st in mr.stats:
+        cells = [f"<td>{e(st.run)}</td>"]
+        cells += [f"<td class=\"num\" title=\"{_e(fmt_csv(v))}\">{_e(fmt_short(v))}</td>"
+                  for v in (st.first, st.last, st.min, st.max, st.mean)]
+        cells.append(f"<td class=\"num\">{st.points}</td>")
+        cells.append(f"<td>{e(st.note)}</td>")
+        h.append("<tr>" + "".join(cells) + "</tr>")
+    h.append("</table></section>")
+    return "\n".join(h)

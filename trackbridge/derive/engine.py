@@ -18,7 +18,9 @@ Contract (what the logger, translation, migration and comparison rely on):
   step where it can be evaluated (even when the rule's output was logged, so that a later missing output is derived
   from the right history) and skip steps where it cannot (so ``delta``/``rate`` span back to the last step where the
   input was present). Applying the same step twice does not advance the state. ``to_state()`` /
-  ``from_state()`` save and restore it (JSON-able) for resumed runs.
+  ``from_state()`` save and restore it (JSON-able) for resumed runs. ``rate()`` divides by wall time: a record
+  without one (a run without a time axis of its own) or two records less than :data:`MIN_RATE_INTERVAL` apart (times
+  a copy stamped, not the run's) give no value and one note, never a made-up rate.
 * ``progress/step``, when a rule reads it and the dict does not hold it, is taken from ``apply(step=...)``.
 * A value derived from an input whose translation was approximate is listed in ``.approximate`` with the reason.
 """
@@ -36,6 +38,10 @@ log = logging.getLogger("trackbridge.derive")
 
 STATE_FORMAT = "trackbridge.derive-state/1"
 STEP_NAME = STEP_AXIS           # the canonical name of the tracker step (canonical.yaml axes: step)
+# seconds: two training records closer than this in wall time were not logged by training steps that far apart but
+# written by a copy that stamped its own times (a tracker copy from before runs carried the time-axis mark); rate()
+# gives no value across them rather than ~1e8 tokens/s
+MIN_RATE_INTERVAL = 1e-3
 
 
 class _Inst:
@@ -201,7 +207,9 @@ class Deriver:
             env = E.Env(metrics, self.config)
         else:
             env = E.Env(metrics, self.config)
-            self._observe(inst, env, step, wall_time)
+            why = self._observe(inst, env, step, wall_time)
+            if why and not has_output:
+                self._note(rule, inst.out, why)
             if has_output:
                 return
             for n in inst.inputs:
@@ -229,7 +237,10 @@ class Deriver:
                 break
 
     # ------------------------------------------------------------------------------------------ stateful functions
-    def _observe(self, inst: _Inst, env: E.Env, step: int | None, wall_time: float | None) -> None:
+    def _observe(self, inst: _Inst, env: E.Env, step: int | None, wall_time: float | None) -> str | None:
+        """Observe the stateful functions' arguments at this record; says why when a ``rate()`` had two
+        observations but no time to divide by (no wall times, or two less than :data:`MIN_RATE_INTERVAL` apart)."""
+        timeless = None
         for node, names in zip(inst.stateful, inst.st_inputs):
             if any(env.metrics.get(n) is None for n in names):
                 continue                      # input absent at this step: history unchanged
@@ -249,7 +260,15 @@ class Deriver:
                     env.stateful[node.index] = v - ref[1]
                 else:
                     t0, t1 = ref[0], wall_time
-                    if t0 is None or t1 is None or t1 - t0 <= 0:
+                    if t0 is None or t1 is None:
+                        timeless = ("rate() needs wall times and the run holds none of its own (a tracker's write "
+                                    "times are not used), so no per-second rate is derived")
+                        continue
+                    if t1 - t0 <= 0:
+                        continue
+                    if t1 - t0 < MIN_RATE_INTERVAL:
+                        timeless = (f"two records {t1 - t0:.2g} s apart: times that close are when the records "
+                                    f"were written, not logged, so no per-second rate is derived from them")
                         continue
                     env.stateful[node.index] = (v - ref[1]) / (t1 - t0)
             elif node.fn == "cumsum":
@@ -262,6 +281,7 @@ class Deriver:
                 val = v if base is None else a * v + (1.0 - a) * base
                 self._state[slot] = {"step": step, "base": base, "ema": val}
                 env.stateful[node.index] = val
+        return timeless
 
     # ------------------------------------------------------------------------------------------ state
     def to_state(self) -> dict[str, Any]:

@@ -32,6 +32,8 @@ def lint(paths: list[str]) -> int:
         if len(errs) > 1:
             print(f"{len(errs)} problem(s)", file=sys.stderr)
         return 2
+    for said in reg.overrides:
+        print(f"note: {said}")
     n = sum(len(f.entries) for f in reg.frameworks.values())
     print(f"ok: {len(reg.canonical.metrics)} canonical metrics, {n} framework entries in "
           f"{len(reg.frameworks)} frameworks, {n_rules} derived rules ({len(reg.files)} files)")

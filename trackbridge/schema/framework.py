@@ -230,7 +230,7 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
             framework=name, key=key, canonical=target, since=since, until=until,
             trainers=_trainers(raw.get("trainers"), f, line, label, fw.trainers, errors), fidelity=fidelity,
             differs=tuple(differs), reason=reason, scale=scale, offset=offset, when=when_items, reverse=reverse,
-            source=str(raw.get("source", "")), note=str(raw.get("note", "")),
+            source=str(raw.get("source", "")), note=str(raw.get("note", "")), override=raw.get("override") is True,
             renamed_from=tuple([raw["renamed_from"]] if isinstance(raw.get("renamed_from"), str)
                                else raw.get("renamed_from") or ()), key_template=ktpl,
             canonical_template=ctpl, file=f, line=line or 0))

@@ -2,7 +2,8 @@
 
 The shipped files live in ``mappings/`` (inside the wheel as ``trackbridge/mappings``). User files given with
 ``mappings=[PATH]`` / ``--mappings PATH`` are classified by their ``format`` line: a canonical extension, a
-framework mapping (new, or extending a shipped framework of the same name) or derived rules. Each canonical and
+framework mapping (new, or extending a shipped framework of the same name; an entry colliding with a shipped one
+needs ``override: true``, :mod:`.overrides`) or derived rules. Each canonical and
 framework file is first checked against its JSON Schema (``mappings/schemas/canonical.schema.json``,
 ``framework.schema.json``: fields, types, allowed values), then parsed by :mod:`.canonical` and :mod:`.framework`
 (what needs the other files: canonical names that exist, releases, overlaps, renames). Every problem found is
@@ -22,6 +23,7 @@ from .canonical import load_canonical
 from .framework import check_framework, load_framework
 from .jsonschema import SchemaError, load_schema, validate
 from .model import CanonicalSchema, FrameworkMapping
+from .overrides import apply_overrides
 from .paths import mappings_dir
 from .yamlfile import MappingError, MappingErrors, line_of, load_yaml
 
@@ -40,6 +42,7 @@ class Registry:
     frameworks: dict[str, FrameworkMapping]
     derived_files: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)    # what user entries override (schema/overrides.py)
 
     def framework(self, name: str) -> FrameworkMapping:
         try:
@@ -122,10 +125,12 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
             shipped = shipped_splits_and_axes()
         canonical = _guarded(lambda: load_canonical(canon_docs, errors, shipped), structural, errors)
     frameworks: dict[str, FrameworkMapping] = {}
+    overrides: list[str] = []
     if canonical is not None:
         for f, doc in fw_docs:
             _guarded(lambda: load_framework(f, doc, canonical, frameworks, errors), structural, errors)
         for fw in frameworks.values():
+            overrides += apply_overrides(fw, set(extra), errors)
             _guarded(lambda: check_framework(fw, errors), structural, errors)
             fw.index()
     errors = [*errors, *(e for e in structural if not _said(e, errors))]
@@ -133,7 +138,8 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
     if errors:
         raise errors[0] if len(errors) == 1 else MappingErrors(errors)
     assert canonical is not None            # no canonical file, or one that failed to parse, is an error above
-    return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs])
+    return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs],
+                    overrides=overrides)
 
 
 def _said(e: Any, errors: list[MappingError]) -> bool:

@@ -136,6 +136,7 @@ class Entry:
     reverse: bool = True
     source: str = ""
     note: str = ""
+    override: bool = False            # a user's entry that wins over the shipped entries it collides with
     renamed_from: tuple[str, ...] = ()   # earlier keys of the same quantity (pure renames between releases)
     key_template: Template | None = None
     canonical_template: Template | None = None

@@ -154,3 +154,16 @@ def flatten_config(config: Mapping[str, Any] | None, prefix: str = "") -> dict[s
         if isinstance(v, Mapping):
             out.update(flatten_config(v, name + "."))
     return out
+
+
+def config_view(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The run config as mapping entries' ``when`` and the translator look keys up: :func:`flatten_config`, plus
+    every key found under one wrapping group (transformers' TensorBoard ``args`` text, a wandb config group) also
+    reachable without it, unless the config has that key itself (``args.gradient_accumulation_steps`` is
+    ``gradient_accumulation_steps``)."""
+    flat = flatten_config(config)
+    for k, v in list(flat.items()):
+        head, dot, rest = k.partition(".")
+        if dot and isinstance(flat.get(head), Mapping) and rest not in flat:
+            flat[rest] = v
+    return flat

@@ -10,7 +10,7 @@ from ..schema.loader import Registry, load_registry
 from ..schema.model import Entry
 from ..spec import Spec, parse_spec
 from .derived import Deriving
-from .entries import NOT_PLANNED, Plan, flatten_config, owner, parse_origin, same_value, split_canonical
+from .entries import NOT_PLANNED, Plan, config_view, flatten_config, owner, parse_origin, same_value, split_canonical
 from .plan import Planning
 from .report import Translation
 from .resolve import Resolution
@@ -47,7 +47,7 @@ class Translator(Resolution, Planning, Deriving):
         self._pinned = False
         self._tgt_from_keys = False
         self.raw_config = dict(config or {})
-        self.flat_config = flatten_config(self.raw_config)
+        self.flat_config = config_view(self.raw_config)     # `args.x` of a TensorBoard folder is found as `x`
         self.detection: Detection | None = None
         self._src: Spec | None = None if self._needs_detection() else self.source_spec
         self._seen: set[str] = set()

@@ -1,0 +1,156 @@
+"""Every code block of README.md runs as written (issue 18, item 3).
+
+The blocks run in README order in one scratch folder, as a user following the README would: ``bash`` blocks through
+``bash -euo pipefail`` (every command must exit 0), ``python`` blocks each in a fresh interpreter, with the installed
+``trackbridge`` command first on PATH. The folder holds the files the blocks name: the shipped ``examples/``, and
+``run.jsonl``, ``old.jsonl``, ``trainer_state.json``, ``out/trainer_state.json``, ``verl.log``, ``old_runs/`` (a
+TensorBoard folder as transformers writes it) and ``wandb/`` (an offline wandb run), built from the examples. A
+``yaml`` block of a trackbridge format is a file the text tells the user to save: it is written under the name the
+other blocks use (``my_mappings.yaml``), then linted and used to translate each of its entries.
+
+Only the blocks in :data:`SKIP` are not run, each with its reason; the test fails if a listed block is gone (the
+list never silently grows stale) or if a block is of a kind it does not know. It counts the blocks it ran and
+checks that count.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from _support import ROOT
+
+pytest.importorskip("tensorboard")
+pytest.importorskip("mlflow")
+pytest.importorskip("wandb")
+pytest.importorskip("trackio")
+
+README = ROOT / "README.md"
+MAPPING_FILE = "my_mappings.yaml"      # the name the README's commands give a user's mapping file
+
+# first line of the block -> why it is not run
+SKIP = {
+    "make demo   # creates .venv, installs, runs the demo on the example runs, prints where the output is":
+        "sets up a virtualenv and runs the whole test suite (`make test`), of which this test is a part; CI runs "
+        "`make demo` and `make test` themselves",
+    "from trackbridge.integrations.transformers import TrackBridgeCallback":
+        "a fragment with the user's placeholders (GRPOTrainer(model=..., reward_funcs=[...], args=args, "
+        "train_dataset=ds)); the callback with a real GRPOTrainer is tests/frameworks/test_integrations_trl.py",
+    "mappings/            the facts: canonical.yaml (the hub: names, config names, splits, compare axes, presets,":
+        "the layout of the repository (a tree, not code)",
+}
+RUN_KINDS = {"bash", "python"}
+
+
+def blocks() -> list[tuple[int, str, str]]:
+    """(line, language, text) of every fenced block of README.md."""
+    out, lang, start, buf = [], None, 0, []
+    for i, line in enumerate(README.read_text(encoding="utf-8").splitlines(), 1):
+        fence = re.match(r"^```\s*([\w+-]*)\s*$", line)
+        if fence and lang is None:
+            lang, start, buf = fence.group(1), i, []
+        elif line.startswith("```") and lang is not None:
+            out.append((start, lang, "\n".join(buf) + "\n"))
+            lang = None
+        elif lang is not None:
+            buf.append(line)
+    assert lang is None, f"README.md:{start}: a code block is never closed"
+    return out
+
+
+def _first_line(text: str) -> str:
+    return next((ln.rstrip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def _write_fixtures(d: Path, env: dict[str, str]) -> None:
+    ex = ROOT / "examples"
+    shutil.copytree(ex, d / "examples")
+    shutil.copy(ex / "trl_grpo_trainer_state.json", d / "trainer_state.json")
+    (d / "out").mkdir()
+    shutil.copy(ex / "trl_grpo_trainer_state.json", d / "out" / "trainer_state.json")
+    shutil.copy(ex / "verl_console.log", d / "verl.log")
+    verl = [{"step": s, "actor/pg_loss": 0.1 / s, "actor/ppo_kl": 0.001 * s, "critic/score/mean": 0.4 + 0.01 * s,
+             "timing_s/gen": 12.5, "my_key": s} for s in range(1, 6)]
+    (d / "run.jsonl").write_text("".join(json.dumps(r) + "\n" for r in verl))
+    grpo = [{"step": s, "completion_length": 30.0 + s, "reward": 0.1 * s, "reward_std": 0.05, "kl": 0.001 * s,
+             "rewards/accuracy_reward": 0.1 * s, "loss": 0.01, "learning_rate": 1e-6} for s in range(1, 6)]
+    (d / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in grpo))
+    from torch.utils.tensorboard import SummaryWriter  # old_runs/: as transformers' TensorBoardCallback
+    w = SummaryWriter(str(d / "old_runs" / "grpo-1"))
+    w.add_text("args", json.dumps({"learning_rate": 1e-6, "beta": 0.04, "num_generations": 8}), 0)
+    for r in grpo:
+        for k, v in r.items():
+            if k != "step":
+                w.add_scalar(f"train/{k}", v, r["step"])
+    w.close()
+    r = subprocess.run([sys.executable, "-m", "trackbridge", "migrate", "--quiet", "console:verl.log", "wandb:wandb"],
+                       cwd=d, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr                 # wandb/: an offline wandb run
+    assert list((d / "wandb").rglob("run-*.wandb"))
+
+
+def _mapping_file(d: Path, text: str, env: dict[str, str]) -> None:
+    """A user's mapping file from the README: saved, linted, and each entry translated (generic: key, canonical,
+    framework and since are what any mapping entry has)."""
+    doc = yaml.safe_load(text)
+    assert doc.get("format") == "trackbridge.mapping/1", doc
+    (d / MAPPING_FILE).write_text(text)
+    r = subprocess.run([sys.executable, "-m", "trackbridge", "mappings", "lint", MAPPING_FILE], cwd=d, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import trackbridge
+
+    def filled(name: str) -> str:
+        return re.sub(r"\{[^}]*\}", "x", name)
+
+    assert doc["entries"], "the README's mapping example has no entries"
+    for e in doc["entries"]:
+        source = doc["framework"] + (f"@{str(e['since']).lstrip('v')}" if e.get("since") else "")
+        res = trackbridge.translate({filled(e["key"]): 1.0}, source=source, mappings=[str(d / MAPPING_FILE)])
+        assert res.metrics == {filled(e["canonical"]): 1.0}, (e, res.metrics, res.notes)
+
+
+def test_every_readme_block_runs_as_written(tmp_path, env):
+    work = tmp_path / "user"
+    work.mkdir()
+    run_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "TRACKBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    run_env.pop("PYTHONPATH", None)
+    _write_fixtures(work, run_env)
+    all_blocks = blocks()
+    ran, skipped, files = [], [], []
+    # the files the README asks the user to save come first (the command list near the top lints my_mappings.yaml)
+    for line, lang, text in all_blocks:
+        if lang == "yaml" and "format: trackbridge." in text:
+            _mapping_file(work, text, run_env)
+            files.append(f"README.md:{line}")
+    for line, lang, text in all_blocks:
+        first = _first_line(text)
+        where = f"README.md:{line}"
+        if first in SKIP:
+            skipped.append(first)
+            continue
+        if where in files:
+            continue
+        assert lang in RUN_KINDS, f"{where}: a ```{lang} block this test does not know how to run: run it or add " \
+                                  f"it to SKIP with the reason"
+        cmd = ["bash", "-euo", "pipefail", "-c", text] if lang == "bash" else [sys.executable, "-c", text]
+        r = subprocess.run(cmd, cwd=work, env=run_env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"{where} ({lang}) failed with exit {r.returncode}:\n{text}\n{r.stderr[-4000:]}"
+        assert "Traceback" not in r.stderr, f"{where}: {r.stderr[-4000:]}"
+        ran.append(where)
+    assert sorted(skipped) == sorted(SKIP), f"SKIP lists blocks the README no longer has: {set(SKIP) - set(skipped)}"
+    assert files, "the README's own mapping file example was not found"
+    assert len(ran) == len(all_blocks) - len(SKIP) - len(files), (ran, skipped, files)
+    assert len(ran) >= 7, ran          # 7 today (3 bash, 4 python blocks): fewer means blocks went unrecognised
+    # what the blocks made is really there
+    assert (work / "report" / "report.html").is_file() and (work / "compare-report" / "report.html").is_file()
+    assert (work / "report.json").is_file() and (work / "mlflow.db").is_file() and (work / "all.db").is_file()
+    assert list((work / "tb").rglob("events.out.tfevents.*"))
