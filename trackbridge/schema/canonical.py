@@ -22,6 +22,7 @@ from .model import (
     Split,
     Splits,
 )
+from .reductions import FIELDS, parse_reduce
 from .templates import TemplateError, compile_template, is_template, strip_types
 from .versions import VersionError, version_key
 from .yamlfile import MappingError, line_of
@@ -175,10 +176,22 @@ def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[Mapp
         except TemplateError as exc:
             errors.append(MappingError(str(exc), file=f, line=line, entry=name))
             return None
+    reduce = None
+    if spec.get("reduce") is not None:
+        reduce, problems = parse_reduce(spec["reduce"], {}, literal_only=True)
+        rline = line_of(spec, "reduce", line)
+        for p in problems:
+            errors.append(MappingError(p, file=f, line=rline, entry=name))
+        est = spec.get("estimator")
+        if reduce is not None and est and reduce.stated("estimator") and reduce.get("estimator") != est:
+            errors.append(MappingError(f"reduce: estimator {reduce.get('estimator')!r} disagrees with the metric's "
+                                       f"estimator {est!r}", file=f, line=rline, entry=name))
+        if reduce is not None and est in FIELDS["estimator"] and not reduce.stated("estimator"):
+            reduce = reduce.with_fields(estimator=str(est))     # the metric's estimator is part of its reference
     return CanonicalMetric(
         name=name, description=str(spec.get("description", "")), unit=str(spec.get("unit", "")),
         kind=kind, better=better, estimator=spec.get("estimator"), reduction=spec.get("reduction"),
-        role=role, axis=bool(spec.get("axis", False)), template=tpl, file=f, line=line or 0)
+        role=role, axis=bool(spec.get("axis", False)), template=tpl, file=f, line=line or 0, reduce=reduce)
 
 
 def load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError],

@@ -40,6 +40,7 @@ class Registry:
     frameworks: dict[str, FrameworkMapping]
     derived_files: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    warnings: list[MappingError] = field(default_factory=list)    # what `mappings lint` reports without failing
 
     def framework(self, name: str) -> FrameworkMapping:
         try:
@@ -83,8 +84,12 @@ def shipped_files() -> list[Path]:
     return sorted(p for p in d.glob("*.yaml"))
 
 
-def build_registry(files: list[Path], extra: list[str]) -> Registry:
+def build_registry(files: list[Path], extra: list[str], *, require_reduction: bool | None = None) -> Registry:
+    """Load and check ``files`` (the shipped ones) and ``extra`` (a user's); raise :class:`MappingErrors` naming every
+    problem. ``require_reduction``: an entry without ``reduce:`` is an error (default:
+    :data:`~.reductions.REQUIRE_REDUCTION`), else a warning in ``Registry.warnings``."""
     errors: list[MappingError] = []
+    warnings: list[MappingError] = []
     docs: list[tuple[str, Any]] = []
     for f in [*map(str, files), *extra]:
         try:
@@ -124,7 +129,8 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
     frameworks: dict[str, FrameworkMapping] = {}
     if canonical is not None:
         for f, doc in fw_docs:
-            _guarded(lambda: load_framework(f, doc, canonical, frameworks, errors), structural, errors)
+            _guarded(lambda: load_framework(f, doc, canonical, frameworks, errors, warnings, require_reduction),
+                     structural, errors)
         for fw in frameworks.values():
             _guarded(lambda: check_framework(fw, errors), structural, errors)
             fw.index()
@@ -133,7 +139,9 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
     if errors:
         raise errors[0] if len(errors) == 1 else MappingErrors(errors)
     assert canonical is not None            # no canonical file, or one that failed to parse, is an error above
-    return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs])
+    warnings.sort(key=lambda e: (e.file or "", e.line or 0))
+    return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs],
+                    warnings=warnings)
 
 
 def _said(e: Any, errors: list[MappingError]) -> bool:
