@@ -1,18 +1,20 @@
-"""Human-readable views of the mappings: ``mappings list``, ``show``, ``lint`` and the generated reference page."""
+"""Human-readable views of the mappings: ``trackbridge mappings list``, ``show``, ``lint`` and the generated reference
+page (docs/metrics.md). They print, and lint reads the derived rules too, so they live beside the CLI, above the
+schema layer they read."""
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
 
-from .loader import Registry, build_registry, shipped_files
-from .model import Entry, FrameworkMapping, condition_value_text
-from .yamlfile import MappingError, MappingErrors
+from .schema.loader import Registry, build_registry, shipped_files
+from .schema.model import Entry, FrameworkMapping, condition_value_text
+from .schema.yamlfile import MappingError, MappingErrors
 
 
 def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | None = None) -> int:
     """Check the shipped mappings plus ``paths``; print every problem as ``file:line: entry: message``. Entries whose
     reduction is unstated are warnings (one line per file, or each with ``unstated``), errors with
-    ``require_reduction`` (default: :data:`~.reductions.REQUIRE_REDUCTION`)."""
+    ``require_reduction`` (default: :data:`~trackbridge.schema.reductions.REQUIRE_REDUCTION`)."""
     try:
         reg = build_registry(shipped_files(), [str(p) for p in paths], require_reduction=require_reduction)
     except MappingErrors as exc:
@@ -24,7 +26,7 @@ def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | 
         print(str(exc), file=sys.stderr)
         return 2
     # derived rules: the schema errors of every file, then their meaning
-    from ..derive import lint_rules
+    from .derive import lint_rules
     try:
         n_rules = lint_rules(reg, [str(p) for p in paths])
     except MappingError as exc:            # RuleError / RuleErrors (a MappingError), or the registry's
@@ -79,7 +81,7 @@ def listing(reg: Registry) -> str:
 
 def show(reg: Registry, name: str) -> str | None:
     """A framework, alias or FRAMEWORK/TRAINER[@VERSION] (its names), or a canonical metric (every framework's name)."""
-    from ..spec import SpecError, parse_spec
+    from .schema.spec import SpecError, parse_spec
     spec = None
     if reg.resolve_alias(name.partition("/")[0].partition("@")[0]) is not None:
         try:
