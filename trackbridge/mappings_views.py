@@ -60,6 +60,24 @@ def _warn_unstated(reg: Registry, *, each: bool) -> None:
               file=sys.stderr)
 
 
+def fidelity_text(reg: Registry, e: Entry, sep: str = ": ") -> str:
+    """An entry's fidelity against its canonical name as a reader sees it: hand-written (legacy), or computed from
+    its stated reduction under the framework's defaults at the newest release it covers (what a run whose config
+    says nothing gets; a run's own config may change it)."""
+    if e.reduce is None:
+        return "exact" if e.exact else f"approximate{sep}{e.reason}"
+    from .translate.fidelity import judge, reference, resolve
+    fw = reg.frameworks[e.framework]
+    newest = float(min(e.until, len(fw.releases) - 1))
+    r = resolve(e, fw, None, newest, newest, {})
+    metric = reg.canonical.find(e.canonical)
+    ref = reference(metric) if metric is not None else None
+    if r is None or ref is None:
+        return "approximate (no reference reduction to compare with)"
+    why = judge(r, ref)
+    return "exact (default config)" if why is None else f"approximate (default config){sep}{why}"
+
+
 def _range(fw: FrameworkMapping, e: Entry) -> str:
     lo = fw.release_name(e.since)
     hi = "now" if e.until == float("inf") else fw.release_name(int(e.until))
@@ -98,7 +116,7 @@ def show(reg: Registry, name: str) -> str | None:
         for e in fw.entries:
             if not e.applies(trainer, lo, hi):
                 continue
-            fid = "exact" if e.exact else f"approximate ({e.reason})"
+            fid = fidelity_text(reg, e)
             tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""
             lines.append(f"{e.key:45s} -> {e.canonical:40s} {_range(fw, e)}{tr}  {fid}")
         return "\n".join(lines)
@@ -113,11 +131,12 @@ def show(reg: Registry, name: str) -> str | None:
     lines = renamed + [f"# {metric.name}", metric.description, f"unit: {metric.unit}; kind: {metric.kind}; "
              f"better: {metric.better}" + (f"; estimator: {metric.estimator}" if metric.estimator else "")
              + (f"; reduction: {metric.reduction}" if metric.reduction else "")
-             + (f"; role: {metric.role}" if metric.role else ""), ""]
+             + (f"; role: {metric.role}" if metric.role else "")
+             + (f"\nreference reduction: {metric.reduce.text()}" if metric.reduce is not None else ""), ""]
     for fw in reg.frameworks.values():
         for e in fw.entries:
             if e.canonical == metric.name:
-                fid = "exact" if e.exact else f"approximate: {e.reason}"
+                fid = fidelity_text(reg, e)
                 tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""
                 lines.append(f"{fw.name:9s} {e.key:40s} {_range(fw, e)}{tr}  {fid}  ({e.source})")
     return "\n".join(lines)
@@ -153,7 +172,10 @@ def reference(reg: Registry) -> str:
            f"Generated from `mappings/*.yaml` by `trackbridge mappings docs` (canonical schema "
            f"{reg.canonical.version}). Do not edit by hand.", "",
            "Each canonical metric lists every framework name that maps to it, the releases that log that name, "
-           "and whether it is the same quantity (**exact**) or only **approximately** the same (and why). "
+           "and whether it is the same quantity (**exact**) or only **approximately** the same (and why): "
+           "hand-written for entries that state no reduction yet, else computed from the entry's stated reduction "
+           "against the metric's reference reduction under the framework's default config (docs/reductions.md; a "
+           "run's own config may change it). "
            "Names in different rows of one table with *approximate* fidelity are not the same quantity: compare "
            "them with care.", ""]
     sections: dict[str, list[str]] = defaultdict(list)
@@ -174,13 +196,17 @@ def reference(reg: Registry) -> str:
                 facts.append(f"reduction {m.reduction}")
             if m.role:
                 facts.append(f"role {m.role}")
+            if m.reduce is not None:
+                facts.append(f"reference reduction `{{{m.reduce.text()}}}`")
             out += [f"### `{name}`", "", m.description, "", "; ".join(facts), ""]
             es = by_canon.get(name, [])
             if es:
                 out += ["| framework | name | releases | trainers | fidelity | source |", "|---|---|---|---|---|---|"]
                 for e in es:
                     fw = reg.frameworks[e.framework]
-                    fid = "exact" if e.exact else f"approximate: {e.reason}".replace("|", "\\|")
+                    fid = fidelity_text(reg, e).replace("|", "\\|")
+                    if e.reduce is not None:
+                        fid += f" (`{{{e.reduce.text()}}}`)".replace("|", "\\|")
                     tr = ", ".join(sorted(e.trainers)) if e.trainers else "all"
                     if e.when:
                         tr += " when " + ", ".join(condition_value_text(k, v) for k, v in e.when)
