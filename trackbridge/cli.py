@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Iterator
 
-from . import __version__
+from ._version import __version__
 from .exitcodes import ExitCode
 
 
@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mappings(q)
     q = msub.add_parser("lint", help="check mapping files; exit 2 with file:line: entry: problem on errors")
     q.add_argument("paths", nargs="*", help="extra files to check together with the shipped ones")
+    q.add_argument("--unstated", action="store_true",
+                   help="list every entry whose reduction is unstated (no reduce:), as file:line: key (else one "
+                        "line per file)")
+    q.add_argument("--require-reduction", action="store_true",
+                   help="an entry whose reduction is unstated is an error (exit 2), as it will be once every shipped "
+                        "entry states one")
     q = msub.add_parser("docs", help="generate the metric reference (Markdown) from the YAML")
     q.add_argument("--out", metavar="PATH", help="write here instead of stdout")
     _add_mappings(q)
@@ -85,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .schema.spec import SpecError
     from .schema.yamlfile import MappingError
-    from .spec import SpecError
     try:
         if args.command == "translate":
             return cmd_translate(args)
@@ -161,24 +167,29 @@ def cmd_translate(args: argparse.Namespace) -> int:
         if pipe.stats.source:
             sources[pipe.stats.source] = None
         problems += [str(p) for p in run.problems if "without metrics" not in str(p)]
-    unmapped = [*total.unmapped, *(k for k in total.conflicts if k not in total.unmapped)]
+    unmapped = [k for k in total.unmapped if k not in total.conflicts]
     mapped = [k for k in keys if k not in total.unmapped and k not in total.conflicts]
     source = "; ".join(sources)
     for p in problems:
         print(f"trackbridge: {p}", file=sys.stderr)
     for n in notes:
         print(f"trackbridge: note: {n}", file=sys.stderr)
-    report: dict[str, Any] = {"mapped": len(mapped), "unmapped": unmapped, "approximate": total.approximate,
+    report: dict[str, Any] = {"mapped": len(mapped), "unmapped": unmapped, "approximate": dict(total.approximate),
                               "source": source}
+    if total.conflicts:
+        report["conflicts"] = dict(total.conflicts)
     if args.derive:
         report["derived"] = list(total.derived)
     if problems:
         report["skipped"] = problems
+    if notes:
+        report["notes"] = list(notes)
     if args.report_json:
         with open(args.report_json, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
-    print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped, {len(total.approximate)} approximate "
-          f"(source: {source})", file=sys.stderr)
+    conflicts = f", {len(total.conflicts)} kept as is (their name was taken)" if total.conflicts else ""
+    print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped{conflicts}, {len(total.approximate)} "
+          f"approximate (source: {source})", file=sys.stderr)
     if problems:
         return ExitCode.PROBLEMS
     if args.strict and unmapped:
@@ -259,13 +270,14 @@ def _detection(pipe: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------------- mappings
 def cmd_mappings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .schema import docs
+    from . import mappings_views as docs
     from .schema.loader import load_registry
     if args.mcommand is None:
         print("trackbridge mappings: choose an action: list, show NAME, lint [PATH...], docs", file=sys.stderr)
         return ExitCode.USAGE
     if args.mcommand == "lint":           # problems in mapping files are bad input: 2
-        return ExitCode.OK if docs.lint(args.paths) == 0 else ExitCode.USAGE
+        code = docs.lint(args.paths, unstated=args.unstated, require_reduction=args.require_reduction or None)
+        return ExitCode.OK if code == 0 else ExitCode.USAGE
     reg = load_registry(args.mappings or None)
     if args.mcommand == "list":
         print(docs.listing(reg))

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from .. import __version__ as _tb_version
+from .._version import __version__ as _tb_version
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
 from .plot import Chart, Line, draw

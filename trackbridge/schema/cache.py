@@ -24,12 +24,12 @@ def cache_key(files: list[str]) -> str | None:
     import hashlib
     import sys
 
-    from .. import __version__
+    from .._version import __version__
     h = hashlib.sha256(f"{__version__}|{sys.version}|{__file__}".encode())
     here = Path(__file__).parent
     try:
         code = ("model.py", "sections.py", "templates.py", "loader.py", "canonical.py", "framework.py", "facts.py",
-                "versions.py", "yamlfile.py", "jsonschema.py", "paths.py")        # what shapes the pickle
+                "reductions.py", "versions.py", "yamlfile.py", "jsonschema.py", "paths.py")    # what shapes the pickle
         schemas = sorted(str(p) for p in (mappings_dir() / "schemas").glob("*.schema.json"))
         for f in [*(str(here / m) for m in code), *schemas, *files]:
             h.update(f.encode() + b"\0")
