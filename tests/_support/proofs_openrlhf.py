@@ -1,4 +1,4 @@
-"""OpenRLHF's own metric code run on CPU for the fingerprint proofs (tests/frameworks/test_fingerprint_openrlhf.py).
+"""OpenRLHF's own metric code run on CPU for the fingerprint proofs (tests/frameworks/test_proof_openrlhf_*.py).
 
 Builds on tests/_support/framework_code.py (``F.openrlhf()``: the wheel's metric files loaded by file, the actor's
 ``ppo_train``/``training_step`` compiled from ppo_actor.py, simulated data-parallel ranks) and adds the rest of the
