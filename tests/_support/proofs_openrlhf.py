@@ -557,3 +557,132 @@ def steps_of(run: PPORun, per_seq: Callable[[int, int], list[float]]) -> list:
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# --------------------------------------------------------------------------------------------- the PPO critic
+@dataclass
+class CriticRun:
+    """One PPO step of the critic: ``status`` (CriticPPOTrainer.ppo_train's status_mean on rank 0), which micro-batch
+    each rank trained in each optimizer step (``micro[step][rank][u]`` = the micro-batch's sequence ids), per
+    sequence its response tokens' returns and old values, the critic's predictions after k optimizer steps
+    (``pred(j, k)``), and per micro-batch call the LR and grad norm the engine reported."""
+    status: dict
+    micro: list[list[list[list[int]]]]
+    returns: list[list[float]]
+    old: list[list[float]]
+    pred: Callable[[int, int], list[float]] = field(repr=False)
+    lrs: list[float] = field(default_factory=list)          # rank 0, every micro-batch, in order
+    norms: list[float] = field(default_factory=list)
+
+
+CRITIC_CLIP = 0.2
+CRITIC_EPOCHS = 2
+
+
+def run_critic(seed: int = 0) -> CriticRun:
+    """The wheel's CriticPPOTrainer.ppo_train / training_step (ppo_critic.py, compiled from source) on WORLD simulated
+    ranks, each holding 4 micro-batches of MICRO sequences of different lengths, GAS micro-batches per optimizer step,
+    CRITIC_EPOCHS epochs (shuffled by the DataLoader), the real ValueLoss (clip 0.2), iter_grad_accum_global_norm and
+    strategy.all_reduce, the simulated DeepSpeed engine (LR scheduler and grad norm at the boundaries); the critic's
+    predictions move at every optimizer step."""
+    import random
+
+    import torch
+    o = F.openrlhf()
+    c = F.openrlhf_critic()
+    rng = random.Random(500 + seed)
+    per_rank = 4 * MICRO
+    n = WORLD * per_rank
+    lens = [rng.choice([1, 2, 3, 5, 7, 9]) for _ in range(n)]
+    returns = [[rng.uniform(-1, 1.5) for _ in range(k)] for k in lens]
+    old = [[rng.uniform(-1, 1) for _ in range(k)] for k in lens]
+    drift = [[rng.uniform(-0.4, 0.4) for _ in range(k)] for k in lens]
+
+    def pred(j: int, k: int) -> list[float]:
+        return [a + d * (1 + 0.7 * k) for a, d in zip(old[j], drift[j])]
+
+    width = max(lens)
+
+    def experience(ids: list[int]):
+        b = len(ids)
+        mask = torch.zeros(b, width, dtype=torch.bool)
+        seqs = torch.full((b, 2 + width), 5)
+        rets, olds = torch.zeros(b, width), torch.zeros(b, width)
+        for row, j in enumerate(ids):
+            mask[row, :lens[j]] = True
+            seqs[row, 0] = 1000 + j                      # the sequence travels in its first token
+            rets[row, :lens[j]] = torch.tensor(returns[j])
+            olds[row, :lens[j]] = torch.tensor(old[j])
+        return o.Experience(sequences=seqs, attention_mask=torch.ones(b, 2 + width), action_mask=mask, values=olds,
+                            returns=rets)
+
+    calls: list[list[tuple[int, list[int]]]] = [[] for _ in range(WORLD)]
+    lrs: list[float] = []
+    norms: list[float] = []
+
+    def rank(r: int) -> dict:
+        ids = list(range(r * per_rank, (r + 1) * per_rank))
+        exps = [experience(ids[u * MICRO:(u + 1) * MICRO]) for u in range(per_rank // MICRO)]
+        engine = Engine(r, GAS)
+
+        class Critic:
+            def train(self):
+                pass
+
+            def __call__(self, sequences, action_mask=None, **kw):
+                js = [int(s[0]) - 1000 for s in sequences]
+                calls[r].append((engine.steps, js))
+                out = torch.zeros(action_mask.shape)
+                for row, j in enumerate(js):
+                    out[row, :lens[j]] = torch.tensor(pred(j, engine.steps))
+                return out, ns(aux_loss=0.0)
+
+        strategy = engine.strategy()
+        strategy.is_rank_0 = lambda: False
+        base_step = strategy.optimizer_step
+
+        def optimizer_step(*a, **k):
+            base_step(*a, **k)
+            if r == 0:
+                lrs.append(engine.scheduler.get_last_lr()[0])
+                norms.append(engine.get_grad_norm())
+        strategy.optimizer_step = optimizer_step
+        args = ns(train=ns(dynamic_batch_enable=False), ds=ns(tensor_parallel_size=1), actor=ns(aux_loss_coef=0.0))
+        trainer = ns(args=args, strategy=strategy, replay_buffer=F.openrlhf_buffer(exps), dataloader_pin_memory=False,
+                     max_epochs=CRITIC_EPOCHS, critic=Critic(), critic_loss_fn=c.ValueLoss(CRITIC_CLIP),
+                     aux_loss=False, critic_optim=None, critic_scheduler=engine.scheduler)
+        trainer.training_step = types.MethodType(c.training_step, trainer)
+        torch.manual_seed(seed)
+        return c.ppo_train(trainer)
+
+    real = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        statuses = F.run_ranks(rank, world=WORLD)
+    finally:
+        torch.cuda.current_device = real
+    n_steps = len(calls[0]) // GAS
+    assert all(len(cl) == n_steps * GAS for cl in calls) and n_steps == 2 * CRITIC_EPOCHS
+    micro = [[[calls[rk][s * GAS + u][1] for u in range(GAS)] for rk in range(WORLD)] for s in range(n_steps)]
+    assert all(calls[rk][s * GAS + u][0] == s for rk in range(WORLD) for s in range(n_steps) for u in range(GAS))
+    return CriticRun(statuses[0], micro, returns, old, pred, lrs, norms)
+
+
+def value_loss_terms(run: CriticRun, j: int, k: int) -> list[float]:
+    """The wheel's ValueLoss on each token of sequence j alone (a one-token mask, no global normaliser: its masked
+    mean is that token's loss) under the critic after k optimizer steps."""
+    import torch
+    o = F.openrlhf()
+    fn = o.loss.ValueLoss(CRITIC_CLIP)
+    cur, old, ret = (torch.tensor([x]) for x in (run.pred(j, k), run.old[j], run.returns[j]))
+    out = []
+    for t in range(len(run.old[j])):
+        mask = torch.zeros_like(cur, dtype=torch.bool)
+        mask[0, t] = True
+        out.append(float(fn(cur, old, ret, action_mask=mask)))
+    return out
+
+
+def critic_steps(run: CriticRun, per_seq: Callable[[int, int], list[float]]) -> list:
+    """``fingerprint`` steps of a critic run: ``per_seq(sequence, optimizer step)``."""
+    return [[[[[per_seq(j, s) for j in mb] for mb in rank] for rank in step] for s, step in enumerate(run.micro)]]
