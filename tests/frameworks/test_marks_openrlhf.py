@@ -13,7 +13,12 @@ fields the mark must name for each key (an empty set: exact):
 * use_kl_loss with k3: kl becomes the update-time loss term (kl/ref/k3), logprobs_diff the update-time token mean;
 * kl estimator k3 without use_kl_loss: the reward-side kl/old_ref/k3;
 * logging_steps 10: every per-step value keeps the last of 10 steps;
-* one optimizer step of one micro-batch per rank: the last-of / mean-of levels hold one item and become exact.
+* one optimizer step of one micro-batch per rank: the last-of / mean-of levels hold one item and become exact
+  (the critic's only when the release is given: with it left out the detected range holds releases whose config
+  keys were flat, and the translation says the release matters).
+
+Each case is checked twice: the mark computed from the entry the translator picks (tests/_support/openrlhf_marks.py),
+and the mark the translator itself puts on the translated row (source "openrlhf", or "auto": detected).
 """
 from __future__ import annotations
 
@@ -61,6 +66,13 @@ CASES = {
                            {**DEFAULT, "actor_lr": EXACT, "actor_grad_norm": EXACT, "critic_loss": EXACT,
                             "values": {"processes"}, "critic_lr": EXACT, "critic_grad_norm": EXACT}, CANONICAL),
 }
+
+
+# With the release left out, the detected range (v0.9.8..v0.11.2) holds the critic's releases whose config keys were
+# flat (critic_num_gpus_per_node ..., up to v0.10.1.post2): a dotted config does not set those, their defaults give 16
+# micro-batches there, and the translation says the release matters. Given the release, the dotted config decides.
+RANGE = {"one optimizer step": {"critic_loss": {"micro_batches", "processes"}, "critic_lr": {"micro_batches"},
+                                "critic_grad_norm": {"micro_batches"}}}
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +123,32 @@ def test_default_reasons_say_the_counts_and_the_defaults(reg):
     assert "2.375" in why and "[deviation]" in why, why
 
 
-def test_the_translation_picks_the_same_names(reg):
-    """The translator (trainer and release left out) sends each key to the canonical name the marks were computed
-    for, with the config's when-conditions (use_kl_loss, estimator) applied."""
-    for case, (config, want, names) in sorted(CASES.items()):
-        res = Translator("openrlhf", "canonical", registry=reg, config=config).translate(row())
-        for key in want:
-            _, _, _, name = judged(reg, key, config)
-            assert name in res.metrics, (case, key, name, sorted(res.metrics))
+@pytest.mark.parametrize("source", ["openrlhf", "auto"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_translation_carries_the_marks(reg, case, source):
+    """The translator itself (trainer and release left out: "openrlhf", or detected from the keys with "auto") sends
+    each key to the canonical name the marks were computed for, with the config's when-conditions (use_kl_loss,
+    estimator) applied, and marks exactly the expected keys approximate, naming the expected fields."""
+    config, want, names = CASES[case]
+    tr = Translator(source, "canonical", registry=reg, config=config)
+    res = tr.translate(row())
+    assert res.source.startswith("openrlhf/ppo@v0.9.8..v0.11.2"), res.source
+    for key, fields in {**want, **RANGE.get(case, {})}.items():
+        _, _, _, name = judged(reg, key, config)
+        assert name in res.metrics, (case, key, name, sorted(res.metrics))
+        if fields:
+            assert tags(res.approximate.get(name)) == fields, (case, key, res.approximate.get(name))
+        else:
+            assert name not in res.approximate, (case, key, res.approximate[name])
+        if key in RANGE.get(case, {}):
+            assert "so the release matters" in res.approximate[name], res.approximate[name]
+
+
+def test_given_the_release_the_config_decides(reg):
+    """openrlhf/ppo@0.11.2 with one optimizer step of one micro-batch per rank: the critic's levels hold one item
+    each, so critic_loss, critic_lr and critic_grad_norm are exact (values still averages 8 ranks unweighted)."""
+    res = Translator("openrlhf/ppo@0.11.2", "canonical", registry=reg, config=ONE_STEP).translate(row())
+    for name in ("loss/value", "optim/critic_lr", "optim/critic_grad_norm", "optim/lr", "optim/grad_norm",
+                 "kl/old_policy/k1", "reward/score/mean"):
+        assert name in res.metrics and name not in res.approximate, (name, res.approximate.get(name))
+    assert tags(res.approximate["value/pred/mean"]) == {"processes"}, res.approximate["value/pred/mean"]
