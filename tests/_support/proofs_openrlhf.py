@@ -88,9 +88,19 @@ def wheel() -> types.SimpleNamespace:
     trainer = F._methods_from_source(root / "trainer/ppo_trainer.py", "BasePPOTrainer",
                                      ["save_logs_and_checkpoints", "train_step", "ppo_train", "_compute_rollout_stats"],
                                      trainer_ns)
+    quiet_loggers()
     return ns(o=o, root=root, maker=maker, buffer=buffer, samples=samples, kl_controller=kl_controller,
               length_penalty=length_penalty, logging_utils=logging_utils, dispatch=dispatch, trainer=trainer,
               release=F.release("openrlhf"))
+
+
+def quiet_loggers() -> None:
+    """OpenRLHF's loggers (logging_utils.init_logger) print INFO lines to stdout: keep them to warnings, so a report
+    generated on stdout (tests/_support/fidelity_proofs.py) holds only the report."""
+    import logging
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("openrlhf", "trackbridge.proofs")):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def quiet_tqdm(*a: Any, **k: Any):

@@ -15,6 +15,9 @@ import math
 
 import pytest
 
+from trackbridge.schema.loader import load_registry
+
+from _support.openrlhf_marks import judged
 from _support.proven import proof
 
 torch = pytest.importorskip("torch")
@@ -48,19 +51,20 @@ def test_critic_loss_is_each_optimizer_steps_token_mean_averaged(p):
     p.assert_stated("values", obs("values", lambda run, j, s: run.pred(j, s)), rel=REL, levels=LEVELS)
 
 
-@proof("openrlhf", trainer="ppo", release="0.11.2", config=RUN)
-def test_critic_lr_and_grad_norm_are_means_over_every_micro_batch(p):
+def test_critic_lr_and_grad_norm_are_means_over_every_micro_batch():
     """critic_lr / critic_grad_norm: the mean over every micro-batch of what the engine reports after it: the LR
     after the scheduler steps so far, DeepSpeed's last global norm (the previous optimizer step's between
-    boundaries, 0.0 before the first); not the last optimizer step's values like the actor's."""
+    boundaries, 0.0 before the first); not the last optimizer step's values like the actor's. (The fingerprint does
+    not compute scalars: a plain test of the shipped statements, not a registered proof.)"""
+    reg = load_registry()
     for key, snapshot in (("critic_lr", "after_scheduler_step"), ("critic_grad_norm", "update")):
-        _, res = p.entry(key)
-        p.check((res.stated["stat"], res.stated["micro_batches"], res.stated["mini_batches"], res.stated["processes"],
-                 res.stated["snapshot"]) == ("value", "mean", "mean", "none", snapshot), res.stated)
-        p.check(res.counts["micro_batches"].n == P.GAS and res.counts["mini_batches"].n == 4, res.counts)
+        _, res, _, _ = judged(reg, key, RUN, trainer="ppo", release="0.11.2")
+        assert (res.stated["stat"], res.stated["micro_batches"], res.stated["mini_batches"], res.stated["processes"],
+                res.stated["snapshot"]) == ("value", "mean", "mean", "none", snapshot), res.stated
+        assert res.counts["micro_batches"].n == P.GAS and res.counts["mini_batches"].n == 4, res.counts
     for run in runs():
-        p.check(len(run.lrs) == len(run.norms) == 4 * P.GAS, len(run.lrs))
-        p.check(math.isclose(run.status["critic_lr"], sum(run.lrs) / len(run.lrs), rel_tol=1e-9), run.lrs)
-        p.check(not math.isclose(run.status["critic_lr"], run.lrs[-1], rel_tol=1e-6), "not the last LR")
-        p.check(math.isclose(run.status["critic_grad_norm"], sum(run.norms) / len(run.norms)), run.norms)
-        p.check(run.norms[0] == 0.0 and not math.isclose(run.status["critic_grad_norm"], run.norms[-1]), run.norms)
+        assert len(run.lrs) == len(run.norms) == 4 * P.GAS, len(run.lrs)
+        assert math.isclose(run.status["critic_lr"], sum(run.lrs) / len(run.lrs), rel_tol=1e-9), run.lrs
+        assert not math.isclose(run.status["critic_lr"], run.lrs[-1], rel_tol=1e-6), "not the last LR"
+        assert math.isclose(run.status["critic_grad_norm"], sum(run.norms) / len(run.norms)), run.norms
+        assert run.norms[0] == 0.0 and not math.isclose(run.status["critic_grad_norm"], run.norms[-1]), run.norms

@@ -18,7 +18,10 @@ import math
 
 import pytest
 
+from trackbridge.schema.loader import load_registry
+
 from _support import fingerprint as FP
+from _support.openrlhf_marks import judged
 from _support.proven import proof
 
 torch = pytest.importorskip("torch")
@@ -99,13 +102,18 @@ def pair_proof(p, kind: str) -> None:
 def scalar_rows(p, kind: str) -> None:
     """lr / grad_norm: read at the accumulation boundary, after the scheduler stepped: that optimizer step's norm
     and the LR the next step will use; rows every logging_steps carry the last step's."""
+    check = p.check if p is not None else _assert
     for n, row in enumerate(fit_rows(kind), start=1):
         step = n * WINDOW
-        p.check(math.isclose(row["train/grad_norm"], P.grad_norm_of_step(step - 1)), (kind, n))
-        p.check(math.isclose(row["train/lr"], P.BASE_LR * P.lr_factor(step)), (kind, n))
-        p.check(not math.isclose(row["train/lr"], P.BASE_LR * P.lr_factor(step - 1)), (kind, n))
+        check(math.isclose(row["train/grad_norm"], P.grad_norm_of_step(step - 1)), (kind, n))
+        check(math.isclose(row["train/lr"], P.BASE_LR * P.lr_factor(step)), (kind, n))
+        check(not math.isclose(row["train/lr"], P.BASE_LR * P.lr_factor(step - 1)), (kind, n))
         window_norms = [P.grad_norm_of_step(k) for k in range(step - WINDOW, step)]
-        p.check(not math.isclose(row["train/grad_norm"], sum(window_norms) / WINDOW), (kind, n))
+        check(not math.isclose(row["train/grad_norm"], sum(window_norms) / WINDOW), (kind, n))
+
+
+def _assert(condition, message) -> None:
+    assert condition, message
 
 
 @proof("openrlhf", trainer="dpo", release="0.11.2", config={**RUN, "model.nll_loss_coef": 0.5})
@@ -120,18 +128,19 @@ def test_rm_logs_the_last_micro_batch_and_rank_0s_window(p):
     pair_proof(p, "rm")
 
 
-@proof("openrlhf", trainer="sft", release="0.11.2", config=RUN)
-def test_sft_losses_are_step_normalised(p):
+def test_sft_losses_are_step_normalised():
     """SFTTrainer (v0.10.4+): SFTLoss with the window normaliser, so gpt_loss is the last micro-batch's token sum
     over all ranks / (the window's tokens / accumulation), and loss_mean rank 0's window of those; the entries state
-    the token mean with a deviation that says so."""
+    the token mean with a deviation that says so (the format cannot state token_sum_step_norm yet: a plain test, not
+    a registered proof)."""
+    reg = load_registry()
     for key, shape in (("gpt_loss", {"micro_batches": "last", "processes": "all_reduce_mean"}),
                        ("loss_mean", {"micro_batches": "mean", "processes": "rank0"})):
-        _, res = p.entry(key)
+        _, res, _, _ = judged(reg, key, RUN, trainer="sft", release="0.11.2")
         stated = dict(res.stated)
-        p.check({k: stated[k] for k in shape} == shape and stated["tokens"] == "token_mean", stated)
-        p.check("token sum" in stated["deviation"], stated["deviation"])
+        assert {k: stated[k] for k in shape} == shape and stated["tokens"] == "token_mean", stated
+        assert "token sum" in stated["deviation"], stated["deviation"]
         found = FP.assert_stated(fit_obs("sft", key, nll), None, {**stated, "tokens": "token_sum_step_norm"}, rel=REL,
                                  levels=LEVELS, mini=("none",))
-        p.check(found.tokens == "token_sum_step_norm", found)
-    scalar_rows(p, "sft")
+        assert found.tokens == "token_sum_step_norm", found
+    scalar_rows(None, "sft")

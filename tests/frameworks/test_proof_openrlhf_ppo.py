@@ -19,7 +19,10 @@ import math
 
 import pytest
 
+from trackbridge.schema.loader import load_registry
+
 from _support import fingerprint as FP
+from _support.openrlhf_marks import judged
 from _support.proven import proof
 
 torch = pytest.importorskip("torch")
@@ -86,20 +89,24 @@ def check_batch_shape(p, run) -> None:
     FP.check_uneven(P.steps_of(run, lambda i, s: run.rollout.old[i]), LEVELS)
 
 
-def assert_step_norm(p, key: str, observations, *, tokens_stated: str = "token_mean", **kw) -> None:
+def stated(key: str, config: dict) -> dict:
+    """The reduction the shipped entry states for ``key`` (trainer ppo, release 0.11.2, ``config``), resolved."""
+    _, res, _, _ = judged(load_registry(), key, config, trainer="ppo", release="0.11.2")
+    return dict(res.stated)
+
+
+def assert_step_norm(key: str, observations, config: dict) -> None:
     """The step-normalised losses: the fingerprint is ``token_sum_step_norm`` merged as the entry states, and the
-    entry (which cannot name that tokens value yet) says so in its ``deviation``."""
-    entry, res = p.entry(key)
-    stated = dict(res.stated)
-    p.check(stated["tokens"] == tokens_stated, f"{key}: the entry states tokens {stated['tokens']}")
-    p.check("optimizer step's response tokens" in stated["deviation"], f"{key}: no deviation: {stated['deviation']}")
-    found = FP.assert_stated(observations, None, {**stated, "tokens": "token_sum_step_norm"}, rel=REL, levels=LEVELS,
-                             **kw)
-    p.check(found.tokens == "token_sum_step_norm", found)
+    entry (which cannot name that tokens value yet: no fingerprint proof to register) says so in its ``deviation``."""
+    red = stated(key, config)
+    assert red["tokens"] == "token_mean", f"{key}: the entry states tokens {red['tokens']}"
+    assert "optimizer step's response tokens" in red["deviation"], f"{key}: no deviation: {red['deviation']}"
+    found = FP.assert_stated(observations, None, {**red, "tokens": "token_sum_step_norm"}, rel=REL, levels=LEVELS)
+    assert found.tokens == "token_sum_step_norm", found
     # and it is not what the entry would mean without the deviation: the token mean pooled over the step
     logged, batch = observations[0]
     pooled = FP.value_of(batch, FP.Reduction("token_mean", "mean", "none", "none", "all_reduce_weighted", "step"))
-    p.check(not math.isclose(logged, pooled, rel_tol=1e-3), (logged, pooled))
+    assert not math.isclose(logged, pooled, rel_tol=1e-3), (logged, pooled)
 
 
 # ============================================================================================ default config
@@ -184,35 +191,35 @@ def test_ppo_return_is_the_mean_of_per_sequence_reward_sums(p):
     p.assert_stated("return", obs(runs, "return", shaped), rel=REL, levels=LEVELS)
 
 
-@proof("openrlhf", trainer="ppo", release="0.11.2", config=RUN)
-def test_ppo_losses_are_step_normalised_sums_merged_by_tokens(p):
+# ---- not fingerprint proofs of a stated entry (the format cannot state these yet, or the fingerprint does not
+# compute scalars): plain tests of the shipped statements against the wheel's values
+
+def test_ppo_losses_are_step_normalised_sums_merged_by_tokens():
     """policy_loss / entropy_loss: aggregate_loss divides a micro-batch's masked sum by the optimizer step's tokens
     per (rank, micro-batch) (iter_grad_accum_global_norm) and ppo_train merges those by tokens: not a token mean."""
     runs = default_runs()
-    assert_step_norm(p, "policy_loss", obs(runs, "policy_loss", lambda run, i, s: policy(run, i, s, 0)))
-    assert_step_norm(p, "entropy_loss", obs(runs, "entropy_loss", lambda run, i, s: run.rollout.entropy(
-        i, version(run, s))))
-    _, res = p.entry("entropy_loss")
-    p.check(res.fields["estimator"] == "exact" and res.fields["snapshot"] == "update", res.fields)
+    assert_step_norm("policy_loss", obs(runs, "policy_loss", lambda run, i, s: policy(run, i, s, 0)), RUN)
+    assert_step_norm("entropy_loss", obs(runs, "entropy_loss", lambda run, i, s: run.rollout.entropy(
+        i, version(run, s))), RUN)
+    red = stated("entropy_loss", RUN)
+    assert red["estimator"] == "exact" and red["snapshot"] == "update", red
 
 
-@proof("openrlhf", trainer="ppo", release="0.11.2", config=RUN)
-def test_ppo_actor_grad_norm_and_lr_are_the_last_optimizer_steps(p):
+def test_ppo_actor_grad_norm_and_lr_are_the_last_optimizer_steps():
     """actor_grad_norm and actor_lr are taken from the last micro-batch of the PPO step (ppo_train: vals[-1]): the
     last optimizer step's gradient norm, and the LR after the scheduler stepped there; not a mean over the step's
     optimizer steps, and not the LR the last step used."""
     for key, snapshot in (("actor_grad_norm", "update"), ("actor_lr", "after_scheduler_step")):
-        _, res = p.entry(key)
-        p.check((res.stated["stat"], res.stated["mini_batches"], res.stated["micro_batches"], res.stated["processes"],
-                 res.stated["snapshot"]) == ("value", "last", "none", "none", snapshot), res.stated)
+        red = stated(key, RUN)
+        assert (red["stat"], red["mini_batches"], red["micro_batches"], red["processes"], red["snapshot"]) == \
+            ("value", "last", "none", "none", snapshot), red
     for run in default_runs():
         norms = [P.grad_norm_of_step(k) for k in range(len(run.micro))]
-        p.check(math.isclose(run.status["actor_grad_norm"], norms[-1]), (run.status["actor_grad_norm"], norms))
-        p.check(not any(math.isclose(run.status["actor_grad_norm"], x) for x in norms[:-1] + [sum(norms) / len(norms)]),
-                "not another step's norm, nor the mean")
+        assert math.isclose(run.status["actor_grad_norm"], norms[-1]), (run.status["actor_grad_norm"], norms)
+        assert not any(math.isclose(run.status["actor_grad_norm"], x) for x in norms[:-1] + [sum(norms) / len(norms)])
         used = P.BASE_LR * P.lr_factor(len(run.micro) - 1)
-        p.check(math.isclose(run.status["actor_lr"], run.lr_after[-1]), "the LR after the last scheduler step")
-        p.check(not math.isclose(run.status["actor_lr"], used), "not the LR the last step used")
+        assert math.isclose(run.status["actor_lr"], run.lr_after[-1]), "the LR after the last scheduler step"
+        assert not math.isclose(run.status["actor_lr"], used), "not the LR the last step used"
 
 
 @proof("openrlhf", trainer="ppo", release="0.11.2", config={**RUN, "logger.logging_steps": 2})
@@ -249,8 +256,8 @@ def test_ppo_kl_as_a_loss_is_the_update_time_loss_term(p):
     entry, res = p.entry("kl")
     p.check(entry.canonical == "kl/ref/k3" and res.fields["estimator"] == "k3" and res.fields["snapshot"] == "update",
             (entry.canonical, res.fields))
-    assert_step_norm(p, "kl", obs(runs, "kl", lambda run, i, s: P.approx_kl(run.rollout.logp(i, version(run, s)),
-                                                                             run.rollout.ref[i], "k3")))
+    assert_step_norm("kl", obs(runs, "kl", lambda run, i, s: P.approx_kl(run.rollout.logp(i, version(run, s)),
+                                                                         run.rollout.ref[i], "k3")), KL_LOSS)
     p.assert_stated("logprobs_diff", obs(runs, "logprobs_diff", lambda run, i, s: [
         a - b for a, b in zip(run.rollout.logp(i, version(run, s)), run.rollout.ref[i])]), rel=REL, levels=LEVELS)
     _, res = p.entry("logprobs_diff")
@@ -258,16 +265,15 @@ def test_ppo_kl_as_a_loss_is_the_update_time_loss_term(p):
             res.switched)
 
 
-@proof("openrlhf", trainer="ppo", release="0.11.2", config=SEQ_MODE)
-def test_ppo_seq_mean_token_mean_policy_loss_is_merged_by_tokens(p):
+def test_ppo_seq_mean_token_mean_policy_loss_is_merged_by_tokens():
     """--actor.loss_agg_mode seq-mean-token-mean (v0.11.2): aggregate_loss sums per-sequence token means over the
     step's sequences per (rank, micro-batch), the micro-batch's own mean of per-sequence token means (every
-    micro-batch holds micro_train_batch_size sequences); ppo_train still merges it by tokens, over ranks too."""
+    micro-batch holds micro_train_batch_size sequences); ppo_train still merges it by tokens, over ranks too (the
+    entry says so in its deviation: the format has no processes value for it yet)."""
     runs = seq_mode_runs()
-    entry, res = p.entry("policy_loss")
-    stated = dict(res.stated)
-    p.check(stated["tokens"] == "seq_mean_token_mean" and "by their response tokens" in stated["deviation"], stated)
+    red = stated("policy_loss", SEQ_MODE)
+    assert red["tokens"] == "seq_mean_token_mean" and "by their response tokens" in red["deviation"], red
     found = FP.assert_stated(obs(runs, "policy_loss", lambda run, i, s: policy(run, i, s, 0)), None,
-                             {**stated, "processes": "token_weighted"}, rel=REL, levels=LEVELS,
+                             {**red, "processes": "token_weighted"}, rel=REL, levels=LEVELS,
                              processes=FP.PROCESSES + ("token_weighted", "seq_weighted"))
-    p.check(found.processes == "token_weighted" and found.micro_batches == "token_weighted", found)
+    assert found.processes == "token_weighted" and found.micro_batches == "token_weighted", found
