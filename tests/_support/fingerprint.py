@@ -32,7 +32,8 @@ Micro = Sequence[Seq]
 Steps = Sequence[Sequence[Sequence[Sequence[Micro]]]]      # [logged step][mini-batch][rank][micro-batch]
 
 TOKENS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum",
-          "per_seq")
+          "per_seq", "token_sum_step_norm", "token_sum_dp_norm")
+TOKEN_WEIGHTED = ("token_mean", "token_sum_step_norm", "token_sum_dp_norm")   # all_reduce_weighted weighs by tokens
 COMBINE = ("none", "token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min")
 PROCESSES = ("none", "all_reduce_weighted", "all_reduce_mean", "sum", "max", "min", "rank0")
 WINDOW = ("step", "mean", "last", "sum", "none")
@@ -69,8 +70,10 @@ def _stat(values: list[float], stat: str, std: str | None) -> float:
     raise ValueError(stat)
 
 
-def reduce_population(seqs: Micro, red: Reduction, norm_len: int) -> tuple[float, int, int]:
-    """The value of one population (a micro-batch, or the union of several), with its token and sequence counts."""
+def reduce_population(seqs: Micro, red: Reduction, norm_len: float) -> tuple[float, int, int]:
+    """The value of one population (a micro-batch, or the union of several), with its token and sequence counts.
+    ``norm_len``: the constant of ``seq_mean_token_sum_norm``, or the token count ``token_sum_step_norm`` /
+    ``token_sum_dp_norm`` divide by (computed by :func:`value_of` from the step)."""
     n_tok, n_seq = sum(len(s) for s in seqs), len(seqs)
     if red.tokens == "per_seq":
         return _stat([s[0] for s in seqs], red.stat, red.std), n_tok, n_seq
@@ -85,6 +88,8 @@ def reduce_population(seqs: Micro, red: Reduction, norm_len: int) -> tuple[float
         return total / (n_seq * norm_len), n_tok, n_seq
     if red.tokens == "token_sum":
         return total, n_tok, n_seq
+    if red.tokens in ("token_sum_step_norm", "token_sum_dp_norm"):
+        return total / norm_len, n_tok, n_seq
     raise ValueError(red.tokens)
 
 
@@ -92,7 +97,7 @@ def _combine(parts: list[tuple[float, int, int]], how: str, red: Reduction) -> t
     toks, seqs = sum(p[1] for p in parts), sum(p[2] for p in parts)
     vals = [p[0] for p in parts]
     if how == "all_reduce_weighted":        # weighted by the population the value is a mean over
-        how = "token_weighted" if red.tokens == "token_mean" else "seq_weighted"
+        how = "token_weighted" if red.tokens in TOKEN_WEIGHTED else "seq_weighted"
     if how == "token_weighted":
         return sum(p[0] * p[1] for p in parts) / toks, toks, seqs
     if how == "seq_weighted":
@@ -117,15 +122,25 @@ def value_of(steps: Steps, red: Reduction, norm_len: int = 0) -> float:
     def pooled(micros: Iterable[Micro]) -> Micro:
         return [s for m in micros for s in m]
 
-    def rank_value(micros: Sequence[Micro]) -> tuple[float, int, int]:
+    def toks(micros: Iterable[Micro]) -> int:
+        return sum(len(s) for m in micros for s in m)
+
+    def rank_value(micros: Sequence[Micro], norms: Sequence[float]) -> tuple[float, int, int]:
         if red.micro_batches == "none":
-            return reduce_population(pooled(micros), red, norm_len)
-        return _combine([reduce_population(m, red, norm_len) for m in micros], red.micro_batches, red)
+            return reduce_population(pooled(micros), red, norms[0])
+        return _combine([reduce_population(m, red, n) for m, n in zip(micros, norms)], red.micro_batches, red)
 
     def mini_value(ranks: Sequence[Sequence[Micro]]) -> tuple[float, int, int]:
         if red.processes == "none":            # a driver over the global batch (no micro-batches: see _valid)
             return reduce_population(pooled(m for r in ranks for m in r), red, norm_len)
-        return _combine([rank_value(r) for r in ranks], red.processes, red)
+        n_micro = max(len(r) for r in ranks)
+        if red.tokens == "token_sum_step_norm":      # the step's tokens per (rank, micro-batch), OpenRLHF >= 0.10.4
+            norms = [toks(m for r in ranks for m in r) / sum(len(r) for r in ranks)] * n_micro
+        elif red.tokens == "token_sum_dp_norm":      # micro-batch u's tokens per rank, OpenRLHF 0.10.3
+            norms = [toks(r[u] for r in ranks if u < len(r)) / len(ranks) for u in range(n_micro)]
+        else:
+            norms = [norm_len] * n_micro
+        return _combine([rank_value(r, norms) for r in ranks], red.processes, red)
 
     def step_value(minis: Sequence[Sequence[Sequence[Micro]]]) -> tuple[float, int, int]:
         if red.mini_batches == "none":         # the optimizer steps' data pooled, rank by rank
@@ -149,6 +164,8 @@ def _valid(red: Reduction) -> bool:
         return False
     if red.processes == "none" and red.micro_batches != "none":
         return False                       # a driver computes over the global batch at once: no micro-batches
+    if red.tokens in ("token_sum_step_norm", "token_sum_dp_norm") and "none" in (red.processes, red.micro_batches):
+        return False                       # normalised by the step's (micro-batch's) tokens over its ranks
     return True
 
 

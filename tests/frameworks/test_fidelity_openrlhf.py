@@ -1,6 +1,7 @@
 """OpenRLHF fidelity claims corrected in issue 11 (items 1 and 2), each shown by running OpenRLHF's own code from
 the installed wheel (loaded by file, tests/_support/framework_code.py: its package __init__ files need DeepSpeed, peft
-and vLLM) on a small batch, and each checked in mappings/openrlhf.yaml through trackbridge's loader.
+and vLLM) on a small batch, and each checked against mappings/openrlhf.yaml's stated reductions through trackbridge's
+loader and fidelity engine (tests/_support/openrlhf_marks.py: the mark computed for a release and config).
 
 1. DPO / RM ``acc``, ``chosen_reward``, ``reject_reward``: ``fit`` builds ``logs_dict`` from the micro-batch just
    trained, averages it over the data-parallel ranks (``strategy.all_reduce``) and hands it to the trackers only
@@ -26,6 +27,7 @@ from trackbridge.schema.loader import load_registry  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
 
 from _support import framework_code as F  # noqa: E402
+from _support.openrlhf_marks import judged, tags  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -179,38 +181,48 @@ def test_v0_10_3_normaliser_over_ranks(o):
     assert F.run_ranks(normaliser) == [4.0, 4.0]
 
 
-PPO_ROW = {"entropy_loss": 1.0, "kl": 0.1}
 USE_LOSS = {"algo.kl.use_loss": True}
+# one optimizer step of one micro-batch per rank, one rank: every level holds one item (what remains is the arithmetic)
+ONE_GPU = {"train.batch_size": 8, "train.micro_batch_size": 8, "actor.num_gpus_per_node": 1, "rollout.batch_size": 8,
+           "rollout.n_samples_per_prompt": 1, "train.max_epochs": 1}
+
+
+def _flag(release: str) -> dict:
+    return USE_LOSS if tuple(map(int, release.split("."))) >= (0, 10, 2) else {"use_kl_loss": True}
 
 
 @pytest.mark.parametrize("release, exact", [("0.9.8", True), ("0.10.2", True), ("0.10.3", False),
                                             ("0.10.4", False), ("0.11.0", False), ("0.11.2", False)])
 def test_ppo_entropy_and_kl_loss_mapping(reg, release, exact):
-    flag = USE_LOSS if tuple(map(int, release.split("."))) >= (0, 10, 2) else {"use_kl_loss": True}
-    res = _canon(reg, f"openrlhf/ppo@{release}", PPO_ROW, flag)
-    assert set(res.metrics) == {"policy/entropy", "kl/ref/k1"}, res.metrics      # the loss term, default estimator k1
-    for name in ("policy/entropy", "kl/ref/k1"):
+    """Up to v0.10.2 the token mean merged by tokens (exact); from v0.10.3 the aggregate_loss arithmetic, a
+    deviation the reason spells out (with the 2.375 vs 1.750 example from v0.10.4)."""
+    for key in ("entropy_loss", "kl"):
+        entry, res, why, name = judged(reg, key, _flag(release), trainer="ppo", release=release)
+        assert name == ("policy/entropy" if key == "entropy_loss" else "kl/ref/k1"), name   # the loss term, k1
         if exact:
-            assert name not in res.approximate, res.approximate
+            assert why is None, why
         else:
-            reason = res.approximate[name]
-            assert "[weighting]" in reason and "aggregate_loss" in reason and "token count" in reason, reason
-            if release != "0.10.3":
-                assert "2.375" in reason and "1.750" in reason, reason
+            assert tags(why) == {"deviation"} and "masked token sum" in why and "ppo_train merges" in why, why
+            assert ("2.375" in why and "1.750" in why) == (release != "0.10.3"), why
 
 
 def test_ppo_entry_sources_cite_the_releases(reg):
+    """Every entry whose reduction is aggregate_loss's with a global normaliser (the profiles ppo_dp_norm, v0.10.3,
+    and ppo_step_norm, v0.10.4+) cites the three files at a release."""
     fw = reg.frameworks["openrlhf"]
-    for e in fw.entries:
-        if e.key in ("entropy_loss", "kl") and (e.canonical == "policy/entropy" or e.canonical.startswith("kl/ref/")) \
-                and not e.exact and "aggregate_loss" in e.reason:
-            assert "ppo_actor.py@" in e.source and "loss_utils.py@" in e.source and "models/loss.py@" in e.source
+    cited = [e for e in fw.entries if e.reduce is not None and e.reduce.like in ("ppo_dp_norm", "ppo_step_norm")]
+    assert {e.key for e in cited} == {"entropy_loss", "kl", "policy_loss"} and len(cited) == 10
+    for e in cited:
+        assert "ppo_actor.py@" in e.source and "loss_utils.py@" in e.source and "models/loss.py@" in e.source, e.line
 
 
 def test_ppo_translation_to_verl_is_approximate(reg):
     res = Translator("openrlhf/ppo@0.11.2", "verl", registry=reg).translate({"entropy_loss": 1.0})
     (out,) = res.metrics
-    assert out in res.approximate and "2.375" in res.approximate[out]
+    assert out in res.approximate
+    # the OpenRLHF side alone already differs from the token mean over the step, whatever veRL states
+    _, _, why, _ = judged(reg, "entropy_loss", {}, trainer="ppo", release="0.11.2")
+    assert "2.375" in why, why
 
 
 # =============================================================================================== item 1: DPO / RM
@@ -336,9 +348,11 @@ PREF_ROW = {"acc": 0.5, "chosen_reward": 0.1, "reject_reward": -0.1}
 def test_dpo_rm_mapping_says_last_micro_batch(reg, spec, keys):
     res = _canon(reg, spec, {k: PREF_ROW[k] for k in keys})
     assert len(res.metrics) == len(keys) and not res.unmapped
-    for name in res.metrics:
-        reason = res.approximate[name]
-        assert "[population]" in reason and "last micro-batch" in reason and "all_reduce" in reason, reason
+    trainer, release = spec.split("/")[1].split("@")
+    for key in keys:
+        entry, red, why, _ = judged(reg, key, {}, trainer=trainer, release=release)
+        assert red.stated["micro_batches"] == "last" and "micro_batches" in tags(why), why
+        assert "keeps the last of its micro-batches (how many is unknown from the config)" in why, why
 
 
 @pytest.mark.parametrize("release", ["0.1.9", "0.4.0", "0.5.6", "0.9.5"])
@@ -348,9 +362,9 @@ def test_kto_mapping_says_last_micro_batch_and_zero(reg, release):
     step % accumulated_gradient == 0; the same from v0.1.9."""
     res = _canon(reg, f"openrlhf/kto@{release}", {"chosen_reward": 0.1, "reject_reward": -0.1})
     assert set(res.metrics) == {"preference/reward/chosen", "preference/reward/rejected"}
-    for name in res.metrics:
-        reason = res.approximate[name]
-        assert "[population]" in reason and "last micro-batch" in reason and "contributes 0" in reason, reason
+    for key in ("chosen_reward", "reject_reward"):
+        _, _, why, _ = judged(reg, key, {}, trainer="kto", release=release)
+        assert {"micro_batches", "deviation"} <= tags(why) and "contributes 0" in why, why
 
 
 def test_preference_translation_to_trl_is_approximate(reg):
@@ -436,23 +450,34 @@ def test_critic_loss_is_the_token_mean(o):
     assert close(_critic_run(o, [[short, long_]], gas=1)["critic_loss"], 1.25)
 
 
-@pytest.mark.parametrize("release, exact", [("0.9.8", True), ("0.10.2", True), ("0.10.3", False),
-                                            ("0.10.4", False), ("0.11.2", False), ("0.9.7", False)])
-def test_policy_loss_mapping(reg, release, exact):
+@pytest.mark.parametrize("release, fields", [("0.9.8", set()), ("0.10.2", set()), ("0.10.3", {"deviation"}),
+                                             ("0.10.4", {"deviation"}), ("0.11.2", {"deviation"}),
+                                             ("0.9.7", {"micro_batches", "mini_batches", "processes"})])
+def test_policy_loss_mapping(reg, release, fields):
+    """Defaults: up to v0.9.7 unweighted means over micro-batches, optimizer steps and ranks; v0.9.8 - v0.10.2 the
+    token mean; from v0.10.3 the aggregate_loss arithmetic."""
     res = _canon(reg, f"openrlhf/ppo@{release}", {"policy_loss": -0.1})
     assert set(res.metrics) == {"loss/policy"}
-    if exact:
-        assert "loss/policy" not in res.approximate
-    else:
-        assert "[weighting]" in res.approximate["loss/policy"]
+    _, _, why, _ = judged(reg, "policy_loss", {}, trainer="ppo", release=release)
+    assert tags(why) == fields, why
 
 
-@pytest.mark.parametrize("release, exact", [("0.10.2", False), ("0.10.3", False), ("0.10.4", True),
-                                            ("0.11.2", True)])
-def test_critic_loss_mapping(reg, release, exact):
-    res = _canon(reg, f"openrlhf/ppo@{release}", {"critic_loss": 0.1})
-    assert set(res.metrics) == {"loss/value"}
-    assert ("loss/value" not in res.approximate) == exact, res.approximate
+@pytest.mark.parametrize("release, default, one_gpu", [
+    ("0.10.1", {"micro_batches", "mini_batches", "processes"}, set()),
+    ("0.10.2", {"micro_batches", "mini_batches", "processes"}, set()),
+    ("0.10.3", {"micro_batches", "mini_batches"}, set()),
+    ("0.10.4", {"mini_batches"}, set()), ("0.11.2", {"mini_batches"}, set())])
+def test_critic_loss_mapping(reg, release, default, one_gpu):
+    """The critic averages its micro-batches unweighted at every release: per-rank token means up to v0.10.2 (ranks
+    unweighted too), the micro-batch's token mean over the ranks at v0.10.3, and from v0.10.4 each micro-batch's sum
+    over the optimizer step's tokens, so the plain mean over a step's micro-batches and ranks is the step's token
+    mean; the optimizer steps are averaged unweighted (8 by default). One GPU, one optimizer step: exact."""
+    cfg = {"critic.num_gpus_per_node": 1, **ONE_GPU} if release >= "0.10.2" else {
+        "train_batch_size": 8, "micro_train_batch_size": 8, "critic_num_gpus_per_node": 1, "rollout_batch_size": 8,
+        "n_samples_per_prompt": 1, "max_epochs": 1}
+    for config, fields in (({}, default), (cfg, one_gpu)):
+        _, _, why, name = judged(reg, "critic_loss", config, trainer="ppo", release=release)
+        assert name == "loss/value" and tags(why) == fields, (config, why)
 
 
 def _window_loss(kind: str, r: int, gas: int) -> float:
@@ -489,15 +514,17 @@ def test_loss_mean_and_acc_mean_are_rank_0s(o, kind):
 def test_loss_mean_acc_mean_mapping_says_rank_0(reg, spec, keys):
     res = _canon(reg, spec, {k: 0.5 for k in keys})
     assert len(res.metrics) == len(keys)
-    for name in res.metrics:
-        reason = res.approximate[name]
-        assert "[population]" in reason and "rank 0" in reason and "all_reduce" in reason, reason
+    trainer, release = spec.split("/")[1].split("@")
+    for key in keys:
+        _, red, why, _ = judged(reg, key, {}, trainer=trainer, release=release)
+        assert red.stated["processes"] == "rank0" and "keeps rank 0's value" in why and "[processes]" in why, why
 
 
 @pytest.mark.parametrize("spec", ["openrlhf/dpo@0.5.5", "openrlhf/rm@0.1.0"])
 def test_loss_mean_before_v0_5_6_stays_the_moving_average(reg, spec):
-    res = _canon(reg, spec, {"loss_mean": 0.5})
-    assert "[estimator]" in res.approximate["loss/total_smoothed"]
+    trainer, release = spec.split("/")[1].split("@")
+    _, _, why, _ = judged(reg, "loss_mean", {}, trainer=trainer, release=release)
+    assert "[deviation]" in why and "exponential moving average" in why, why
 
 
 @pytest.mark.parametrize("release", ["0.1.9", "0.5.0", "0.9.5"])
@@ -505,5 +532,6 @@ def test_kto_kl_mapping_says_last_micro_batch(reg, release):
     """kto_trainer.py@v0.9.5: logs_dict["kl"] = KL.item() of the micro-batch just trained, logged when
     step % accumulated_gradient == 0 (source-only: KTO is not in the 0.11 wheel)."""
     res = _canon(reg, f"openrlhf/kto@{release}", {"kl": 0.1})
-    reason = res.approximate["preference/kto_kl"]
-    assert "[population]" in reason and "last micro-batch" in reason, reason
+    assert set(res.metrics) == {"preference/kto_kl"}
+    _, _, why, _ = judged(reg, "kl", {}, trainer="kto", release=release)
+    assert "keeps the last of its micro-batches" in why and "[micro_batches]" in why, why

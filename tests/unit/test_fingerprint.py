@@ -86,3 +86,18 @@ def test_an_even_batch_is_refused():
 def test_no_candidate_is_an_error():
     with pytest.raises(AssertionError, match="no candidate"):
         fingerprint(123.0, STEPS, tokens=("token_mean",))
+
+
+def test_names_openrlhf_step_normalised_token_sum():
+    # OpenRLHF >= 0.10.4 (aggregate_loss with iter_grad_accum_global_norm's normaliser): a micro-batch's token sum over
+    # the optimizer step's tokens per (rank, micro-batch), then merged by tokens. One rank, micro-batches of 1 token
+    # (value 1) and 3 tokens (value 2) of one step: 1 / 2 = 0.5 and 6 / 2 = 3.0, merged (0.5 + 9) / 4 = 2.375 where
+    # the token mean is 1.75. A second step of 2 + 3 tokens, values 1 and 3: 2 / 2.5 = 0.8, 9 / 2.5 = 3.6, merged
+    # (1.6 + 10.8) / 5 = 2.48; the two steps merged by tokens.
+    steps = [[[[[[1.0]], [[2.0, 2.0, 2.0]]]], [[[[1.0, 1.0]], [[3.0, 3.0, 3.0]]]]]]
+    want = (2.375 * 4 + 2.48 * 5) / 9
+    red = {"tokens": "token_sum_step_norm", "micro_batches": "token_weighted", "mini_batches": "token_weighted",
+           "processes": "all_reduce_weighted"}
+    assert_stated(want, steps, red, levels=("micro_batches", "mini_batches"))
+    with pytest.raises(AssertionError, match="computed as"):
+        assert_stated(want, steps, {**red, "tokens": "token_mean"}, levels=("micro_batches", "mini_batches"))

@@ -6,7 +6,7 @@ import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from .reductions import NO_DEFAULT, LevelCount, Reduce
+from .reductions import NO_DEFAULT, LevelCount, Reduce, config_equal
 from .sections import Axis, LookAlike, Preset, Split, Splits
 from .templates import Template
 from .versions import normalize, version_key
@@ -174,7 +174,7 @@ class Entry:
                     return None
                 if not ok:
                     return False
-            elif config[k] != want:
+            elif not config_equal(config[k], want):      # trackers store config values as text at times
                 return False
         return True
 

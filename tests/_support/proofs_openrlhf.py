@@ -1,0 +1,698 @@
+"""OpenRLHF's own metric code run on CPU for the fingerprint proofs (tests/frameworks/test_proof_openrlhf_*.py).
+
+Builds on tests/_support/framework_code.py (``F.openrlhf()``: the wheel's metric files loaded by file, the actor's
+``ppo_train``/``training_step`` compiled from ppo_actor.py, simulated data-parallel ranks) and adds the rest of the
+path a logged PPO value takes, all from the installed wheel (openrlhf 0.11.2):
+
+* raw rollouts: ``SamplesGenerator._process_response_into_experience`` (samples_generator.py) turns vLLM-shaped
+  responses (observation tokens, action ranges, reward, finish reason) into one-sample Experiences;
+* ``RemoteExperienceMaker.make_experience_batch`` (experience_maker.py, the module loaded by file with ``ray`` as a
+  pass-through): micro rollout batches, the old policy's and the reference's log-probs (the model groups' forward is
+  a table), the reward-side KL, baselines, returns, advantages;
+* ``RayActorGroup.async_run_method_batch`` (launcher.py, compiled from source) hands the experiences to the ranks,
+  each of which appends them to the wheel's ``NaiveReplayBuffer`` (replay_buffer.py) and runs ``ppo_train``;
+* ``BasePPOTrainer.save_logs_and_checkpoints`` (ppo_trainer.py) and ``WandbLogger.log_train`` (logging_utils.py)
+  decide which steps reach the tracker.
+
+DeepSpeed is simulated (``Engine``): ``optimizer_step`` counts micro-steps and, every ``accumulated_gradient`` of
+them, steps a real torch LR scheduler and records that optimizer step's gradient norm, which ``get_grad_norm`` returns
+until the next boundary (DeepSpeed's engine.step / get_global_grad_norm). The policy moves at each optimizer step:
+the actor's forward during the update returns log-probs and entropies that depend on how many optimizer steps this
+rank has taken, so the rollout-time (old) policy, and each mini-batch's update-time policy, are all different.
+
+The DPO, RM and SFT trainers' ``fit`` loops are compiled from their files and run on the simulated ranks with the
+same engine, a model whose forward reads a table of per-token log-probs (DPO/SFT) or scores (RM), and the wheel's
+own ``_get_batch_logps`` / ``concatenated_inputs`` / losses.
+
+Every per-token value a proof compares with is computed by the wheel's functions on that token alone (PolicyLoss on a
+one-token mask, compute_approx_kl), never re-implemented here; this module only records which sequences each rank's
+micro-batches held, in which optimizer step, so tests/_support/fingerprint.py can compute every candidate reduction.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from _support import framework_code as F
+
+WORLD, GAS, MICRO = 2, 2, 2              # ranks, micro-batches per optimizer step, sequences per micro-batch
+GROUP = 4                                # n_samples_per_prompt
+
+
+def ns(**kw: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**kw)
+
+
+# --------------------------------------------------------------------------------------------- loading
+@functools.lru_cache(maxsize=None)
+def wheel() -> types.SimpleNamespace:
+    """The wheel's pieces beyond F.openrlhf(): experience maker, replay buffer, samples generator, launcher's batch
+    dispatch, the PPO trainer's logging, the DPO/RM/SFT fit loops."""
+    import torch
+    from tqdm import tqdm
+
+    o = F.openrlhf()
+    root = Path(o.loss.__file__).resolve().parents[1]
+    for pkg, sub in [("openrlhf.trainer.ray", "trainer/ray")]:
+        F._skeleton(pkg, root / sub)
+    ray = types.ModuleType("ray")                       # single process: refs are the values themselves
+    ray.get = lambda x: x
+    ray.put = lambda x: x
+    launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
+    launcher.RayActorGroup = object
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = dict
+    vllm_engine = types.ModuleType("openrlhf.trainer.ray.vllm_engine")
+    vllm_engine.batch_vllm_engine_call = lambda *a, **k: None
+    logging_utils = F._load_file("openrlhf.utils.logging_utils", root / "utils/logging_utils.py")
+    F._load_file("openrlhf.utils.seqlen_balancing", root / "utils/seqlen_balancing.py")
+    length_penalty = F._load_file("openrlhf.trainer.ppo_utils.length_penalty",
+                                  root / "trainer/ppo_utils/length_penalty.py")
+    kl_controller = F._load_file("openrlhf.trainer.ppo_utils.kl_controller",
+                                 root / "trainer/ppo_utils/kl_controller.py")
+    maker = F._load_file("openrlhf.trainer.ppo_utils.experience_maker", root / "trainer/ppo_utils/experience_maker.py",
+                         {"ray": ray, "openrlhf.trainer.ray.launcher": launcher})
+    buffer = F._load_file("openrlhf.trainer.ppo_utils.replay_buffer", root / "trainer/ppo_utils/replay_buffer.py")
+    samples = F._load_file("openrlhf.trainer.ppo_utils.samples_generator",
+                           root / "trainer/ppo_utils/samples_generator.py",
+                           {"ray": ray, "vllm": vllm, "openrlhf.trainer.ray.vllm_engine": vllm_engine})
+    dispatch = F._methods_from_source(root / "trainer/ray/launcher.py", "RayActorGroup", ["async_run_method_batch"],
+                                      {"ray": ray})["async_run_method_batch"]
+    trainer_ns = {"torch": torch, "ray": ray, "time": __import__("time"), "tqdm": tqdm, "Dict": dict, "Tuple": tuple,
+                  "logger": logging_utils.init_logger("trackbridge.proofs")}
+    trainer = F._methods_from_source(root / "trainer/ppo_trainer.py", "BasePPOTrainer",
+                                     ["save_logs_and_checkpoints", "train_step", "ppo_train", "_compute_rollout_stats"],
+                                     trainer_ns)
+    quiet_loggers()
+    return ns(o=o, root=root, maker=maker, buffer=buffer, samples=samples, kl_controller=kl_controller,
+              length_penalty=length_penalty, logging_utils=logging_utils, dispatch=dispatch, trainer=trainer,
+              release=F.release("openrlhf"))
+
+
+def quiet_loggers() -> None:
+    """OpenRLHF's loggers (logging_utils.init_logger) print INFO lines to stdout: keep them to warnings, so a report
+    generated on stdout (tests/_support/fidelity_proofs.py) holds only the report."""
+    import logging
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("openrlhf", "trackbridge.proofs")):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def quiet_tqdm(*a: Any, **k: Any):
+    from tqdm import tqdm
+    return tqdm(*a, **{**k, "disable": True})
+
+
+# --------------------------------------------------------------------------------------------- DeepSpeed stand-in
+class Engine:
+    """What OpenRLHF's DeepSpeed strategy does with a model on one rank, simulated: ``optimizer_step`` is
+    ``engine.step()``, a real step only at every ``gas``-th call (the accumulation boundary), where the LR scheduler
+    steps and the step's global gradient norm is computed (``norms[k]`` for the k-th optimizer step, the same on every
+    rank as DeepSpeed's all-reduced norm); ``get_grad_norm`` returns the last one (0.0 before the first step)."""
+
+    def __init__(self, rank: int, gas: int, norms: Callable[[int], float] | None = None,
+                 lr_at: Callable[[int], float] | None = None, base_lr: float | None = None):
+        import torch
+        self.rank, self.gas, self.micro, self.steps = rank, gas, 0, 0
+        self.norms, self._norm = norms or grad_norm_of_step, None
+        lr_at = lr_at or lr_factor
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE_LR if base_lr is None else base_lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_at(k))
+
+    def optimizer_step(self, *a: Any, **k: Any) -> None:
+        self.micro += 1
+        if self.micro % self.gas == 0:
+            self._norm = self.norms(self.steps)
+            self.steps += 1
+            self.scheduler.optimizer.step()
+            self.scheduler.step()
+
+    @property
+    def global_steps(self) -> int:                 # DeepSpeed engine.global_steps (SFTTrainer logs with it)
+        return self.steps
+
+    def get_grad_norm(self, model: Any = None) -> float:
+        return 0.0 if self._norm is None else float(self._norm)
+
+    def strategy(self) -> types.SimpleNamespace:
+        return ns(ring_attn_group=None, accumulated_gradient=self.gas, is_rank_0=lambda: self.rank == 0,
+                  all_reduce=F.strategy_all_reduce, backward=lambda *a, **k: None, optimizer_step=self.optimizer_step,
+                  get_grad_norm=self.get_grad_norm, world_size=F.current_rank()[0].world, args=None)
+
+
+def grad_norm_of_step(k: int) -> float:
+    """The gradient norm the simulated engine computes at optimizer step k (distinct for k < 11, not monotone)."""
+    return 1.0 + 0.5 * ((k * 7) % 11)
+
+
+def lr_factor(k: int) -> float:
+    """The LR scheduler's factor after k scheduler steps (distinct for k < 13, not monotone)."""
+    return 1.0 / (1.0 + 0.25 * ((k * 5) % 13))
+
+
+BASE_LR = 1e-6
+
+
+# --------------------------------------------------------------------------------------------- the PPO rollout
+@dataclass
+class Rollout:
+    """One PPO step's raw rollouts: per sample its prompt length, response length, reward, whether vLLM stopped it
+    at the length limit; per token the old (rollout-time) policy's and the reference's log-probs; the update-time
+    policy's log-probs and entropies after k optimizer steps are ``logp(i, k)`` / ``entropy(i, k)``."""
+    prompt_len: list[int]
+    resp_len: list[int]
+    reward: list[float]
+    truncated: list[bool]
+    old: list[list[float]]
+    ref: list[list[float]]
+    seed: int
+    logp: Callable[[int, int], list[float]] = field(repr=False, default=None)      # type: ignore[assignment]
+    entropy: Callable[[int, int], list[float]] = field(repr=False, default=None)   # type: ignore[assignment]
+
+    @property
+    def n(self) -> int:
+        return len(self.resp_len)
+
+
+def make_rollout(seed: int = 0, n: int = 16) -> Rollout:
+    import random
+    rng = random.Random(1000 + seed)
+    resp = [rng.choice([1, 2, 3, 5, 7, 8, 11]) + (i % 3) for i in range(n)]
+    prompt = [3 + (i % 2) for i in range(n)]
+    old = [[-0.2 - rng.random() * 1.5 for _ in range(k)] for k in resp]
+    ref = [[o + (rng.random() - 0.5) * 0.9 for o in row] for row in old]
+    reward = [round(rng.choice([0.0, 0.25, 1.0, 0.5, -0.5]) + 0.01 * i, 4) for i in range(n)]
+    truncated = [rng.random() < 0.3 for _ in range(n)]
+    drift = [[(rng.random() - 0.5) * 0.8 for _ in range(k)] for k in resp]
+    ent = [[rng.random() * 2.5 for _ in range(k)] for k in resp]
+
+    def logp(i: int, k: int) -> list[float]:            # the policy moves at every optimizer step
+        return [o + d * (1 + 0.6 * k) for o, d in zip(old[i], drift[i])]
+
+    def entropy(i: int, k: int) -> list[float]:
+        return [e * (1 + 0.15 * k) for e in ent[i]]
+    return Rollout(prompt, resp, reward, truncated, old, ref, seed, logp, entropy)
+
+
+def responses(r: Rollout) -> list[dict]:
+    """vLLM-shaped responses (what vllm_engine.generate_responses hands the samples generator): the prompt's tokens
+    then the response's; the first prompt token carries the sample's index, so the model stand-ins can look it up."""
+    out = []
+    for i in range(r.n):
+        obs = [100 + i] + [7] * (r.prompt_len[i] - 1) + [8] * r.resp_len[i]
+        out.append({"observation_tokens": obs, "action_ranges": [(r.prompt_len[i], len(obs))], "reward": r.reward[i],
+                    "scores": r.reward[i], "rollout_log_probs": None, "truncated": r.truncated[i],
+                    "prompt": f"p{i // GROUP}", "label": ""})
+    return out
+
+
+def ppo_args(*, use_kl_loss: bool = False, estimator: str = "k1", init_coef: float = 0.05,
+             advantage: str = "group_norm", entropy_coef: float | None = 0.0, max_epochs: int = 2,
+             loss_agg_mode: str = "token-mean", logging_steps: int = 1, train_batch: int = WORLD * GAS * MICRO,
+             n: int = 16) -> types.SimpleNamespace:
+    """The run config (OpenRLHF 0.11 dotted groups) of a proof; defaults as train_ppo_ray.py's unless named."""
+    return ns(
+        algo=ns(kl=ns(use_loss=use_kl_loss, estimator=estimator, init_coef=init_coef, unbiased_gradient=False,
+                      target=None, horizon=10000),
+                advantage=ns(estimator=advantage, gamma=1.0, lambd=1.0, no_std_norm=False,
+                             is_correction_level="off"),
+                dynamic_filtering_enable=False),
+        reward=ns(clip_range=(-10, 10), overlong_buffer_len=None, stop_properly_penalty_coef=None),
+        rollout=ns(n_samples_per_prompt=GROUP, batch_size=n // GROUP, micro_batch_size=2, max_new_tokens=16),
+        train=ns(dynamic_batch_enable=False, colocate_all=False, colocate_actor_ref=False,
+                 colocate_critic_reward=False, batch_size=train_batch, max_epochs=max_epochs),
+        ds=ns(ring_attn_size=1, tensor_parallel_size=1, packing_samples=False),
+        actor=ns(entropy_coef=entropy_coef, aux_loss_coef=0.0, loss_agg_mode=loss_agg_mode),
+        critic=ns(freezing_steps=-1),
+        logger=ns(logging_steps=logging_steps), ckpt=ns(save_steps=float("inf")),
+    )
+
+
+# per-token and per-sequence values computed with the wheel's own functions
+def policy_terms(r: Rollout, i: int, k: int, adv: list[float]) -> tuple[list[float], list[float], list[float]]:
+    """PolicyLoss (loss.py) on each token of sample i alone (a one-token mask, no global normaliser: its masked mean
+    is that token's value): the token's loss, clip indicator and ppo_kl under the policy after k optimizer steps."""
+    import torch
+    o = F.openrlhf()
+    fn = o.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2)
+    cur, old = torch.tensor([r.logp(i, k)]), torch.tensor([r.old[i]])
+    a = torch.tensor([adv])
+    loss, clip, kl = [], [], []
+    for t in range(r.resp_len[i]):
+        mask = torch.zeros_like(cur, dtype=torch.bool)
+        mask[0, t] = True
+        lo, cl, pk, _, _ = fn(cur, old, a, action_mask=mask)
+        loss.append(float(lo))
+        clip.append(float(cl))
+        kl.append(float(pk))
+    return loss, clip, kl
+
+
+def approx_kl(a: list[float], b: list[float], estimator: str) -> list[float]:
+    import torch
+    o = F.openrlhf()
+    return o.compute_approx_kl(torch.tensor([a]), torch.tensor([b]), kl_estimator=estimator)[0].tolist()
+
+
+# --------------------------------------------------------------------------------------------- one PPO step
+@dataclass
+class PPORun:
+    """What one PPO step logged (``status``: the dict ppo_trainer hands to the trackers, rank 0's actor status
+    merged as PPOTrainer.ppo_train does) and what the proof needs to compute candidates: which samples each rank's
+    micro-batches held in each optimizer step (``micro[step][rank][u]`` = sample indices), the experiences the maker
+    produced (per sample: advantages, info), and the config."""
+    rollout: Rollout
+    args: types.SimpleNamespace
+    status: dict
+    micro: list[list[list[list[int]]]]
+    experiences: dict[int, Any]
+    policy_steps: list[int]              # per optimizer step: the policy version (optimizer steps before it)
+    lr_after: list[float]                # LR after each optimizer step's scheduler step
+    logged: list[dict] = field(default_factory=list)
+
+
+def run_ppo(r: Rollout, args: types.SimpleNamespace) -> PPORun:
+    """One PPO step of OpenRLHF 0.11 from raw rollouts: samples generator -> experience maker -> dispatch to the
+    ranks' replay buffers -> ppo_train on every rank (simulated DeepSpeed) -> the step's status dict."""
+    import torch
+    w = wheel()
+    o = w.o
+
+    # raw rollouts -> one-sample Experiences (the wheel's samples generator)
+    gen_kwargs = {"max_len": 64}
+    samples = [w.samples.SamplesGenerator._process_response_into_experience(None, resp, **gen_kwargs)
+               for resp in responses(r)]
+
+    # model groups of the experience maker: the actor's forward gives the old policy, the initial model the reference
+    def sample_ids(seqs) -> list[int]:
+        return [int(s[0]) - 100 for s in seqs]
+
+    def table(rows: Callable[[int], list[float]]):
+        def forward(sequences, action_mask, attention_mask, **kw):
+            out = torch.zeros(action_mask.shape, dtype=torch.float32)
+            for b, i in enumerate(sample_ids(sequences)):
+                idx = torch.nonzero(action_mask[b]).flatten()
+                out[b, idx] = torch.tensor(rows(i))
+            return out
+        return forward
+
+    class Group:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def async_run_method_batch(self, method_name, **kw):
+            assert method_name == "forward", method_name
+            n = len(kw["sequences"])
+            return [[self.fn(**{k: v[j] for k, v in kw.items() if k in ("sequences", "action_mask",
+                                                                       "attention_mask")}) for j in range(n)]]
+
+        def async_run_method(self, method_name, **kw):
+            return [None]
+
+    strategy = ns(args=args)
+    kl_ctl = w.kl_controller.FixedKLController(args.algo.kl.init_coef)
+    maker = w.maker.RemoteExperienceMaker(Group(table(lambda i: r.old[i])), None, None,
+                                          Group(table(lambda i: r.ref[i])), kl_ctl, strategy,
+                                          ns(pad_token_id=0, decode=lambda *a, **k: ["x"]))
+    experiences = maker.make_experience_batch(samples)
+    per_sample = {}
+    for e in experiences:
+        for b, i in enumerate(sample_ids(e.sequences)):
+            per_sample[i] = ns(advantages=e.advantages[b][e.action_mask[b].bool()].tolist(),
+                               info={k: float(v[b]) for k, v in e.info.items()})
+
+    # the trainer hands the experiences to the actor ranks (launcher's round-robin chunks)
+    chunks: list[list] = [[] for _ in range(WORLD)]
+
+    class Handle:
+        def __init__(self, rank):
+            self.rank = rank
+            self.execute_batch = ns(remote=self._remote)
+
+        def _remote(self, method_name, data, start, end):
+            assert method_name == "append"
+            chunks[self.rank].extend(data["experience"][start:end])
+
+    w.dispatch(ns(_actor_handlers=[Handle(k) for k in range(WORLD)], duplicate_actors=1), "append",
+               experience=experiences)
+
+    calls: list[list[tuple[int, list[int]]]] = [[] for _ in range(WORLD)]
+    lr_after: list[float] = []
+
+    def rank(rk: int) -> dict:
+        engine = Engine(rk, GAS)
+        if True:
+            torch.cuda.current_device = lambda: 0          # the buffer names its target device cuda:N
+            buf = w.buffer.NaiveReplayBuffer(MICRO, 0, False, False, False)
+            torch.cuda.current_device = lambda: "cpu"      # ppo_train moves experiences to it
+            for e in chunks[rk]:
+                buf.append(e)
+
+            class Actor:
+                def train(self):
+                    pass
+
+                def __call__(self, sequences, action_mask, **kw):
+                    ids = sample_ids(sequences)
+                    calls[rk].append((engine.steps, ids))
+                    cur = torch.zeros(action_mask.shape)
+                    ent = torch.zeros(action_mask.shape)
+                    for b, i in enumerate(ids):
+                        idx = torch.nonzero(action_mask[b]).flatten()
+                        cur[b, idx] = torch.tensor(r.logp(i, engine.steps))
+                        ent[b, idx] = torch.tensor(r.entropy(i, engine.steps))
+                    return cur, ns(entropy=ent)
+
+            strategy = engine.strategy()
+            strategy.is_rank_0 = lambda: False              # no progress bar
+            trainer = ns(args=args, strategy=strategy, replay_buffer=buf, dataloader_pin_memory=False,
+                         max_epochs=args.train.max_epochs, actor=Actor(),
+                         actor_loss_fn=o.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2,
+                                                    token_level_loss=args.actor.loss_agg_mode == "token-mean"),
+                         aux_loss=False, ema_model=None, actor_optim=None, actor_scheduler=engine.scheduler)
+            trainer.training_step = types.MethodType(o.training_step, trainer)
+            torch.manual_seed(r.seed)                      # the DataLoader shuffles the replay buffer
+            status = o.ppo_train(trainer, kl_ctl=kl_ctl.value)
+            if rk == 0:
+                lr_after.extend(BASE_LR * lr_factor(k + 1) for k in range(engine.steps))
+            return status
+
+    real = torch.cuda.current_device
+    try:
+        statuses = F.run_ranks(rank, world=WORLD)
+    finally:
+        torch.cuda.current_device = real
+    # the optimizer steps: gas consecutive micro-batches of each rank (iter_grad_accum_global_norm's windows)
+    n_steps = len(calls[0]) // GAS
+    assert all(len(c) == n_steps * GAS for c in calls), [len(c) for c in calls]
+    micro = [[[calls[rk][s * GAS + u][1] for u in range(GAS)] for rk in range(WORLD)] for s in range(n_steps)]
+    policy_steps = [calls[0][s * GAS][0] for s in range(n_steps)]
+    assert all(calls[rk][s * GAS + u][0] == policy_steps[s] for rk in range(WORLD) for s in range(n_steps)
+               for u in range(GAS))
+    # PPOTrainer.ppo_train: status.update over the actor ranks' results (ray.get of every rank's fit)
+    status: dict = {}
+    for s in statuses:
+        status.update(s)
+    return PPORun(r, args, status, micro, per_sample, policy_steps, lr_after)
+
+
+# --------------------------------------------------------------------------------------------- DPO / RM / SFT fit
+@dataclass
+class PrefData:
+    """Preference (DPO/RM) or SFT data for ``world`` ranks x ``steps`` optimizer steps x ``gas`` micro-batches x
+    ``micro`` sequences (pairs). Item ``(rank, step, u, j)`` has a prompt of ``prompt`` tokens, chosen and rejected
+    responses of ``lens[...]`` tokens. The policy's per-token log-probs depend on the optimizer steps taken (it is
+    trained); the reference's do not. RM: the model's score of each sequence is ``score``."""
+    world: int
+    steps: int
+    gas: int
+    micro: int
+    prompt: int = 2
+
+    def items(self):
+        for r in range(self.world):
+            for s in range(self.steps):
+                for u in range(self.gas):
+                    for j in range(self.micro):
+                        yield r, s, u, j
+
+    def key(self, r: int, s: int, u: int, j: int) -> int:
+        return ((r * self.steps + s) * self.gas + u) * self.micro + j
+
+    def length(self, k: int, side: int) -> int:             # response tokens (side 0 chosen, 1 rejected)
+        import random
+        return random.Random(k * 97 + side * 13 + 5).randint(1, 6)
+
+    def logp(self, k: int, side: int, version: int, model: str = "policy") -> list[float]:
+        import random
+        rng = random.Random(k * 31 + side * 7 + (0 if model == "policy" else 1000))
+        base = [-0.3 - rng.random() * 2 for _ in range(self.length(k, side))]
+        if model != "policy":
+            return base
+        drift = [(rng.random() - 0.5) * 0.6 for _ in base]
+        return [b + d * math.cos(1.7 * version + k) * (1 + version) for b, d in zip(base, drift)]
+
+    def score(self, k: int, side: int, version: int) -> float:
+        return math.sin(k * 1.3 + side * 2.1) * 1.5 + 0.3 * math.cos(1.7 * version + k) * (1 - 2 * side)
+
+
+def _fit_methods(kind: str) -> dict:
+    import torch
+    w = wheel()
+    cls, path = {"dpo": ("DPOTrainer", "trainer/dpo_trainer.py"), "rm": ("RewardModelTrainer", "trainer/rm_trainer.py"),
+                 "sft": ("SFTTrainer", "trainer/sft_trainer.py")}[kind]
+
+    class NoSampler:
+        pass
+    namespace = {"torch": torch, "tqdm": quiet_tqdm, "os": os, "DistributedSampler": NoSampler,
+                 "iter_grad_accum_global_norm": w.o.loss_utils.iter_grad_accum_global_norm}
+    names = ["fit", "save_logs_and_checkpoints", "concatenated_forward", "concatenated_inputs"]
+    names += ["_get_batch_logps"] if kind == "dpo" else []
+    names = names if kind != "sft" else ["fit", "save_logs_and_checkpoints"]
+    return F._methods_from_source(w.root / path, cls, names, namespace)
+
+
+def run_fit(kind: str, d: PrefData, *, logging_steps: int = 1, nll: bool = False, beta: float = 0.1) -> list[dict]:
+    """The wheel's DPOTrainer / RewardModelTrainer / SFTTrainer ``fit`` (with its own ``save_logs_and_checkpoints``,
+    ``concatenated_forward``, ``concatenated_inputs``, ``_get_batch_logps``; the real DPOLoss, PairWiseLoss, SFTLoss,
+    ``iter_grad_accum_global_norm``) on ``d.world`` simulated ranks with the simulated DeepSpeed engine. Returns the
+    rows rank 0 hands to wandb (``train/...`` keys)."""
+    import torch
+    w = wheel()
+    o = w.o
+    m = _fit_methods(kind)
+
+    class Out(dict):
+        __getattr__ = dict.get
+
+    def rank(r: int) -> list[dict]:
+        engine = Engine(r, d.gas)
+        logged: list[dict] = []
+        width = d.prompt + 7
+
+        def ids_row(k: int, side: int):
+            n = d.length(k, side)
+            ids = torch.zeros(1, width, dtype=torch.long)
+            mask = torch.zeros(1, width, dtype=torch.long)
+            ids[0, 0] = 1000 + 2 * k + side                       # the item and side travel in the first token
+            ids[0, 1:d.prompt + n] = 5
+            mask[0, :d.prompt + n] = 1
+            return ids, mask
+
+        batches = []
+        for s in range(d.steps):
+            for u in range(d.gas):
+                rows = [d.key(r, s, u, j) for j in range(d.micro)]
+                c = [ids_row(k, 0) for k in rows]
+                j_ = [ids_row(k, 1) for k in rows]
+                cat = lambda xs, i: torch.stack([x[i] for x in xs])              # noqa: E731  (B, 1, T)
+                if kind == "sft":
+                    loss_mask = cat(c, 1).clone()
+                    loss_mask[:, :, :d.prompt] = 0
+                    batches.append((cat(c, 0), cat(c, 1), loss_mask))
+                else:
+                    extra = [d.prompt] * d.micro if kind == "dpo" else [0.0] * d.micro
+                    batches.append((cat(c, 0), cat(c, 1), cat(j_, 0), cat(j_, 1), extra))
+
+        class Model:
+            def __init__(self, role: str):
+                self.role = role
+                self.model = engine
+
+            def train(self):
+                pass
+
+            def eval(self):
+                pass
+
+            def parameters(self):
+                return iter([torch.zeros(1)])
+
+            def __call__(self, input_ids, attention_mask=None, return_output=False, return_logprobs=False, **kw):
+                version = engine.steps
+                if kind == "rm":
+                    vals = torch.tensor([d.score((int(x[0]) - 1000) // 2, (int(x[0]) - 1000) % 2, version)
+                                         for x in input_ids])
+                    return vals, Out()
+                out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
+                for b, x in enumerate(input_ids):
+                    k, side = (int(x[0]) - 1000) // 2, (int(x[0]) - 1000) % 2
+                    vals = d.logp(k, side, version, self.role)
+                    at = d.prompt if kind == "sft" else d.prompt - 1   # where each trainer's loss mask reads them
+                    out[b, at:at + len(vals)] = torch.tensor(vals)
+                return (out, Out()) if return_output else out
+
+        class Loader(list):
+            sampler = None
+
+        strategy = engine.strategy()
+        args = ns(train=ns(batch_size=d.micro * d.world * d.gas), eval=ns(steps=10 ** 9),
+                  ckpt=ns(save_steps=10 ** 9), logger=ns(logging_steps=logging_steps),
+                  model=ns(aux_loss_coef=0.0, nll_loss_coef=0.5 if nll else 0.0), ds=ns(packing_samples=False))
+        strategy.args = args
+        policy, ref = Model("policy"), Model("ref")
+        t = ns(model=policy, ref_model=ref, epochs=1, train_dataloader=Loader(batches), eval_dataloader=None, args=args,
+               aux_loss=False, nll_loss=nll, margin_loss=False, compute_fp32_loss=False, beta=beta,
+               loss_fn={"dpo": o.DPOLoss(beta), "rm": o.loss.PairWiseLoss(), "sft": o.loss.SFTLoss()}[kind],
+               optimizer=None, scheduler=engine.scheduler, strategy=strategy, tokenizer=ns(pad_token_id=0),
+               _wandb=ns(log=logged.append, finish=lambda: None) if r == 0 else None, _tensorboard=None,
+               disable_ds_ckpt=True, save_hf_ckpt=False)
+        for name, fn in m.items():
+            if name != "fit":
+                setattr(t, name, types.MethodType(fn, t))
+        m["fit"](t, args)
+        return logged
+
+    return F.run_ranks(rank, world=d.world)[0]
+
+
+def pref_windows(d: PrefData, value: Callable[[int, int], list[float]], window: int) -> list:
+    """``fingerprint`` steps of each logged row of a fit run: the ``window`` (logging_steps) optimizer steps since the
+    previous row, each one mini-batch of ``d.world`` ranks x ``d.gas`` micro-batches; ``value(item, version)`` is a
+    sequence's token values (version: the optimizer steps taken before its micro-batch)."""
+    return [[[[[[value(d.key(r, s, u, j), s) for j in range(d.micro)] for u in range(d.gas)] for r in range(d.world)]]
+             for s in range(w0, w0 + window)] for w0 in range(0, d.steps - window + 1, window)]
+
+
+# --------------------------------------------------------------------------------------------- batches for fingerprint
+def steps_of(run: PPORun, per_seq: Callable[[int, int], list[float]]) -> list:
+    """``fingerprint`` steps (one logged step) from a run: ``per_seq(sample, optimizer step index)`` gives a
+    sequence's per-token values (or a one-element list for a per-sequence value)."""
+    return [[[[[per_seq(i, s) for i in mb] for mb in rank] for rank in step] for s, step in enumerate(run.micro)]]
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# --------------------------------------------------------------------------------------------- the PPO critic
+@dataclass
+class CriticRun:
+    """One PPO step of the critic: ``status`` (CriticPPOTrainer.ppo_train's status_mean on rank 0), which micro-batch
+    each rank trained in each optimizer step (``micro[step][rank][u]`` = the micro-batch's sequence ids), per
+    sequence its response tokens' returns and old values, the critic's predictions after k optimizer steps
+    (``pred(j, k)``), and per micro-batch call the LR and grad norm the engine reported."""
+    status: dict
+    micro: list[list[list[list[int]]]]
+    returns: list[list[float]]
+    old: list[list[float]]
+    pred: Callable[[int, int], list[float]] = field(repr=False)
+    lrs: list[float] = field(default_factory=list)          # rank 0, every micro-batch, in order
+    norms: list[float] = field(default_factory=list)
+
+
+CRITIC_CLIP = 0.2
+CRITIC_EPOCHS = 2
+
+
+def run_critic(seed: int = 0) -> CriticRun:
+    """The wheel's CriticPPOTrainer.ppo_train / training_step (ppo_critic.py, compiled from source) on WORLD simulated
+    ranks, each holding 4 micro-batches of MICRO sequences of different lengths, GAS micro-batches per optimizer step,
+    CRITIC_EPOCHS epochs (shuffled by the DataLoader), the real ValueLoss (clip 0.2), iter_grad_accum_global_norm and
+    strategy.all_reduce, the simulated DeepSpeed engine (LR scheduler and grad norm at the boundaries); the critic's
+    predictions move at every optimizer step."""
+    import random
+
+    import torch
+    o = F.openrlhf()
+    c = F.openrlhf_critic()
+    rng = random.Random(500 + seed)
+    per_rank = 4 * MICRO
+    n = WORLD * per_rank
+    lens = [rng.choice([1, 2, 3, 5, 7, 9]) for _ in range(n)]
+    returns = [[rng.uniform(-1, 1.5) for _ in range(k)] for k in lens]
+    old = [[rng.uniform(-1, 1) for _ in range(k)] for k in lens]
+    drift = [[rng.uniform(-0.4, 0.4) for _ in range(k)] for k in lens]
+
+    def pred(j: int, k: int) -> list[float]:
+        return [a + d * (1 + 0.7 * k) for a, d in zip(old[j], drift[j])]
+
+    width = max(lens)
+
+    def experience(ids: list[int]):
+        b = len(ids)
+        mask = torch.zeros(b, width, dtype=torch.bool)
+        seqs = torch.full((b, 2 + width), 5)
+        rets, olds = torch.zeros(b, width), torch.zeros(b, width)
+        for row, j in enumerate(ids):
+            mask[row, :lens[j]] = True
+            seqs[row, 0] = 1000 + j                      # the sequence travels in its first token
+            rets[row, :lens[j]] = torch.tensor(returns[j])
+            olds[row, :lens[j]] = torch.tensor(old[j])
+        return o.Experience(sequences=seqs, attention_mask=torch.ones(b, 2 + width), action_mask=mask, values=olds,
+                            returns=rets)
+
+    calls: list[list[tuple[int, list[int]]]] = [[] for _ in range(WORLD)]
+    lrs: list[float] = []
+    norms: list[float] = []
+
+    def rank(r: int) -> dict:
+        ids = list(range(r * per_rank, (r + 1) * per_rank))
+        exps = [experience(ids[u * MICRO:(u + 1) * MICRO]) for u in range(per_rank // MICRO)]
+        engine = Engine(r, GAS)
+
+        class Critic:
+            def train(self):
+                pass
+
+            def __call__(self, sequences, action_mask=None, **kw):
+                js = [int(s[0]) - 1000 for s in sequences]
+                calls[r].append((engine.steps, js))
+                out = torch.zeros(action_mask.shape)
+                for row, j in enumerate(js):
+                    out[row, :lens[j]] = torch.tensor(pred(j, engine.steps))
+                return out, ns(aux_loss=0.0)
+
+        strategy = engine.strategy()
+        strategy.is_rank_0 = lambda: False
+        base_step = strategy.optimizer_step
+
+        def optimizer_step(*a, **k):
+            base_step(*a, **k)
+            if r == 0:
+                lrs.append(engine.scheduler.get_last_lr()[0])
+                norms.append(engine.get_grad_norm())
+        strategy.optimizer_step = optimizer_step
+        args = ns(train=ns(dynamic_batch_enable=False), ds=ns(tensor_parallel_size=1), actor=ns(aux_loss_coef=0.0))
+        trainer = ns(args=args, strategy=strategy, replay_buffer=F.openrlhf_buffer(exps), dataloader_pin_memory=False,
+                     max_epochs=CRITIC_EPOCHS, critic=Critic(), critic_loss_fn=c.ValueLoss(CRITIC_CLIP),
+                     aux_loss=False, critic_optim=None, critic_scheduler=engine.scheduler)
+        trainer.training_step = types.MethodType(c.training_step, trainer)
+        torch.manual_seed(seed)
+        return c.ppo_train(trainer)
+
+    real = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        statuses = F.run_ranks(rank, world=WORLD)
+    finally:
+        torch.cuda.current_device = real
+    n_steps = len(calls[0]) // GAS
+    assert all(len(cl) == n_steps * GAS for cl in calls) and n_steps == 2 * CRITIC_EPOCHS
+    micro = [[[calls[rk][s * GAS + u][1] for u in range(GAS)] for rk in range(WORLD)] for s in range(n_steps)]
+    assert all(calls[rk][s * GAS + u][0] == s for rk in range(WORLD) for s in range(n_steps) for u in range(GAS))
+    return CriticRun(statuses[0], micro, returns, old, pred, lrs, norms)
+
+
+def value_loss_terms(run: CriticRun, j: int, k: int) -> list[float]:
+    """The wheel's ValueLoss on each token of sequence j alone (a one-token mask, no global normaliser: its masked
+    mean is that token's loss) under the critic after k optimizer steps."""
+    import torch
+    o = F.openrlhf()
+    fn = o.loss.ValueLoss(CRITIC_CLIP)
+    cur, old, ret = (torch.tensor([x]) for x in (run.pred(j, k), run.old[j], run.returns[j]))
+    out = []
+    for t in range(len(run.old[j])):
+        mask = torch.zeros_like(cur, dtype=torch.bool)
+        mask[0, t] = True
+        out.append(float(fn(cur, old, ret, action_mask=mask)))
+    return out
+
+
+def critic_steps(run: CriticRun, per_seq: Callable[[int, int], list[float]]) -> list:
+    """``fingerprint`` steps of a critic run: ``per_seq(sequence, optimizer step)``."""
+    return [[[[[per_seq(j, s) for j in mb] for mb in rank] for rank in step] for s, step in enumerate(run.micro)]]
