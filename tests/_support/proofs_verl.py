@@ -86,7 +86,7 @@ def code() -> types.SimpleNamespace:
     from verl.utils.metric import reduce_metrics
     from verl.utils.py_functional import rename_dict
     from verl.workers import engine_workers
-    from verl.workers.config import FSDPActorConfig, FSDPOptimizerConfig
+    from verl.workers.config import FSDPActorConfig, FSDPCriticConfig, FSDPOptimizerConfig
     from verl.workers.utils import losses
     from verl.workers.utils.padding import response_from_nested
 
@@ -123,7 +123,8 @@ def code() -> types.SimpleNamespace:
         "KVBatchMeta": Any, "DataProtoFuture": Any, "TensorDict": TensorDict,
     }
     v1_ns.update(_compile(root / "trainer/ppo/ray_trainer.py", ["compute_spec_decode_metrics"], {"np": np}))
-    v1 = _compile(v1_file, ["_compute_old_log_prob", "_update_actor", "_compute_metrics"], v1_ns, cls="PPOTrainer")
+    v1 = _compile(v1_file, ["_compute_old_log_prob", "_update_actor", "_update_critic", "_compute_metrics"], v1_ns,
+                  cls="PPOTrainer")
     utils_file = root / "trainer/ppo/v1/utils.py"
     agg_ns = {"Counter": __import__("collections").Counter, "defaultdict": __import__("collections").defaultdict,
               "Any": Any, "np": np, "torch": torch,
@@ -133,7 +134,7 @@ def code() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         torch=torch, np=np, TensorDict=TensorDict, tu=tu, verl_F=verl_F, core_algos=core_algos, losses=losses,
         metric_utils=metric_utils, DataProto=DataProto, engine_workers=engine_workers, fsdp=fsdp, base=base, v1=v1,
-        v1_ns=v1_ns, MetricsAggregator=aggregator, FSDPActorConfig=FSDPActorConfig,
+        v1_ns=v1_ns, MetricsAggregator=aggregator, FSDPActorConfig=FSDPActorConfig, FSDPCriticConfig=FSDPCriticConfig,
         FSDPOptimizerConfig=FSDPOptimizerConfig, reduce_metrics=reduce_metrics, release=F.release("verl"),
         files={"v1": "verl/trainer/ppo/v1/trainer_base.py", "workers": "verl/workers/engine_workers.py",
                "losses": "verl/workers/utils/losses.py", "engine": "verl/workers/engine/fsdp/transformer_impl.py",
@@ -201,44 +202,61 @@ class Capture:
 
 _local = threading.local()
 
-# the order in which the loss function's reductions run (losses.ppo_loss with compute_policy_loss_vanilla)
-AGG_ORDER = ("pg_loss", "entropy", "kl")
-MEAN_ORDER = ("ppo_kl", "pg_clipfrac", "pg_clipfrac_lower")
+# the order in which a loss function's reductions run: agg_loss calls, verl_F.masked_mean calls (losses.ppo_loss with
+# compute_policy_loss_vanilla; losses.value_loss with compute_value_loss, whose agg_loss matrix is halved after)
+ACTOR_ORDER = (("pg_loss", "entropy", "kl"), ("ppo_kl", "pg_clipfrac", "pg_clipfrac_lower"))
+CRITIC_ORDER = (("vf_loss_x2",), ("vf_clipfrac",))
 
 
 def _ragged(values, mask) -> list[list[float]]:
     return [[float(v) for v, m in zip(row, mrow) if m] for row, mrow in zip(values.tolist(), mask.tolist())]
 
 
+def _next(rec: dict, names: tuple[str, ...]) -> str | None:
+    done = [k for k in rec if k in names]
+    return names[len(done)] if len(done) < len(names) else None
+
+
 @contextlib.contextmanager
-def capturing(cap: Capture):
+def capturing(cap: "Capture"):
     """Record what veRL's ``agg_loss`` (core_algos and the loss module's import of it) and ``masked_mean``
-    (verl.utils.torch_functional) are given, in the calling rank's current micro-batch record."""
+    (verl.utils.torch_functional, and the loss module's import of it: the critic's vpred mean) are given, in the
+    calling rank's current micro-batch record; ``agg_loss`` outside a micro-batch is the driver's."""
     c = code()
-    real_agg, real_mean = c.core_algos.agg_loss, c.verl_F.masked_mean
+    real_agg, real_mean, real_loss_mean = c.core_algos.agg_loss, c.verl_F.masked_mean, c.losses.masked_mean
 
     def agg_loss(loss_mat, loss_mask, loss_agg_mode, *a, **kw):
         rec = getattr(_local, "record", None)
         if rec is not None:
-            name = AGG_ORDER[len([k for k in rec if k in AGG_ORDER])]
-            rec[name] = _ragged(loss_mat.detach(), loss_mask.bool())
+            name = _next(rec, _local.order[0])
+            if name:
+                rec[name] = _ragged(loss_mat.detach(), loss_mask.bool())
         else:
             cap.driver.append({"values": _ragged(loss_mat.detach(), loss_mask.bool()), "mode": loss_agg_mode})
         return real_agg(loss_mat, loss_mask, loss_agg_mode, *a, **kw)
 
     def masked_mean(values, mask, *a, **kw):
         rec = getattr(_local, "record", None)
-        if rec is not None and len([k for k in rec if k in MEAN_ORDER]) < len(MEAN_ORDER):
-            name = MEAN_ORDER[len([k for k in rec if k in MEAN_ORDER])]
-            rec[name] = _ragged(values.detach().float(), mask.bool())
+        if rec is not None:
+            name = _next(rec, _local.order[1])
+            if name:
+                rec[name] = _ragged(values.detach().float(), mask.bool())
         return real_mean(values, mask, *a, **kw)
 
+    def loss_masked_mean(values, mask, *a, **kw):
+        rec = getattr(_local, "record", None)
+        if rec is not None:
+            rec["vpred"] = _ragged(values.detach().float(), mask.bool())
+        return real_loss_mean(values, mask, *a, **kw)
+
     c.core_algos.agg_loss, c.losses.agg_loss, c.verl_F.masked_mean = agg_loss, agg_loss, masked_mean
+    c.losses.masked_mean = loss_masked_mean
     c.v1_ns["agg_loss"] = agg_loss
     try:
         yield
     finally:
         c.core_algos.agg_loss, c.losses.agg_loss, c.verl_F.masked_mean = real_agg, real_agg, real_mean
+        c.losses.masked_mean = real_loss_mean
         c.v1_ns["agg_loss"] = real_agg
 
 
@@ -248,9 +266,9 @@ class TinyPolicy:
     sequence (indexed by the batch's ``seq_id``), with two trainable scalars, so every optimizer step moves the
     policy: the update-time log-probs differ from the pre-update (old) ones from the second optimizer step on."""
 
-    def __init__(self, base, feature, ent):
+    def __init__(self, base, feature, ent, critic: bool = False):
         torch = code().torch
-        self.base, self.feature, self.ent = base, feature, ent
+        self.base, self.feature, self.ent, self.critic = base, feature, ent, critic
         self.module = torch.nn.Linear(1, 1)
         with torch.no_grad():
             self.module.weight.zero_()
@@ -269,8 +287,9 @@ class TinyPolicy:
             # the engine's output covers prompt + response; the response's log-probs sit one token to the left
             lps.append(torch.cat([z, lp, torch.zeros(1)]))
             ents.append(torch.cat([z, ent, torch.zeros(1)]))
-        out = {"log_probs": torch.nested.as_nested_tensor(lps, layout=torch.jagged)}
-        if calculate_entropy:
+        key = "values" if self.critic else "log_probs"
+        out = {key: torch.nested.as_nested_tensor(lps, layout=torch.jagged)}
+        if calculate_entropy and not self.critic:
             out["entropy"] = torch.nested.as_nested_tensor(ents, layout=torch.jagged)
         return out
 
@@ -279,8 +298,10 @@ class Engine:
     """veRL's FSDP engine methods (compiled from transformer_impl.py and base.py) on one simulated rank; only
     ``forward_step`` runs the tiny policy instead of an HF model."""
 
-    def __init__(self, policy: TinyPolicy, rank: int, optimizer_config, cap: Capture, micro_size: int):
+    def __init__(self, policy: "TinyPolicy", rank: int, optimizer_config, cap: Capture, micro_size: int,
+                 order=ACTOR_ORDER):
         torch = code().torch
+        self.order = order
         self.policy, self.module, self.rank, self.cap = policy, policy.module, rank, cap
         self.optimizer_config = optimizer_config
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=optimizer_config.lr)
@@ -306,6 +327,7 @@ class Engine:
     infer_batch = property(lambda self: types.MethodType(code().base["infer_batch"], self))
 
     def optimizer_step(self):
+        _local.cap = self.cap                      # where the clip_grad_norm_ wrapper records this rank's norm
         try:
             return code().fsdp["optimizer_step"](self)
         finally:
@@ -322,7 +344,7 @@ class Engine:
         if loss_function is None:
             return torch.tensor(1.0), {"model_output": {k: v.detach() for k, v in model_output.items()},
                                        "loss": 1.0, "metrics": {}}
-        _local.record = {}
+        _local.record, _local.order = {}, self.order
         try:
             loss, metrics = loss_function(model_output=model_output, data=micro_batch,
                                           dp_group=self.get_data_parallel_group())
@@ -501,6 +523,7 @@ class StepRun:
     n_opt_steps: int                    # optimizer steps in the step (mini-batches x ppo_epochs)
     lr_after: float                     # the scheduler's learning rate after the step
     rollout: Rollout
+    cap_critic: Capture | None = None
 
 
 def actor_config(**overrides):
@@ -512,11 +535,12 @@ def actor_config(**overrides):
 
 
 def run_step(r: Rollout, *, mini_batch_size: int = 8, micro_size: int = 2, epochs: int = 2, lr: float = 3.0,
-             actor_overrides: dict | None = None) -> StepRun:
+             actor_overrides: dict | None = None, critic: bool = False) -> StepRun:
     """One V1 training step of veRL 0.9.1 on ``r`` over WORLD simulated ranks: the old-log-prob pass (entropy),
     the actor update (train_mini_batch: mini-batches of ``mini_batch_size`` sequences, ``epochs`` PPO epochs,
     micro-batches of ``micro_size`` per rank) and the step's data metrics; the logged metrics and what veRL
-    computed on the way."""
+    computed on the way. ``critic``: a critic too (V1 _update_critic, the engine worker with value_loss, the same
+    mini-batches and epochs), its rollout-time values those of the tiny critic before its update."""
     from functools import partial
     c = code()
     torch = c.torch
@@ -526,27 +550,45 @@ def run_step(r: Rollout, *, mini_batch_size: int = 8, micro_size: int = 2, epoch
     fields, (base, feature, ent) = _rollout_fields(r)
     store = Store()
     keys = [f"k{i}" for i in range(r.n)]
+    vbase = torch.randn(r.n, base.shape[1], generator=torch.Generator().manual_seed(r.seed + 1))
+    fields["values"] = [vbase[i, :n] * m for i, (n, m) in enumerate(zip(r.resp_lens, fields["response_mask"]))]
     store.put_rows(keys, fields)
-    cap = Capture()
+    cap, cap_critic = Capture(), Capture()
     policies = [TinyPolicy(base, feature, ent) for _ in range(WORLD)]
+    critics = [TinyPolicy(vbase, feature, ent, critic=True) for _ in range(WORLD)]
     engines: list[Engine | None] = [None] * WORLD
+    critic_engines: list[Engine | None] = [None] * WORLD
     loss_fn = partial(c.losses.ppo_loss, config=acfg)
+    ccfg = c.FSDPCriticConfig(strategy="fsdp", ppo_mini_batch_size=mini_batch_size, ppo_epochs=epochs,
+                              ppo_micro_batch_size_per_gpu=micro_size, rollout_n=1, use_dynamic_bsz=False)
+    critic_loss_fn = partial(c.losses.value_loss, config=ccfg)
 
     def share(rank: int) -> list[str]:
         per = r.n // WORLD
         return keys[rank * per:(rank + 1) * per]
 
-    def on_ranks(method: str, meta, select: list[str]):
+    def on_ranks(method: str, meta, select: list[str], role: str = "actor"):
+        pool, models = (engines, policies) if role == "actor" else (critic_engines, critics)
+
         def body(rank: int):
-            if engines[rank] is None:
-                engines[rank] = Engine(policies[rank], rank, ocfg, cap, micro_size)
+            if pool[rank] is None:
+                pool[rank] = Engine(models[rank], rank, ocfg, cap if role == "actor" else cap_critic, micro_size,
+                                    order=ACTOR_ORDER if role == "actor" else CRITIC_ORDER)
             ks = share(rank)
             td = store.kv_batch_get(ks, select_fields=select)
             c.tu.assign_non_tensor(td, **meta.extra_info)
-            w = worker(engines[rank], loss_fn, micro_size)
+            w = worker(pool[rank], loss_fn if role == "actor" else critic_loss_fn, micro_size)
             return _method(c.engine_workers.TrainingWorker, method)(w, td)
         with simulated_dist(), _patched(c.engine_workers, get_torch_device=lambda: _Device()):
             return F.run_ranks(body, WORLD)
+
+    def collect(outs):
+        m0 = c.tu.get(outs[0], "metrics")
+        for o in outs[1:]:
+            assert _same(c.tu.get(o, "metrics"), m0), "the ranks returned different metrics"
+        # the single controller's collect (decorator.py collect_nd_compute_dataproto -> concat_tensordict):
+        # batch-less TensorDicts of metrics concatenate to the first rank's
+        return c.tu.concat_tensordict(outs)
 
     class WorkerGroup:
         def compute_log_prob(self, meta):
@@ -557,18 +599,20 @@ def run_step(r: Rollout, *, mini_batch_size: int = 8, micro_size: int = 2, epoch
             return meta
 
         def update_actor(self, meta):
-            outs = on_ranks("train_mini_batch", meta, ["prompts", "responses", "input_ids", "loss_mask", "seq_id",
-                                                       "response_mask", "old_log_probs", "advantages",
-                                                       "ref_log_prob"])
-            m0 = c.tu.get(outs[0], "metrics")
-            for o in outs[1:]:
-                assert _same(c.tu.get(o, "metrics"), m0), "the ranks returned different metrics"
-            # the single controller's collect (decorator.py collect_nd_compute_dataproto -> concat_tensordict):
-            # batch-less TensorDicts of metrics concatenate to the first rank's
-            return c.tu.concat_tensordict(outs)
+            return collect(on_ranks("train_mini_batch", meta, ["prompts", "responses", "input_ids", "loss_mask",
+                                                               "seq_id", "response_mask", "old_log_probs",
+                                                               "advantages", "ref_log_prob"]))
+
+    class CriticGroup:
+        def train_mini_batch(self, meta):
+            out = collect(on_ranks("train_mini_batch", meta, ["prompts", "responses", "input_ids", "loss_mask",
+                                                              "seq_id", "response_mask", "values", "returns"],
+                                   role="critic"))
+            return types.SimpleNamespace(get=lambda: out)          # a DataProtoFuture
 
     config = _config(acfg, r)
-    trainer = types.SimpleNamespace(config=config, actor_rollout_wg=WorkerGroup(), use_critic=False,
+    trainer = types.SimpleNamespace(config=config, actor_rollout_wg=WorkerGroup(), use_critic=critic,
+                                    critic_wg=CriticGroup(),
                                     _rollout_moe_lb_metrics_accumulator=None,
                                     _get_n_gpus_for_throughput=lambda: WORLD, distillation_config=None)
     meta = Meta(keys=keys, tags=[{"min_global_steps": 0, "max_global_steps": 0} for _ in keys])
@@ -578,11 +622,13 @@ def run_step(r: Rollout, *, mini_batch_size: int = 8, micro_size: int = 2, epoch
 
     def clip(params, max_norm, *a, **kw):          # the pre-clip norm veRL's optimizer_step gets back
         norm = real_clip(params, max_norm, *a, **kw)
-        cap.grad_norms[F.current_rank()[1]].append(float(norm))
+        _local.cap.grad_norms[F.current_rank()[1]].append(float(norm))
         return norm
 
     with capturing(cap), _patched_ns(c.v1_ns, tq=store), _patched(torch.nn.utils, clip_grad_norm_=clip):
         v1["_compute_old_log_prob"](trainer, meta, metrics)
+        if critic:
+            v1["_update_critic"](trainer, meta, metrics)
         v1["_update_actor"](trainer, meta, metrics)
         aggregator = c.MetricsAggregator()            # V1 step(): one iteration in the sync trainer
         aggregator.add_step_metrics(metrics, sample_count=r.n)
@@ -591,7 +637,8 @@ def run_step(r: Rollout, *, mini_batch_size: int = 8, micro_size: int = 2, epoch
                                global_steps=1, epoch=0)
     n_opt = (r.n // WORLD) // (mini_batch_size // WORLD) * epochs
     return StepRun(metrics={k: float(v) for k, v in metrics.items() if _is_number(v)}, cap=cap, n_opt_steps=n_opt,
-                   lr_after=float(engines[0].lr_scheduler.get_last_lr()[0]), rollout=r)
+                   lr_after=float(engines[0].lr_scheduler.get_last_lr()[0]), rollout=r,
+                   cap_critic=cap_critic if critic else None)
 
 
 def _is_number(v) -> bool:
@@ -613,6 +660,8 @@ def _config(acfg, r: Rollout):
                               "rollout": {"n": 1, "temperature": 1.0, "calculate_log_probs": False,
                                           "moe_load_balance_metrics_interval": 0},
                               "model": {}},
+        "critic": {"ppo_mini_batch_size": acfg.ppo_mini_batch_size, "ppo_epochs": acfg.ppo_epochs,
+                   "data_loader_seed": 42, "shuffle": False},
         "algorithm": {}, "trainer": {"v1": {}}, "data": {"train_batch_size": r.n}})
 
 

@@ -8,6 +8,7 @@ truncation. Each logged value is fingerprinted against what veRL computed on the
 mappings/verl.yaml states for the proof's config (resolved through trackbridge's loader), and no other."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -21,6 +22,7 @@ from _support.fingerprint import check_uneven, fingerprint  # noqa: E402
 from _support.proven import close, proof  # noqa: E402
 
 TOKENS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+FRACTION_TOKENS = ("token_mean", "seq_mean_token_mean")      # a fraction of 0/1 values is no sequence sum
 LEVELS = ("micro_batches", "mini_batches", "processes")
 WORLD, MICRO, MINI, EPOCHS = V.WORLD, 2, 8, 2        # sequences: per micro-batch and rank, per mini-batch (global)
 MAX_PROMPT, MAX_RESPONSE = 8, 12                      # the configured maxima: nothing below reaches them
@@ -36,23 +38,27 @@ ROLLOUT = V.Rollout(
 
 BASE = {"data.train_batch_size": ROLLOUT.n, "actor_rollout_ref.actor.ppo_mini_batch_size": MINI,
         "actor_rollout_ref.actor.ppo_epochs": EPOCHS, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": MICRO,
+        "critic.ppo_mini_batch_size": MINI, "critic.ppo_epochs": EPOCHS,
         "actor_rollout_ref.rollout.n": 1, "trainer.n_gpus_per_node": WORLD, "trainer.nnodes": 1,
         "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.calculate_entropy": True,
         "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools.yaml",
         "data.max_prompt_length": MAX_PROMPT, "data.max_response_length": MAX_RESPONSE}
 SEQ_MEAN = dict(BASE, **{"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"})
 ONE_MINI = dict(BASE, **{"actor_rollout_ref.actor.ppo_mini_batch_size": ROLLOUT.n,
-                         "actor_rollout_ref.actor.ppo_epochs": 1})
+                         "actor_rollout_ref.actor.ppo_epochs": 1, "critic.ppo_mini_batch_size": ROLLOUT.n,
+                         "critic.ppo_epochs": 1})
 LEGACY = dict(BASE, **{"trainer.use_v1": False})
 
 _RUNS: dict = {}
 
 
-def step(mini: int = MINI, epochs: int = EPOCHS, **actor) -> V.StepRun:
-    key = (mini, epochs, tuple(sorted(actor.items())))
+def step(mini: int = MINI, epochs: int = EPOCHS, critic: bool = False, seed: int = ROLLOUT.seed,
+         **actor) -> V.StepRun:
+    """One training step of veRL's code on ROLLOUT (another ``seed``: the same shapes, other values)."""
+    key = (mini, epochs, critic, seed, tuple(sorted(actor.items())))
     if key not in _RUNS:
-        _RUNS[key] = V.run_step(ROLLOUT, mini_batch_size=mini, micro_size=MICRO, epochs=epochs,
-                                actor_overrides=actor)
+        _RUNS[key] = V.run_step(dataclasses.replace(ROLLOUT, seed=seed), mini_batch_size=mini, micro_size=MICRO,
+                                epochs=epochs, actor_overrides=actor, critic=critic)
     return _RUNS[key]
 
 
@@ -179,6 +185,33 @@ def test_grad_norm_and_lr(p):
     p.check(len(set(used)) == 1 and close(lr, run.lr_after) and not close(lr, used[0]), (lr, used, run.lr_after))
     _, res = p.entry("actor/lr")
     p.check(res.fields["snapshot"] == "after_scheduler_step", res.fields)
+
+
+def halved(steps) -> list:
+    """compute_value_loss returns 0.5 * agg_loss(clipped squared errors) (core_algos.py@v0.9.1): the per-token
+    values of the logged value loss are half the matrix agg_loss is given."""
+    return [[[[[[0.5 * v for v in seq] for seq in micro] for micro in rank] for rank in mini] for mini in steps[0]]]
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_critic_losses(p):
+    """The critic (V1 _update_critic, the engine worker with value_loss): vf_loss (and critic/loss) are, from
+    v0.9.0, each optimizer step's pooled token mean averaged over the optimizer steps, like the actor's losses;
+    vf_clipfrac and vpred_mean are unweighted means of micro-batch token means."""
+    run = step(critic=True)
+    cap = run.cap_critic
+    p.check(cap is not None and len(cap.grad_norms[0]) == run.n_opt_steps, "the critic did not step 4 times")
+    loss = halved(cap.batch("vf_loss_x2", run.n_opt_steps))
+    for key in ("critic/vf_loss", "critic/loss"):
+        p.assert_stated(key, run.metrics[key], loss, levels=LEVELS, tokens=TOKENS)
+    # a fraction of 0/1 values coincides with other reductions more easily: three runs (other values, one shape)
+    runs = [run] + [step(critic=True, seed=seed) for seed in (11, 12)]
+    p.assert_stated("critic/vf_clipfrac", [(x.metrics["critic/vf_clipfrac"],
+                                            x.cap_critic.batch("vf_clipfrac", x.n_opt_steps)) for x in runs],
+                    levels=LEVELS, tokens=FRACTION_TOKENS)
+    p.assert_stated("critic/vpred_mean", run.metrics["critic/vpred_mean"], cap.batch("vpred", run.n_opt_steps),
+                    levels=LEVELS, tokens=TOKENS)
+    p.check(close(run.metrics["critic/grad_norm"], statistics.fmean(cap.grad_norms[0])), "critic/grad_norm")
 
 
 # ------------------------------------------------------------------------------------------------ driver metrics
