@@ -305,7 +305,9 @@ class Engine:
         self.policy, self.module, self.rank, self.cap = policy, policy.module, rank, cap
         self.optimizer_config = optimizer_config
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=optimizer_config.lr)
+        self.rank = -1                 # _build_lr_scheduler prints its settings on rank 0: keep stdout clean
         self.lr_scheduler = self._build_lr_scheduler(self.optimizer)
+        self.rank = rank
         self.ulysses_sequence_parallel_size = 1
         self.scaler = None
         self._qat_enabled = False
