@@ -21,6 +21,8 @@ The chain of one training step, as 0.9.1 runs it by default (trainer.use_v1: tru
   HF model and hands its output to the loss function exactly as ``FSDPEngineWithLMHead.forward_step`` does. The
   gradient averaging FSDP does across ranks is done at the last micro-batch (``_gradient_sync_context``), so every
   rank keeps the same weights and the same (pre-clip) gradient norm, as on a cluster.
+* the critic (``run_step(critic=True)``): V1 ``_update_critic`` and the same worker and engine with the real
+  ``value_loss``, the tiny policy's form as the value head;
 * collectives: ``torch.distributed.all_reduce`` / ``all_gather_object`` / ``get_world_size`` / ``get_rank`` meet
   at a barrier of the simulated group (tests/_support/framework_code.py).
 
@@ -264,7 +266,8 @@ def capturing(cap: "Capture"):
 class TinyPolicy:
     """Per-token log-probabilities ``base + w * feature + b`` and entropies ``ent + 0.1 * w * feature`` of each
     sequence (indexed by the batch's ``seq_id``), with two trainable scalars, so every optimizer step moves the
-    policy: the update-time log-probs differ from the pre-update (old) ones from the second optimizer step on."""
+    policy: the update-time log-probs differ from the pre-update (old) ones from the second optimizer step on.
+    ``critic=True``: the same form as the value head's per-token values (``values`` instead of ``log_probs``)."""
 
     def __init__(self, base, feature, ent, critic: bool = False):
         torch = code().torch
