@@ -35,7 +35,11 @@ def cross(reg, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str | None]
 SAME = [
     # --- KL to the reference as a reward penalty, per-token means (veRL rename at v0.4.0; OpenRLHF's default kl)
     (("verl@v0.3.0.post1", "critic/kl"), ("verl@v0.4.1", "actor/reward_kl_penalty"), "exact"),
-    (("verl@v0.4.1", "actor/reward_kl_penalty"), ("openrlhf/ppo@v0.9.8", "kl"), "approximate"),
+    # both the mean over the whole batch's sequences of each sequence's token-mean k1 (old vs reference, at rollout):
+    # veRL's apply_kl_penalty runs on the driver (ray_trainer.py@v0.4.1), OpenRLHF >= 0.9.8 merges per-sequence
+    # means by samples over ranks (computed from the stated reductions; was hand-written approximate [population],
+    # a worker-metric rule that does not apply to this driver-side key)
+    (("verl@v0.4.1", "actor/reward_kl_penalty"), ("openrlhf/ppo@v0.9.8", "kl"), "exact"),
     (("verl@v0.3.0.post1", "critic/kl_coeff"), ("verl@v0.4.1", "actor/reward_kl_penalty_coeff"), "exact"),
     # --- KL between the old and the current policy (PPO diagnostic), k1 token means
     # Same definition (section 4), but was "exact": veRL up to v0.5.0 reports only the first DP worker (section 1.0)
