@@ -56,7 +56,7 @@ class Reduction:
 
 # ------------------------------------------------------------------------------------------- one population
 def _stat(values: list[float], stat: str, std: str | None) -> float:
-    if stat == "mean":
+    if stat in ("mean", "value"):         # value: one value (a scalar per micro-batch: tokens none)
         return sum(values) / len(values)
     if stat == "max":
         return max(values)
@@ -72,7 +72,7 @@ def _stat(values: list[float], stat: str, std: str | None) -> float:
 def reduce_population(seqs: Micro, red: Reduction, norm_len: int) -> tuple[float, int, int]:
     """The value of one population (a micro-batch, or the union of several), with its token and sequence counts."""
     n_tok, n_seq = sum(len(s) for s in seqs), len(seqs)
-    if red.tokens == "per_seq":
+    if red.tokens in ("per_seq", "none"):    # none: a scalar per micro-batch (lr, a grad norm), one 'sequence' of it
         return _stat([s[0] for s in seqs], red.stat, red.std), n_tok, n_seq
     if red.tokens == "token_mean":
         return _stat([v for s in seqs for v in s], red.stat, red.std), n_tok, n_seq

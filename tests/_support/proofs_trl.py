@@ -3,7 +3,8 @@
 A proof runs a TRL trainer for a few optimizer steps on a tiny model built in code (tests/_support/tiny_trl.py),
 reads every row it logs through a callback's ``on_log``, and records, for each call of the trainer's own metric
 code (``GRPOTrainer._compute_loss``: one micro-batch; ``GRPOTrainer._generate`` and
-``_generate_and_score_completions``: one generation batch), that function's local variables at its return: the
+``_generate_and_score_completions``: one generation batch), that function's local variables and the values it
+appended to ``_metrics``: the
 per-token entropies, KL terms and clip indicators, the masks, the completion lengths and rewards TRL itself
 computed and then reduced. Nothing here recomputes a metric: :func:`GRPORun.steps` only arranges the framework's own
 per-token (or per-sequence) values of the optimizer steps a logged row covers as the nested batch
@@ -11,8 +12,10 @@ per-token (or per-sequence) values of the optimizer steps a logged row covers as
 candidate reduction would make of them. The proof then asserts that the logged value is the reduction the shipped
 mapping entry states.
 
-The calls are recorded with ``sys.setprofile`` while ``train()`` runs (a ``return`` event of a watched function's
-frame copies its locals), so the trainer runs unmodified: no method is replaced.
+The calls are recorded through the trainer's own ``_metrics`` lists: they are replaced by lists whose ``append`` also
+copies the locals of the TRL function appending (its frame, the caller of ``append``), so no TRL method is replaced
+and nothing is traced. The gradient norm is read from ``accelerator.clip_grad_norm_``'s return value (a pass-through
+wrapper) and the learning rate in the ``on_optimizer_step``/``on_step_end`` callbacks.
 """
 from __future__ import annotations
 
@@ -31,11 +34,13 @@ KEEP_WORDS = ("the", "cat", "sat", "on")
 
 @dataclass
 class Call:
-    """One call of a watched TRL function: its name, the optimizer step it contributed to (1-based:
-    ``state.global_step`` + 1 while it ran) and its local variables at return (tensors detached, on CPU)."""
+    """One call of a TRL function that appended to ``_metrics``: its name, the optimizer step it contributed to
+    (1-based: ``state.global_step`` + 1 while it ran), its local variables as they were at its last append, and the
+    values it appended (by key)."""
     name: str
     step: int
     locals: dict[str, Any]
+    appended: dict[str, float] = field(default_factory=dict)   # what the call appended to _metrics, by key
 
 
 class MetricsRecorder:
@@ -51,12 +56,21 @@ class MetricsRecorder:
         recorder = self
 
         class RecordingList(list):
+            key = ""
+
             def append(self, value: Any) -> None:
                 recorder._seen(sys._getframe(1))
+                recorder.calls[-1].appended[self.key] = value
                 super().append(value)
 
+        class Metrics(defaultdict):
+            def __missing__(self, key: str) -> RecordingList:
+                lst = self[key] = RecordingList()
+                lst.key = key
+                return lst
+
         self.list_type = RecordingList
-        trainer._metrics = {mode: defaultdict(RecordingList) for mode in trainer._metrics}
+        trainer._metrics = {mode: Metrics() for mode in trainer._metrics}
 
     def _seen(self, frame: Any) -> None:
         if frame is not self._frame:            # a new call (a frame lives until its function returns)
@@ -117,6 +131,11 @@ class GRPORun:
         first, last = self.windows[row]
         return [[[[[[values[s - 1]]]]]] for s in range(first, last + 1)]
 
+    def per_call(self, key: str, name: str, values: Callable[[dict[str, Any]], list[list[float]]]) -> list:
+        """One observation per call of ``name`` that appended ``key``: (the value it appended, its batch as one
+        step of one micro-batch): the framework's reduction of a single micro-batch or generation batch."""
+        return [(c.appended[key], [[[[values(c.locals)]]]]) for c in self.calls if c.name == name and key in c.appended]
+
     def calls_of(self, name: str, first: int, last: int) -> list[Call]:
         return [c for c in self.calls if c.name == name and first <= c.step <= last]
 
@@ -147,14 +166,15 @@ def masked(tensor_name: str, mask_name: str = "mask") -> Callable[[dict[str, Any
 
 def per_seq(tensor_name: str, keep: str | None = None, invert: bool = False) -> Callable:
     """One value per sequence of a (B,) tensor (optionally only where the boolean tensor ``keep`` is true, or false
-    with ``invert``)."""
+    with ``invert``; none left: TRL's own stand-in, one 0, as GRPO's _generate logs for a batch without a terminated
+    completion)."""
     def values(loc: dict[str, Any]) -> list[list[float]]:
         x = loc[tensor_name].float().flatten()
         if keep is None:
             return [[float(v)] for v in x]
         k = loc[keep].bool().flatten()
         k = ~k if invert else k
-        return [[float(v)] for v, ok in zip(x, k) if bool(ok)]
+        return [[float(v)] for v, ok in zip(x, k) if bool(ok)] or [[0.0]]
     return values
 
 
@@ -186,7 +206,7 @@ def run_grpo(workdir: Path, *, model_path: str | None = None, rollout_func: Call
     model_path = model_path or build_tiny_model(workdir / "model")
     if reward_funcs is None:
         def length_reward(completions, **kwargs):
-            return [float(len(c.split())) for c in completions]
+            return [-abs(len(c.split()) - 3.0) for c in completions]
 
         def has_cat(completions, **kwargs):          # None for some: the nan-aware means leave them out
             return [None if i % 5 == 4 else float("cat" in c) for i, c in enumerate(completions)]
