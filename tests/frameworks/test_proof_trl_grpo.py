@@ -43,12 +43,13 @@ WINDOW = dict(gradient_accumulation_steps=2, logging_steps=3, max_steps=12, num_
 STEP = dict(gradient_accumulation_steps=1, logging_steps=1, max_steps=3, beta=0.1, per_device_train_batch_size=4,
             num_generations=2, loss_type="grpo", scale_rewards="batch")
 TOOLS = dict(gradient_accumulation_steps=2, logging_steps=1, max_steps=2, beta=0.0, per_device_train_batch_size=2,
-             num_generations=2)
+             num_generations=2, entropy_coef=0.01)
 
 
 def _config(kw: dict) -> dict:
     """The run config trackbridge resolves the entries with (the GRPOConfig fields the proofs set)."""
-    keys = ("gradient_accumulation_steps", "logging_steps", "num_iterations", "beta", "loss_type", "scale_rewards")
+    keys = ("gradient_accumulation_steps", "logging_steps", "num_iterations", "beta", "loss_type", "scale_rewards",
+            "entropy_coef")
     return {k: kw[k] for k in keys if k in kw}
 
 
@@ -262,3 +263,18 @@ def test_grpo_leaves_tool_tokens_out_of_lengths_and_token_means(p):
                     mini=("none",), window=WINDOWS, levels=("micro_batches",))
     _entry, res = p.entry("completions/mean_length")
     p.check(res.fields["tool_tokens"] == "excluded", res.fields)
+
+
+@proof("trl", trainer="grpo", release=RELEASE, config=_config(TOOLS))
+def test_grpo_policy_loss_is_divided_by_gradient_accumulation(p):
+    """policy_loss (logged with an entropy bonus), default loss_type dapo, gradient_accumulation_steps 2: each
+    micro-batch appends its token sum over the whole step's token count and log() averages them, so the row holds
+    the step's token mean of the policy term halved. The entry says so (a deviation at GA > 1)."""
+    run = _run("tools")
+    for i, (_s, row) in enumerate(run.train_rows()):
+        flat = [v for step in run.steps(i, LOSS, masked("per_token_loss")) for mini in step for rank in mini
+                for micro in rank for seq in micro for v in seq]
+        p.check(math.isclose(row["policy_loss"], sum(flat) / len(flat) / TOOLS["gradient_accumulation_steps"],
+                             rel_tol=1e-5), (row["policy_loss"], sum(flat) / len(flat)))
+    _entry, res = p.entry("policy_loss")
+    p.check("divided by gradient_accumulation_steps" in res.fields["deviation"], res.fields)
