@@ -298,7 +298,7 @@ def test_lint_reports_unstated_entries_per_file_and_each_and_fails_when_required
     run = [sys.executable, "-m", "trackbridge", "mappings", "lint", str(user)]
     out = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert f"warning: {user}: 1 entry with the reduction unstated" in out.stderr
+    assert f"warning: {user}: 1 reduction unstated (lines {_line(FW, 'key: legacy')})" in out.stderr
     out = subprocess.run([*run, "--unstated"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and f"{user}:{_line(FW, 'key: legacy')}: legacy: reduction unstated" in out.stderr
     out = subprocess.run([*run, "--require-reduction"], capture_output=True, text=True, timeout=120)

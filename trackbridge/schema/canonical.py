@@ -150,7 +150,8 @@ def check_look_alike(schema: CanonicalSchema, doc: Any, f: str, errors: list[Map
                 errors.append(MappingError(f"{n!r} is not a canonical name", file=f, line=line, entry="look_alike"))
 
 
-def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[MappingError]) -> CanonicalMetric | None:
+def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[MappingError],
+                  warnings: list[MappingError] | None = None) -> CanonicalMetric | None:
     line = line_of(mdoc, raw_name)
     name = strip_types(str(raw_name))
     if not isinstance(spec, dict):
@@ -188,6 +189,10 @@ def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[Mapp
                                        f"estimator {est!r}", file=f, line=rline, entry=name))
         if reduce is not None and est in FIELDS["estimator"] and not reduce.stated("estimator"):
             reduce = reduce.with_fields(estimator=str(est))     # the metric's estimator is part of its reference
+    elif kind != "text" and warnings is not None:
+        warnings.append(MappingError("reference reduction unstated: state the quantity the name means with `reduce:` "
+                                     "(docs/reductions.md); framework entries are compared against it", file=f,
+                                     line=line, entry=name))
     return CanonicalMetric(
         name=name, description=str(spec.get("description", "")), unit=str(spec.get("unit", "")),
         kind=kind, better=better, estimator=spec.get("estimator"), reduction=spec.get("reduction"),
@@ -195,7 +200,8 @@ def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[Mapp
 
 
 def load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError],
-                   shipped: tuple[Splits | None, dict[str, Axis] | None] = (None, None)) -> CanonicalSchema | None:
+                   shipped: tuple[Splits | None, dict[str, Axis] | None] = (None, None),
+                   warnings: list[MappingError] | None = None) -> CanonicalSchema | None:
     """The canonical schema from its documents: the first is the main file (versions, splits, axes, presets,
     look-alike pairs), the others extend it (metrics, config names). ``shipped``: the splits and axes of the shipped
     canonical.yaml, used when the main file declares none."""
@@ -229,7 +235,7 @@ def load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError],
                 errors.append(MappingError("canonical name defined twice", file=f, line=line_of(mdoc, raw_name),
                                            entry=name))
                 continue
-            metric = _parse_metric(raw_name, spec, mdoc, f, errors)
+            metric = _parse_metric(raw_name, spec, mdoc, f, errors, warnings)
             if metric is not None:
                 metrics[name] = metric
     vers = main.get("versions") or {}

@@ -53,9 +53,9 @@ def _warn_unstated(reg: Registry, *, each: bool) -> None:
         by_file[w.file or "<mappings>"].append(w.line or 0)
     for f, lines in by_file.items():
         first = ", ".join(map(str, lines[:5])) + (" ..." if len(lines) > 5 else "")
-        print(f"warning: {f}: {len(lines)} entr{'y' if len(lines) == 1 else 'ies'} with the reduction unstated "
-              f"(hand-written fidelity; lines {first}): state `reduce:` (docs/reductions.md); "
-              "`trackbridge mappings lint --unstated` lists them", file=sys.stderr)
+        print(f"warning: {f}: {len(lines)} reduction{'' if len(lines) == 1 else 's'} unstated (lines {first}): "
+              "state `reduce:` (docs/reductions.md); `trackbridge mappings lint --unstated` lists them",
+              file=sys.stderr)
 
 
 def _range(fw: FrameworkMapping, e: Entry) -> str:

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import cache
+from . import cache, reductions
 from .canonical import load_canonical
 from .framework import check_framework, load_framework
 from .jsonschema import SchemaError, load_schema, validate
@@ -125,7 +125,7 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
             # a canonical file of one's own without these sections gets the shipped ones
             from .facts import shipped_splits_and_axes
             shipped = shipped_splits_and_axes()
-        canonical = _guarded(lambda: load_canonical(canon_docs, errors, shipped), structural, errors)
+        canonical = _guarded(lambda: load_canonical(canon_docs, errors, shipped, warnings), structural, errors)
     frameworks: dict[str, FrameworkMapping] = {}
     if canonical is not None:
         for f, doc in fw_docs:
@@ -134,6 +134,9 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
         for fw in frameworks.values():
             _guarded(lambda: check_framework(fw, errors), structural, errors)
             fw.index()
+    if require_reduction if require_reduction is not None else reductions.REQUIRE_REDUCTION:
+        errors += warnings           # a reduction unstated (an entry's, or a canonical metric's reference)
+        warnings = []
     errors = [*errors, *(e for e in structural if not _said(e, errors))]
     errors.sort(key=lambda e: (e.file or "", e.line or 0))
     if errors:
