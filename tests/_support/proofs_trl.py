@@ -6,7 +6,7 @@ code (``GRPOTrainer._compute_loss``: one micro-batch; ``GRPOTrainer._generate`` 
 ``_generate_and_score_completions``: one generation batch), that function's local variables and the values it
 appended to ``_metrics``: the
 per-token entropies, KL terms and clip indicators, the masks, the completion lengths and rewards TRL itself
-computed and then reduced. Nothing here recomputes a metric: :func:`GRPORun.steps` only arranges the framework's own
+computed and then reduced. Nothing here recomputes a metric: :func:`TRLRun.steps` only arranges the framework's own
 per-token (or per-sequence) values of the optimizer steps a logged row covers as the nested batch
 ``steps[window][mini-batch][rank][micro-batch]`` of tests/_support/fingerprint.py, which computes what every
 candidate reduction would make of them. The proof then asserts that the logged value is the reduction the shipped
@@ -112,8 +112,8 @@ class OptimizerSteps:
 
 
 @dataclass
-class GRPORun:
-    """A finished GRPOTrainer run: its config, the rows it logged (``(global_step, logs)``, in order) and the
+class TRLRun:
+    """A finished TRL trainer run: its config, the rows it logged (``(global_step, logs)``, in order) and the
     recorded calls of its metric code."""
     config: dict[str, Any]
     rows: list[tuple[int, dict[str, Any]]]
@@ -179,12 +179,9 @@ def per_seq(tensor_name: str, keep: str | None = None, invert: bool = False) -> 
 
 
 # ------------------------------------------------------------------------------------------- running GRPO
-def _args(out: Path, **kw: Any) -> dict[str, Any]:
-    base = dict(output_dir=str(out), report_to="none", use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True,
-                dataloader_num_workers=0, per_device_train_batch_size=4, num_generations=4,
-                max_completion_length=8, temperature=1.0, learning_rate=5e-2)
-    base.update(kw)
-    return base
+COMMON = dict(report_to="none", use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True, dataloader_num_workers=0,
+              learning_rate=5e-2)
+RL = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, temperature=1.0)
 
 
 def suppress_all_but(model_path: str, keep: Sequence[str] = KEEP_WORDS) -> list[int]:
@@ -194,29 +191,19 @@ def suppress_all_but(model_path: str, keep: Sequence[str] = KEEP_WORDS) -> list[
     return [i for i in range(len(tok)) if i not in kept]
 
 
-def run_grpo(workdir: Path, *, model_path: str | None = None, rollout_func: Callable | None = None,
-             reward_funcs: Sequence[Callable] | None = None, **config: Any) -> GRPORun:
-    """Train TRL's GRPOTrainer (the installed release) with ``config`` (GRPOConfig fields over the small defaults of
-    :func:`_args`), recording every logged row and the locals of ``_compute_loss``, ``_generate`` and
-    ``_generate_and_score_completions`` at each call."""
-    import datasets
+def default_rewards() -> list[Callable]:
+    def length_reward(completions, **kwargs):
+        return [-abs(len(c.split()) - 3.0) for c in completions]
+
+    def has_cat(completions, **kwargs):          # None for some: the nan-aware means leave them out
+        return [None if i % 5 == 4 else float("cat" in c) for i, c in enumerate(completions)]
+    return [length_reward, has_cat]
+
+
+def train(trainer: Any, rec: Any) -> TRLRun:
+    """Run ``trainer.train()`` with the recorders attached; the rows, calls and per-step values it left."""
     import torch
-    from trl import GRPOConfig, GRPOTrainer
 
-    model_path = model_path or build_tiny_model(workdir / "model")
-    if reward_funcs is None:
-        def length_reward(completions, **kwargs):
-            return [-abs(len(c.split()) - 3.0) for c in completions]
-
-        def has_cat(completions, **kwargs):          # None for some: the nan-aware means leave them out
-            return [None if i % 5 == 4 else float("cat" in c) for i, c in enumerate(completions)]
-        reward_funcs = [length_reward, has_cat]
-    args = _args(workdir / "out", **config)
-    args.setdefault("generation_kwargs", {"suppress_tokens": suppress_all_but(model_path)})
-    ds = datasets.Dataset.from_dict({"prompt": sentences(256, 1)})
-    rec = log_recorder()
-    trainer = GRPOTrainer(model=model_path, reward_funcs=list(reward_funcs), args=GRPOConfig(**args),
-                          train_dataset=ds, callbacks=[rec], rollout_func=rollout_func)
     calls = MetricsRecorder(trainer)
     optimizer = OptimizerSteps(trainer)
     threads = torch.get_num_threads()
@@ -226,9 +213,58 @@ def run_grpo(workdir: Path, *, model_path: str | None = None, rollout_func: Call
     finally:
         torch.set_num_threads(threads)
         calls.close()
-    run = GRPORun(config=trainer.args.to_dict(), rows=list(rec.stepped), calls=calls.calls, optimizer=optimizer)
+    run = TRLRun(config=trainer.args.to_dict(), rows=list(rec.stepped), calls=calls.calls, optimizer=optimizer)
     last = 0
     for step, _row in run.train_rows():
         run.windows.append((last + 1, step))
         last = step
     return run
+
+
+def run_grpo(workdir: Path, *, model_path: str | None = None, rollout_func: Callable | None = None,
+             reward_funcs: Sequence[Callable] | None = None, **config: Any) -> TRLRun:
+    """Train TRL's GRPOTrainer (the installed release) with ``config`` (GRPOConfig fields over small defaults),
+    recording every logged row and what ``_compute_loss``, ``_generate`` and ``_generate_and_score_completions``
+    appended at each call, with their locals."""
+    import datasets
+    from trl import GRPOConfig, GRPOTrainer
+
+    model_path = model_path or build_tiny_model(workdir / "model")
+    args = {**COMMON, **RL, "output_dir": str(workdir / "out"), **config}
+    args.setdefault("generation_kwargs", {"suppress_tokens": suppress_all_but(model_path)})
+    ds = datasets.Dataset.from_dict({"prompt": sentences(256, 1)})
+    rec = log_recorder()
+    trainer = GRPOTrainer(model=model_path, reward_funcs=list(reward_funcs or default_rewards()),
+                          args=GRPOConfig(**args), train_dataset=ds, callbacks=[rec], rollout_func=rollout_func)
+    return train(trainer, rec)
+
+
+def run_rloo(workdir: Path, *, model_path: str | None = None, **config: Any) -> TRLRun:
+    """Train TRL's RLOOTrainer like :func:`run_grpo` (``_compute_loss``, ``_generate``,
+    ``_generate_and_score_completions`` recorded)."""
+    import datasets
+    from trl import RLOOConfig, RLOOTrainer
+
+    model_path = model_path or build_tiny_model(workdir / "model")
+    args = {**COMMON, **RL, "output_dir": str(workdir / "out"), **config}
+    args.setdefault("generation_kwargs", {"suppress_tokens": suppress_all_but(model_path)})
+    ds = datasets.Dataset.from_dict({"prompt": sentences(256, 1)})
+    rec = log_recorder()
+    trainer = RLOOTrainer(model=model_path, reward_funcs=default_rewards(), args=RLOOConfig(**args), train_dataset=ds,
+                          callbacks=[rec])
+    return train(trainer, rec)
+
+
+def run_dpo(workdir: Path, *, n_pairs: int, model_path: str | None = None, **config: Any) -> TRLRun:
+    """Train TRL's DPOTrainer on ``n_pairs`` generated preference pairs (a count the batch size does not divide
+    gives uneven micro-batches at the epoch's end), recording what ``_compute_loss`` appended and its locals."""
+    import datasets
+    from trl import DPOConfig, DPOTrainer
+
+    model_path = model_path or build_tiny_model(workdir / "model")
+    args = {**COMMON, "output_dir": str(workdir / "out"), "max_length": 24, **config}
+    ds = datasets.Dataset.from_dict({"prompt": sentences(n_pairs, 2), "chosen": sentences(n_pairs, 3),
+                                     "rejected": sentences(n_pairs, 4)})
+    rec = log_recorder()
+    trainer = DPOTrainer(model=model_path, args=DPOConfig(**args), train_dataset=ds, callbacks=[rec])
+    return train(trainer, rec)

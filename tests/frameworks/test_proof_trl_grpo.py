@@ -31,7 +31,7 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 from _support.fingerprint import fingerprint  # noqa: E402
-from _support.proofs_trl import GRPORun, masked, per_seq, run_grpo  # noqa: E402
+from _support.proofs_trl import TRLRun, masked, per_seq, run_grpo  # noqa: E402
 from _support.proven import proof  # noqa: E402
 
 RELEASE = "1.16.0"
@@ -58,13 +58,13 @@ atexit.register(shutil.rmtree, _WORK, True)
 
 
 @functools.lru_cache(maxsize=None)
-def _run(name: str) -> GRPORun:
+def _run(name: str) -> TRLRun:
     kw = {"window": WINDOW, "step": STEP, "tools": TOOLS}[name]
     extra = {"rollout_func": _env_rollout} if name == "tools" else {}
     return run_grpo(_WORK / name, **kw, **extra)
 
 
-def _obs(run: GRPORun, key: str, fn: str, values) -> list:
+def _obs(run: TRLRun, key: str, fn: str, values) -> list:
     """(logged value, batch) of every train row that logged ``key``."""
     out = [(row[key], run.steps(i, fn, values)) for i, (_s, row) in enumerate(run.train_rows()) if key in row]
     assert out, f"no train row logged {key!r}"
