@@ -278,3 +278,62 @@ def test_grpo_policy_loss_is_divided_by_gradient_accumulation(p):
                              rel_tol=1e-5), (row["policy_loss"], sum(flat) / len(flat)))
     _entry, res = p.entry("policy_loss")
     p.check("divided by gradient_accumulation_steps" in res.fields["deviation"], res.fields)
+
+
+# ------------------------------------------------------------------------------------------- marks of a real log
+MARKED = ("kl", "entropy", "loss", "grad_norm", "reward", "completions/mean_length", "learning_rate",
+          "frac_reward_zero_std")
+
+
+def _marks(run: TRLRun, config: dict, spec: str = "trl") -> dict[str, str | None]:
+    """Translate the run's train rows to canonical names with the trainer (and, with spec "trl", the release) left
+    out: for each of MARKED, the reason it is approximate (the rows' reasons joined), or None when exact."""
+    from trackbridge.translate import Translator
+
+    tr = Translator(spec, "canonical", config=config)
+    reasons: dict[str, list[str]] = {}
+    for _s, row in run.train_rows():
+        res = tr.translate(row)
+        assert res.source.startswith("trl/grpo@"), res.source
+        for key in MARKED:
+            if key in row:
+                reasons.setdefault(key, [])
+                why = res.approximate.get(res.renamed[key])
+                if why:
+                    reasons[key].append(why)
+    assert set(reasons) == set(MARKED), sorted(set(MARKED) - set(reasons))
+    return {k: " | ".join(v) or None for k, v in reasons.items()}
+
+
+def test_a_real_grpo_log_carries_the_marks_of_its_config():
+    """TRL 1.16 GRPO rows, translated with trainer and release left out, under the run's own config and under the
+    defaults. The keys do not tell TRL 1.9+ from older releases (detection gives v0.26.0..v1.16.0), so the token
+    means, whose process reduction changed in v1.9.0, are approximate for that reason alone at one step per row and
+    one micro-batch per step; the reward and the gradient norm are exact there; the completion lengths leave tool
+    tokens out, the learning rate is read before the scheduler steps, and scale_rewards='batch' makes
+    frac_reward_zero_std 0 or 1, at any window. Read with the default logging_steps (10), or with GA 2, or from the
+    run with logging_steps 3 and GA 2, the reasons name the window and the micro-batches. Given the release
+    (trl@1.16.0), the one-step token means are exact."""
+    step = _run("step")
+    own = _marks(step, step.config)
+    assert own["reward"] is None and own["grad_norm"] is None, own
+    assert "release matters" in own["kl"] and "logging_steps" not in own["kl"] and "micro" not in own["kl"], own
+    assert "tool" in own["completions/mean_length"] and "scheduler" in own["learning_rate"], own
+    assert "scale_rewards" in own["frac_reward_zero_std"], own
+    assert "per-sequence token means" in own["loss"], own                       # loss_type 'grpo'
+    released = _marks(step, step.config, "trl@1.16.0")
+    assert released["kl"] is None and released["entropy"] is None and released["reward"] is None, released
+
+    defaults = _marks(step, {})                                                  # logging_steps 10, GA 1
+    for key in ("kl", "entropy", "reward", "grad_norm", "loss"):
+        assert "logging_steps" in (defaults[key] or ""), (key, defaults[key])
+    ga2 = _marks(step, {"logging_steps": 1, "gradient_accumulation_steps": 2}, "trl@1.16.0")
+    for key in ("kl", "entropy"):
+        assert "gradient_accumulation_steps" in (ga2[key] or ""), (key, ga2[key])
+    assert ga2["reward"] is None and ga2["grad_norm"] is None, ga2          # per generation; one step
+
+    window = _run("window")
+    marks = _marks(window, window.config, "trl@1.16.0")
+    for key in ("kl", "entropy"):
+        assert "gradient_accumulation_steps" in marks[key] and "logging_steps" in marks[key], (key, marks[key])
+    assert "logging_steps" in marks["reward"] and "num_iterations" in marks["reward"], marks["reward"]
