@@ -19,6 +19,7 @@ wrapper) and the learning rate in the ``on_optimizer_step``/``on_step_end`` call
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -209,7 +210,10 @@ def train(trainer: Any, rec: Any) -> TRLRun:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)            # a tiny model: threads only wait on each other (and on a shared machine)
     try:
-        trainer.train()
+        # the Trainer prints every logged dict (PrinterCallback, with disable_tqdm): kept off stdout, where the
+        # proofs report (tests/_support/fidelity_proofs.py) writes docs/fidelity-proofs.md
+        with contextlib.redirect_stdout(sys.stderr):
+            trainer.train()
     finally:
         torch.set_num_threads(threads)
         calls.close()
