@@ -331,7 +331,14 @@ def _meanings(fw: FrameworkMapping, key: str, trainer: str, release: int) -> set
     specific = [e for e, _ in hits if e.trainers is not None and trainer in e.trainers
                 and e.applies(trainer, release, release)]
     chosen = specific or [e for e, _ in hits if e.trainers is None and e.applies(trainer, release, release)]
-    return {(e.canonical, e.fidelity, e.differs, e.reason) for e in chosen}
+    return {(e.canonical, e.fidelity, e.differs, e.reason, _stated(e)) for e in chosen}
+
+
+def _stated(e: Entry) -> tuple[tuple[str, Any], ...]:
+    """An entry's stated reduction as compared across trainers (its fidelity is computed from it): the fields, less
+    ``tool_tokens`` (a trainer that cannot call tools and one that leaves tool tokens out agree on every run
+    without tools)."""
+    return tuple((k, v) for k, v in e.reduce.fields if k != "tool_tokens") if e.reduce is not None else ()
 
 
 def _differing(fw: FrameworkMapping, keys: list[str], winner: str, others: list[str],

@@ -57,7 +57,7 @@ class Reduction:
 
 # ------------------------------------------------------------------------------------------- one population
 def _stat(values: list[float], stat: str, std: str | None) -> float:
-    if stat == "mean":
+    if stat in ("mean", "value"):         # value: one value (a scalar per micro-batch: tokens none)
         return sum(values) / len(values)
     if stat == "max":
         return max(values)
@@ -75,7 +75,7 @@ def reduce_population(seqs: Micro, red: Reduction, norm_len: float) -> tuple[flo
     ``norm_len``: the constant of ``seq_mean_token_sum_norm``, or the token count ``token_sum_step_norm`` /
     ``token_sum_dp_norm`` divide by (computed by :func:`value_of` from the step)."""
     n_tok, n_seq = sum(len(s) for s in seqs), len(seqs)
-    if red.tokens == "per_seq":
+    if red.tokens in ("per_seq", "none"):    # none: a scalar per micro-batch (lr, a grad norm), one 'sequence' of it
         return _stat([s[0] for s in seqs], red.stat, red.std), n_tok, n_seq
     if red.tokens == "token_mean":
         return _stat([v for s in seqs for v in s], red.stat, red.std), n_tok, n_seq
