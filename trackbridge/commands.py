@@ -169,6 +169,8 @@ def _compare(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     for r in result.runs:
         print(f"{r.label}: {len(r.records)} records, translated from {r.source}", file=sys.stderr)
+    for f in result.findings:
+        print(f"finding: {f.run}: {f.severity}: {f.check.title}, {f.where()} [{f.id}]", file=sys.stderr)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if result.html is not None:

@@ -159,6 +159,8 @@ def _schema_error(e: SchemaError, doc: Any) -> CheckError:
                    f"{json_path(rel[:-1])}: unknown field {e.detail!r}{e.hint}")
         elif e.keyword == "required":
             msg = (f"missing field {e.detail!r}" if not rel else f"{json_path(rel)}: missing field {e.detail!r}")
+        elif rel == ("id",) and e.keyword == "pattern":
+            msg = f"id: {item.get('id')!r} must be lower-case words joined by '-' (like 'kl-spike')"
         elif not rel:
             msg = "a check must be a mapping with id, title, severity, reads, when, means, check_first and cites"
         else:

@@ -135,8 +135,8 @@ class Primitive(Node):
                 self._run_detail = None
             self._run += 1
             detail = dict(detail or {}, at=step)
-            if self._run_detail is None or detail.get("score", 0) >= self._run_detail.get("score", 0):
-                self._run_detail = detail         # the most extreme point of the stretch
+            if self._run_detail is None or detail.get("score", 0) > self._run_detail.get("score", 0):
+                self._run_detail = detail         # the most extreme point of the stretch (the first of equals)
         else:
             self._run = 0
         self.holds = self._run >= self.need
