@@ -243,7 +243,6 @@ def _replay(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     import json
 
-    from .cli import _load_config
     from .doctor import checks_for, diagnose
     from .doctor.engine import severity_rank
     from .doctor.report import text_report
@@ -253,7 +252,10 @@ def _doctor(args: argparse.Namespace) -> int:
     checks = checks_for(reg, args.mappings)           # a bad checks file: MappingError, exit 2
     if args.checks:
         checks = checks.only(c.strip() for c in args.checks.split(",") if c.strip())
-    config = _load_config(args.config)
+    config = {}
+    if args.config:                                   # a JSON file, as translate's and detect's --config
+        with open(args.config, encoding="utf-8") as fh:
+            config = json.load(fh)
     runs = []
     for text in args.runs:
         found = open_runs(text, config=config, rows=True, allow_label=True)   # unreadable: exit 2

@@ -28,11 +28,33 @@ if TYPE_CHECKING:       # pragma: no cover
     from ..record import Record
     from ..schema.loader import Registry
 
-__all__ = ["FORMAT", "SEVERITIES", "Check", "CheckError", "CheckSet", "Diagnosis", "Doctor", "Finding", "Stretch",
-           "checks_for", "diagnose", "diagnose_records", "lint_checks", "load_checks", "sort_findings",
-           "TEXT_METRIC"]
+__all__ = ["FORMAT", "SEVERITIES", "Check", "CheckError", "CheckSet", "Diagnosis", "Doctor", "DoctorWarning",
+           "Finding", "Stretch", "checks_for", "diagnose", "diagnose_records", "lint_checks", "load_checks",
+           "sort_findings", "warn_finding", "TEXT_METRIC"]
 
 TEXT_METRIC = "doctor/{check}"      # the canonical text metric a live finding is logged under (canonical.yaml)
+
+
+class DoctorWarning(UserWarning):
+    """A finding of the live checks (``trackbridge.init(..., doctor=True)``), said once when its check first holds."""
+
+
+def warn_finding(finding: Finding) -> str:
+    """Say a live finding once: as a :class:`DoctorWarning` and on the ``trackbridge`` logger when the application
+    configured logging; returns the text (what the logger writes as ``doctor/<id>``)."""
+    import logging
+    import warnings
+
+    from .report import live_text
+    text = live_text(finding)
+    log = logging.getLogger("trackbridge")
+    if log.hasHandlers():
+        log.warning("trackbridge doctor: %s", text)
+    try:
+        warnings.warn(f"trackbridge doctor: {text}", DoctorWarning, stacklevel=2)
+    except Exception:       # warnings turned into errors (-W error): said by the text record, never a crash
+        pass
+    return text
 
 
 @dataclass

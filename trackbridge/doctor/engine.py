@@ -303,8 +303,9 @@ class Doctor:
         self.derived: set[str] = set()
         self.records = 0
 
-    def feed(self, rec: Record) -> list[Finding]:
-        """Feed one canonical record; returns the findings that hold for the first time at it."""
+    def feed(self, rec: Record, approximate: Mapping[str, str] | None = None) -> list[Finding]:
+        """Feed one canonical record; returns the findings that hold for the first time at it (``approximate``: the
+        approximations known so far, for their caveats)."""
         metrics = rec.metrics
         step = float(rec.step) if rec.step is not None else float(self._index)
         self._index += 1
@@ -329,8 +330,19 @@ class Doctor:
         fired = []
         for inst in self._running:
             if inst.feed(step, metrics):
-                fired.append(inst.finding(self.label, {}, self.derived))
+                fired.append(inst.finding(self.label, approximate or {}, self.derived))
         return fired
+
+    def warm(self, records: Iterable[Record], prefix: str = "doctor/") -> None:
+        """Feed a resumed run's earlier records without reporting: a check that held then counts as reported only
+        when the records hold its text record (``doctor/<id>``), so each finding is logged once across restarts."""
+        logged: set[str] = set()
+        for rec in records:
+            logged.update(k[len(prefix):] for k in rec.metrics if k.startswith(prefix))
+            self.feed(rec)
+        for inst in self._running:
+            if inst.fired and inst.check.id not in logged:
+                inst.fired = False
 
     def finish(self, approximate: Mapping[str, str] | None = None) -> list[Finding]:
         """Every finding of the run, ordered by what to look at first. ``approximate``: canonical name -> why its

@@ -32,7 +32,7 @@ from .checks import (
     validate_call,
 )
 from .common import STOP, RunView, fix_text, warn
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, live_doctor
 from .options import LoggerOptions
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
@@ -58,7 +58,7 @@ class Run(RunView):
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
-                 tags: dict[str, str] | None) -> None:
+                 tags: dict[str, str] | None, doctor: bool = False) -> None:
         from ..locators import LocatorError
         from ..sinks import make_sink
 
@@ -155,12 +155,15 @@ class Run(RunView):
             trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
                                       rename=self._rename) for s in built]
         self._workers: list[Any] = [self._spool_worker, *trackers]
+        self._doctor = live_doctor(translator, mappings, cfg, self.info, self.spool_path if self.resume else None) \
+            if doctor else None
         self._dispatcher = Dispatcher(
             translator=translator, derive_fn=derive_fn, info=self.info,
             rename=None if self._writer_spec_given() else self._rename, names=self.names,
             spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
-            resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once)
+            resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
+            doctor=self._doctor)
         self._inbox = self._dispatcher.inbox
         self._spool_worker.thread.start()
         if self._writer_spec_given():
@@ -262,6 +265,12 @@ class Run(RunView):
             self._stop_writer(end)
         self._write_pending()
         return self.status
+
+    @property
+    def findings(self) -> list[Any]:
+        """With ``init(doctor=True)``: every finding of the diagnostic checks so far, ordered by what to look at
+        first (complete after :meth:`finish`); ``[]`` otherwise."""
+        return self._doctor.finish(dict(self.info.approximate)) if self._doctor is not None else []
 
     @property
     def status(self) -> dict[str, Any]:
