@@ -274,6 +274,7 @@ def _doctor(args: argparse.Namespace) -> int:
         if d.records == 0:
             print(f"trackbridge doctor: {d.locator}: the run holds no records to diagnose", file=sys.stderr)
             return ExitCode.USAGE
+        d.problems = [p for p in d.problems if "without metrics" not in p]   # a console log's other lines
         results.append(d)
     if args.json:
         out = [d.to_json() for d in results]

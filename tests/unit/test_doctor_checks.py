@@ -164,3 +164,17 @@ def test_a_user_check_is_linted_and_used_through_mappings(tmp_path, capsys):
     assert cli.main(["mappings", "lint", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.yaml:8: check 'my-lr-zero': unknown field 'mens'" in err
+
+
+# ---------------------------------------------------------------------------------------------------- the docs
+def test_docs_list_every_shipped_check_and_their_example_file_loads(tmp_path):
+    from _support import ROOT
+    doc = (ROOT / "docs" / "diagnostics.md").read_text(encoding="utf-8")
+    for c in load_checks():
+        assert f"| `{c.id}` | {c.severity}" in doc, c.id
+    blocks = [b for b in doc.split("```yaml\n")[1:] if "format: trackbridge.checks/1" in b]
+    assert len(blocks) == 1
+    mine = write(tmp_path, blocks[0].split("```")[0], "example.yaml")
+    checks = load_checks(paths=[str(mine)])
+    assert checks.get("reward-flat-after-warmup") is not None
+    assert checks.get("clip-fraction-high").when.params["value"] == 0.1          # the override took its place
