@@ -424,9 +424,9 @@ class Composite(Node):
     def update(self, step: float) -> None:
         for p in self.parts:
             p.update(step)
-        if not any(p.fresh for p in self.parts):
+        self.fresh = any(p.fresh for p in self.parts)
+        if not self.fresh:
             return
-        self.fresh = True
         if self.kind == "then":
             first, second = self.parts
             ok = bool(second.fresh and second.holds and first.last_true is not None

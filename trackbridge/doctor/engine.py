@@ -163,6 +163,8 @@ class _Instance:
         self.why_not: str | None = None
         self.severity = check.severity
         self.notes: list[str] = []
+        self._feeds: list[tuple[Primitive, str, str | None, bool]] = []
+        self._feeds_for = -1
         unmet = [f"{k}{v}" if isinstance(v, Cond) else f"{k}={v!r}" for k, v in check.requires
                  if not _test(config.get(k), v)]
         if unmet:
@@ -213,28 +215,38 @@ class _Instance:
         """An ``any`` at the top may run on the roles it has (its other parts never hold)."""
         return self.check.when.kind == "any" and bool(self.bound)
 
+    def feeds(self) -> list[tuple[Primitive, str, str | None, bool]]:
+        """(primitive, name read, the other name of a ratio, takes NaN/inf) for every bound primitive: what
+        :meth:`feed` does per record, worked out once per binding."""
+        if self._feeds_for != len(self.bound):      # roles are only ever added
+            self._feeds_for = len(self.bound)
+            self._feeds = [(p, self.bound[p.role], self.bound.get(p.other) if isinstance(p, Ratio) else None,
+                            p.kind == "nonfinite") for p in self.prims if p.role in self.bound]
+        return self._feeds
+
     def feed(self, step: float, metrics: Mapping[str, Any]) -> bool:
         """Feed one record; True when the check held at it for the first time in the run."""
         node = self.node
         assert node is not None
-        node.start_record()
-        for p in self.prims:
-            name = self.bound.get(p.role)
-            if name is None:
-                continue
+        touched = False
+        for p, name, other, nonfinite in self.feeds():
+            p.fresh = False
             v = metrics.get(name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
+            if v is None or v.__class__ not in _NUMBER:
                 continue
             v = float(v)
-            if isinstance(p, Ratio):
-                other = self.bound.get(p.other)
-                o = metrics.get(other) if other is not None else None
-                if not isinstance(o, (int, float)) or isinstance(o, bool) or not o or not math.isfinite(o) \
-                        or not math.isfinite(v):
+            if other is not None:
+                o = metrics.get(other)
+                if o is None or o.__class__ not in _NUMBER or not o or not math.isfinite(o) or not math.isfinite(v):
                     continue
                 p.point(step, v / float(o))
-            elif p.kind == "nonfinite" or math.isfinite(v):
+            elif nonfinite or math.isfinite(v):
                 p.point(step, v)
+            else:
+                continue
+            touched = True
+        if not touched:
+            return False            # none of its series in this record: nothing to judge (state unchanged)
         node.update(step)
         if not node.fresh:
             return False
@@ -279,6 +291,7 @@ class _Instance:
 
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+_NUMBER = (int, float)      # exact classes: a bool is not a number here; numpy scalars are converted on input
 
 
 def _fill(text: str, config: Mapping[str, Any]) -> str:
@@ -312,10 +325,9 @@ class Doctor:
         self.records += 1
         if rec.derived:
             self.derived.update(rec.derived)
-        if self._waiting:
+        if self._waiting and not metrics.keys() <= self._seen:     # only a record with new names can bind a role
             new = [k for k in metrics if k not in self._seen]
-            if new:
-                self._seen.update(new)
+            self._seen.update(new)
             still = []
             for inst in self._waiting:
                 started = inst.node is not None
