@@ -29,8 +29,9 @@ Primitive conditions read one series (``of``; ``ratio`` reads two logged in the 
 ============  ==================================================================================================
 
 Composite conditions: ``all`` (every part holds at its latest point, or, with ``within: N``, held at a step at
-most N steps back), ``any`` (at least one part holds at its latest point), ``then`` (the first part held, and the
-second holds now, at most ``within`` steps later).
+most N steps back and one of them holds now), ``any`` (at least one part holds at its latest point), ``then`` (the
+second part holds now, in a stretch that began at most ``within`` steps after the first part held: the first came
+first; it holds as long as that stretch lasts).
 
 Each node has, after every record: ``fresh`` (it got a point in this record), ``holds`` (at its latest point),
 ``last_true`` (the step it last held at), ``since`` (the step the current stretch of holding began at: a
@@ -406,6 +407,7 @@ class Composite(Node):
         self.kind = spec.kind
         self.parts = parts
         self.within: int | None = spec.params.get("within")
+        self._events: deque[float] = deque(maxlen=64)      # `then`: the steps the first condition held at, lately
         if self.kind == "any":
             usable = [p for p in parts if p.applicable]
             self.parts = usable or parts
@@ -428,10 +430,17 @@ class Composite(Node):
         if not self.fresh:
             return
         if self.kind == "then":
+            # the second condition's current stretch began at most `within` steps after the first held (at or
+            # before that beginning): the cause came first; it holds as long as that stretch lasts
             first, second = self.parts
-            ok = bool(second.fresh and second.holds and first.last_true is not None
-                      and step - (self.within or 0) <= first.last_true <= step)
-            since = first.last_true if ok else None
+            if first.fresh and first.holds:
+                self._events.append(step)
+            ok, since = False, None
+            if second.fresh and second.holds:
+                start = second.since if second.since is not None else step
+                causes = [e for e in self._events if start - (self.within or 0) <= e <= start]
+                if causes:
+                    ok, since = True, causes[-1]
         elif self.kind == "all":
             # with `within`, the parts meet at the record where the last of them holds (not at the records after it,
             # while the earlier ones are still in the window)
