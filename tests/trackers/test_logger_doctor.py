@@ -159,3 +159,31 @@ def test_warnings_turned_into_errors_do_not_stop_logging(tmp_path):
         run.finish()
     assert [k for _s, k, _v in _doctor_records(run)] == ["doctor/grad-norm-explosion"]
     assert len(list(read_stream(run.spool_path))) == R.N + 1
+
+
+def test_a_users_checks_file_is_used_live_and_a_bad_one_fails_init(tmp_path):
+    mine = tmp_path / "my_checks.yaml"
+    mine.write_text(
+        "format: trackbridge.checks/1\n"
+        "checks:\n"
+        "  - id: reward-below-half\n"
+        "    title: Reward under 0.5\n"
+        "    severity: info\n"
+        "    reads: {reward: [reward/score/mean]}\n"
+        "    when: {below: {of: reward, value: 0.5, for: 3}}\n"
+        "    means: Our tasks reach 0.5.\n"
+        "    check_first: The reward function.\n"
+        "    cites: [{title: our runbook, path: docs/runbook.md@v1}]\n")
+    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread",
+                           mappings=[str(mine)])
+    _log(run, _sick())
+    run.finish()
+    assert [(s, k) for s, k, _v in _doctor_records(run)] == [(2, "doctor/reward-below-half"),
+                                                            (70, "doctor/grad-norm-explosion")]
+    bad = tmp_path / "bad_checks.yaml"
+    bad.write_text(mine.read_text().replace("means:", "mens:"))
+    with pytest.raises(trackbridge.UsageError, match=r"init\(doctor=True\): .*bad_checks.yaml:8: check "
+                                                     r"'reward-below-half': unknown field 'mens'"):
+        trackbridge.init(sinks=[], spool=str(tmp_path / "spool2"), source=SPEC, doctor=True, writer="thread",
+                         mappings=[str(bad)])
+    assert not (tmp_path / "spool2").exists() or not any((tmp_path / "spool2").iterdir())

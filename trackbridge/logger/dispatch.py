@@ -146,11 +146,12 @@ def live_doctor(translator: Any, mappings: list[str] | None, config: dict[str, A
     """The diagnostic checks of ``init(doctor=True)`` (the shipped ones plus the check files among ``mappings``),
     with the run config's canonical names; a resumed run's spool is fed first, so that a finding the run already
     logged is not logged again. A checks file that cannot be used is an error at ``init``."""
-    from ..doctor import CheckError, Doctor, checks_for
+    from ..doctor import Doctor, checks_for
     from ..errors import UsageError
+    from ..schema.yamlfile import MappingError
     try:
         doc = Doctor(checks_for(translator.registry, mappings), config=config, label=info.name or "run")
-    except CheckError as exc:
+    except MappingError as exc:             # CheckError, or several problems of one file at once
         raise UsageError(f"init(doctor=True): {exc}") from None
     if resume_from is not None:
         from ..stream import read_stream

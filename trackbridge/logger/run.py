@@ -100,6 +100,10 @@ class Run(RunView):
             if warm is not None:
                 warm(rec for _seq, rec in read_stream(self.spool_path))
 
+        # init(doctor=True): the live checks, before any sink or thread (a bad checks file fails init here)
+        self._doctor = live_doctor(translator, mappings, cfg, self.info, self.spool_path if self.resume else None) \
+            if doctor else None
+
         # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
         spool_sink = SpoolFile(self.spool_path, fsync=spool_fsync)
         built: list[Sink] = []
@@ -155,8 +159,6 @@ class Run(RunView):
             trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
                                       rename=self._rename) for s in built]
         self._workers: list[Any] = [self._spool_worker, *trackers]
-        self._doctor = live_doctor(translator, mappings, cfg, self.info, self.spool_path if self.resume else None) \
-            if doctor else None
         self._dispatcher = Dispatcher(
             translator=translator, derive_fn=derive_fn, info=self.info,
             rename=None if self._writer_spec_given() else self._rename, names=self.names,
