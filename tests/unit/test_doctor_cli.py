@@ -192,3 +192,25 @@ def test_compare_without_doctor(tmp_path):
 def test_help_is_quick(argv, capsys):
     assert code(*argv) == OK
     assert "--fail-on" in capsys.readouterr().out
+
+
+def test_mapping_files_among_mappings_are_not_read_as_checks(tmp_path, capsys):
+    """--mappings takes mapping, derived-rule and checks files alike; each is used for what its format says."""
+    mapping = tmp_path / "my_mappings.yaml"
+    mapping.write_text("format: trackbridge.mapping/1\nframework: verl\nentries:\n"
+                       "  - {key: my/grad, canonical: optim/grad_norm, reverse: false, source: mine.py@v1}\n")
+    checks = tmp_path / "my_checks.yaml"
+    checks.write_text("format: trackbridge.checks/1\nchecks:\n  - id: grad-high\n    title: Gradient norm above 2\n"
+                      "    severity: warning\n    reads: {grad: [optim/grad_norm]}\n"
+                      "    when: {above: {of: grad, value: 2, for: 2}}\n    means: Too high for us.\n"
+                      "    check_first: The learning rate.\n    cites: [glossary]\n")
+    run = tmp_path / "run.jsonl"
+    run.write_text("".join(json.dumps({"step": t, "my/grad": 3.0 if t >= 10 else 0.5}) + "\n" for t in range(20)))
+    assert code("doctor", run, "--from", "verl@0.7.0", "--mappings", mapping, "--mappings", checks, "--json") == \
+        PROBLEMS
+    out = json.loads(capsys.readouterr().out)
+    found = {f["check"]: f for f in out["findings"]}
+    assert set(found) == {"grad-norm-explosion", "grad-high"}         # the shipped check, and the user's
+    f = found["grad-high"]
+    assert (f["first_step"], f["last_step"], f["series"]) == (10, 19, {"grad": "optim/grad_norm"})
+    assert out["source"] == "verl/ppo@0.7.0"

@@ -396,9 +396,13 @@ _CACHE: dict[tuple[int, tuple[str, ...]], CheckSet] = {}
 
 
 def checks_for(registry: Registry, extra_paths: Iterable[str] | None = None) -> CheckSet:
-    """The shipped checks plus the check files among the registry's user files (``--mappings``) and
-    ``extra_paths``. Loaded once per registry and set of files."""
-    files = {str(Path(p).resolve()) for p in (*getattr(registry, "check_files", []), *(extra_paths or []))}
+    """The shipped checks plus the check files among the registry's files: the user files it was loaded with
+    (``load_registry(mappings)``, ``--mappings``) are classified by their ``format`` line, so mapping and
+    derived-rule files among them are not check files. ``extra_paths``: the same user files (accepted for symmetry
+    with :func:`~trackbridge.derive.rules_for`; only those the registry classified as checks are read). Loaded once
+    per registry and set of files."""
+    known = {str(Path(p).resolve()) for p in getattr(registry, "check_files", [])}
+    files = known | {q for q in (str(Path(p).resolve()) for p in (extra_paths or [])) if q in known}
     shipped = str((mappings_dir() / "checks.yaml").resolve())
     extra = tuple(sorted(p for p in files if p != shipped))
     key = (id(registry), extra)
