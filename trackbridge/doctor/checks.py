@@ -31,6 +31,9 @@ line and the check (``checks.yaml:12: check 'x': ...``).
 The override rule is the one of the derived rules and user mapping entries: a user check whose ``id`` is a
 shipped check's must say ``override: true`` and then replaces it (in its place in the order); without it loading
 fails naming both files and lines. ``override`` in a shipped file is an error.
+
+(Over 400 lines: the format's loader and all its checks of meaning in one place, as :mod:`trackbridge.derive.rules`
+for the derived rules.)
 """
 from __future__ import annotations
 

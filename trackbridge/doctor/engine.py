@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from ..schema.model import Cond
 from ..schema.templates import is_template, template_regex
 from .checks import SEVERITIES, Check, CheckSet
-from .conditions import Bound, Node, Primitive, Ratio, build, describe, fmt, primitives, step_text
+from .conditions import Node, build, primitives
+from .primitives import Bound, Primitive, Ratio
+from .words import describe, fmt, step_text
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..record import Record
