@@ -25,7 +25,7 @@ from _support import ROOT
 PKG = ROOT / "trackbridge"
 TRACKERS = sorted(p.name for p in (PKG / "trackers").iterdir() if (p / "__init__.py").is_file())
 CORE = ["trackbridge.schema", "trackbridge.translate", "trackbridge.derive", "trackbridge.record",
-        "trackbridge.pipeline", "trackbridge.holdings", "trackbridge.logger"]
+        "trackbridge.pipeline", "trackbridge.holdings", "trackbridge.logger", "trackbridge.doctor"]
 TRACKER_NAMES = ["jsonl", "tensorboard", "tfevents", "mlflow", "wandb", "trackio"]
 FRAMEWORK_NAMES = ["trl", "verl", "openrlhf", "transformers", "accelerate", "deepspeed"]
 # Names the core still uses, each with the reason; the test fails for any other. None left: the spool is written by
