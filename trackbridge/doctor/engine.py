@@ -234,12 +234,13 @@ class _Instance:
         for p, name, other, nonfinite in self.feeds():
             p.fresh = False
             v = metrics.get(name)
-            if v is None or v.__class__ not in _NUMBER:
+            if v is None or (v.__class__ not in _NUMBER and not _number(v)):
                 continue
             v = float(v)
             if other is not None:
                 o = metrics.get(other)
-                if o is None or o.__class__ not in _NUMBER or not o or not math.isfinite(o) or not math.isfinite(v):
+                if o is None or (o.__class__ not in _NUMBER and not _number(o)) or not o or not math.isfinite(o) \
+                        or not math.isfinite(v):
                     continue
                 p.point(step, v / float(o))
             elif nonfinite or math.isfinite(v):
@@ -293,7 +294,12 @@ class _Instance:
 
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
-_NUMBER = (int, float)      # exact classes: a bool is not a number here; numpy scalars are converted on input
+_NUMBER = (int, float)      # the exact classes, the fast path; a bool is never a number here
+
+
+def _number(v: Any) -> bool:
+    """A number of another class (numpy's float64 is a float; a bool is not a number)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _fill(text: str, config: Mapping[str, Any]) -> str:
