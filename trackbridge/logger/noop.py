@@ -46,6 +46,11 @@ class NoOpRun(RunView):
         return self.status
 
     @property
+    def findings(self) -> list[Any]:
+        """The live checks run on rank 0 only: ``[]``."""
+        return []
+
+    @property
     def status(self) -> dict[str, Any]:
         """The same keys as :attr:`Run.status <trackbridge.logger.Run.status>`: not writing, no sinks."""
         return {"run_id": self.run_id, "rank": self.rank, "writing": False, "spool": None, "finished": False,
