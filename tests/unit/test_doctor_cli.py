@@ -112,8 +112,8 @@ def test_json_output(tmp_path, capsys):
     assert f["check_first"] and f["means"] and f["cites"][0]["title"] and f["defined_at"].startswith(
         str(ROOT / "mappings" / "checks.yaml"))
     # OpenRLHF's actor_grad_norm is the last optimizer step's norm (issue 20's computed fidelity): the caveat says so
-    assert len(f["caveats"]) == 1 and f["caveats"][0].startswith("optim/grad_norm is approximate in this run: "
-                                                                 "openrlhf 'actor_grad_norm' keeps the last"), f["caveats"]
+    want = "optim/grad_norm is approximate in this run: openrlhf 'actor_grad_norm' keeps the last"
+    assert len(f["caveats"]) == 1 and f["caveats"][0].startswith(want), f["caveats"]
     assert "checks_not_run" in out[0] and out[0]["checks_not_run"]["preference-overfit"].startswith("the run logs none")
 
 
