@@ -39,7 +39,7 @@ def _no_wall_time(reader: RunReader) -> bool:
 def _without_wall_time(records: Iterable[Record]) -> Iterable[Record]:
     for r in records:
         if r.wall_time is not None:
-            r = Record(r.step, None, r.metrics, r.derived)
+            r = Record(r.step, None, r.metrics, r.derived, r.axis)
         yield r
 
 
