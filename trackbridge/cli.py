@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mappings(q)
     q = msub.add_parser("lint", help="check mapping files; exit 2 with file:line: entry: problem on errors")
     q.add_argument("paths", nargs="*", help="extra files to check together with the shipped ones")
+    q.add_argument("--unstated", action="store_true",
+                   help="list every entry whose reduction is unstated (no reduce:), as file:line: key (else one "
+                        "line per file)")
+    q.add_argument("--require-reduction", action="store_true",
+                   help="an entry whose reduction is unstated is an error (exit 2), as it will be once every shipped "
+                        "entry states one")
     q = msub.add_parser("docs", help="generate the metric reference (Markdown) from the YAML")
     q.add_argument("--out", metavar="PATH", help="write here instead of stdout")
     _add_mappings(q)
@@ -254,7 +260,8 @@ def cmd_mappings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         print("trackbridge mappings: choose an action: list, show NAME, lint [PATH...], docs", file=sys.stderr)
         return ExitCode.USAGE
     if args.mcommand == "lint":           # problems in mapping files are bad input: 2
-        return ExitCode.OK if docs.lint(args.paths) == 0 else ExitCode.USAGE
+        code = docs.lint(args.paths, unstated=args.unstated, require_reduction=args.require_reduction or None)
+        return ExitCode.OK if code == 0 else ExitCode.USAGE
     reg = load_registry(args.mappings or None)
     if args.mcommand == "list":
         print(docs.listing(reg))

@@ -22,6 +22,7 @@ from .model import (
     Split,
     Splits,
 )
+from .reductions import FIELDS, parse_reduce
 from .templates import TemplateError, compile_template, is_template, strip_types
 from .versions import VersionError, version_key
 from .yamlfile import MappingError, line_of
@@ -149,7 +150,8 @@ def check_look_alike(schema: CanonicalSchema, doc: Any, f: str, errors: list[Map
                 errors.append(MappingError(f"{n!r} is not a canonical name", file=f, line=line, entry="look_alike"))
 
 
-def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[MappingError]) -> CanonicalMetric | None:
+def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[MappingError],
+                  warnings: list[MappingError] | None = None) -> CanonicalMetric | None:
     line = line_of(mdoc, raw_name)
     name = strip_types(str(raw_name))
     if not isinstance(spec, dict):
@@ -175,14 +177,31 @@ def _parse_metric(raw_name: Any, spec: Any, mdoc: Any, f: str, errors: list[Mapp
         except TemplateError as exc:
             errors.append(MappingError(str(exc), file=f, line=line, entry=name))
             return None
+    reduce = None
+    if spec.get("reduce") is not None:
+        reduce, problems = parse_reduce(spec["reduce"], {}, literal_only=True)
+        rline = line_of(spec, "reduce", line)
+        for p in problems:
+            errors.append(MappingError(p, file=f, line=rline, entry=name))
+        est = spec.get("estimator")
+        if reduce is not None and est and reduce.stated("estimator") and reduce.get("estimator") != est:
+            errors.append(MappingError(f"reduce: estimator {reduce.get('estimator')!r} disagrees with the metric's "
+                                       f"estimator {est!r}", file=f, line=rline, entry=name))
+        if reduce is not None and est in FIELDS["estimator"] and not reduce.stated("estimator"):
+            reduce = reduce.with_fields(estimator=str(est))     # the metric's estimator is part of its reference
+    elif kind != "text" and warnings is not None:
+        warnings.append(MappingError("reference reduction unstated: state the quantity the name means with `reduce:` "
+                                     "(docs/reductions.md); framework entries are compared against it", file=f,
+                                     line=line, entry=name))
     return CanonicalMetric(
         name=name, description=str(spec.get("description", "")), unit=str(spec.get("unit", "")),
         kind=kind, better=better, estimator=spec.get("estimator"), reduction=spec.get("reduction"),
-        role=role, axis=bool(spec.get("axis", False)), template=tpl, file=f, line=line or 0)
+        role=role, axis=bool(spec.get("axis", False)), template=tpl, file=f, line=line or 0, reduce=reduce)
 
 
 def load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError],
-                   shipped: tuple[Splits | None, dict[str, Axis] | None] = (None, None)) -> CanonicalSchema | None:
+                   shipped: tuple[Splits | None, dict[str, Axis] | None] = (None, None),
+                   warnings: list[MappingError] | None = None) -> CanonicalSchema | None:
     """The canonical schema from its documents: the first is the main file (versions, splits, axes, presets,
     look-alike pairs), the others extend it (metrics, config names). ``shipped``: the splits and axes of the shipped
     canonical.yaml, used when the main file declares none."""
@@ -216,7 +235,7 @@ def load_canonical(docs: list[tuple[str, Any]], errors: list[MappingError],
                 errors.append(MappingError("canonical name defined twice", file=f, line=line_of(mdoc, raw_name),
                                            entry=name))
                 continue
-            metric = _parse_metric(raw_name, spec, mdoc, f, errors)
+            metric = _parse_metric(raw_name, spec, mdoc, f, errors, warnings)
             if metric is not None:
                 metrics[name] = metric
     vers = main.get("versions") or {}

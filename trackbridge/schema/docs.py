@@ -9,10 +9,12 @@ from .model import Entry, FrameworkMapping, condition_value_text
 from .yamlfile import MappingError, MappingErrors
 
 
-def lint(paths: list[str]) -> int:
-    """Check the shipped mappings plus ``paths``; print every problem as ``file:line: entry: message``."""
+def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | None = None) -> int:
+    """Check the shipped mappings plus ``paths``; print every problem as ``file:line: entry: message``. Entries whose
+    reduction is unstated are warnings (one line per file, or each with ``unstated``), errors with
+    ``require_reduction`` (default: :data:`~.reductions.REQUIRE_REDUCTION`)."""
     try:
-        reg = build_registry(shipped_files(), [str(p) for p in paths])
+        reg = build_registry(shipped_files(), [str(p) for p in paths], require_reduction=require_reduction)
     except MappingErrors as exc:
         for e in exc.errors:
             print(str(e), file=sys.stderr)
@@ -32,10 +34,28 @@ def lint(paths: list[str]) -> int:
         if len(errs) > 1:
             print(f"{len(errs)} problem(s)", file=sys.stderr)
         return 2
+    _warn_unstated(reg, each=unstated)
     n = sum(len(f.entries) for f in reg.frameworks.values())
     print(f"ok: {len(reg.canonical.metrics)} canonical metrics, {n} framework entries in "
           f"{len(reg.frameworks)} frameworks, {n_rules} derived rules ({len(reg.files)} files)")
     return 0
+
+
+def _warn_unstated(reg: Registry, *, each: bool) -> None:
+    """The entries that state no reduction (warnings of the loader): each as ``file:line: key: ...``, or one line per
+    file with the count and the first lines."""
+    if each:
+        for w in reg.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        return
+    by_file: dict[str, list[int]] = defaultdict(list)
+    for w in reg.warnings:
+        by_file[w.file or "<mappings>"].append(w.line or 0)
+    for f, lines in by_file.items():
+        first = ", ".join(map(str, lines[:5])) + (" ..." if len(lines) > 5 else "")
+        print(f"warning: {f}: {len(lines)} reduction{'' if len(lines) == 1 else 's'} unstated (lines {first}): "
+              "state `reduce:` (docs/reductions.md); `trackbridge mappings lint --unstated` lists them",
+              file=sys.stderr)
 
 
 def _range(fw: FrameworkMapping, e: Entry) -> str:

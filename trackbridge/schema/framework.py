@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from . import reductions
 from .model import _OPS as _WHEN_OPS
 from .model import (
     APPROXIMATE,
+    COMPUTED,
     EXACT,
     OPEN,
     CanonicalSchema,
@@ -22,6 +24,7 @@ from .model import (
     Entry,
     FrameworkMapping,
 )
+from .reductions import LEVELS, NO_DEFAULT, CountError, LevelCount, Reduce, parse_count, parse_profiles, parse_reduce
 from .templates import TemplateError, compile_template, is_template, placeholder_names, strip_types
 from .versions import VersionError, is_version, normalize, version_key
 from .yamlfile import LineDict, MappingError, line_of
@@ -56,7 +59,14 @@ def _release(fw_releases: list[str], value: Any, f: str, line: int | None, entry
 
 
 def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks: dict[str, FrameworkMapping],
-                    errors: list[MappingError]) -> None:
+                   errors: list[MappingError], warnings: list[MappingError] | None = None,
+                   require_reduction: bool | None = None) -> None:
+    """Parse one framework file into ``frameworks`` (a file of a framework already there extends it). Problems go to
+    ``errors``; what the transition tolerates (an entry whose reduction is unstated) to ``warnings``, or to
+    ``errors`` with ``require_reduction`` (default: :data:`~.reductions.REQUIRE_REDUCTION`)."""
+    warnings = warnings if warnings is not None else []
+    if require_reduction is None:
+        require_reduction = reductions.REQUIRE_REDUCTION
     name = doc.get("framework")
     if not name or not isinstance(name, str):
         errors.append(MappingError("missing `framework: NAME`", file=f, line=1))
@@ -108,18 +118,28 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
     fw.internal.update(str(k) for k in (doc.get("internal") or []))
     for c in doc.get("config") or []:
         line = line_of(c)
-        if not isinstance(c, dict) or "key" not in c or "canonical" not in c:
-            errors.append(MappingError("config entry needs key and canonical", file=f, line=line, entry=name))
+        if not isinstance(c, dict) or "key" not in c or ("canonical" not in c and "default" not in c):
+            errors.append(MappingError("config entry needs key and canonical (its canonical config name), or key and "
+                                       "default (the framework's default, for level counts and config switches)",
+                                       file=f, line=line, entry=name))
             continue
-        if c["canonical"] not in canonical.config:
+        if "canonical" in c and c["canonical"] not in canonical.config:
             errors.append(MappingError(f"unknown canonical config name {c['canonical']!r} (add it to the `config:` "
                                        "section of canonical.yaml)", file=f, line=line, entry=f"config {c['key']}"))
-        fw.config.append(ConfigEntry(key=str(c["key"]), canonical=str(c["canonical"]),
+        fw.config.append(ConfigEntry(key=str(c["key"]), canonical=str(c.get("canonical") or ""),
+                                     default=c["default"] if "default" in c else NO_DEFAULT,
                                      trainers=_trainers(c.get("trainers"), f, line, str(c["key"]), fw.trainers, errors),
                                      since=_release(fw.releases, c.get("since"), f, line, str(c["key"]), errors, 0),
                                      until=_release(fw.releases, c.get("until"), f, line, str(c["key"]), errors, OPEN),
                                      scale=float(c.get("scale", 1.0)), source=str(c.get("source", "")),
                                      note=str(c.get("note", "")), file=f, line=line or 0))
+    before = dict(fw.profiles)
+    fw.profiles = parse_profiles(doc.get("reductions"), f, name, errors, inherited=fw.profiles)
+    raw_profiles = doc.get("reductions") if isinstance(doc.get("reductions"), dict) else {}
+    stated: list[tuple[Reduce, int | None, str]] = [(r, line_of(raw_profiles, n), f"reductions.{n}")
+                                                    for n, r in fw.profiles.items() if n not in before]
+    n_levels = {lvl: len(items) for lvl, items in fw.levels.items()}
+    _load_levels(doc, fw, f, name, errors)
     entries = doc.get("entries") or []
     if not isinstance(entries, list):
         errors.append(MappingError("`entries` must be a list", file=f, line=line_of(doc, "entries"), entry=name))
@@ -160,12 +180,25 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
                                        f"target {sorted(placeholder_names(target))} differ", file=f, line=line,
                                        entry=label))
             continue
-        fidelity = raw.get("fidelity", EXACT)
-        if fidelity not in (EXACT, APPROXIMATE):
+        reduce = None
+        if "reduce" in raw:
+            reduce, problems = parse_reduce(raw["reduce"], fw.profiles)
+            rline = line_of(raw, "reduce", line)
+            for p in problems:
+                errors.append(MappingError(p, file=f, line=rline, entry=label))
+            legacy = [k for k in ("fidelity", "differs", "reason") if k in raw]
+            if legacy:
+                errors.append(MappingError(
+                    f"{', '.join(legacy)}: an entry that states `reduce:` has its fidelity computed from it; remove "
+                    f"{'these' if len(legacy) > 1 else 'it'} (a difference the fields cannot state is "
+                    "`reduce: {deviation: SENTENCE}`; anything else worth knowing is a `note`)",
+                    file=f, line=line_of(raw, legacy[0], line), entry=label))
+        fidelity = COMPUTED if "reduce" in raw else raw.get("fidelity", EXACT)
+        if fidelity not in (EXACT, APPROXIMATE, COMPUTED):
             errors.append(MappingError(f"fidelity {fidelity!r} must be exact or approximate", file=f, line=line,
                                        entry=label))
-        reason = str(raw.get("reason") or "")
-        differs = raw.get("differs") or []
+        reason = str(raw.get("reason") or "") if reduce is None else ""
+        differs = (raw.get("differs") or []) if reduce is None else []
         differs = [differs] if isinstance(differs, str) else list(differs)
         for d in differs:
             if d not in _DIFFERS:
@@ -173,6 +206,11 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
                                            entry=label))
         if fidelity == APPROXIMATE and not reason:
             errors.append(MappingError("an approximate entry needs a `reason`", file=f, line=line, entry=label))
+        if "reduce" not in raw:
+            unstated = MappingError("reduction unstated: the entry's fidelity is hand-written (fidelity/differs/"
+                                    "reason); state how the value is reduced with `reduce:` (docs/reductions.md)",
+                                    file=f, line=line, entry=label)
+            (errors if require_reduction else warnings).append(unstated)
         if not raw.get("source"):
             errors.append(MappingError("missing `source` (file@release it was read from)", file=f, line=line,
                                        entry=label))
@@ -233,7 +271,80 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
             source=str(raw.get("source", "")), note=str(raw.get("note", "")),
             renamed_from=tuple([raw["renamed_from"]] if isinstance(raw.get("renamed_from"), str)
                                else raw.get("renamed_from") or ()), key_template=ktpl,
-            canonical_template=ctpl, file=f, line=line or 0))
+            canonical_template=ctpl, file=f, line=line or 0, reduce=reduce))
+        if reduce is not None:
+            stated.append((reduce, line_of(raw, "reduce", line), label))
+    new_levels = [item for lvl, items in fw.levels.items() for item in items[:len(items) - n_levels.get(lvl, 0)]]
+    _check_defaults(fw, stated, new_levels, f, errors)
+
+
+def _check_defaults(fw: FrameworkMapping, stated: list[tuple[Reduce, int | None, str]], levels: list[LevelCount],
+                    f: str, errors: list[MappingError]) -> None:
+    """Every config key a switch or a count reads has a default (the switch's own, or a ``config:`` entry's): a run
+    config that lacks the key is then read as the framework's default, and the translation says so."""
+    def has_default(key: str) -> bool:
+        return any(c.key == key and c.has_default for c in fw.config)
+
+    for red, line, where in stated:
+        for sw in red.switches:
+            if sw.default is NO_DEFAULT and not has_default(sw.key):
+                errors.append(MappingError(f"config switch on {sw.key!r}: no default (give `default:` in the switch, "
+                                           f"or a `config:` entry {{key: {sw.key}, default: ...}})", file=f,
+                                           line=line, entry=where))
+        for level, expr in red.counts:
+            for key in (parse_count(expr).keys if expr is not None else ()):
+                if not has_default(key):
+                    errors.append(MappingError(f"counts.{level}: config key {key!r} has no default (add a `config:` "
+                                               f"entry {{key: {key}, default: ...}}, or write the count null: "
+                                               "unknown)", file=f, line=line, entry=where))
+    for item in levels:
+        for key in (parse_count(item.expr).keys if item.expr is not None else ()):
+            if not has_default(key):
+                errors.append(MappingError(f"config key {key!r} has no default (add a `config:` entry {{key: {key}, "
+                                           "default: ...}, or write the count null: unknown)", file=f,
+                                           line=item.line or None, entry=f"levels.{item.level}"))
+
+
+def _load_levels(doc: LineDict, fw: FrameworkMapping, f: str, name: str, errors: list[MappingError]) -> None:
+    """``levels:``: level -> a count expression (or null: unknown from the config), or a list of
+    ``{count: EXPR|null, trainers, since, until}`` (the first that applies counts). A later file of the same
+    framework (a user's) puts its items first."""
+    raw = doc.get("levels")
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        errors.append(MappingError(f"`levels` maps a level ({', '.join(LEVELS)}) to a count", file=f,
+                                   line=line_of(doc, "levels"), entry=name))
+        return
+    for level, spec in raw.items():
+        line = line_of(raw, level)
+        where = f"levels.{level}"
+        if level not in LEVELS:
+            errors.append(MappingError(f"{level!r} is not a level ({', '.join(LEVELS)})", file=f, line=line,
+                                       entry=where))
+            continue
+        items = spec if isinstance(spec, list) else [{"count": spec}]
+        parsed: list[LevelCount] = []
+        for item in items:
+            iline = line_of(item, None, line)
+            if not isinstance(item, dict) or "count" not in item:
+                errors.append(MappingError("a levels item is {count: EXPRESSION or null, trainers, since, until}",
+                                           file=f, line=iline, entry=where))
+                continue
+            expr = item["count"]
+            if expr is not None:
+                try:
+                    parse_count(str(expr))
+                except CountError as exc:
+                    errors.append(MappingError(f"count {expr!r}: {exc}", file=f, line=iline, entry=where))
+                    continue
+            parsed.append(LevelCount(
+                level=str(level), expr=None if expr is None else str(expr),
+                trainers=_trainers(item.get("trainers"), f, iline, where, fw.trainers, errors),
+                since=_release(fw.releases, item.get("since"), f, iline, where, errors, 0),
+                until=_release(fw.releases, item.get("until"), f, iline, where, errors, OPEN),
+                file=f, line=iline or 0))
+        fw.levels[str(level)] = parsed + fw.levels.get(str(level), [])
 
 
 def _overlap(a: Entry, b: Entry) -> bool:

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import cache
+from . import cache, reductions
 from .canonical import load_canonical
 from .framework import check_framework, load_framework
 from .jsonschema import SchemaError, load_schema, validate
@@ -40,6 +40,7 @@ class Registry:
     frameworks: dict[str, FrameworkMapping]
     derived_files: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    warnings: list[MappingError] = field(default_factory=list)    # what `mappings lint` reports without failing
 
     def framework(self, name: str) -> FrameworkMapping:
         try:
@@ -83,8 +84,12 @@ def shipped_files() -> list[Path]:
     return sorted(p for p in d.glob("*.yaml"))
 
 
-def build_registry(files: list[Path], extra: list[str]) -> Registry:
+def build_registry(files: list[Path], extra: list[str], *, require_reduction: bool | None = None) -> Registry:
+    """Load and check ``files`` (the shipped ones) and ``extra`` (a user's); raise :class:`MappingErrors` naming every
+    problem. ``require_reduction``: an entry without ``reduce:`` is an error (default:
+    :data:`~.reductions.REQUIRE_REDUCTION`), else a warning in ``Registry.warnings``."""
     errors: list[MappingError] = []
+    warnings: list[MappingError] = []
     docs: list[tuple[str, Any]] = []
     for f in [*map(str, files), *extra]:
         try:
@@ -120,20 +125,26 @@ def build_registry(files: list[Path], extra: list[str]) -> Registry:
             # a canonical file of one's own without these sections gets the shipped ones
             from .facts import shipped_splits_and_axes
             shipped = shipped_splits_and_axes()
-        canonical = _guarded(lambda: load_canonical(canon_docs, errors, shipped), structural, errors)
+        canonical = _guarded(lambda: load_canonical(canon_docs, errors, shipped, warnings), structural, errors)
     frameworks: dict[str, FrameworkMapping] = {}
     if canonical is not None:
         for f, doc in fw_docs:
-            _guarded(lambda: load_framework(f, doc, canonical, frameworks, errors), structural, errors)
+            _guarded(lambda: load_framework(f, doc, canonical, frameworks, errors, warnings, require_reduction),
+                     structural, errors)
         for fw in frameworks.values():
             _guarded(lambda: check_framework(fw, errors), structural, errors)
             fw.index()
+    if require_reduction if require_reduction is not None else reductions.REQUIRE_REDUCTION:
+        errors += warnings           # a reduction unstated (an entry's, or a canonical metric's reference)
+        warnings = []
     errors = [*errors, *(e for e in structural if not _said(e, errors))]
     errors.sort(key=lambda e: (e.file or "", e.line or 0))
     if errors:
         raise errors[0] if len(errors) == 1 else MappingErrors(errors)
     assert canonical is not None            # no canonical file, or one that failed to parse, is an error above
-    return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs])
+    warnings.sort(key=lambda e: (e.file or "", e.line or 0))
+    return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs],
+                    warnings=warnings)
 
 
 def _said(e: Any, errors: list[MappingError]) -> bool:

@@ -6,16 +6,19 @@ import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from .reductions import NO_DEFAULT, LevelCount, Reduce
 from .sections import Axis, LookAlike, Preset, Split, Splits
 from .templates import Template
 from .versions import normalize, version_key
 
 EXACT, APPROXIMATE = "exact", "approximate"
+COMPUTED = "computed"           # an entry that states its reduction (`reduce:`): fidelity is computed per translation
 OPEN = float("inf")
 STEP_AXIS = "progress/step"     # the canonical name of the tracker step; canonical.yaml `axes: step: metric:` names it
 
-__all__ = ["EXACT", "APPROXIMATE", "OPEN", "STEP_AXIS", "CanonicalMetric", "CanonicalSchema", "Cond", "ConfigEntry",
-           "Entry", "FrameworkMapping", "Axis", "LookAlike", "Preset", "Split", "Splits", "condition_value_text"]
+__all__ = ["EXACT", "APPROXIMATE", "COMPUTED", "OPEN", "STEP_AXIS", "CanonicalMetric", "CanonicalSchema", "Cond",
+           "ConfigEntry", "Entry", "FrameworkMapping", "Axis", "LookAlike", "Preset", "Split", "Splits",
+           "condition_value_text"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class CanonicalMetric:
     template: Template | None = None
     file: str = ""
     line: int = 0
+    reduce: Reduce | None = None         # the reference reduction: the quantity the name means (docs/reductions.md)
 
 
 @dataclass
@@ -127,7 +131,7 @@ class Entry:
     since: float                      # index into the framework's releases (inclusive)
     until: float                      # inclusive; OPEN (infinity) when the framework still logs the key
     trainers: frozenset[str] | None
-    fidelity: str
+    fidelity: str                     # exact | approximate (hand-written, legacy) | computed (from `reduce`)
     differs: tuple[str, ...] = ()
     reason: str = ""
     scale: float = 1.0
@@ -141,9 +145,12 @@ class Entry:
     canonical_template: Template | None = None
     file: str = ""
     line: int = 0
+    reduce: Reduce | None = None         # how the value was reduced; None: unstated (legacy hand-written fidelity)
 
     @property
     def exact(self) -> bool:
+        """Hand-written ``exact`` (legacy entries); an entry with ``reduce`` is judged per translation
+        (:mod:`trackbridge.translate.fidelity`)."""
         return self.fidelity == EXACT
 
     def applies(self, trainer: str | None, lo: float, hi: float) -> bool:
@@ -217,6 +224,16 @@ class ConfigEntry:
     note: str = ""
     file: str = ""
     line: int = 0
+    default: Any = NO_DEFAULT        # the framework's default value when the run config lacks the key
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not NO_DEFAULT
+
+    def applies(self, trainer: str | None, lo: float, hi: float) -> bool:
+        if self.until < lo or self.since > hi:
+            return False
+        return trainer is None or self.trainers is None or trainer in self.trainers
 
 
 @dataclass
@@ -236,6 +253,8 @@ class FrameworkMapping:
     template_entries: list[Entry] = field(default_factory=list)
     _lineage: dict[int, int] = field(default_factory=dict)
     declared_prefixes: list[tuple[str, str]] = field(default_factory=list)   # as declared: the first is native
+    profiles: dict[str, Reduce] = field(default_factory=dict)        # `reductions:` (named reduce profiles)
+    levels: dict[str, list[LevelCount]] = field(default_factory=dict)   # `levels:`: level -> counts (first applies)
 
     def __getstate__(self) -> dict:
         # renames are linked by object identity; a pickled copy (the compiled registry cache) links by position
@@ -260,6 +279,23 @@ class FrameworkMapping:
         while self._lineage.get(x, x) != x:
             x = self._lineage[x]
         return x
+
+    def config_default(self, key: str, trainer: str | None, lo: float, hi: float) -> tuple[bool, Any]:
+        """(known, value): the framework's default of a run config key (a ``config:`` entry's ``default:``) for the
+        trainer and releases lo..hi; of several, the one covering the newest release of the range."""
+        found = [c for c in self.config if c.key == key and c.has_default and c.applies(trainer, lo, hi)]
+        if not found:
+            return False, None
+        best = max(found, key=lambda c: (min(c.until, hi), 1 if (trainer and c.trainers) else 0, c.since))
+        return True, best.default
+
+    def level_count(self, level: str, trainer: str | None, lo: float, hi: float) -> tuple[bool, str | None, Any]:
+        """(declared, expression or None for unknown, the ``levels:`` item) of a level's count for the trainer
+        and releases lo..hi: the first item of ``levels:`` that applies."""
+        for item in self.levels.get(level, ()):
+            if item.applies(trainer, lo, hi):
+                return True, item.expr, item
+        return False, None, None
 
     def trainer_kind(self, trainer: str | None) -> str | None:
         """The trainer's declared ``kind`` (rl, preference, sft, reward, ...): what a counterpart must share."""

@@ -24,6 +24,17 @@ class MappingError(TrackBridgeError, ValueError):
         text = f"{where}: {entry}: {message}" if entry else f"{where}: {message}"
         super().__init__(text)
 
+    def __reduce__(self) -> tuple:
+        # kept whole in the compiled registry cache (Registry.warnings): file, line and entry, not only the text
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> MappingError:
+    obj: MappingError = Exception.__new__(cls)
+    obj.args = args
+    obj.__dict__.update(state)
+    return obj
+
 
 class MappingErrors(MappingError):
     """Several mapping problems at once (the loader collects them all before failing)."""
