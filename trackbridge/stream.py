@@ -4,7 +4,8 @@ One file per run (:func:`stream_file`: ``DIR/<run_id>.jsonl``). The first line i
 :class:`~trackbridge.record.RunInfo` with ``"type": "run"``, the line format (``"format": "trackbridge.stream/1"``)
 and the canonical schema in force when it was written (``"schema": "canonical@1.1.0"``, the ``version:`` of
 ``mappings/canonical.yaml``). Every other line is one :class:`~trackbridge.record.Record` (``step``, ``wall_time``,
-``metrics``, ``derived``, and ``axis`` for a record on an x axis of its own), compact JSON with NaN and infinities as strings so that the file stays strict JSON. Why
+``metrics``, ``derived``, and ``axis`` for a record on an x axis of its own), compact JSON with NaN and
+infinities as strings so that the file stays strict JSON. Why
 this shape: anyone with ``json`` can read it, it is appended without rewriting, and it is enough to rebuild the run in
 any tracker.
 

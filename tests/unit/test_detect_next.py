@@ -62,6 +62,24 @@ def trl_grpo_wandb_step() -> dict:
     return {f"train/{k}": 0.25 + i / 100 for i, k in enumerate(keys)}
 
 
+# -- AReaL -----------------------------------------------------------------------------------------------------------
+# not logged by every step of a default GRPO run (areal/api/cli_args.py@v1.0.4 defaults): rejection sampling, dual
+# clipping, the critic, teacher/offload/recompute stages, periodic saves and evaluations
+AREAL_OPTIONAL = {"ppo_actor/rs_upper", "ppo_actor/rs_lower", "ppo_actor/c_clip",
+                  "ppo_actor/update/rs_filtered_fraction", "ppo_actor/update/unclipped_behave_tokens",
+                  "eval-rollout/reward", "timeperf/critic_values",
+                  "timeperf/critic_train_step", "timeperf/teacher_logp", "timeperf/rollout_pause",
+                  "timeperf/rollout_resume", "timeperf/rollout_offload", "timeperf/rollout_onload",
+                  "timeperf/actor_onload", "timeperf/actor_offload", "timeperf/save", "timeperf/checkpoint_for_recover",
+                  "timeperf/eval", "timeperf/recompute_logp"} | {
+                  f"ppo_actor/update/{n}/{s}" for n in ("behave_imp_weight", "behave_approx_kl")
+                  for s in ("avg", "min", "max")}
+
+
+def areal_step() -> dict:
+    return inventory_record("areal-keys.tsv", 4, AREAL_OPTIONAL)        # v1.0.4
+
+
 @pytest.fixture(scope="module")
 def reg():
     return load_registry()
@@ -121,4 +139,26 @@ def test_nemo_rl_round_trip_through_canonical(reg, target):
     canon = Translator("nemo_rl@0.7.0", "canonical", registry=reg).translate(rec)
     assert len(canon.renamed) >= 30
     back = Translator("canonical", target, registry=reg, origin="nemo_rl/grpo@v0.7.0").translate(canon.metrics)
+    assert back.metrics == rec
+
+
+def test_areal_log_is_areal(reg):
+    rec = areal_step()
+    det = detect(rec, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("areal", "ppo"), det.to_json()
+    assert det.explained >= 20
+    res = Translator("auto", "canonical", registry=reg).translate(rec)
+    for key, canon in (("ppo_actor/update/actor_loss/avg", "loss/policy"), ("ppo_actor/task_reward/avg",
+                       "reward/score/mean"), ("ppo_actor/update/entropy/avg", "policy/entropy"),
+                       ("rollout/reward", "sampling/reward/mean"), ("timeperf/train_step", "time/train_step")):
+        assert res.metrics[canon] == rec[key], key
+    # approx_kl is log pi_theta - log pi_old: the negated k1 of KL(old || theta)
+    assert res.metrics["kl/old_policy/k1"] == -rec["ppo_actor/update/approx_kl/avg"]
+
+
+def test_areal_round_trip_through_canonical(reg):
+    rec = areal_step()
+    canon = Translator("areal@1.0.4", "canonical", registry=reg).translate(rec)
+    assert len(canon.renamed) >= 20
+    back = Translator("canonical", "areal", registry=reg, origin="areal/ppo@v1.0.4").translate(canon.metrics)
     assert back.metrics == rec

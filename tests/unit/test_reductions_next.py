@@ -68,3 +68,21 @@ def test_nemo_rl_kl_estimator_follows_the_config(reg):
               and e.condition_holds({"loss_fn.reference_policy_kl_type": "k1"}) is True and e.applies("grpo", i, i)]
     assert [e.canonical for e in chosen] == ["kl/ref/k1"]
     assert v["train/kl_penalty"] is None and v["train/gen_kl_error"] is None
+
+
+def test_areal_pools_every_level_of_its_token_statistics(reg):
+    for cfg in ({}, {"actor.ppo_n_minibatches": 8}):
+        v = verdicts(reg, "areal", "ppo", "v1.0.4", cfg)
+        for key in ("ppo_actor/update/actor_loss/avg", "ppo_actor/update/entropy/avg", "ppo_actor/update/approx_kl/avg",
+                    "ppo_actor/update/clip_ratio/avg", "ppo_actor/task_reward/avg", "ppo_actor/advantages/avg",
+                    "rollout/reward", "eval-rollout/reward"):
+            assert v[key] is None, (cfg, key, v[key])
+    v = verdicts(reg, "areal", "ppo", "v1.0.4", {})
+    assert "averages its 4 mini-batches" in v["ppo_actor/update/grad_norm"]          # actor.ppo_n_minibatches = 4
+    assert verdicts(reg, "areal", "ppo", "v1.0.4", {"actor.ppo_n_minibatches": 1})["ppo_actor/update/grad_norm"] is None
+    assert "[clip_length]" in v["ppo_actor/no_eos_ratios/avg"] and "longest" in v["ppo_actor/no_eos_ratios/avg"]
+    assert "[padding]" in v["ppo_actor/n_tokens"]
+    assert "[snapshot]" in v["ppo_actor/update/lr"]
+    assert v["timeperf/rollout"] is None
+    assert "[deviation]" in verdicts(reg, "areal", "ppo", "v1.0.4", {"rollout.max_head_offpolicyness": 2})[
+        "timeperf/rollout"]
