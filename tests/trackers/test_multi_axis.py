@@ -202,3 +202,18 @@ def test_axis_must_come_with_a_step():
         validate_call({"train/loss": 1.0}, None, "train/step")
     with pytest.raises(TypeError, match="non-empty string"):
         validate_call({"train/loss": 1.0}, 1, 3)
+
+
+def test_translated_to_canonical_each_series_keeps_its_axis(slime_run, env):
+    """wandb (slime) -> canonical names (source detected from the keys) -> TensorBoard: the translation renames the
+    series and keeps each on its axis; the detected source is slime."""
+    dst = location("tensorboard", env / "canon")
+    res = migrate(slime_run, dst, names="canonical", progress=False, out=io.StringIO())
+    assert res.ok, str(res)
+    assert all(r.stats.source.startswith("slime") for r in res.runs), [r.stats.source for r in res.runs]
+    got, _ = series_of(dst)
+    rename = {"rollout/raw_reward": "reward/score/mean", "rollout/response_lengths": "response/length/mean",
+              "perf/step_time": "time/step", "perf/wait_time_ratio": "perf/wait_time_ratio",
+              "train/pg_loss": "loss/policy", "train/pg_clipfrac": "policy/clip_frac", "eval/aime": "val/aime/score"}
+    want = {(axis, rename[k]): pts for (axis, k), pts in expected_series().items()}
+    same_series(got, want, f32_values=True)

@@ -162,3 +162,42 @@ def test_areal_round_trip_through_canonical(reg):
     assert len(canon.renamed) >= 20
     back = Translator("canonical", "areal", registry=reg, origin="areal/ppo@v1.0.4").translate(canon.metrics)
     assert back.metrics == rec
+
+
+# -- slime -----------------------------------------------------------------------------------------------------------
+# not logged by a default GRPO run without a critic (slime/utils/arguments.py@v0.3.1): the KL loss, critic, MTP,
+# distillation and off-policy diagnostics, multi-turn round numbers, pass rates
+SLIME_OPTIONAL = {"train/kl_loss", "train/ois", "train/opsm_clipfrac", "train/opd_reverse_kl",
+                  "train/critic-value_loss", "train/critic-value_clipfrac", "train/mtp_loss", "rollout/values",
+                  "rollout/returns",
+                  "rollout/teacher_log_probs", "rollout/round_number", "eval/aime-pass@1"}
+
+
+def slime_rollout_step() -> dict:
+    """The keys of one rollout step of a slime run, every axis's rows together (what a reader of the run sees first:
+    the train/, rollout/, perf/ and eval/ rows; the step keys are axes, not metrics)."""
+    return inventory_record("slime-keys.tsv", 1, SLIME_OPTIONAL)          # v0.3.1
+
+
+def test_slime_log_is_slime_not_trl_or_openrlhf(reg):
+    rec = slime_rollout_step()
+    det = detect(rec, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("slime", "rl"), det.to_json()
+    # TRL's async-GRPO template perf/{metric} takes every perf/ key, and HF's train/ prefix loss and grad_norm: the
+    # rest of the record (rollout/, eval/, slime's own train/ names) is slime's alone
+    runners_up = [detect(rec, reg, within=parse_spec(fw, reg)).explained for fw in ("trl", "verl", "openrlhf")]
+    assert max(runners_up) <= det.explained - 5, runners_up
+    res = Translator("auto", "canonical", registry=reg).translate(rec)
+    for key, canon in (("train/pg_loss", "loss/policy"), ("train/entropy_loss", "policy/entropy"),
+                       ("train/ppo_kl", "kl/old_policy/k1"), ("rollout/raw_reward", "reward/score/mean"),
+                       ("perf/step_time", "time/step"), ("perf/actor_train_time", "time/actor_train"),
+                       ("eval/aime", "val/aime/score"), ("train/lr-pg_0", "optim/lr")):
+        assert res.metrics[canon] == rec[key], key
+
+
+def test_slime_round_trip_through_canonical(reg):
+    rec = slime_rollout_step()
+    canon = Translator("slime@0.3.1", "canonical", registry=reg).translate(rec)
+    assert len(canon.renamed) >= 20
+    back = Translator("canonical", "slime", registry=reg, origin="slime/rl@v0.3.1").translate(canon.metrics)
+    assert back.metrics == rec

@@ -15,6 +15,7 @@ from _support import DATA
 INVENTORIES = {          # framework -> (inventory file, trainer whose keys it lists)
     "nemo_rl": ("nemo-rl-keys.tsv", "grpo"),
     "areal": ("areal-keys.tsv", "ppo"),
+    "slime": ("slime-keys.tsv", "rl"),
 }
 
 

@@ -86,3 +86,16 @@ def test_areal_pools_every_level_of_its_token_statistics(reg):
     assert v["timeperf/rollout"] is None
     assert "[deviation]" in verdicts(reg, "areal", "ppo", "v1.0.4", {"rollout.max_head_offpolicyness": 2})[
         "timeperf/rollout"]
+
+
+def test_slime_per_rollout_mean_or_per_token_loss(reg):
+    v = verdicts(reg, "slime", "rl", "v0.3.1", {})
+    for key in ("train/pg_loss", "train/entropy_loss", "train/ppo_kl", "train/pg_clipfrac", "rollout/advantages"):
+        assert "[tokens]" in v[key] and "per-sequence token means" in v[key], (key, v[key])
+    for key in ("train/grad_norm", "train/lr-pg_0", "rollout/raw_reward", "rollout/response_lengths",
+                "perf/step_time", "eval/{data_source}"):
+        assert v.get(key, None) is None, (key, v.get(key))
+    per_token = verdicts(reg, "slime", "rl", "v0.3.1", {"calculate_per_token_loss": True})
+    for key in ("train/pg_loss", "train/entropy_loss", "train/ppo_kl", "train/pg_clipfrac", "train/loss"):
+        assert per_token[key] is None, (key, per_token[key])
+    assert "[tokens]" in per_token["rollout/advantages"]          # the rollout side is always a per-rollout mean
