@@ -201,3 +201,35 @@ def test_slime_round_trip_through_canonical(reg):
     assert len(canon.renamed) >= 20
     back = Translator("canonical", "slime", registry=reg, origin="slime/rl@v0.3.1").translate(canon.metrics)
     assert back.metrics == rec
+
+
+# -- SkyRL -----------------------------------------------------------------------------------------------------------
+# not logged by every step of a default GRPO run (skyrl/train/config/config.py@v0.4.0: use_kl_loss, no reward KL,
+# no zero-variance filter): the reward-KL keys, evaluation rows, the off-policy log-prob diagnostics
+SKYRL_OPTIONAL = {"loss/avg_kl", "loss/avg_kl_max", "loss/kl_loss_coef", "reward/num_zero_variance_filtered",
+                  "eval/all/avg_score", "eval/all/pass_at_1", "eval/all/mean_positive_reward", "eval/gsm8k/avg_score",
+                  "eval/gsm8k/pass_at_1", "eval/gsm8k/mean_positive_reward"}
+
+
+def skyrl_step() -> dict:
+    return inventory_record("skyrl-keys.tsv", 0, SKYRL_OPTIONAL)          # v0.4.0
+
+
+def test_skyrl_log_is_skyrl(reg):
+    rec = skyrl_step()
+    det = detect(rec, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("skyrl", "ppo"), det.to_json()
+    res = Translator("auto", "canonical", registry=reg).translate(rec)
+    for key, canon in (("policy/policy_loss", "loss/policy"), ("policy/policy_entropy", "policy/entropy"),
+                       ("policy/policy_kl", "kl/ref/k3"), ("reward/avg_raw_reward", "reward/score/mean"),
+                       ("generate/avg_num_tokens", "response/length/mean"), ("timing/step", "time/step"),
+                       ("timing/policy_train", "time/policy_train")):
+        assert res.metrics[canon] == rec[key], key
+
+
+def test_skyrl_round_trip_through_canonical(reg):
+    rec = skyrl_step()
+    canon = Translator("skyrl@0.4.0", "canonical", registry=reg).translate(rec)
+    assert len(canon.renamed) >= 15
+    back = Translator("canonical", "skyrl", registry=reg, origin="skyrl/ppo@v0.4.0").translate(canon.metrics)
+    assert back.metrics == rec

@@ -16,6 +16,7 @@ INVENTORIES = {          # framework -> (inventory file, trainer whose keys it l
     "nemo_rl": ("nemo-rl-keys.tsv", "grpo"),
     "areal": ("areal-keys.tsv", "ppo"),
     "slime": ("slime-keys.tsv", "rl"),
+    "skyrl": ("skyrl-keys.tsv", "ppo"),
 }
 
 

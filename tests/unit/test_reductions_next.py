@@ -99,3 +99,20 @@ def test_slime_per_rollout_mean_or_per_token_loss(reg):
     for key in ("train/pg_loss", "train/entropy_loss", "train/ppo_kl", "train/pg_clipfrac", "train/loss"):
         assert per_token[key] is None, (key, per_token[key])
     assert "[tokens]" in per_token["rollout/advantages"]          # the rollout side is always a per-rollout mean
+
+
+def test_skyrl_means_of_micro_batch_means(reg):
+    v = verdicts(reg, "skyrl", "ppo", "v0.4.0", {})
+    # entropy, KL and clip ratio: unweighted means over micro-batches and ranks whatever the batch sizes (#1822)
+    for key in ("policy/policy_entropy", "policy/policy_kl", "policy/loss_metrics/clip_ratio"):
+        assert "[micro_batches]" in v[key] and "[processes]" in v[key], (key, v[key])
+    assert "[tokens]" in v["policy/policy_kl"]                       # per-sequence token means
+    # the pre-scaled policy loss is the pooled mini-batch loss: approximate only over the 4 default mini-batches
+    assert "averages its 4 mini-batches" in v["policy/policy_loss"] and "[micro_batches]" not in v["policy/policy_loss"]
+    one = {"trainer.train_batch_size": 256, "trainer.policy_mini_batch_size": 256}
+    assert verdicts(reg, "skyrl", "ppo", "v0.4.0", one)["policy/policy_loss"] is None
+    assert "[micro_batches]" in verdicts(reg, "skyrl", "ppo", "v0.4.0", one)["policy/policy_entropy"]
+    seq = verdicts(reg, "skyrl", "ppo", "v0.4.0", {**one, "trainer.algorithm.loss_reduction": "sequence_mean"})
+    assert "[tokens]" in seq["policy/policy_loss"]
+    assert "[std]" in v["generate/std_num_tokens"]
+    assert v["reward/avg_raw_reward"] is None and v["generate/avg_num_tokens"] is None
