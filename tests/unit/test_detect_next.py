@@ -233,3 +233,4 @@ def test_skyrl_round_trip_through_canonical(reg):
     assert len(canon.renamed) >= 15
     back = Translator("canonical", "skyrl", registry=reg, origin="skyrl/ppo@v0.4.0").translate(canon.metrics)
     assert back.metrics == rec
+

@@ -82,3 +82,20 @@ def test_every_entry_is_a_logged_key_in_every_release_it_claims(framework):
         else:
             matched = [k for k in logged if any(h is e for h, _ in fw.lookup(k))]
             assert matched, f"template entry {e.key!r} matches no key of the inventory"
+
+
+@pytest.mark.parametrize("framework", sorted(INVENTORIES))
+def test_passthrough_keys_are_declared_in_the_mapping(framework):
+    """The keys the inventory leaves unmapped are the mapping's `passthrough:` declarations (detection counts them
+    as the framework's), and every declaration stands for an inventory row: the facts live in the YAML."""
+    reg = load_registry()
+    fw = reg.frameworks[framework]
+    file, _ = INVENTORIES[framework]
+    rows = read_inventory(file)
+    passed = [r["key"] for r in rows if r["status"].startswith("passthrough:")]
+    assert passed and fw.passthrough
+    for key in passed:
+        assert fw.logs_unmapped(key), f"{key}: a passthrough row the mapping does not declare"
+    for text, tpl in fw.passthrough:
+        matched = [k for k in passed if (tpl.match(k) is not None if tpl is not None else k == text)]
+        assert matched, f"passthrough {text!r} stands for no passthrough row of {file}"
