@@ -234,3 +234,53 @@ def test_skyrl_round_trip_through_canonical(reg):
     back = Translator("canonical", "skyrl", registry=reg, origin="skyrl/ppo@v0.4.0").translate(canon.metrics)
     assert back.metrics == rec
 
+
+# -- prime-rl --------------------------------------------------------------------------------------------------------
+def prime_rl_file_lines() -> list[dict]:
+    """A step of prime-rl v0.8.0 as its `file` monitor writes it: one JSON line per monitor.log call of the trainer
+    (perf, optim, tensor stats, time) and of the orchestrator, each {"step", "time", ...}
+    (src/prime_rl/utils/monitor/file.py@v0.8.0)."""
+    rec = inventory_record("prime-rl-keys.tsv", 0, {"optim/grad_norm"})
+    groups = [("perf/",), ("optim/",), ("loss/", "entropy/", "mismatch_kl/", "kl_ent_ratio/", "masked_", "unmasked_",
+                                         "is_masked"), ("time/",), ("progress/", "train/")]
+    lines = []
+    for i, prefixes in enumerate(groups):
+        part = {k: v for k, v in rec.items() if k.startswith(prefixes)}
+        assert part
+        lines.append({"step": 7, "time": 1767225600.0 + i, **part})
+    assert sum(len(x) - 2 for x in lines) == len(rec)
+    return lines
+
+
+def test_prime_rl_file_monitor_log_reads_as_prime_rl(reg, tmp_path):
+    """Read through the JSONL reader (time is the wall time, not a metric) and detected over the run's keys: prime-rl,
+    not 'canonical', although optim/lr, time/step, perf/throughput and progress/tokens are spelled like canonical
+    names. Those that mean other quantities are translated to the right ones."""
+    from trackbridge.sources import open_source
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in prime_rl_file_lines()))
+    (reader,) = open_source(f"jsonl:{path}").runs()
+    recs = list(reader.records())
+    assert all(r.wall_time is not None and "time" not in r.metrics for r in recs)
+    keys = {k for r in recs for k in r.metrics}
+    det = detect(keys, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("prime_rl", "rl"), det.to_json()
+    tr = Translator("auto", "canonical", registry=reg)
+    out: dict = {}
+    for r in recs:
+        out.update(tr.translate(r.metrics).metrics)
+    flat = {k: v for r in recs for k, v in r.metrics.items()}
+    assert out["perf/throughput"] == flat["perf/throughput_per_gpu"]          # per GPU
+    assert out["perf/tokens_per_s"] == flat["perf/throughput"]                # all GPUs
+    assert out["progress/tokens"] == flat["progress/total_tokens"]            # since the start
+    assert out["perf/tokens_per_step"] == flat["progress/tokens"]             # this step
+    assert out["perf/mfu/policy_update"] == pytest.approx(flat["perf/mfu"] / 100)
+    assert out["policy/entropy"] == flat["entropy/all/mean"]
+
+
+def test_prime_rl_round_trip_through_canonical(reg):
+    rec = {k: v for line in prime_rl_file_lines() for k, v in line.items() if k not in ("step", "time")}
+    canon = Translator("prime_rl@0.8.0", "canonical", registry=reg).translate(rec)
+    back = Translator("canonical", "prime_rl", registry=reg, origin="prime_rl/rl@v0.8.0").translate(canon.metrics)
+    assert back.metrics == pytest.approx(rec)

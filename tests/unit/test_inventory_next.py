@@ -17,6 +17,7 @@ INVENTORIES = {          # framework -> (inventory file, trainer whose keys it l
     "areal": ("areal-keys.tsv", "ppo"),
     "slime": ("slime-keys.tsv", "rl"),
     "skyrl": ("skyrl-keys.tsv", "ppo"),
+    "prime_rl": ("prime-rl-keys.tsv", "rl"),
 }
 
 

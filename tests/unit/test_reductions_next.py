@@ -116,3 +116,13 @@ def test_skyrl_means_of_micro_batch_means(reg):
     assert "[tokens]" in seq["policy/policy_loss"]
     assert "[std]" in v["generate/std_num_tokens"]
     assert v["reward/avg_raw_reward"] is None and v["generate/avg_num_tokens"] is None
+
+
+def test_prime_rl_pooled_statistics_and_the_loss_mean(reg):
+    v = verdicts(reg, "prime_rl", "rl", "v0.8.0", {})
+    for key in ("entropy/all/mean", "mismatch_kl/all/mean", "optim/lr", "optim/grad_norm", "progress/total_tokens",
+                "progress/tokens", "perf/mfu"):
+        assert v[key] is None, (key, v[key])
+    assert "divided by the number of micro-batches" in v["loss/mean"]
+    assert "[deviation]" in v["perf/throughput"] and "[deviation]" in v["perf/throughput_per_gpu"]
+    assert "[processes]" in v["perf/peak_memory"]
