@@ -284,3 +284,33 @@ def test_prime_rl_round_trip_through_canonical(reg):
     canon = Translator("prime_rl@0.8.0", "canonical", registry=reg).translate(rec)
     back = Translator("canonical", "prime_rl", registry=reg, origin="prime_rl/rl@v0.8.0").translate(canon.metrics)
     assert back.metrics == pytest.approx(rec)
+
+
+# -- ROLL ------------------------------------------------------------------------------------------------------------
+def roll_step() -> dict:
+    """A ROLL v0.3.0 RLVR step as its tracker receives it: @tags stripped (roll/utils/tracking.py), one domain."""
+    return inventory_record("roll-keys.tsv", 0, set())
+
+
+def test_roll_log_is_roll_not_verl(reg):
+    """ROLL's names are veRL's style (actor/pg_loss, critic/score/mean ...): its own keys (token/, system/, time/step_*,
+    actor/approxkl, the per-domain keys) tell it apart."""
+    rec = roll_step()
+    det = detect(rec, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("roll", "rlvr"), det.to_json()
+    verl = detect(rec, reg, within=parse_spec("verl", reg)).explained
+    assert verl <= det.explained - 20, verl
+    res = Translator("auto", "canonical", registry=reg).translate(rec)
+    for key, canon in (("actor/pg_loss", "loss/policy"), ("actor/kl_loss", "kl/ref/k3"), ("actor/approxkl",
+                       "kl/old_policy/k2"), ("critic/score/mean", "reward/score/mean"),
+                       ("token/response_length/mean", "response/length/mean"), ("time/step_total", "time/step")):
+        assert res.metrics[canon] == rec[key], key
+    assert res.metrics["kl/old_policy/k1"] == -rec["actor/policykl"]          # log pi - log pi_old, negated
+    assert "math/critic/kl" in res.unmapped                                  # per-domain: passed through
+
+
+def test_roll_round_trip_through_canonical(reg):
+    rec = roll_step()
+    canon = Translator("roll@0.3.0", "canonical", registry=reg).translate(rec)
+    back = Translator("canonical", "roll", registry=reg, origin="roll/rlvr@v0.3.0").translate(canon.metrics)
+    assert back.metrics == pytest.approx(rec)

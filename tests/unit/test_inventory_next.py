@@ -18,6 +18,7 @@ INVENTORIES = {          # framework -> (inventory file, trainer whose keys it l
     "slime": ("slime-keys.tsv", "rl"),
     "skyrl": ("skyrl-keys.tsv", "ppo"),
     "prime_rl": ("prime-rl-keys.tsv", "rl"),
+    "roll": ("roll-keys.tsv", "rlvr"),
 }
 
 

@@ -126,3 +126,13 @@ def test_prime_rl_pooled_statistics_and_the_loss_mean(reg):
     assert "divided by the number of micro-batches" in v["loss/mean"]
     assert "[deviation]" in v["perf/throughput"] and "[deviation]" in v["perf/throughput_per_gpu"]
     assert "[processes]" in v["perf/peak_memory"]
+
+
+def test_roll_sum_tags_pool_each_optimizer_step(reg):
+    v = verdicts(reg, "roll", "rlvr", "v0.3.0", {})
+    assert "[tokens]" in v["actor/pg_loss"] and "seq-mean-token-mean" in v["actor/pg_loss"]   # the default agg mode
+    assert "[mini_batches]" in v["actor/pg_loss"] and "[micro_batches]" not in v["actor/pg_loss"]
+    tm = verdicts(reg, "roll", "rlvr", "v0.3.0", {"loss_agg_mode": "token-mean"})
+    assert "[tokens]" not in tm["actor/kl_loss"] and "[mini_batches]" in tm["actor/kl_loss"]
+    for key in ("critic/score/mean", "token/response_length/mean", "actor/lr", "time/step_total"):
+        assert v[key] is None, (key, v[key])
