@@ -314,3 +314,21 @@ def test_roll_round_trip_through_canonical(reg):
     canon = Translator("roll@0.3.0", "canonical", registry=reg).translate(rec)
     back = Translator("canonical", "roll", registry=reg, origin="roll/rlvr@v0.3.0").translate(canon.metrics)
     assert back.metrics == pytest.approx(rec)
+
+
+# -- ms-swift GRPO (TRL) ---------------------------------------------------------------------------------------------
+def test_ms_swift_grpo_log_is_trl_grpo(reg):
+    """ms-swift's GRPOTrainer subclasses TRL's and adds entropy/mean|max|min|threshold (swift/rlhf_trainers/
+    grpo_trainer.py in the ms_swift 4.6.0 wheel, which requires trl>=0.15,<1.0): its log is TRL GRPO's, with
+    trainer and release left out; entropy/mean is the per-completion mean entropy, the rest pass through."""
+    sets = json.loads((DATA / "frameworks" / "trl-rl-detection-sets.json").read_text())["sets"]
+    keys = [k for k in sets["grpo@v1.16.0"]["keys"] if k not in ("epoch", "step_time", "num_tokens")]
+    rec = {k: 0.25 + i / 64 for i, k in enumerate(keys)}
+    rec |= {"entropy/mean": 0.61, "entropy/max": 1.5, "entropy/min": 0.1, "entropy/threshold": 0.9}
+    det = detect(rec, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("trl", "grpo"), det.to_json()
+    assert det.unexplained == [] and det.source.endswith("v0.29.1"), det.to_json()     # ms-swift: trl < 1.0
+    res = Translator("auto", "canonical", registry=reg).translate(rec)
+    assert res.metrics["policy/entropy"] == rec["entropy"]          # TRL's own token-mean entropy wins
+    assert "entropy/mean" in res.conflicts                          # the per-completion mean: same name, reported
+    assert {"entropy/max", "entropy/min", "entropy/threshold"} <= set(res.unmapped)
