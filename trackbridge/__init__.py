@@ -5,7 +5,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["__version__", "init", "Run", "NoOpRun", "LoggerOptions", "translate", "Translator", "Translation", "wrap",
            "unwrap", "register_tracker", "unregister_tracker", "TrackBridgeError", "UsageError"]

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
-from . import __version__
+from ._version import __version__
 from .exitcodes import ExitCode
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .schema.spec import SpecError
     from .schema.yamlfile import MappingError
-    from .spec import SpecError
     try:
         if args.command == "translate":
             return cmd_translate(args)
@@ -135,57 +135,65 @@ def _load_config(path: str | None) -> dict[str, Any]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from .translate import Translator
-    tr = Translator(args.source, args.target, mappings=args.mappings or None, config=_load_config(args.config),
+    """The one pipeline (:class:`trackbridge.pipeline.Pipeline`, as migrate, replay and compare use it): the source
+    resolved from the first rows (look-ahead), every row translated with it, one report for the run."""
+    import itertools
+
+    from .pipeline import DETECT_LOOKAHEAD, Pipeline
+    from .record import Record
+    pipe = Pipeline(args.source, args.target, config=_load_config(args.config), mappings=args.mappings or None,
                     derive=args.derive)
     problems: list[str] = []
-    rows = _input_rows(args.file, problems)
-    mapped: set[str] = set()
-    unmapped: dict[str, None] = {}
-    approx: dict[str, str] = {}
-    derived: dict[str, None] = {}
+    rows = iter(_input_rows(args.file, problems))
+    head = list(itertools.islice(rows, DETECT_LOOKAHEAD))
+    pipe.setup({k for row in head if isinstance(row.metrics, dict) for k in row.metrics if isinstance(k, str)})
+    seen: dict[str, None] = {}
     out = sys.stdout
-    for row in rows:
+    for row in itertools.chain(head, rows):
+        step = row.step if isinstance(row.step, int) and not isinstance(row.step, bool) else None
+        wall = row.wall_time if isinstance(row.wall_time, (int, float)) and not isinstance(row.wall_time, bool) \
+            else None
         try:
-            res = tr.translate(row.metrics, step=row.step if isinstance(row.step, int) else None,
-                               wall_time=row.wall_time if isinstance(row.wall_time, (int, float)) else None)
+            if not isinstance(row.metrics, dict):
+                raise TypeError(f"expected a dict of metric name -> value, not {type(row.metrics).__name__}")
+            rec = pipe.one(Record(step, wall, row.metrics))
         except TypeError as exc:
             problems.append(f"{row.where}: {exc}; line skipped")
             continue
-        for k in row.metrics:
-            if k not in res.unmapped and k not in res.conflicts:
-                mapped.add(k)
-        for k in res.unmapped:
-            unmapped.setdefault(k)
-        for k in res.conflicts:
-            unmapped.setdefault(k)
-        for k, why in res.approximate.items():
-            approx[k] = why          # by output name, as translate() and every other path report it
-        for k in res.derived:
-            derived.setdefault(k)
+        seen.update(dict.fromkeys(row.metrics))
         if row.shape == "record":
-            obj = {"step": row.step, "wall_time": row.wall_time, "metrics": res.metrics}
-            if res.derived:
-                obj["derived"] = res.derived
+            obj = {"step": row.step, "wall_time": row.wall_time, "metrics": rec.metrics}
+            if rec.derived:
+                obj["derived"] = rec.derived
         else:
-            obj = dict(res.metrics)
+            obj = dict(rec.metrics)
             if row.step is not None and "step" not in obj:
                 obj = {"step": row.step, **obj}
         out.write(json.dumps(obj, default=_json_default) + "\n")
+    st = pipe.stats
+    notes = pipe.finish_notes()
     for p in problems:
         print(f"trackbridge: {p}", file=sys.stderr)
-    for n in tr.notes:
+    for n in notes:
         print(f"trackbridge: note: {n}", file=sys.stderr)
-    report = {"mapped": len(mapped), "unmapped": list(unmapped), "approximate": approx, "source": tr.source}
+    unmapped = [k for k in st.unmapped if k not in st.conflicts]
+    mapped = [k for k in seen if k not in unmapped and k not in st.conflicts]
+    report: dict[str, Any] = {"mapped": len(mapped), "unmapped": unmapped, "approximate": dict(st.approximate),
+                              "source": st.source}
+    if st.conflicts:
+        report["conflicts"] = dict(st.conflicts)
     if args.derive:
-        report["derived"] = list(derived)
+        report["derived"] = list(st.derived)
     if problems:
         report["skipped"] = problems
+    if notes:
+        report["notes"] = notes
     if args.report_json:
         with open(args.report_json, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
-    print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped, {len(approx)} approximate "
-          f"(source: {tr.source})", file=sys.stderr)
+    conflicts = f", {len(st.conflicts)} kept as is (their name was taken)" if st.conflicts else ""
+    print(f"trackbridge: {len(mapped)} keys mapped, {len(unmapped)} unmapped{conflicts}, {len(st.approximate)} "
+          f"approximate (source: {st.source})", file=sys.stderr)
     if problems:
         return ExitCode.PROBLEMS
     if args.strict and unmapped:
@@ -254,7 +262,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------------- mappings
 def cmd_mappings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .schema import docs
+    from . import mappings_views as docs
     from .schema.loader import load_registry
     if args.mcommand is None:
         print("trackbridge mappings: choose an action: list, show NAME, lint [PATH...], docs", file=sys.stderr)

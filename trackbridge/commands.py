@@ -188,7 +188,7 @@ def _replay(args: argparse.Namespace) -> int:
             return ExitCode.OK
     if args.names:
         from .schema.loader import load_registry
-        from .spec import parse_spec
+        from .schema.spec import parse_spec
         parse_spec(args.names, load_registry(args.mappings or None), allow_auto=False)   # SpecError: exit 2
     for target in targets:
         bad = check_destination(target)

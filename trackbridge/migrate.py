@@ -153,7 +153,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
     if names != "keep":                          # ... and on a naming scheme that does not exist
         from .schema.loader import load_registry
-        from .spec import parse_spec
+        from .schema.spec import parse_spec
         reg = load_registry(mappings or None)
         parse_spec(names, reg, allow_auto=False)
         if source not in ("auto", "keep"):

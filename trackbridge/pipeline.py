@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, cast
 
 from .record import Record, RunInfo
 from .translate import Report, Translator
@@ -156,3 +156,36 @@ class Pipeline:
             notes += [n for n in self.translator.notes if n not in notes]
         self.stats.notes = notes
         return notes
+
+
+class Renamer(Protocol):
+    """What :func:`names_translator` returns: called with a canonical record, gives it under the target's names;
+    ``pipeline()`` is the pipeline doing it (None before the first record), with its bookkeeping."""
+
+    def __call__(self, rec: Record) -> Record: ...
+
+    def pipeline(self) -> "Pipeline | None": ...
+
+
+def names_translator(target: str | None, *, mappings: list[str] | None = None,
+                     config: dict[str, Any] | None = None, origin: Any = None,
+                     fidelity: dict[str, str] | None = None) -> Renamer | None:
+    """A function renaming a canonical record to the ``target`` naming (``FRAMEWORK[@VERSION]``) through the one
+    pipeline (derived marks follow their values; the target's trainer and the fidelity are judged from ``origin``,
+    the framework the canonical names came from, a value or a function returning it), or ``None`` when the target is
+    canonical. ``rename.pipeline()`` gives the pipeline (None before the first record) and its bookkeeping."""
+    if not target or target == "canonical":
+        return None
+    state: dict[str, Any] = {}
+
+    def rename(rec: Record) -> Record:
+        pipe = state.get("pipe")
+        if pipe is None:
+            org = origin() if callable(origin) else origin
+            pipe = state["pipe"] = Pipeline("canonical", target, config=config, mappings=mappings, derive=False,
+                                            origin=org, fidelity=fidelity)
+            pipe.setup(())
+        return pipe.one(rec)
+
+    rename.pipeline = lambda: state.get("pipe")        # type: ignore[attr-defined]
+    return cast(Renamer, rename)

@@ -37,55 +37,14 @@ import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, cast
+from typing import Any, Iterator
 
 from .errors import UsageError
+from .logger.pending import pending_file, read_pending, settle_pending, write_pending
+from .pipeline import Renamer, names_translator
 from .record import Record
 from .stream import StreamScan, read_stream, scan_stream
 from .stream import stream_file as spool_file
-
-if TYPE_CHECKING:       # pragma: no cover
-    from .pipeline import Pipeline
-
-
-def pending_file(spool: str | os.PathLike) -> Path:
-    """Where ``finish()`` writes down which trackers lack records of the run in ``spool``."""
-    p = Path(spool)
-    return p.with_name(p.name + ".pending.json")
-
-
-def write_pending(path: Path, run_id: str, entries: list[dict[str, Any]]) -> None:
-    import json
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"run_id": run_id, "sinks": entries}, indent=1, default=str), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_pending(spool: str | os.PathLike) -> list[dict[str, Any]]:
-    """The trackers ``finish()`` left with records missing (``[]`` when none, or no note)."""
-    import json
-    path = pending_file(spool)
-    if not path.is_file():
-        return []
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a readable pending note ({exc})") from None
-    return [e for e in data.get("sinks") or [] if isinstance(e, dict) and e.get("sink")]
-
-
-def settle_pending(spool: str | os.PathLike, done: list[str]) -> None:
-    """Strike the sinks in ``done`` (locators) from the pending note; remove it when none is left."""
-    path = pending_file(spool)
-    left = [e for e in read_pending(spool) if e["sink"] not in done]
-    if not left:
-        if path.exists():
-            path.unlink()
-        return
-    import json
-    run_id = json.loads(path.read_text(encoding="utf-8")).get("run_id", "")
-    write_pending(path, run_id, left)
-
 
 # The spool is the canonical stream: read it as trackbridge.stream reads every stream (one definition of the
 # record numbers, the last step and the lines skipped).
@@ -98,40 +57,6 @@ def iter_spool(path: str | os.PathLike, *, start: int = 0, stop: int | None = No
     """``(seq, record)`` for the spool's records, ``seq`` counting record lines from 0; only ``start <= seq <
     stop``. Streams the file (:func:`trackbridge.stream.read_stream`)."""
     return read_stream(path, start=start, stop=stop, problems=problems)
-
-
-class Renamer(Protocol):
-    """What :func:`names_translator` returns: called with a canonical record, gives it under the target's names;
-    ``pipeline()`` is the pipeline doing it (None before the first record), with its bookkeeping."""
-
-    def __call__(self, rec: Record) -> Record: ...
-
-    def pipeline(self) -> "Pipeline | None": ...
-
-
-def names_translator(target: str | None, *, mappings: list[str] | None = None,
-                     config: dict[str, Any] | None = None, origin: Any = None,
-                     fidelity: dict[str, str] | None = None) -> Renamer | None:
-    """A function renaming a canonical record to the ``target`` naming (``FRAMEWORK[@VERSION]``) through the one
-    pipeline (derived marks follow their values; the target's trainer and the fidelity are judged from ``origin``,
-    the framework the canonical names came from, a value or a function returning it), or ``None`` when the target is
-    canonical. ``rename.pipeline()`` gives the pipeline (None before the first record) and its bookkeeping."""
-    if not target or target == "canonical":
-        return None
-    from .pipeline import Pipeline
-    state: dict[str, Any] = {}
-
-    def rename(rec: Record) -> Record:
-        pipe = state.get("pipe")
-        if pipe is None:
-            org = origin() if callable(origin) else origin
-            pipe = state["pipe"] = Pipeline("canonical", target, config=config, mappings=mappings, derive=False,
-                                            origin=org, fidelity=fidelity)
-            pipe.setup(())
-        return pipe.one(rec)
-
-    rename.pipeline = lambda: state.get("pipe")        # type: ignore[attr-defined]
-    return cast(Renamer, rename)
 
 
 @dataclass

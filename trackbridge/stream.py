@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from .record import Record, RunInfo, dumps, encode_value
+from .values import printable
 
 if TYPE_CHECKING:       # pragma: no cover
     from .holdings import Holdings
@@ -363,7 +364,6 @@ class StreamWriter:
             return (dumps(rec.to_json()) + "\n").encode("utf-8").decode("utf-8")
         except (TypeError, ValueError):
             pass
-        from .sinks.base import printable
         keep = {}
         for k, v in rec.metrics.items():
             try:

@@ -171,7 +171,7 @@ def _key_problem(k: Any, prefix: str) -> str | None:
         where = f" under {prefix.rstrip('/')!r}" if prefix else ""
         return f"metric {prefix + k!r}: an empty metric name{where} cannot be stored by a tracker"
     if not utf8_ok(k):
-        return (f"metric {(prefix + k).encode('utf-8', 'backslashreplace').decode()!r}: the name holds a lone "
+        return (f"metric {printable(prefix + k)!r}: the name holds a lone "
                 f"surrogate (invalid Unicode), which no tracker can store")
     if len(_GOOD_KEYS) >= _GOOD_KEYS_MAX:
         _GOOD_KEYS.clear()
@@ -289,7 +289,9 @@ def as_step(step: Any) -> int | None:
 
 
 # -- the run's config: made JSON before any sink sees it ----------------------------------------------------------
-def _fix_text(text: str) -> str:
+def printable(text: str) -> str:
+    """``text`` safe to print or store as UTF-8 (a lone surrogate becomes a ``\\udXXX`` escape): the one text-safety
+    helper of the package (the canonical stream's writer, the sinks' messages, the run config)."""
     return text if utf8_ok(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -298,7 +300,7 @@ def _config_value(v: Any, path: str, notes: list[tuple[str, str]], depth: int = 
     if v is None or t is bool or t is int or t is str:
         if t is str and not utf8_ok(v):
             notes.append((path, f"config {path!r}: a lone surrogate in the text was written as a \\u escape"))
-            return _fix_text(v)
+            return printable(v)
         return v
     if t is float:
         if v - v == 0.0:
@@ -308,13 +310,13 @@ def _config_value(v: Any, path: str, notes: list[tuple[str, str]], depth: int = 
         return text
     if depth > 50:
         notes.append((path, f"config {path!r}: nested too deep; stored as its repr()"))
-        return _fix_text(repr(v)[:2000])
+        return printable(repr(v)[:2000])
     if isinstance(v, dict):
         out: dict[str, Any] = {}
         for k, x in v.items():
             key = k if type(k) is str else (str(k) if isinstance(k, (str, int, float, bool)) or k is None else repr(k))
             if not utf8_ok(key):
-                key = _fix_text(key)
+                key = printable(key)
                 notes.append((key, f"config {key!r}: a lone surrogate in the key was written as a \\u escape"))
             sub = f"{path}.{key}" if path else key
             if key is not k and not isinstance(k, (str, int, float, bool)) and k is not None:
@@ -336,7 +338,7 @@ def _config_value(v: Any, path: str, notes: list[tuple[str, str]], depth: int = 
         return _config_value(base(v), path, notes, depth + 1)
     import os
     if isinstance(v, os.PathLike):
-        return _fix_text(os.fspath(v) if not isinstance(os.fspath(v), bytes) else repr(os.fspath(v)))
+        return printable(os.fspath(v) if not isinstance(os.fspath(v), bytes) else repr(os.fspath(v)))
     item = getattr(v, "item", None)
     if callable(item) and _size(v) in (None, 1):
         try:
@@ -354,7 +356,7 @@ def _config_value(v: Any, path: str, notes: list[tuple[str, str]], depth: int = 
     except Exception:
         text = f"<{_describe(v)}>"
     notes.append((path, f"config {path!r}: a {_describe(v)} is not JSON; stored as its repr() {text[:80]!r}"))
-    return _fix_text(text)
+    return printable(text)
 
 
 def _flat_names(config: dict[str, Any], sep: str, prefix: str, owner: str, seen: dict[str, str],

@@ -17,7 +17,7 @@ import pytest
 
 from trackbridge.detect import detect
 from trackbridge.schema.loader import load_registry
-from trackbridge.spec import parse_spec
+from trackbridge.schema.spec import parse_spec
 from trackbridge.translate import Translator
 
 from _support import DATA

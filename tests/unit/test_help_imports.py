@@ -61,5 +61,5 @@ def test_import_trackbridge_is_light_and_translate_is_the_function():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     before, same = out.stdout.strip().splitlines()
-    assert before == "['trackbridge', 'trackbridge.errors']"
+    assert before == "['trackbridge', 'trackbridge._version', 'trackbridge.errors']"
     assert same == "True trackbridge.translate True"

@@ -4,6 +4,10 @@
   ``if TYPE_CHECKING:`` are left out (they never run). Importing ``a.b.c`` counts as importing ``a.b.c`` and the
   packages ``a.b`` it lives in (Python runs their ``__init__`` first), except the importing module's own packages;
 * no tracker folder (``trackbridge/trackers/<name>/``) imports another tracker's folder;
+* the layers (:data:`LAYERS`, lowest first): no module imports a module of a higher layer, deferred imports included
+  (design.md "Layers"; issue 20 moved the last five that climbed: the naming-scheme specs into ``schema/``, the
+  ``mappings`` views up beside the CLI, the version into a leaf, the text-safety helper out of ``sinks.base``, the
+  renaming pipeline and the pending note out of the ``replay`` command);
 * the core (``schema/``, ``translate.py``, ``derive/``, ``record.py``, ``pipeline.py``, ``holdings.py`` and the
   logger, ``logger/``) imports no tracker module when it is imported (imports inside functions run later and are
   not followed here; a subprocess checks the same on ``sys.modules``), and names no tracker and no framework in its
@@ -139,6 +143,56 @@ def _tracker_of(mod: str) -> str | None:
 
 def _is_core(mod: str) -> bool:
     return any(mod == c or mod.startswith(c + ".") for c in CORE)
+
+
+# Layers, lowest first: a module may import its own layer and the layers below it, never one above (every import,
+# deferred ones too; a package counts as its top-level name under trackbridge: trackbridge.schema.loader is "schema").
+LAYERS: list[set[str]] = [
+    {"_version", "errors", "exitcodes"},                        # leaves
+    {"record", "values", "_rank"},                              # the record and its values
+    {"schema"},                                                 # the facts: load, check, compile; specs
+    {"detect", "derive"},                                       # detection, the derived-rule engine
+    {"translate"},                                              # the translation stages
+    {"pipeline", "stream", "holdings"},                         # records through the stages; the canonical stream
+    {"sinks", "sources", "trackers", "locators", "catchup", "ledger"},   # trackers and readers
+    {"logger"},                                                 # the logger
+    {"integrations"},                                           # trainers' callbacks
+    {"replay", "migrate", "compare", "inputs", "demo", "mappings_views"},   # the capabilities at the edge
+    {"commands", "cli"},                                        # the command line
+    {"__main__", ""},                                           # the package face
+]
+
+
+def _layer(mod: str) -> int:
+    name = mod.split(".")[1] if "." in mod else ""
+    for i, names in enumerate(LAYERS):
+        if name in names:
+            return i
+    raise AssertionError(f"{mod} is in no layer: add it to LAYERS")
+
+
+def test_every_module_is_in_a_layer_and_none_imports_upward():
+    edges = _edges(at_import_only=False)
+    assert len(edges) > 80
+    upward = sorted(f"{m} -> {t}" for m, targets in edges.items() for t in targets if _layer(t) > _layer(m))
+    assert upward == []
+
+
+def test_the_five_moves_that_stopped_climbing_stay():
+    """Named, so that a new import that climbs the same way fails with its reason."""
+    edges = _edges(at_import_only=False)
+    schema = {m: t for m, t in edges.items() if m.startswith("trackbridge.schema")}
+    outside = sorted(f"{m} -> {x}" for m, ts in schema.items() for x in ts
+                     if not x.startswith("trackbridge.schema") and x not in ("trackbridge.errors",
+                                                                            "trackbridge._version"))
+    assert outside == [], "the schema layer reads and compiles the facts; printing views live in mappings_views"
+    assert "trackbridge.spec" not in MODULES, "naming-scheme specs live in trackbridge.schema.spec"
+    assert "trackbridge" not in edges["trackbridge.schema.cache"], "the version is in the leaf trackbridge._version"
+    logger = sorted(f"{m} -> {x}" for m, ts in edges.items() if m.startswith("trackbridge.logger") for x in ts
+                    if x.split(".")[1] in ("replay", "migrate", "compare", "commands", "cli", "demo"))
+    assert logger == [], "the logger renames through trackbridge.pipeline and keeps its pending note in logger/"
+    stream = sorted(x for x in edges["trackbridge.stream"] if x.split(".")[1] in ("sinks", "sources", "trackers"))
+    assert stream == [], "the canonical stream's writer uses trackbridge.values.printable"
 
 
 def test_no_import_cycle():

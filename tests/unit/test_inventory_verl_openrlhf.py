@@ -413,7 +413,7 @@ def test_inventory_key_covered(framework, label, key, first, last, trainer):
         before = len(tr.notes)
         res = tr.translate({key: 1.0})
         assert not res.unmapped, f"engine leaves {key!r} unmapped for {framework}/{trainer}@{release}"
-        assert len(tr.notes) == before, tr.notes[before:]
+        assert not [n for n in tr.notes[before:] if "are not logged by" in n], tr.notes[before:]
 
 
 _ENGINES: dict = {}

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from trackbridge.detect import detect
 from trackbridge.schema.loader import build_registry
-from trackbridge.spec import SpecError
+from trackbridge.schema.spec import SpecError
 from trackbridge.translate import Translator
 
 CANON = textwrap.dedent("""\

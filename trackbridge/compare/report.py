@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from .. import __version__ as _tb_version
+from .._version import __version__ as _tb_version
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
 from .plot import Chart, Line, draw

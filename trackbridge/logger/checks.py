@@ -29,10 +29,10 @@ def make_translator(source: str, mappings: list[str] | None, config: dict[str, A
         raise UsageError(f"init({what}): cannot build the translation: {exc}") from exc
 
 
-def derive_hook(translator: Translator) -> DeriveHook | None:
-    """The translator's derive step (run after the step is known): ``hook(translation, step, wall_time)`` fills
+def derive_hook(translator: Translator) -> DeriveHook:
+    """The translator's derive stage (run after the step is known): ``hook(translation, step, wall_time)`` fills
     ``translation.metrics`` in place and sets ``translation.derived``."""
-    return getattr(translator, "apply_derive", None)
+    return translator.apply_derive
 
 
 def validate_call(metrics: object, step: object, axis: object = None) -> tuple[dict[str, Any], list[str], int | None]:

@@ -6,7 +6,6 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..schema.model import STEP_AXIS as STEP_AXIS  # the canonical name of the tracker step (canonical.yaml axes)
-from ..values import utf8_ok
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..record import RunInfo
@@ -50,6 +49,3 @@ class RunView:
         return self.info.config
 
 
-def fix_text(text: str) -> str:
-    """``text`` with lone surrogates escaped, so that it can be written as UTF-8 anywhere."""
-    return text if utf8_ok(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..pipeline import names_translator
 from ..record import RunInfo
-from ..replay import names_translator, pending_file, write_pending
 from ..sinks.base import Sink
 from ..stream import read_stream, scan_stream, stream_file
-from ..values import sanitize_config
+from ..values import printable, sanitize_config
 from .checks import (
     check_packages,
     choose_writer,
@@ -31,9 +31,10 @@ from .checks import (
     ready_for_shutdown,
     validate_call,
 )
-from .common import STOP, RunView, fix_text, warn
+from .common import STOP, RunView, warn
 from .dispatch import Dispatcher
 from .options import LoggerOptions
+from .pending import pending_file, write_pending
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
 from .worker import RunContext, sync_run_info
@@ -96,9 +97,7 @@ class Run(RunView):
         derive_fn = derive_hook(translator) if derive else None
         if derive_fn is not None and self.resume and scan.records:
             # stateful derived rules (delta, rate, ema ...) continue from the history kept in the spool
-            warm = getattr(translator, "warm_derive", None)
-            if warm is not None:
-                warm(rec for _seq, rec in read_stream(self.spool_path))
+            translator.warm_derive(rec for _seq, rec in read_stream(self.spool_path))
 
         # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
         spool_sink = SpoolFile(self.spool_path, fsync=spool_fsync)
@@ -404,9 +403,9 @@ class Run(RunView):
             info: RunInfo = copy.deepcopy(dataclasses.replace(src, config={}, extra={}))
             info.config = config
             info.extra, _ = sanitize_config(src.extra)
-            info.name = fix_text(info.name) if isinstance(info.name, str) else info.name
-            info.project = fix_text(info.project) if isinstance(info.project, str) else info.project
-            info.tags = {fix_text(str(k)): fix_text(v if isinstance(v, str) else str(v))
+            info.name = printable(info.name) if isinstance(info.name, str) else info.name
+            info.project = printable(info.project) if isinstance(info.project, str) else info.project
+            info.tags = {printable(str(k)): printable(v if isinstance(v, str) else str(v))
                          for k, v in (info.tags or {}).items()}
         return info
 

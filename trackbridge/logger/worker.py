@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from ..record import Record, RunInfo
 from ..sinks.base import Sink
-from .common import STOP, fix_text, log, warn
+from ..values import printable
+from .common import STOP, log, warn
 from .options import LoggerOptions
 
 
@@ -242,7 +243,7 @@ class Worker:
         def split(rec: Record, items: list[tuple[str, Any]]) -> None:
             if len(items) <= 1:
                 why = (self.last_error or "refused")[:300]
-                bad.append((fix_text(items[0][0]) if items else "step", rec.step, why))
+                bad.append((printable(items[0][0]) if items else "step", rec.step, why))
                 return
             half = len(items) // 2
             a, b = items[:half], items[half:]

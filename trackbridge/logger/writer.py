@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..pipeline import names_translator
 from ..record import Record, RunInfo
-from ..replay import names_translator
 from ..stream import StreamTail
 from .common import warn
 from .options import LoggerOptions

@@ -24,7 +24,7 @@ def cache_key(files: list[str]) -> str | None:
     import hashlib
     import sys
 
-    from .. import __version__
+    from .._version import __version__
     h = hashlib.sha256(f"{__version__}|{sys.version}|{__file__}".encode())
     here = Path(__file__).parent
     try:

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..errors import TrackBridgeError
 from .yamlfile import MappingError, line_of
 
 #: True: an entry that states no ``reduce:`` (the legacy hand-written ``fidelity``/``differs``/``reason``) is an error
@@ -183,7 +184,7 @@ class LevelCount:
 
 
 # ------------------------------------------------------------------------------------------------ count expressions
-class CountError(ValueError):
+class CountError(TrackBridgeError, ValueError):
     pass
 
 

@@ -69,15 +69,6 @@ def step_ok(step: int | None) -> bool:
     return step is None or STEP_MIN <= step <= STEP_LIMIT
 
 
-def printable(text: str) -> str:
-    """``text`` safe to print or store as UTF-8 (a lone surrogate becomes a ``\\udXXX`` escape)."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 class Sink(ABC):
     """Base class of every tracker sink. Subclasses set ``kind`` and ``capabilities``."""
 

@@ -1,7 +1,10 @@
 """Hub-and-spoke translation of logged metric dicts.
 
-Every translation goes source -> canonical -> target. A key is looked up once per :class:`Translator` and its plan
-(output name, value transform, fidelity) is cached, so translating a dict is one dictionary lookup per key.
+Every translation goes source -> canonical -> target, in stages (:mod:`.translator`): resolve the source and the
+target (:mod:`.resolve`), translate the names through the compiled name map of the two (:mod:`.names`; fidelity
+computed from the entries' stated reductions, :mod:`.fidelity`), derive what the source did not log
+(:mod:`.derived`), rename into the target. A key is compiled once per map, so translating a dict is one dictionary
+lookup per key.
 Tracker prefixes (``train/``, ``eval/``, ``eval_`` ...) are understood and kept as a split: canonical names of eval
 records carry an ``eval/`` prefix, and a framework target gets its own eval prefix back. Unknown keys pass through
 unchanged and are reported; nothing is dropped.
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping
 
-from ..spec import SpecError
+from ..schema.spec import SpecError
 from .entries import flatten_config
 from .report import Report, Translation
 from .translator import Translator
@@ -47,7 +50,7 @@ def translate(metrics: Mapping[str, Any], source: str = "auto", target: str = "c
                 _COMPILED.popitem(last=False)
     else:
         _COMPILED.move_to_end(key)
-    if tr._needs_detection():
+    if tr.needs_detection:
         # the detection depends only on the keys (and the config in the key): a translator pinned to what these
         # keys detect is reused for the same key set
         try:
@@ -57,14 +60,12 @@ def translate(metrics: Mapping[str, Any], source: str = "auto", target: str = "c
         pinned = _COMPILED.get(k2) if k2 is not None else None
         if pinned is None:
             pinned = tr.fresh()
-            pinned._maybe_detect(metrics)
-            pinned._pinned = pinned._src is not None
-            if k2 is not None and pinned._pinned:
+            if not pinned.pin_source(metrics):
+                return pinned.translate(metrics)        # nothing detected: names pass through, and it says so
+            if k2 is not None:
                 _COMPILED[k2] = pinned
                 while len(_COMPILED) > _COMPILED_MAX:
                     _COMPILED.popitem(last=False)
-            else:
-                return pinned.translate(metrics)
         tr = pinned
     return tr.fresh().translate(metrics)
 

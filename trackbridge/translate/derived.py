@@ -1,98 +1,115 @@
-"""The translator's derived metrics: computed in canonical space by the derived rules, written under the target's
-names, never over a logged value."""
+"""Stage 3 of a translation: derive, in canonical space, what the source did not log, and rename it into the target
+(never over a logged value). A value derived from an approximate input is approximate, with the input's reason;
+one renamed into a target name that is not the canonical quantity carries that name's reason too."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from ..record import Record
-from .entries import reason_of, split_canonical
+from ..schema.loader import Registry
+from .entries import split_canonical
+from .names import NameMap
 from .report import Translation
-from .state import State
 
 
-class Deriving(State):
-    # ------------------------------------------------------------------------------------------------ derive
-    def apply_derive(self, res: Translation, step: int | None = None, wall_time: float | None = None) -> None:
-        """Add derived metrics to ``res`` (already translated by this translator, without ``derive``): computed in
-        canonical space, written under the target's names, never over a logged value, listed in ``res.derived``
-        and, when their inputs were approximate, in ``res.approximate``. The logger calls this once the step is
-        known; ``translate(derive=True)`` calls it itself."""
+class DeriveStage:
+    """The derived rules of one run (their history: ``delta``, ``rate``, ``ema`` ...), built on first use."""
+
+    def __init__(self, registry: Registry, mapping_paths: list[str], config: Mapping[str, Any],
+                 source: str | None) -> None:
+        self.registry, self.mapping_paths = registry, mapping_paths
+        self.config, self.source = dict(config), source
+        self._deriver: Any = None
+        self._built = False
+
+    @property
+    def deriver(self) -> Any:
+        if not self._built:
+            self._built = True
+            try:
+                from ..derive import make_deriver
+            except ImportError:         # pragma: no cover - the derive package ships with the core
+                return None
+            self._deriver = make_deriver(self.registry, self.mapping_paths, config=self.config, source=self.source)
+        return self._deriver
+
+    def carry_from(self, old: "DeriveStage | None") -> None:
+        """Continue the stateful rules' history of ``old`` (the source was detected anew mid-run)."""
+        if old is not None and old._deriver is not None and self.deriver is not None:
+            self.deriver.from_state(old._deriver.to_state())
+
+    def canonical_view(self, res: Translation, names: NameMap) -> dict[str, Any]:
+        """A translated dict's values by canonical name (what the rules read)."""
         canon: dict[str, Any] = {}
+        plans = names.plans
+        renamed_to = set(res.renamed.values())
         for key, value in res.metrics.items():
-            plan = self._plans.get(key)
-            if key in res.renamed.values():
+            if key in renamed_to:
                 continue
+            plan = plans.get(key)
             canon[key if plan is None else plan.canonical] = value
         for key, out in res.renamed.items():
-            plan = self._plans.get(key)
+            plan = plans.get(key)
             if plan is not None and out in res.metrics:
                 val = res.metrics[out]
                 canon.setdefault(plan.canonical, plan.rev.to_canonical(val) if plan.rev is not None else val)
-        self._derive_into(res, canon, step, wall_time)
+        return canon
 
-    def _derive_into(self, res: Translation, canon: dict[str, Any], step: int | None,
-                     wall_time: float | None) -> None:
-        d = self._get_deriver()
+    def run(self, res: Translation, canon: dict[str, Any], names: NameMap, note: Callable[[str], None],
+            input_fidelity: Mapping[str, str], step: int | None, wall_time: float | None) -> None:
+        """Add derived values to ``res`` (in the target's names; listed in ``res.derived``, and in
+        ``res.approximate`` when an input was approximate or the target name is not the canonical quantity)."""
+        d = self.deriver
         if d is None:
             return
-        d.fidelity.update(self._canonical_fidelity(res))
+        d.fidelity.update(self._canonical_fidelity(res, names, input_fidelity))
         new = d.apply(canon, step=step, wall_time=wall_time)
-        target_is_canonical = self.target_spec.kind == "canonical"
         for name in new:
             value = canon[name]
-            if target_is_canonical:
-                out, rev = self._canonical_out(name), None
+            why_target = None
+            if names.target.kind == "canonical":
+                out = names.canonical_out(name)
             else:
                 split, base = split_canonical(name)
-                hit = self._reverse(base)
+                hit = names.reverse(base)
                 if hit is None:
-                    out, rev = name, None
-                    note = (f"{self.target_spec.describe(self.registry)} has no name for derived {base!r}; kept the "
-                            f"canonical name")
-                    if note not in self.notes:
-                        self.notes.append(note)
+                    out = name
+                    note(f"{names.target.describe(self.registry)} has no name for derived {base!r}; kept the "
+                         "canonical name")
                 else:
                     rev = hit[0]
-                    out = self._framework_out(rev, hit[1], split)
+                    out = names.framework_out(rev, hit[1], split)
                     value = rev.from_canonical(value)
+                    why_target = names.against_reference(rev, base, "target", out)
             if out in res.metrics:
                 continue                       # logged under the target's name: a derived value never overwrites
             res.metrics[out] = value
             res.derived.append(out)
-            reasons = [r for r in (d.approximate.get(name), reason_of(rev)) if r]
+            reasons = [r for r in (d.approximate.get(name), why_target) if r]
             if reasons:
                 res.approximate[out] = "; ".join(dict.fromkeys(reasons))
         for n in getattr(d, "notes", []):
-            if n not in self.notes:
-                self.notes.append(n)
+            note(n)
 
-    def _canonical_fidelity(self, res: Translation) -> dict[str, str]:
-        """The approximations of this dict's inputs, by canonical name (what the deriver judges its inputs by)."""
-        out = dict(self.input_fidelity) if self.source_spec.kind == "canonical" else {}
-        for key, name in res.renamed.items():
-            plan = self._plans.get(key)
-            if plan is not None and plan.fwd is not None and not plan.fwd.exact:
-                out[plan.canonical] = reason_of(plan.fwd) or "approximate"
+    @staticmethod
+    def _canonical_fidelity(res: Translation, names: NameMap, input_fidelity: Mapping[str, str]) -> dict[str, str]:
+        """The approximations of this dict's inputs, by canonical name (what the rules judge their inputs by)."""
+        out = dict(input_fidelity) if names.source.kind == "canonical" else {}
+        plans = names.plans
+        for key in [*res.renamed, *(k for k in res.metrics if k not in res.renamed)]:
+            plan = plans.get(key)
+            if plan is not None and plan.fwd is not None and plan.canon_reason:
+                out[plan.canonical] = plan.canon_reason
         return out
 
-    def warm_derive(self, records: Iterable[Record]) -> int:
-        """Feed earlier canonical records to the stateful derived rules (``delta``, ``rate`` ...) without producing
-        output, so that a resumed run continues with the right history. Returns the number of records seen."""
-        d = self._get_deriver()
-        n = 0
+    def warm(self, records: Iterable[Record]) -> int:
+        """Feed earlier canonical records to the stateful rules without producing output (a resumed run continues
+        with the right history). Returns the number of records seen."""
+        d = self.deriver
         if d is None:
             return 0
+        n = 0
         for rec in records:
             d.apply(dict(rec.metrics), step=rec.step, wall_time=rec.wall_time)
             n += 1
         return n
-
-    def _get_deriver(self) -> Any:
-        if self._deriver is None:
-            try:
-                from ..derive import make_deriver
-            except ImportError:
-                return None
-            self._deriver = make_deriver(self.registry, self._mapping_paths, config=self.translate_config(),
-                                         source=self.source_spec_text)
-        return self._deriver

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..schema.facts import SPLITS  # canonical.yaml splits: train (the default, no prefix), eval/, test/
-from ..schema.loader import Registry
 from ..schema.model import Entry, FrameworkMapping
-from ..spec import Spec, SpecError, parse_spec
 
 
 @dataclass(frozen=True)
@@ -18,8 +16,10 @@ class Plan:
     canonical: str                    # canonical key (with split prefix)
     fwd: Entry | None                 # source entry (None: input was canonical)
     rev: Entry | None                 # target entry (None: target is canonical)
-    approx: str | None                # reason, or None if exact
+    approx: str | None                # why the output is not the input's quantity (None: exact)
     note: str | None = None
+    canon_reason: str | None = None   # why the input is not the canonical quantity (what derived values inherit)
+    marks: "Marks | None" = None      # what the run's notes need from this key (None for most keys)
     # compiled in __post_init__
     to_canon: Callable[[Any], Any] | None = field(init=False, repr=False, compare=False)
     conv: Callable[[Any], Any] | None = field(init=False, repr=False, compare=False)
@@ -42,6 +42,16 @@ class Plan:
         object.__setattr__(self, "primary", self.fwd is None or self.fwd.reverse)
 
 
+@dataclass(frozen=True)
+class Marks:
+    """What a key contributes to the run's notes, each said once for the whole run (not once per key)."""
+
+    outside: bool = False                              # translated with the nearest release's or trainer's entry
+    no_target_name: bool = False                       # the target has no name: the canonical name kept
+    defaults: tuple[tuple[str, str, Any], ...] = ()    # (framework, config key, value): defaults its fidelity read
+    unset: tuple[str, ...] = ()                        # config keys the run config lacks that would change its meaning
+
+
 Hit = tuple[Entry, "dict[str, str] | None"]     # an entry and the placeholder values its template matched
 NOT_PLANNED: Any = object()       # a key not planned yet (None: planned, no translation)
 
@@ -50,21 +60,7 @@ def split_canonical(key: str) -> tuple[str | None, str]:
     return SPLITS.split_canonical(key)
 
 
-
-def parse_origin(origin: str | None, registry: Registry) -> Spec | None:
-    """The framework spec a canonical stream was translated from (``RunInfo.source``, perhaps with a
-    ``(detected, ...)`` remark); None when unknown or canonical."""
-    if not origin:
-        return None
-    text = str(origin).split(" (", 1)[0].strip()
-    try:
-        sp = parse_spec(text, registry)
-    except SpecError:
-        return None
-    return sp if sp.kind == "framework" else None
-
-
-def owner(metrics: Mapping[str, Any], plans: dict[str, Plan | None], out: str, before: str,
+def owner(metrics: Mapping[str, Any], plans: Mapping[str, Plan | None], out: str, before: str,
            conflicts: Mapping[str, str]) -> tuple[str, Any, bool]:
     """The input key (and its value, and whether its entry is primary) that holds ``out`` when ``before`` clashes
     with it: looked up only on a clash, which is rare, so the loop keeps no per-key record of it."""

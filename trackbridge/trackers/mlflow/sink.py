@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...record import Histogram, Record, RunInfo
 from ...sinks import _sanitize
-from ...sinks.base import Capabilities, Sink, SinkError, Unreachable, check_reachable, printable, step_ok
-from ...values import utf8_ok
+from ...sinks.base import Capabilities, Sink, SinkError, Unreachable, check_reachable, step_ok
+from ...values import printable, utf8_ok
 from .bulk import BulkWriter
 from .client import (
     TAG_DERIVED,

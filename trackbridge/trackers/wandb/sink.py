@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from ...record import Histogram, Record, RunInfo
-from ...sinks.base import Capabilities, Sink, SinkError, printable
-from ...values import utf8_ok
+from ...sinks.base import Capabilities, Sink, SinkError
+from ...values import printable, utf8_ok
 from .records import META_KEY, STEP_KEY, has_exit_record, run_files
 
 MAX_BINS = 512

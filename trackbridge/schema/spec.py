@@ -5,12 +5,13 @@ Examples: ``trl/grpo@0.14.0``, ``trl@1.16.0``, ``trl-legacy``, ``verl@0.4.1``, `
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from .errors import TrackBridgeError
-from .schema.loader import Registry
-from .schema.versions import VersionError
-from .schema.yamlfile import MappingError
+from ..errors import TrackBridgeError
+from .loader import Registry
+from .versions import VersionError, version_key
+from .yamlfile import MappingError
 
 
 class SpecError(TrackBridgeError, ValueError):
@@ -28,6 +29,7 @@ class Spec:
     hi: float = float("inf")
     version: str | None = None      # the release asked for, as written
     canonical_version: str | None = None
+    note: str | None = field(default=None, compare=False)   # a release asked for that trackbridge does not list
 
     def describe(self, registry: Registry | None = None) -> str:
         """The spec as text; with a registry, a release range is named by its first and last release."""
@@ -80,16 +82,43 @@ def parse_spec(text: str, registry: Registry, *, allow_auto: bool = True) -> Spe
         lo = fw.release_index(str(alias["since"]))
     if alias.get("until"):
         hi = fw.release_index(str(alias["until"]))
+    notes: list[str] = []
     if version:
         try:
             if ".." in version:
                 a, _, b = version.partition("..")
-                lo, hi = fw.release_index(a), fw.release_index(b)
+                lo, hi = _release(fw, a.strip(), raw, notes), _release(fw, b.strip(), raw, notes)
             else:
-                lo = hi = fw.release_index(version)
+                lo = hi = _release(fw, version, raw, notes)
         except (VersionError, MappingError) as exc:
             raise SpecError(f"{raw!r}: {exc}") from None
-        if hi < 0:
-            raise SpecError(f"{raw!r}: {version} is older than the first {fw_name} release trackbridge knows "
-                            f"({fw.releases[0]})")
-    return Spec("framework", framework=fw_name, trainer=trainer or None, lo=lo, hi=hi, version=version)
+        if lo > hi:
+            raise SpecError(f"{raw!r}: the range runs backwards")
+    return Spec("framework", framework=fw_name, trainer=trainer or None, lo=lo, hi=hi, version=version,
+                note="; ".join(notes) or None)
+
+
+def _release(fw: Any, version: str, raw: str, notes: list[str]) -> float:
+    """The release index of ``version`` (see ``FrameworkMapping.release_index``), with what trackbridge says about
+    a release it does not list: one older than the first, or of a newer major version than the newest, is a usage
+    error naming the known range (its names may differ entirely); one between two listed releases is read as the
+    one before it, and one newer than the newest of the same major version as the newest, with a note each."""
+    known = f"trackbridge knows {fw.name} {fw.releases[0]}..{fw.releases[-1]}"
+    if not version:
+        raise SpecError(f"{raw!r}: empty release; {known}")
+    idx = fw.release_index(version)
+    if fw.has_release(version):
+        return idx
+    if idx < 0:
+        raise SpecError(f"{raw!r}: {version} is older than the first {fw.name} release trackbridge knows; {known}")
+    newest = fw.releases[-1]
+    if version_key(version) > version_key(newest):
+        if version_key(version)[:1] != version_key(newest)[:1]:
+            raise SpecError(f"{raw!r}: {version} is a newer major version than any {fw.name} release trackbridge "
+                            f"knows ({known}); its names may differ: give a known release, or update trackbridge")
+        notes.append(f"{fw.name} {version} is newer than the newest release trackbridge knows ({newest}): read "
+                     f"with {newest}'s names; keys added since are passed through and reported")
+        return idx
+    notes.append(f"{fw.name} {version} is not a release trackbridge knows ({known}): read as "
+                 f"{fw.release_name(idx)}, the release before it")
+    return idx

@@ -1,18 +1,20 @@
-"""Human-readable views of the mappings: ``mappings list``, ``show``, ``lint`` and the generated reference page."""
+"""Human-readable views of the mappings: ``trackbridge mappings list``, ``show``, ``lint`` and the generated reference
+page (docs/metrics.md). They print, and lint reads the derived rules too, so they live beside the CLI, above the
+schema layer they read."""
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
 
-from .loader import Registry, build_registry, shipped_files
-from .model import Entry, FrameworkMapping, condition_value_text
-from .yamlfile import MappingError, MappingErrors
+from .schema.loader import Registry, build_registry, shipped_files
+from .schema.model import Entry, FrameworkMapping, condition_value_text
+from .schema.yamlfile import MappingError, MappingErrors
 
 
 def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | None = None) -> int:
     """Check the shipped mappings plus ``paths``; print every problem as ``file:line: entry: message``. Entries whose
     reduction is unstated are warnings (one line per file, or each with ``unstated``), errors with
-    ``require_reduction`` (default: :data:`~.reductions.REQUIRE_REDUCTION`)."""
+    ``require_reduction`` (default: :data:`~trackbridge.schema.reductions.REQUIRE_REDUCTION`)."""
     try:
         reg = build_registry(shipped_files(), [str(p) for p in paths], require_reduction=require_reduction)
     except MappingErrors as exc:
@@ -24,7 +26,7 @@ def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | 
         print(str(exc), file=sys.stderr)
         return 2
     # derived rules: the schema errors of every file, then their meaning
-    from ..derive import lint_rules
+    from .derive import lint_rules
     try:
         n_rules = lint_rules(reg, [str(p) for p in paths])
     except MappingError as exc:            # RuleError / RuleErrors (a MappingError), or the registry's
@@ -58,6 +60,24 @@ def _warn_unstated(reg: Registry, *, each: bool) -> None:
               file=sys.stderr)
 
 
+def fidelity_text(reg: Registry, e: Entry, sep: str = ": ") -> str:
+    """An entry's fidelity against its canonical name as a reader sees it: hand-written (legacy), or computed from
+    its stated reduction under the framework's defaults at the newest release it covers (what a run whose config
+    says nothing gets; a run's own config may change it)."""
+    if e.reduce is None:
+        return "exact" if e.exact else f"approximate{sep}{e.reason}"
+    from .translate.fidelity import judge, reference, resolve
+    fw = reg.frameworks[e.framework]
+    newest = float(min(e.until, len(fw.releases) - 1))
+    r = resolve(e, fw, None, newest, newest, {})
+    metric = reg.canonical.find(e.canonical)
+    ref = reference(metric) if metric is not None else None
+    if r is None or ref is None:
+        return "approximate (no reference reduction to compare with)"
+    why = judge(r, ref)
+    return "exact (default config)" if why is None else f"approximate (default config){sep}{why}"
+
+
 def _range(fw: FrameworkMapping, e: Entry) -> str:
     lo = fw.release_name(e.since)
     hi = "now" if e.until == float("inf") else fw.release_name(int(e.until))
@@ -79,7 +99,7 @@ def listing(reg: Registry) -> str:
 
 def show(reg: Registry, name: str) -> str | None:
     """A framework, alias or FRAMEWORK/TRAINER[@VERSION] (its names), or a canonical metric (every framework's name)."""
-    from ..spec import SpecError, parse_spec
+    from .schema.spec import SpecError, parse_spec
     spec = None
     if reg.resolve_alias(name.partition("/")[0].partition("@")[0]) is not None:
         try:
@@ -96,7 +116,7 @@ def show(reg: Registry, name: str) -> str | None:
         for e in fw.entries:
             if not e.applies(trainer, lo, hi):
                 continue
-            fid = "exact" if e.exact else f"approximate ({e.reason})"
+            fid = fidelity_text(reg, e)
             tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""
             lines.append(f"{e.key:45s} -> {e.canonical:40s} {_range(fw, e)}{tr}  {fid}")
         return "\n".join(lines)
@@ -111,11 +131,12 @@ def show(reg: Registry, name: str) -> str | None:
     lines = renamed + [f"# {metric.name}", metric.description, f"unit: {metric.unit}; kind: {metric.kind}; "
              f"better: {metric.better}" + (f"; estimator: {metric.estimator}" if metric.estimator else "")
              + (f"; reduction: {metric.reduction}" if metric.reduction else "")
-             + (f"; role: {metric.role}" if metric.role else ""), ""]
+             + (f"; role: {metric.role}" if metric.role else "")
+             + (f"\nreference reduction: {metric.reduce.text()}" if metric.reduce is not None else ""), ""]
     for fw in reg.frameworks.values():
         for e in fw.entries:
             if e.canonical == metric.name:
-                fid = "exact" if e.exact else f"approximate: {e.reason}"
+                fid = fidelity_text(reg, e)
                 tr = f" [{', '.join(sorted(e.trainers))}]" if e.trainers else ""
                 lines.append(f"{fw.name:9s} {e.key:40s} {_range(fw, e)}{tr}  {fid}  ({e.source})")
     return "\n".join(lines)
@@ -151,7 +172,10 @@ def reference(reg: Registry) -> str:
            f"Generated from `mappings/*.yaml` by `trackbridge mappings docs` (canonical schema "
            f"{reg.canonical.version}). Do not edit by hand.", "",
            "Each canonical metric lists every framework name that maps to it, the releases that log that name, "
-           "and whether it is the same quantity (**exact**) or only **approximately** the same (and why). "
+           "and whether it is the same quantity (**exact**) or only **approximately** the same (and why): "
+           "hand-written for entries that state no reduction yet, else computed from the entry's stated reduction "
+           "against the metric's reference reduction under the framework's default config (docs/reductions.md; a "
+           "run's own config may change it). "
            "Names in different rows of one table with *approximate* fidelity are not the same quantity: compare "
            "them with care.", ""]
     sections: dict[str, list[str]] = defaultdict(list)
@@ -172,13 +196,17 @@ def reference(reg: Registry) -> str:
                 facts.append(f"reduction {m.reduction}")
             if m.role:
                 facts.append(f"role {m.role}")
+            if m.reduce is not None:
+                facts.append(f"reference reduction `{{{m.reduce.text()}}}`")
             out += [f"### `{name}`", "", m.description, "", "; ".join(facts), ""]
             es = by_canon.get(name, [])
             if es:
                 out += ["| framework | name | releases | trainers | fidelity | source |", "|---|---|---|---|---|---|"]
                 for e in es:
                     fw = reg.frameworks[e.framework]
-                    fid = "exact" if e.exact else f"approximate: {e.reason}".replace("|", "\\|")
+                    fid = fidelity_text(reg, e).replace("|", "\\|")
+                    if e.reduce is not None:
+                        fid += f" (`{{{e.reduce.text()}}}`)".replace("|", "\\|")
                     tr = ", ".join(sorted(e.trainers)) if e.trainers else "all"
                     if e.when:
                         tr += " when " + ", ".join(condition_value_text(k, v) for k, v in e.when)
