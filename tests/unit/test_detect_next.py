@@ -14,7 +14,7 @@ from test_inventory_next import read_inventory
 
 from trackbridge.detect import detect
 from trackbridge.schema.loader import load_registry
-from trackbridge.spec import parse_spec
+from trackbridge.schema.spec import parse_spec
 from trackbridge.translate import Translator
 
 from _support import DATA
