@@ -1,16 +1,27 @@
-"""Proofs by execution of the mappings' fidelity claims (issue 11), and the table docs/fidelity-proofs.md made from
-them.
+"""The proofs report, docs/fidelity-proofs.md: per canonical name two or more frameworks map, every pair of their
+entries, proven equal, proven different (with the measured gap) or unproven (with why).
 
-Every pair of framework keys that share a canonical name with ``exact`` fidelity on both sides is enumerated from the
-mappings with trackbridge's own loader when this runs (so an entry added tomorrow shows up as "source-only: no proof
-yet", never as passing). A *proof* runs the frameworks' own metric code (tests/_support/framework_code.py) on one shared
-synthetic batch and returns the value each framework logs; a pair is proven when a proof produced both of its keys
-for a release and trainer the entries cover.
+**How a pair is decided.** With computed fidelity (issue 20), a pair is *exact* when the two entries' stated
+reductions are equal (``trackbridge.translate.fidelity``, each under its framework's defaults) and *proven* when both
+entries' reductions were fingerprinted by a proof that ran the framework's code. Fingerprint proofs register
+themselves (tests/_support/proven.py, whose docstring is the contract)::
 
-The batch (``make_batch``): 2 simulated data-parallel ranks x gradient accumulation 2 x micro-batches of 2 sequences
-(8 sequences, GRPO groups of 4), responses of unequal length right-padded, two of them cut at the length limit
-without EOS. ``even=True`` gives every micro-batch the same number of tokens: a difference of *weighting* (mean of
-micro-batch means vs one token mean) shows on the uneven batch and vanishes on the even one.
+    from _support.proven import proof
+
+    @proof("verl", trainer="ppo", release="0.9.1", config={...})     # the run config the code ran with
+    def test_verl_actor_losses(p):
+        logged, steps = ...                                          # run the framework's code on an uneven batch
+        p.assert_stated("actor/kl_loss", logged["actor/kl_loss"], steps, levels=("micro_batches", "mini_batches"))
+
+``proven.run_all()`` imports every module of ``proven.PROOF_MODULES`` (tests/frameworks/test_proof_*.py and
+test_fidelity_*.py) and runs each proof; each must make at least one assertion (counted, and shown in the report).
+Pairs of entries that state no reduction yet keep their hand-written fidelity and the value proofs below (issue 11:
+both frameworks' metric code run on one shared synthetic batch, tests/_support/framework_code.py).
+
+The batch of the value proofs (``make_batch``): 2 simulated data-parallel ranks x gradient accumulation 2 x
+micro-batches of 2 sequences (8 sequences, GRPO groups of 4), responses of unequal length right-padded, two of them
+cut at the length limit without EOS. ``even=True`` gives every micro-batch the same number of tokens: a difference of
+*weighting* (mean of micro-batch means vs one token mean) shows on the uneven batch and vanishes on the even one.
 
     .venv/bin/python tests/_support/fidelity_proofs.py > docs/fidelity-proofs.md
 """
@@ -707,23 +718,58 @@ def label(e) -> str:
     return f"{e.framework} `{e.key}` [{tr}]"
 
 
-def exact_pairs(reg=None) -> list[Pair]:
+def shared_names(reg=None) -> dict[str, list]:
+    """Every canonical name two or more frameworks map, with its entries (framework order, then file order)."""
     reg = reg or _registry()
     by: dict[str, list] = {}
     for name in sorted(reg.frameworks):
         for e in reg.frameworks[name].entries:
-            if e.exact:
-                by.setdefault(e.canonical, []).append(e)
-    pairs = []
-    for c in sorted(by):
-        for a, b in itertools.combinations(by[c], 2):
-            if a.framework != b.framework:
-                pairs.append(Pair(c, a, b))
-    return pairs
+            by.setdefault(e.canonical, []).append(e)
+    return {c: es for c, es in sorted(by.items()) if len({e.framework for e in es}) > 1}
+
+
+def pairs(reg=None) -> list[Pair]:
+    """Every pair of entries of two frameworks that share a canonical name."""
+    return [Pair(c, a, b) for c, es in shared_names(reg).items() for a, b in itertools.combinations(es, 2)
+            if a.framework != b.framework]
+
+
+def exact_pairs(reg=None) -> list[Pair]:
+    """The pairs whose hand-written fidelity is exact on both sides (legacy entries: the value proofs run them)."""
+    return [p for p in pairs(reg) if p.a.exact and p.b.exact]
+
+
+def _resolved(reg, e):
+    from trackbridge.translate.fidelity import resolve
+    fw = reg.frameworks[e.framework]
+    newest = float(min(e.until, len(fw.releases) - 1))
+    return resolve(e, fw, None, newest, newest, {})
+
+
+def computed(reg, a, b) -> tuple[bool, str | None]:
+    """(exact?, why not) of a pair: their stated reductions compared directly (each at the newest release it
+    covers, under its framework's defaults); where an entry states none, its hand-written fidelity, and the other's
+    reduction against the canonical reference."""
+    from trackbridge.translate.fidelity import judge, reference
+    if a.reduce is not None and b.reduce is not None:
+        why = judge(_resolved(reg, a), _resolved(reg, b))
+        return why is None, why
+    reasons = []
+    for e in (a, b):
+        if e.reduce is None:
+            if not e.exact:
+                reasons.append(f"{e.framework} `{e.key}`: {e.reason}")
+            continue
+        metric = reg.canonical.find(e.canonical)
+        ref = reference(metric) if metric is not None else None
+        why = judge(_resolved(reg, e), ref) if ref is not None else "no reference reduction"
+        if why:
+            reasons.append(why)
+    return not reasons, "; ".join(reasons) or None
 
 
 def _match(reg, e, proof_keys: dict[Key, float]) -> tuple[Key | None, str]:
-    """The proof's key that stands for entry ``e``, or None and why not."""
+    """The value proof's key that stands for entry ``e``, or None and why not."""
     dist, _ = INSTALLED[e.framework]
     version = F.release(dist)
     same_key = [k for k in proof_keys if k.framework == e.framework and k.key == e.key]
@@ -752,11 +798,14 @@ def _match(reg, e, proof_keys: dict[Key, float]) -> tuple[Key | None, str]:
 @dataclass
 class Outcome:
     pair: Pair
-    status: str                  # proven equal | proven different | source-only
+    status: str                  # proven equal | proven different | unproven
     detail: str
-    values: dict[str, tuple[float, float]] = field(default_factory=dict)   # batch -> (a, b)
+    values: dict[str, tuple[float, float]] = field(default_factory=dict)   # batch -> (a, b) (value proofs)
+    exact: bool = False          # the pair's fidelity: computed from stated reductions, else hand-written
+    gap: float | None = None     # proven different: the relative gap measured on a proof's batch
 
 
+STATUSES = ("proven equal", "proven different", "unproven")
 _proof_cache: dict[tuple[str, bool], dict[Key, float]] = {}
 
 
@@ -780,77 +829,147 @@ def close(x: float, y: float) -> bool:
     return math.isclose(x, y, rel_tol=TOL, abs_tol=TOL)
 
 
-def decide(reg, pair: Pair) -> Outcome:
+def _fingerprinted(e, records) -> list:
+    from _support.proven import entry_ident
+    return records.get(entry_ident(e), [])
+
+
+def decide(reg, pair: Pair, records: dict | None = None) -> Outcome:
+    """A pair's status. Fingerprint proofs (tests/_support/proven.py) decide pairs whose entries state their
+    reductions: proven when both were fingerprinted, equal when the fingerprints are one computation (and the
+    stated reductions agree), else different, with the gap measured on a proof's batch. Pairs of legacy entries
+    keep the value proofs of issue 11 (both frameworks' code on one batch)."""
+    records = records if records is not None else {}
+    exact, why = computed(reg, pair.a, pair.b)
+    if pair.a.reduce is not None and pair.b.reduce is not None:
+        ra, rb = _fingerprinted(pair.a, records), _fingerprinted(pair.b, records)
+        missing = [e.framework for e, r in ((pair.a, ra), (pair.b, rb)) if not r]
+        if missing:
+            return Outcome(pair, "unproven", f"no fingerprint proof of the {' and '.join(missing)} "
+                           f"entr{'y' if len(missing) == 1 else 'ies'} yet (stated: "
+                           f"{'exact' if exact else 'approximate'})", exact=exact)
+        fa, fb = ra[0], rb[0]            # each proof asserted that its entry's statement is what the code does
+        if exact:
+            return Outcome(pair, "proven equal", f"equal stated reductions, each fingerprinted ({fa.proof}; "
+                           f"{fb.proof})", exact=exact)
+        other = fa.value_of(fb.stated)
+        gap = abs(fa.logged - other) / max(abs(fa.logged), 1e-12)
+        if gap < TOL:
+            return Outcome(pair, "unproven", f"fingerprinted, but the difference does not show on the proofs' "
+                           f"batches (no proof measures it): {why}", exact=exact)
+        return Outcome(pair, "proven different", f"on {fa.proof}'s batch {pair.a.framework} logged {fa.logged:.6g}; "
+                       f"{pair.b.framework}'s reduction gives {other:.6g} ({gap:.1%} apart): {why}", exact=exact,
+                       gap=gap)
+    unstated = [e.framework for e in (pair.a, pair.b) if e.reduce is None]
+    base = f"the {' and '.join(unstated)} reduction{'s' if len(unstated) > 1 else ''} unstated"
+    if not (pair.a.exact and pair.b.exact):
+        return Outcome(pair, "unproven", base + "; hand-written or stated fidelity: approximate", exact=exact)
     proofs = [p for p in PROOFS if p.canonical == pair.canonical]
     if not proofs:
         reason = SOURCE_ONLY.get(pair.canonical) or "no proof written yet"
-        return Outcome(pair, "source-only", reason)
-    why = ""
+        return Outcome(pair, "unproven", f"{base}; {reason}", exact=exact)
+    why_not = ""
     for proof in proofs:
         uneven = proof_values(proof, False)
         ka, why_a = _match(reg, pair.a, uneven)
         kb, why_b = _match(reg, pair.b, uneven)
         if ka is None or kb is None:
-            why = why_a or why_b
+            why_not = why_a or why_b
             continue
         even = proof_values(proof, True)
         values = {"uneven": (uneven[ka], uneven[kb]), "even": (even[ka], even[kb])}
         rel = ", ".join(f"{n} {x:.6g} vs {y:.6g}" for n, (x, y) in values.items())
         if all(close(x, y) for x, y in values.values()):
-            return Outcome(pair, "proven equal", f"{rel} ({proof.code})", values)
-        return Outcome(pair, "proven different", f"{rel} ({proof.code})", values)
-    return Outcome(pair, "source-only", why or "no proof written yet")
+            return Outcome(pair, "proven equal", f"values on one batch: {rel} ({proof.code})", values, exact=exact)
+        ua, ub = values["uneven"]
+        return Outcome(pair, "proven different", f"values on one batch: {rel} ({proof.code})", values, exact=exact,
+                       gap=abs(ua - ub) / max(abs(ua), 1e-12))
+    return Outcome(pair, "unproven", f"{base}; {why_not or 'no proof written yet'}", exact=exact)
 
 
-def outcomes(reg=None) -> list[Outcome]:
+def outcomes(reg=None, records: dict | None = None) -> list[Outcome]:
     reg = reg or _registry()
-    return [decide(reg, p) for p in exact_pairs(reg)]
+    return [decide(reg, p, records) for p in pairs(reg)]
 
 
 def installed_releases() -> str:
     return ", ".join(f"{d} {F.release(d)}" for d in ("trl", "verl", "openrlhf"))
 
 
+def fingerprint_proofs() -> tuple[list, dict[str, str], dict]:
+    """Run every registered fingerprint proof (tests/_support/proven.py): (proofs that ran, {proof: why not}, the
+    records by entry)."""
+    from _support import proven
+    ran, failed = proven.run_all()
+    return ran, failed, dict(proven.RECORDS)
+
+
 def table(reg=None) -> str:
     reg = reg or _registry()
-    outs = outcomes(reg)
+    ran, failed, records = fingerprint_proofs()
+    outs = outcomes(reg, records)
     derived = derived_outcomes()
-    counts = {s: sum(o.status == s for o in outs) for s in ("proven equal", "proven different", "source-only")}
+    counts = {s: sum(o.status == s for o in outs) for s in STATUSES}
+    names = shared_names(reg)
     lines = [
         "# Fidelity proofs by execution",
         "",
         "Generated by `python tests/_support/fidelity_proofs.py` from the mappings and from running the frameworks' "
-        "own metric code (tests/frameworks/test_fidelity_proofs.py checks it is up to date). Every pair of framework "
-        "keys that share a "
-        "canonical name with `exact` fidelity on both sides is listed. *proven equal*: the frameworks' code, run on "
-        "the same synthetic batch, logs the same value (uneven and even micro-batches); *proven different*: it "
-        "does not, so the `exact` claim is wrong; *source-only*: no proof runs it, for the reason given.",
+        "own code (tests/frameworks/test_fidelity_proofs.py checks it is up to date). For every canonical name two "
+        "or more frameworks map, every pair of entries of two frameworks: *proven equal*, *proven different* (with "
+        "the gap measured) or *unproven* (with why). A pair is **exact** when the two entries' stated reductions "
+        "are equal (docs/reductions.md; under each framework's default config), and **proven** when both entries' "
+        "reductions were fingerprinted by a proof that runs the framework's code (tests/_support/proven.py). Pairs "
+        "of entries that state no reduction yet keep their hand-written fidelity and the value proofs of issue 11 "
+        "(both frameworks' code on one synthetic batch: 2 simulated data-parallel ranks x gradient accumulation 2 "
+        "x micro-batches of 2 sequences of unequal length; *even* gives every micro-batch the same token count).",
         "",
-        f"Releases run: {installed_releases()} (CPU). The batch: 2 simulated data-parallel ranks x gradient "
-        "accumulation 2 x micro-batches of 2 sequences, responses of unequal length (right-padded), two cut at the "
-        "length limit; *even* gives every micro-batch the same token count.",
+        f"Releases run: {installed_releases()} (CPU).",
         "",
-        f"**{counts['proven equal']} proven equal, {counts['proven different']} proven different, "
-        f"{counts['source-only']} source-only** (pairs); derived rules: "
+        f"**{len(names)} shared canonical names, {len(outs)} pairs: {counts['proven equal']} proven equal, "
+        f"{counts['proven different']} proven different, {counts['unproven']} unproven**; "
+        f"{sum(o.exact for o in outs)} pairs exact. Fingerprint proofs: {len(ran)} ran "
+        f"({sum(p.assertions for p in ran)} assertions, {sum(len(p.records) for p in ran)} entries fingerprinted)"
+        + (f", {len(failed)} could not run" if failed else "") + "; derived rules: "
         + ", ".join(f"{sum(r[2] == st for r in derived)} {st}" for st in ("proven equal", "proven different",
                                                                           "source-only")) + ".",
         "",
-    ]
-    wrong = [o for o in outs if o.status == "proven different"]
-    if wrong:
-        lines += ["## Exact claims shown wrong", ""]
-        for o in wrong:
-            lines.append(f"* `{o.pair.canonical}`: {label(o.pair.a)} ({releases_of(reg, o.pair.a)}) vs "
-                         f"{label(o.pair.b)} ({releases_of(reg, o.pair.b)}): "
-                         f"{KNOWN_WRONG.get(o.pair.wrong_key(), 'not yet explained')}")
-        lines.append("")
-    lines += ["## Pairs", "", "| canonical | A (releases) | B (releases) | status | evidence or reason |",
-              "|---|---|---|---|---|"]
+        "## Fingerprint proofs", "",
+        "| proof | framework | trainer | release | entries fingerprinted | assertions |", "|---|---|---|---|---|---|"]
+    for p in ran:
+        keys = ", ".join(f"`{r.key}`" for r in p.records) or "-"
+        lines.append(f"| {p.name} | {p.framework} | {p.trainer or '*'} | {p.release} | {keys} | {p.assertions} |")
+    for name, why in sorted(failed.items()):
+        lines.append(f"| {name} | | | | {why.replace('|', '/')} | |")
+    if not ran and not failed:
+        lines.append("| (none registered yet) | | | | | |")
+    lines += ["", "## By canonical name", ""]
+    by_name: dict[str, list[Outcome]] = {}
     for o in outs:
-        p = o.pair
-        lines.append(f"| `{p.canonical}` | {label(p.a)} ({releases_of(reg, p.a)}) | {label(p.b)} "
-                     f"({releases_of(reg, p.b)}) | {o.status} | {o.detail.replace('|', '/')} |")
-    lines += ["", "## Derived rules", "", "Each rule of mappings/derived.yaml, computed by trackbridge's deriver from "
+        by_name.setdefault(o.pair.canonical, []).append(o)
+    for name, group in by_name.items():
+        c = {s: sum(o.status == s for o in group) for s in STATUSES}
+        lines += [f"### `{name}`", "",
+                  f"{len(group)} pairs: {c['proven equal']} proven equal, {c['proven different']} proven different, "
+                  f"{c['unproven']} unproven; {sum(o.exact for o in group)} exact.", ""]
+        proven_rows = [o for o in group if o.status != "unproven"]
+        if proven_rows:
+            lines += ["| A (releases) | B (releases) | status | evidence |", "|---|---|---|---|"]
+            for o in proven_rows:
+                p = o.pair
+                lines.append(f"| {label(p.a)} ({releases_of(reg, p.a)}) | {label(p.b)} ({releases_of(reg, p.b)}) | "
+                             f"{o.status} | {o.detail.replace('|', '/')} |")
+            lines.append("")
+        why: dict[str, list[Outcome]] = {}
+        for o in group:
+            if o.status == "unproven":
+                why.setdefault(o.detail, []).append(o)
+        for reason, items in why.items():
+            pairs_text = "; ".join(f"{label(o.pair.a)} ({releases_of(reg, o.pair.a)}) ~ {label(o.pair.b)} "
+                                   f"({releases_of(reg, o.pair.b)})" for o in items)
+            lines.append(f"* unproven ({len(items)}): {reason}. Pairs: {pairs_text}")
+        lines.append("")
+    lines += ["## Derived rules", "", "Each rule of mappings/derived.yaml, computed by trackbridge's deriver from "
               "the values a framework logs, against the value that framework logs itself.", "",
               "| rule | formula | status | evidence or reason |", "|---|---|---|---|"]
     for name, formula, status, detail in derived:

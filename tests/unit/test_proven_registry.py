@@ -11,7 +11,8 @@ import pytest
 from _support import DATA
 from _support import proven as PV
 
-FILES = tuple(str(DATA / "reductions" / n) for n in ("canonical-extra.yaml", "alpha.yaml", "beta.yaml"))
+FILES = tuple(str(DATA / "reductions" / n) for n in ("canonical-extra.yaml", "alpha.yaml", "beta.yaml",
+                                                     "gamma.yaml"))
 CONFIG = {"data.train_batch_size": 512, "actor.ppo_mini_batch_size": 256, "actor.ppo_epochs": 1,
           "actor.loss_agg_mode": "token-mean"}
 
@@ -82,3 +83,65 @@ def test_a_proof_without_assertions_fails_and_an_unstated_entry_is_refused():
     pr = PV.Proof(legacy, "beta", "grpo", "1.0", (), "legacy", FILES)
     with pytest.raises(AssertionError, match="states no reduction: write its reduce: first"):
         pr.run()
+
+
+def betas_logging_loop(steps):
+    """What beta's trainer does: per rank, the unweighted mean of its micro-batches' token means; ranks weighted by
+    their tokens; the logging window's steps averaged unweighted."""
+    out = []
+    for step in steps:
+        (mini,) = step
+        vals, toks = [], []
+        for rank in mini:
+            means = [sum(v for s in micro for v in s) / sum(len(s) for s in micro) for micro in rank]
+            vals.append(sum(means) / len(means))
+            toks.append(sum(len(s) for micro in rank for s in micro))
+        out.append(sum(v * t for v, t in zip(vals, toks)) / sum(toks))
+    return sum(out) / len(out)
+
+
+def _window_batch(seed: int):
+    rng = random.Random(seed)
+    shape = [[[[(3, 1), (2,)], [(1, 2, 2), (4,), (1,)]]], [[[(2,), (1, 1, 2)], [(3, 3), (1,)]]]]
+    return [[[[[[round(rng.uniform(0, 1), 6) for _ in range(n)] for n in micro] for micro in rank] for rank in mini]
+             for mini in step] for step in shape]
+
+
+@PV.proof("beta", trainer="grpo", release="v1.0", mappings=FILES,
+          config={"gradient_accumulation_steps": 2, "logging_steps": 2, "num_iterations": 1})
+def test_beta_kl_is_a_window_of_micro_batch_means(p):
+    obs = [(betas_logging_loop(b), b) for b in (_window_batch(3), _window_batch(4), _window_batch(5))]
+    p.assert_stated("kl", obs, levels=("micro_batches", "processes", "window"))
+
+
+@PV.proof("gamma", trainer="ppo", release="v3.0", mappings=FILES, config={"batch": 512, "mini": 256})
+def test_gamma_kl_is_alphas_computation(p):
+    obs = [(alphas_actor_loop(b), b) for b in (_batch(5), _batch(6))]
+    p.assert_stated("kl", obs, levels=("micro_batches", "mini_batches", "processes"))
+
+
+def test_the_report_decides_pairs_by_fingerprints():
+    """Both entries fingerprinted: the same computation is proven equal, another proven different with the gap
+    measured on a proof's batch; an entry without a fingerprint leaves its pairs unproven, saying which."""
+    from trackbridge.schema.loader import load_registry
+
+    from _support import fidelity_proofs as FPR
+    PV.RECORDS.clear()
+    for name in ("test_alpha_kl_loss_is_the_mean_over_mini_batches", "test_beta_kl_is_a_window_of_micro_batch_means",
+                 "test_gamma_kl_is_alphas_computation"):
+        PV.PROOFS[f"test_proven_registry.py::{name}"].run()
+    reg = load_registry(list(FILES))
+    kl = {fw: next(e for e in reg.frameworks[fw].entries if e.canonical == "toy/kl" and e.reduce is not None)
+          for fw in ("alpha", "beta", "gamma")}
+    equal = FPR.decide(reg, FPR.Pair("toy/kl", kl["alpha"], kl["gamma"]), PV.RECORDS)
+    assert equal.status == "proven equal" and equal.exact, equal.detail
+    diff = FPR.decide(reg, FPR.Pair("toy/kl", kl["alpha"], kl["beta"]), PV.RECORDS)
+    assert diff.status == "proven different" and not diff.exact and diff.gap is not None and diff.gap > 0.001
+    assert "apart" in diff.detail
+    rec = PV.RECORDS[PV.entry_ident(kl["alpha"])][0]
+    assert abs(diff.gap - abs(rec.logged - rec.value_of(PV.RECORDS[PV.entry_ident(kl["beta"])][0].stated))
+               / abs(rec.logged)) < 1e-12
+    PV.RECORDS.pop(PV.entry_ident(kl["gamma"]))
+    unproven = FPR.decide(reg, FPR.Pair("toy/kl", kl["alpha"], kl["gamma"]), PV.RECORDS)
+    assert unproven.status == "unproven" and "no fingerprint proof of the gamma entry yet" in unproven.detail
+    PV.RECORDS.clear()

@@ -79,6 +79,7 @@ class Translator:
         self._seen: set[str] = set()
         self._notes: list[str] = []
         self._noted: set[str] = set()          # the same, for the hot loop's membership test
+        self._marked: set[str] = set()         # keys whose plan's marks this run has taken note of
         self._outside: dict[str, None] = {}
         self._kept: dict[str, None] = {}                # canonical names the target has no name for
         self._unset: dict[str, tuple[str, ...]] = {}    # key -> config keys that would change its meaning, unset
@@ -273,7 +274,7 @@ class Translator:
         res = Translation(source=self.source)
         out_metrics, renamed, approximate, conflicts = res.metrics, res.renamed, res.approximate, res.conflicts
         plans = names.plans
-        noted = self._noted
+        noted, marked = self._noted, self._marked
         mapped = 0
         for key, value in metrics.items():
             plan = plans.get(key, NOT_PLANNED)
@@ -290,7 +291,7 @@ class Translator:
                 continue
             if plan.note is not None and plan.note not in noted:
                 self._note(plan.note)
-            if plan.marks is not None:
+            if plan.marks is not None and key not in marked:
                 self._mark(key, plan, plan.marks)
             out = plan.out
             if canon is not None:
@@ -335,6 +336,7 @@ class Translator:
             self._notes.append(text)
 
     def _mark(self, key: str, plan: Plan, marks: Marks) -> None:
+        self._marked.add(key)
         if marks.outside:
             self._outside[key] = None
         if marks.no_target_name:
