@@ -770,6 +770,8 @@ def computed(reg, a, b) -> tuple[bool, str | None]:
 
 def _match(reg, e, proof_keys: dict[Key, float]) -> tuple[Key | None, str]:
     """The value proof's key that stands for entry ``e``, or None and why not."""
+    if e.framework not in INSTALLED:        # a framework no value proof runs (its proofs are fingerprints)
+        return None, f"no value proof runs {e.framework}"
     dist, _ = INSTALLED[e.framework]
     version = F.release(dist)
     same_key = [k for k in proof_keys if k.framework == e.framework and k.key == e.key]
