@@ -11,12 +11,14 @@ states for it (resolved through trackbridge's loader), so a wrong statement fail
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import random
 
 import pytest
 
-if importlib.util.find_spec("areal") is None:           # its package __init__ needs the GPU stack: not imported
+try:            # the installed wheel (not find_spec: once loaded, `areal` is a skeleton package without a __spec__)
+    importlib.metadata.distribution("areal")
+except importlib.metadata.PackageNotFoundError:        # its package __init__ needs the GPU stack: not imported
     pytest.skip("make test installs areal==1.0.4 --no-deps", allow_module_level=True)
 pytest.importorskip("colorlog", reason="make test installs colorlog (areal/utils/logging.py imports it)")
 
