@@ -108,7 +108,7 @@ class Pipeline:
         out.__dict__.update({k: dict(v) for k, v in info.__dict__.items() if isinstance(v, dict)})
         out.names = self.names if not self._kept else info.names
         src = self.stats.source
-        if src and not src.startswith("canonical") and src != "kept as stored":
+        if src and not src.startswith(("canonical", "unknown")) and src != "kept as stored":
             out.source = src
         canon = self.canonical_config()
         if canon:

@@ -136,3 +136,20 @@ def test_the_pipeline_paths_carry_the_same_marks(reg, tmp_path):
     assert out.metrics == direct.metrics
     assert again.stats.approximate == direct.approximate
     assert Path(FIXTURE / "verl.yaml").is_file()
+
+
+def test_a_value_derived_from_an_approximate_input_is_approximate_with_its_reason(tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("format: trackbridge.derived/1\nrules:\n"
+                     "  - name: toy/frac\n    formula: kl/ref/k3 * 2\n    description: a test rule\n"
+                     "    citation: tests/unit/test_fidelity_translate.py\n")
+    reg = build_registry([ROOT / "mappings" / "canonical.yaml", DATA / "reductions" / "canonical-extra.yaml",
+                          *(FIXTURE / f"{n}.yaml" for n in ("verl", "trl", "openrlhf"))], [str(rules)])
+    tr = Translator("verl", "canonical", registry=reg, derive=True, mappings=[str(rules)])
+    res = tr.translate(LOGS["verl"], step=1)
+    assert res.metrics["toy/frac"] == pytest.approx(0.2) and "toy/frac" in res.derived
+    assert "averages its 4 mini-batches" in res.approximate["toy/frac"]
+    config = {"data.train_batch_size": 256, "actor_rollout_ref.actor.ppo_mini_batch_size": 256}
+    res = Translator("verl", "canonical", registry=reg, derive=True, mappings=[str(rules)],
+                     config=config).translate(LOGS["verl"], step=1)
+    assert "toy/frac" in res.derived and "toy/frac" not in res.approximate and "kl/ref/k3" not in res.approximate
