@@ -114,6 +114,14 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
             continue
         hits = _keys_of(fw, key)
         if not hits:
+            if fw.passthrough and fw.logs_unmapped(key):
+                # logged by the framework without a canonical name: evidence for it at every release it exists in
+                explained_any.add(key)
+                for t in names:
+                    lo_t, hi_t = math.ceil(span[t][0]), int(span[t][1])
+                    row = counts[t]
+                    for r in range(max(0, lo_t), min(hi_t, n_rel - 1) + 1):
+                        row[r] += 1
             continue
         explained_any.add(key)
         for t in names:

@@ -27,7 +27,7 @@ LOGS = REF / "public-logs"
 ALLOWED_ENTRY_FIELDS = {"key", "canonical", "since", "until", "trainers", "reduce", "transform", "when", "reverse",
                         "source", "note", "renamed_from"}
 ALLOWED_TOP = {"format", "framework", "description", "repository", "releases", "aliases", "trainers", "prefixes",
-               "config", "levels", "reductions", "internal", "entries"}
+               "config", "levels", "reductions", "internal", "entries", "passthrough"}
 _PH = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path))?\}")
 
 

@@ -185,6 +185,7 @@ class RunData:
         self.non_scalar: set[str] = set()    # names with a distribution or a text
         self.stats: dict[str, _Stats] = {}
         self.series: dict[str, _Series] = {}
+        self.axes: dict[str, dict[str, None]] = {}   # a run with several x axes: axis -> the metrics on it
         self.cap = cap
 
     def add(self, rec: Record) -> None:
@@ -196,6 +197,10 @@ class RunData:
             self.any_wall = True
         self.walls.append(float(w) if is_finite_number(w) else _NAN)
         m = rec.metrics
+        if rec.axis is not None:
+            on = self.axes.setdefault(rec.axis, {})
+            for k in m:
+                on[k] = None
         for name in AXIS_METRICS:
             v = m.get(name)
             col = self.axis.get(name)
@@ -340,6 +345,9 @@ def load_one(label: str, locator: str, run: InputRun, *, mappings: list[str] | N
     notes = list(st.notes)
     if data.non_scalar:
         notes.append("not charted (distributions or text, not numbers): " + ", ".join(sorted(data.non_scalar)))
+    for axis, names in data.axes.items():
+        shown = list(names)
+        notes.append(f"on x axis {axis} (step = its value): {', '.join(shown[:8])}{' ...' if len(shown) > 8 else ''}")
 
     def reread() -> Iterator[Record]:
         again = run.pipeline("canonical", source=source, mappings=mappings, derive=derive)

@@ -101,11 +101,12 @@ class Dispatcher:
         out = []
         for f in found:
             text = warn_finding(f)
-            out.append(Record(step=rec.step, wall_time=rec.wall_time, metrics={f"doctor/{f.id}": text}))
+            out.append(Record(step=rec.step, wall_time=rec.wall_time, metrics={f"doctor/{f.id}": text}, axis=rec.axis))
         return out
 
-    def build(self, wall_time: float, step: int | None, values: dict[str, Any]) -> Record:
-        """The record for one ``log()`` call: canonical names, its step, derived values."""
+    def build(self, wall_time: float, step: int | None, values: dict[str, Any], axis: str | None = None) -> Record:
+        """The record for one ``log()`` call: canonical names, its step, derived values. A record on an x axis of
+        its own (``axis``) keeps its step and leaves the run's step counter alone."""
         res = None
         try:
             res = self.translator.translate(values)
@@ -118,17 +119,19 @@ class Dispatcher:
         except Exception as exc:
             self.warn_once("translate", f"translation failed ({type(exc).__name__}: {exc}); names logged as given")
             metrics, derived = dict(values), []
-        if step is None:
-            axis = metrics.get(STEP_AXIS)
-            if isinstance(axis, (int, float)) and not isinstance(axis, bool) and math.isfinite(axis):
-                step = int(axis)
+        if step is None and axis is None:
+            counter = metrics.get(STEP_AXIS)
+            if isinstance(counter, (int, float)) and not isinstance(counter, bool) and math.isfinite(counter):
+                step = int(counter)
                 if not 0 <= step <= STEP_MAX:
-                    self.warn_once("step-axis", f"{STEP_AXIS} = {axis!r} is outside 0 .. 2**53 - 1 (what every "
+                    self.warn_once("step-axis", f"{STEP_AXIS} = {counter!r} is outside 0 .. 2**53 - 1 (what every "
                                                 f"tracker stores); the record is logged at the next step instead")
                     step = self.next_step
             else:
                 step = self.next_step
-        self.next_step = max(self.next_step, step + 1)
+        if axis is None:
+            assert step is not None
+            self.next_step = max(self.next_step, step + 1)
         if self.derive_fn is not None and res is not None:
             try:
                 self.derive_fn(res, step, wall_time)
@@ -138,7 +141,7 @@ class Dispatcher:
                 self.warn_once("derive", f"deriving metrics failed ({type(exc).__name__}: {exc}); "
                                          f"derivation is off for this run")
                 self.derive_fn = None
-        return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived)
+        return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived, axis=axis)
 
 
 def live_doctor(translator: Any, mappings: list[str] | None, config: dict[str, Any], info: RunInfo,

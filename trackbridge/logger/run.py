@@ -184,21 +184,24 @@ class Run(RunView):
     def _seq(self) -> int:
         return self._dispatcher.seq
 
-    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None = None, *, axis: str | None = None) -> None:
         """Log one step's metrics. Returns as soon as the values are validated and queued.
 
-        Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step``, ``ValueError`` for a step
-        outside 0 .. 2**53 - 1 (nothing is logged for that call), ``RuntimeError`` after ``finish()``. A value or
-        name no tracker can store (an empty name, a lone surrogate, ...) is left out with a one-time warning naming
-        it (see ``run.problems``); the other values of the call are logged.
+        ``axis``: the name of the x axis ``step`` counts, for a run with several (slime's ``train/step`` and
+        ``rollout/step``): the metrics are charted on that axis in every tracker, and the run's own step counter
+        is not advanced. Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step`` (or a
+        non-string ``axis``), ``ValueError`` for a step outside 0 .. 2**53 - 1 (nothing is logged for that call),
+        ``RuntimeError`` after ``finish()``. A value or name no tracker can store (an empty name, a lone surrogate,
+        ...) is left out with a one-time warning naming it (see ``run.problems``); the other values of the call are
+        logged.
         """
         wall_time = time.time()
-        values, problems, step = validate_call(metrics, step)
+        values, problems, step = validate_call(metrics, step, axis)
         if problems:
             self._report_values(problems)
         if self._finished:
             raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
-        self._inbox.put((wall_time, step, values))
+        self._inbox.put((wall_time, step, values, axis))
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
