@@ -174,3 +174,19 @@ def test_the_records_are_their_frameworks_with_their_mappings(shipped, name):
     det = detect(RECORDS[name]["keys"], shipped)
     assert det.spec is not None and det.spec.framework == OWN[name], (name, det.reason)
     assert det.confidence >= MIN_CONFIDENCE, (name, det.confidence)
+
+
+def test_a_histogram_stored_as_summary_keys_counts_once(shipped):
+    """MLflow holds no histograms: trackbridge's sink stores one as X/count, X/mean, X/std, X/min, X/max. A veRL run
+    with a histogram of its own (not a veRL key) read back from MLflow is still veRL: the five summary keys are one
+    logged value against the share explained, not five keys veRL cannot place."""
+    verl = ["actor/pg_loss", "actor/entropy", "critic/score/mean", "response_length/mean",
+            "val-core/openai/gsm8k/acc/mean@1", "my/custom_key", "samples/text"]
+    summary = [f"actor/ratio_hist/{s}" for s in ("count", "mean", "std", "min", "max")]
+    det = detect(verl + summary, shipped)
+    assert det.spec is not None and det.spec.framework == "verl", det.reason
+    # without the folding the five would be counted as five unexplained keys: 5 of 12 explained, under the threshold
+    assert 5 / 12 < MIN_EXPLAINED
+    # a group of summary keys the framework itself logs (veRL's critic/score/{mean,max,min}) is not folded
+    assert detect(["critic/score/mean", "critic/score/max", "critic/score/min", "actor/pg_loss"],
+                  shipped).spec.framework == "verl"
