@@ -7,11 +7,11 @@ with the margin over the runner-up framework.
 
 **"I don't know."** Logs of frameworks trackbridge has no mapping for share a few generic names with the known ones
 (``loss``, ``grad_norm``, ``lr`` under a ``train/`` prefix): a NeMo-RL GRPO record fits OpenRLHF DPO by 3 of 6 keys, a
-slime record OpenRLHF PPO by 3 of 9. Below :data:`MIN_EXPLAINED` of the keys explained by the best framework, or
-below :data:`MIN_CONFIDENCE`, detection answers ``unknown`` and names the nearest guesses; translation then passes
-names through unchanged and says so. Summary keys of a histogram a tracker could not hold (MLflow's ``X/count``,
-``X/mean`` ...) count as the one value they are. Calibrated on the shipped examples and the test logs
-(tests/data/public-logs: every log and every single record of them is explained at 0.78 or more of its keys, confidence 0.74 or more) and on
+slime record OpenRLHF PPO by 3 of 9. Below :data:`MIN_EXPLAINED` of the keys explained by the best framework, or below
+:data:`MIN_CONFIDENCE`, detection answers ``unknown`` and names the nearest guesses; translation then passes names
+through unchanged and says so. Summary keys of a histogram a tracker could not hold (MLflow's ``X/count``, ``X/mean``
+...) count as the one value they are. Calibrated on the shipped examples and the test logs (tests/data/public-logs:
+every log and every single record of them is explained at 0.78 or more of its keys, confidence 0.74 or more) and on
 records of NeMo-RL, slime, AReaL and SkyRL (tests/data/frameworks-next: at most 0.5 of the keys, confidence 0.25 or
 less); tests/unit/test_detect_unknown.py checks both sides.
 """
