@@ -461,7 +461,12 @@ def test_compare_rerun_deletes_only_its_own_charts(env):
     p = _compare(out, "kl/ref/k3")                                  # a smaller report in the same folder
     assert p.returncode == 0, p.stderr
     now = sorted(c.name for c in (out / "charts").glob("*.png"))
-    assert now == ["001_kl_ref_k3.png", "my_own.png"], now          # stale charts gone, the user's one kept
+    # the smaller report's charts (kl/ref/k3, and any chart a diagnostic finding of the run points to), stale charts
+    # gone, the user's one kept
+    second = sorted(f.split("/", 1)[1] for f in json.loads((out / MANIFEST).read_text())["files"]
+                    if f.startswith("charts/"))
+    assert "001_kl_ref_k3.png" in second and len(second) < len(first), second
+    assert now == sorted([*second, "my_own.png"]), now
     assert (out / "charts" / "my_own.png").read_bytes() == b"\x89PNG mine"
     assert (out / "notes.txt").read_text() == "my notes"
     assert "my_own.png" not in (out / MANIFEST).read_text()
