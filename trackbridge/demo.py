@@ -57,12 +57,14 @@ def _prepare(out: Path) -> OutputManifest:
 
 
 def run_demo(out: Path) -> int:
+    from .extras import PLOT, require
     from .pipeline import Pipeline
     from .stream import StreamWriter, stream_file
     from .trackers import open_source
 
     out = Path(out)
     try:
+        require(*PLOT, "the demo (its comparison report)")     # before anything is written
         manifest = _prepare(out)
     except ValueError as exc:
         print(f"trackbridge demo: {exc}", file=sys.stderr)
@@ -154,10 +156,7 @@ def _write_trackers(out: Path) -> tuple[list[str], list[str]]:
 
 
 def _compare(out: Path, locators: list[str]) -> str | None:
-    try:
-        from .compare import compare_runs
-    except ImportError:
-        return None
+    from .compare import compare_runs
     result = compare_runs(locators, out=out / "report")
     return str(result.html)
 

@@ -91,6 +91,13 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     smooth = int(smooth or 0)
     if smooth < 0:
         raise ValueError("smooth must be >= 0")
+    if out is not None:
+        from ..extras import PLOT, require
+        require(*PLOT, "the comparison report")        # before any run is read
+    if into:                                            # likewise the tracker's package (MissingExtra)
+        from ..locators import parse
+        from ..trackers import kinds, sink_class
+        sink_class(parse(into, kinds=kinds("sink")).kind)
     runs = load_runs(list(locators), mappings=mappings, source=source)
     result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
                            summary_md=None, runs=runs, x=x, smooth=smooth)
