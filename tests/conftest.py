@@ -4,6 +4,7 @@ tests/unit        no tracker package (wandb, tensorboard, mlflow, trackio) and n
                   OpenRLHF) is imported: marked ``unit`` (``pytest -m unit`` is the quick run)
 tests/trackers    write to or read from a real tracker: marked ``tracker``
 tests/frameworks  run TRL/veRL/OpenRLHF code: marked ``framework``
+tests/install     build the sdist and the wheel and run every command from fresh venvs: marked ``install``
 tests/_support    helpers shared by the folders (imported as ``_support``: this file's folder is on sys.path)
 """
 from __future__ import annotations
@@ -18,11 +19,12 @@ from _support import DATA
 
 SHARED = DATA      # the public logs and framework inventories, copied into tests/data
 
-FOLDER_MARKS = {"unit": "unit", "trackers": "tracker", "frameworks": "framework"}
+FOLDER_MARKS = {"unit": "unit", "trackers": "tracker", "frameworks": "framework", "install": "install"}
 MARKERS = [
     "unit: tests/unit: imports no tracker package and no framework (pytest -m unit is the quick run)",
     "tracker: tests/trackers: writes to or reads from a real tracker (wandb, TensorBoard, MLflow, Trackio)",
     "framework: tests/frameworks: runs TRL/veRL/OpenRLHF (or torch) code",
+    "install: tests/install: builds the wheel and runs every command from fresh venvs ([all], and the core alone)",
 ]
 
 # Session-wide environment, set in pytest_configure (not when this file is imported) and restored in
@@ -91,7 +93,7 @@ def pytest_ignore_collect(collection_path, config):
         folder = Path(collection_path).resolve().relative_to(tests).parts[:1]
     except ValueError:
         return None
-    return True if folder and folder[0] in ("trackers", "frameworks") else None
+    return True if folder and folder[0] in ("trackers", "frameworks", "install") else None
 
 
 def pytest_collection_modifyitems(config, items):
