@@ -91,7 +91,9 @@ def run_demo(out: Path) -> int:
             st = pipe.stats
             _say(f"== {label}: {loc}")
             _say(f"   source      {st.source}")
-            _say(f"   records     {st.records} steps, {st.points} values -> {path}")
+            steps = [r.step for r in records if r.step is not None]
+            span = f" ({min(steps)}\u2013{max(steps)})" if steps else ""
+            _say(f"   records     {st.records} steps{span}, {st.points} values -> {path}")
             _say(f"   mapped      {len(st.renamed)} names renamed to canonical, e.g. "
                  + ", ".join(f"{k} -> {v}" for k, v in list(st.renamed.items())[:4]))
             _say(f"   approximate {len(st.approximate)} (translated, but not exactly the canonical quantity)"
@@ -106,8 +108,10 @@ def run_demo(out: Path) -> int:
     manifest.save(complete=False)
     extra, failed = _write_trackers(out)
     manifest.save(complete=False)
-    report = _compare(out, locators)
+    report, apart = _compare(out, locators)
     manifest.save()
+    if apart:
+        _say(f"Note: {apart}.\n")
     _say("Output:")
     _say(f"  canonical JSON lines   {out / 'canonical'}")
     for line in extra:
@@ -155,10 +159,12 @@ def _write_trackers(out: Path) -> tuple[list[str], list[str]]:
     return lines, failed
 
 
-def _compare(out: Path, locators: list[str]) -> str | None:
-    from .compare import compare_runs
+def _compare(out: Path, locators: list[str]) -> tuple[str, str | None]:
+    """The report's path, and the warning that the runs share no step (the example veRL log starts at step 101,
+    where its run was resumed), or None."""
+    from .compare import compare_runs, disjoint_steps
     result = compare_runs(locators, out=out / "report")
-    return str(result.html)
+    return str(result.html), disjoint_steps(result.runs)
 
 
 def main(argv: list[str] | None = None) -> int:

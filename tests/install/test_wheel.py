@@ -4,6 +4,7 @@ while every editable install hid it)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import tarfile
 import zipfile
 
@@ -162,6 +163,13 @@ def test_demo(demo_out):
     assert (out / "report" / "report.html").is_file()
     manifest = load_json(out / ".trackbridge-manifest.json")
     assert isinstance(manifest, dict) and manifest["complete"] is True
+    assert "the runs share no step (trl-grpo 1\u2013100, verl-ppo 101\u2013300)" in r.stdout, r
+    # the derived marks in MLflow are where the README says: run tags trackbridge.derived.0 (.count)
+    with sqlite3.connect(out / "trackers" / "mlflow.db") as conn:
+        tags = conn.execute("SELECT key, value FROM tags WHERE key LIKE 'trackbridge.derived%'").fetchall()
+    assert sorted(tags) == [("trackbridge.derived.0", '["perf/response_tokens_per_step"]'),
+                            ("trackbridge.derived.0", '["perf/tokens_per_step"]'),
+                            ("trackbridge.derived.count", "1"), ("trackbridge.derived.count", "1")], tags
 
 
 def test_python_dash_m_and_version(venv_all, dist):

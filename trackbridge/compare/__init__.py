@@ -128,6 +128,9 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
             result.warnings.append(ax.note)
     for name in missing:
         result.warnings.append(f"asked for but found in no run: {name}")
+    apart = disjoint_steps(runs)
+    if x == "step" and apart:
+        result.warnings.insert(0, apart)
 
     for name in chosen:
         result.metrics.append(_metric_report(name, runs, axes, schema))
@@ -147,6 +150,18 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         from .report import write_report
         write_report(result, axes, smooth_kind=smooth_kind, title=title)
     return result
+
+
+def disjoint_steps(runs: "list[LoadedRun]") -> str | None:
+    """A warning when the runs share no step (a log that starts where a run was resumed, runs of different lengths
+    counted differently): their curves on a step axis then sit side by side, never over each other."""
+    ranges = [(r.label, r.step_range()) for r in runs]
+    known = [(label, rng) for label, rng in ranges if rng is not None]
+    if len(known) < 2 or max(lo for _l, (lo, _h) in known) <= min(hi for _l, (_lo, hi) in known):
+        return None
+    spans = ", ".join(f"{label} {lo}\u2013{hi}" for label, (lo, hi) in known)
+    return (f"the runs share no step ({spans}): on a step axis their curves sit side by side, not over each "
+            f"other; compare their shapes, not their values at one step")
 
 
 def _schema(mappings: list[str] | None) -> CanonicalSchema:
