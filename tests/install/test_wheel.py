@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import tarfile
 import zipfile
 
@@ -179,3 +180,23 @@ def test_python_dash_m_and_version(venv_all, dist):
     assert version in r.stdout + r.stderr, r
     r = run([venv_all.exe("python"), "-m", "trackbridge", "--help"], cwd=venv_all.work, env=venv_all.env)
     assert r.returncode == 0 and "usage: trackbridge" in r.stdout, r
+
+
+def test_an_editable_install_prints_no_banner(tmp_path):
+    """What ``make demo`` and ``make test`` run (pip install -e, with the pip they upgrade to) says nothing but
+    errors: no setuptools banner ('Package would be ignored', 'Editable installation')."""
+    from _support.install import clean_env
+    venv = tmp_path / "venv"
+    env = clean_env(venv)
+    r = run([sys.executable, "-m", "venv", venv], cwd=tmp_path, env=env)
+    assert r.returncode == 0, r
+    r = run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--upgrade", "pip"], cwd=tmp_path, env=env)
+    assert r.returncode == 0, r
+    r = run([venv / "bin" / "python", "-m", "pip", "install", "-q", "-e", ROOT], cwd=tmp_path, env=env)
+    assert r.returncode == 0, r
+    out = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
+                    if not ln.startswith("WARNING: Location"))     # this machine's pip index settings, not ours
+    assert "********" not in out and "BuildBackendWarning" not in out, r
+    r = run([venv / "bin" / "python", "-c", "import trackbridge.translate, trackbridge.mappings"], cwd=tmp_path,
+            env=env)
+    assert r.returncode == 0, r
