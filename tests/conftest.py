@@ -96,15 +96,47 @@ def pytest_ignore_collect(collection_path, config):
     return True if folder and folder[0] in ("trackers", "frameworks", "install") else None
 
 
+# -- pytest-xdist (make test: -n 2, --dist loadgroup in pyproject.toml) ----------------------------------------------
+# Each test module is one xdist group, so its module-scoped fixtures (a real MLflow server, a matrix of logged runs,
+# a store read by many tests) are built once, by one worker; tests/install is one group (its venvs are the session's).
+# Groups go to the workers in collection order, and the modules below first, longest first (measured, README
+# "Tests"): a long module started last would leave one worker running it alone at the end. A module missing here is
+# only scheduled later; nothing else depends on the list.
+LONGEST_FIRST = [
+    "trackers/test_streaming_memory.py",
+    "trackers/test_logger_outages.py",
+    "install",
+    "frameworks/test_integrations_wrappers.py",
+    "frameworks/test_integrations_trl.py",
+    "trackers/test_logger_outcome.py",
+    "trackers/test_logger_poison.py",
+    "trackers/test_bad_inputs.py",
+    "trackers/test_migrate_outages.py",
+    "trackers/test_one_pipeline.py",
+]
+
+
+def xdist_group_of(rel: Path) -> str:
+    """The xdist group of a test file (its path under tests/): its module, or its folder for tests/install."""
+    return "install" if rel.parts[0] == "install" else rel.as_posix()
+
+
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).resolve().parent
+    groups: dict[int, str] = {}
     for item in items:          # unit / tracker / framework, from the folder under tests/ the test lives in
         try:
-            folder = Path(str(item.path)).resolve().relative_to(tests).parts[0]
+            rel = Path(str(item.path)).resolve().relative_to(tests)
         except ValueError:
             continue
-        if folder in FOLDER_MARKS:
-            item.add_marker(FOLDER_MARKS[folder])
+        if rel.parts[0] in FOLDER_MARKS:
+            item.add_marker(FOLDER_MARKS[rel.parts[0]])
+        if item.get_closest_marker("xdist_group") is None:
+            groups[id(item)] = xdist_group_of(rel)
+            item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (rank.get(groups.get(id(it), ""), len(rank)), order[id(it)]))
     skip = config.getoption("--skip-integration") or os.environ.get("TRACKBRIDGE_SKIP_INTEGRATION") == "1"
     if not skip:
         return
@@ -138,19 +170,22 @@ def wandb_env(tmp_path_factory):
 
 
 # -- the fault matrix (issue 12): cells record points written and points read back; with TRACKBRIDGE_FAULT_MATRIX=FILE
-# the session writes them as a Markdown table (the README's table is made this way) -------------------------------
-FAULT_CELLS: list[tuple[str, str, int, int]] = []
+# the session writes them as a Markdown table (the README's table is made this way). Under pytest-xdist each worker
+# writes its cells to FILE.<worker>.json and the controller merges them, in the order the tests were collected. ----
+FAULT_CELLS: list[tuple[int, str, str, int, int]] = []
 
 
 @pytest.fixture
-def fault_cell():
+def fault_cell(request):
     """``fault_cell(cell, tracker, points_written, points_read_back)``: one cell of the fault matrix."""
     def record(cell: str, tracker: str, written: int, read_back: int) -> None:
-        FAULT_CELLS.append((cell, tracker, int(written), int(read_back)))
+        order = request.session.items.index(request.node)      # the same in every worker (one collection)
+        FAULT_CELLS.append((order, cell, tracker, int(written), int(read_back)))
     return record
 
 
 def pytest_sessionfinish(session, exitstatus):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     if session.config.getoption("--check-unit-imports"):
         from _support.unit_imports import imported
         bad = imported()
@@ -158,9 +193,20 @@ def pytest_sessionfinish(session, exitstatus):
         if bad:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     out = os.environ.get("TRACKBRIDGE_FAULT_MATRIX")
-    if not out or not FAULT_CELLS:
+    if not out:
         return
+    import json
+    if worker:                              # a worker: its cells, for the controller to merge
+        Path(f"{out}.{worker}.json").write_text(json.dumps(FAULT_CELLS), encoding="utf-8")
+        return
+    cells = list(FAULT_CELLS)
+    for part in sorted(Path(out).parent.glob(Path(out).name + ".gw*.json")):
+        cells += [tuple(c) for c in json.loads(part.read_text(encoding="utf-8"))]
+        part.unlink()
+    if not cells:
+        return
+    cells.sort(key=lambda c: c[0])          # stable: a test's own cells keep their order
     lines = ["| cell | tracker | points written | points read back |", "|---|---|---:|---:|"]
-    for cell, tracker, written, read_back in FAULT_CELLS:
+    for _order, cell, tracker, written, read_back in cells:
         lines.append(f"| {cell} | {tracker} | {written:,} | {read_back:,} |")
     Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")

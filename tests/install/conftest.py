@@ -7,8 +7,8 @@ environment (no PYTHONPATH), so nothing of the checkout can be imported by accid
 ``trackbridge`` comes from them. Helpers: tests/_support/install.py.
 
 pip installs from its usual index and cache with ``constraints.txt``. Building and installing take about a minute
-on an idle machine; ``make smoke`` runs this folder alone. Under xdist the folder is one group
-(``--dist loadgroup``): the venvs are built once, by one worker.
+on an idle machine; ``make smoke`` runs this folder alone. Under xdist the folder is one group (tests/conftest.py):
+the venvs are built once, by one worker.
 """
 from __future__ import annotations
 
@@ -43,10 +43,3 @@ def demo_out(venv_all) -> tuple[Path, Ran]:
     every tracker, which the core-only tests read back) and the command's result."""
     out = venv_all.work / "demo"
     return out, venv_all.tb("demo", "--out", out, timeout=600)
-
-
-def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in Path(str(item.path)).resolve().parents:
-            item.add_marker(pytest.mark.xdist_group("install"))
