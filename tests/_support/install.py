@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -90,11 +91,24 @@ class Dist:
     log: str
 
 
+#: what a copy of the checkout to build from leaves out at its top: tests, caches, environments, builds, outputs
+NOT_BUILT = {".git", ".venv", "venv", "tests", "benchmarks", "out", "build", "dist", ".pytest_cache", ".hypothesis",
+             ".mypy_cache", ".ruff_cache", "wandb", "mlruns", "runs"}
+
+
+def _not_built(folder: str, names: list[str]) -> set[str]:
+    top = NOT_BUILT if Path(folder).resolve() == ROOT else set()
+    return {n for n in names if n in top or n == "__pycache__" or n.endswith(".egg-info")}
+
+
 def build(out: Path) -> Dist:
-    """The sdist and the wheel, built by ``python -m build`` (isolated, as pip builds it) from this checkout into
-    ``out``: the wheel is built from the sdist, so a file the sdist forgets is missing from both."""
+    """The sdist and the wheel, built by ``python -m build`` (isolated, as pip builds it) from a copy of this
+    checkout (setuptools writes its egg-info beside the sources; the checkout is left alone) into ``out``: the wheel
+    is built from the sdist, so a file the sdist forgets is missing from both."""
+    src = out / "src"
+    shutil.copytree(ROOT, src, ignore=_not_built)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = run([sys.executable, "-m", "build", "--outdir", out, ROOT], cwd=out, env=env, timeout=PIP_TIMEOUT)
+    r = run([sys.executable, "-m", "build", "--outdir", out, src], cwd=out, env=env, timeout=PIP_TIMEOUT)
     assert r.returncode == 0, f"building the sdist and the wheel failed:{r}"
     sdists, wheels = sorted(out.glob("*.tar.gz")), sorted(out.glob("*.whl"))
     assert len(sdists) == 1 and len(wheels) == 1, (sorted(p.name for p in out.iterdir()), r)
