@@ -96,47 +96,41 @@ def pytest_ignore_collect(collection_path, config):
     return True if folder and folder[0] in ("trackers", "frameworks", "install") else None
 
 
-# -- pytest-xdist (make test: -n 2, --dist loadgroup in pyproject.toml) ----------------------------------------------
-# Each test module is one xdist group, so its module-scoped fixtures (a real MLflow server, a matrix of logged runs,
-# a store read by many tests) are built once, by one worker; tests/install is one group (its venvs are the session's).
-# Groups go to the workers in collection order, and the modules below first, longest first (measured, README
-# "Tests"): a long module started last would leave one worker running it alone at the end. A module missing here is
-# only scheduled later; nothing else depends on the list.
+# -- pytest-xdist (make test: -n 2; --dist loadscope in pyproject.toml) --------------------------------------------
+# Each test module runs on one worker, so its module-scoped fixtures (a real MLflow server, a matrix of logged runs,
+# a store read by many tests) are built once. (xdist's --dist loadgroup would allow other groupings, but xdist 3.8
+# marks the groups in Item._nodeid, which pytest 9.2 no longer reads: every test became its own group.) Modules go to
+# the workers in collection order, the ones below first, longest first (measured, README "Tests"): a long module
+# started last would leave one worker running it alone at the end. A module missing here is only scheduled later.
 LONGEST_FIRST = [
     "trackers/test_streaming_memory.py",
     "trackers/test_logger_outages.py",
-    "install",
+    "install/test_wheel.py",
     "frameworks/test_integrations_wrappers.py",
     "frameworks/test_integrations_trl.py",
     "trackers/test_logger_outcome.py",
     "trackers/test_logger_poison.py",
     "trackers/test_bad_inputs.py",
+    "install/test_core_only.py",
     "trackers/test_migrate_outages.py",
     "trackers/test_one_pipeline.py",
 ]
 
 
-def xdist_group_of(rel: Path) -> str:
-    """The xdist group of a test file (its path under tests/): its module, or its folder for tests/install."""
-    return "install" if rel.parts[0] == "install" else rel.as_posix()
-
-
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).resolve().parent
-    groups: dict[int, str] = {}
-    for item in items:          # unit / tracker / framework, from the folder under tests/ the test lives in
+    module: dict[int, str] = {}
+    for item in items:          # unit / tracker / framework / install, from the folder under tests/ the test lives in
         try:
             rel = Path(str(item.path)).resolve().relative_to(tests)
         except ValueError:
             continue
+        module[id(item)] = rel.as_posix()
         if rel.parts[0] in FOLDER_MARKS:
             item.add_marker(FOLDER_MARKS[rel.parts[0]])
-        if item.get_closest_marker("xdist_group") is None:
-            groups[id(item)] = xdist_group_of(rel)
-            item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
-    rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+    rank = {m: i for i, m in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda it: (rank.get(groups.get(id(it), ""), len(rank)), order[id(it)]))
+    items.sort(key=lambda it: (rank.get(module.get(id(it), ""), len(rank)), order[id(it)]))
     skip = config.getoption("--skip-integration") or os.environ.get("TRACKBRIDGE_SKIP_INTEGRATION") == "1"
     if not skip:
         return

@@ -7,8 +7,9 @@ environment (no PYTHONPATH), so nothing of the checkout can be imported by accid
 ``trackbridge`` comes from them. Helpers: tests/_support/install.py.
 
 pip installs from its usual index and cache with ``constraints.txt``. Building and installing take about a minute
-on an idle machine; ``make smoke`` runs this folder alone. Under xdist the folder is one group (tests/conftest.py):
-the venvs are built once, by one worker.
+on an idle machine; ``make smoke`` runs this folder alone. Under xdist each module runs on one worker
+(``--dist loadscope``): test_wheel.py builds the ``[all]`` venv, test_core_only.py the core one (each builds the
+wheel, a few seconds), so the two run side by side.
 """
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ def venv_core(dist, tmp_path_factory) -> Venv:
 
 @pytest.fixture(scope="session")
 def demo_out(venv_all) -> tuple[Path, Ran]:
-    """``trackbridge demo`` run once in the ``[all]`` venv: its output folder (the canonical streams and a run in
-    every tracker, which the core-only tests read back) and the command's result."""
+    """``trackbridge demo`` run once in the ``[all]`` venv: its output folder and the command's result."""
     out = venv_all.work / "demo"
     return out, venv_all.tb("demo", "--out", out, timeout=600)

@@ -1,12 +1,16 @@
 """The wheel installed alone (PyYAML is its only dependency): what needs no extra works, and every command or call
 that needs one exits 2 (or raises ``MissingExtra``) with one line naming the extra to install, before it reads or
-writes anything. The tracker runs read here were written by the demo in the ``[all]`` venv."""
+writes anything. The tracker runs read here are the demo's, written by the test environment's trackbridge (every
+tracker installed), so this module does not wait for the ``[all]`` venv (tests/install/test_wheel.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from _support import ROOT
 from _support.install import one_line
 
 #: every path that needs an extra: (test id, command line with {ex} = the examples, {demo} = the demo's output,
@@ -52,6 +56,16 @@ def test_only_pyyaml_is_installed(venv_core):
 
 
 @pytest.fixture(scope="module")
+def demo_out(tmp_path_factory):
+    """The demo's output folder (a run in every tracker), made by the checkout's trackbridge."""
+    out = tmp_path_factory.mktemp("core-demo") / "demo"
+    p = subprocess.run([sys.executable, "-m", "trackbridge", "demo", "--out", str(out)], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
 def spool(venv_core, tmp_path_factory):
     """A spool written by ``init`` in the core venv (the spool needs no extra)."""
     where = tmp_path_factory.mktemp("core-spool")
@@ -68,8 +82,8 @@ def spool(venv_core, tmp_path_factory):
 @pytest.mark.parametrize("case", NEEDS_EXTRA, ids=[c[0] for c in NEEDS_EXTRA])
 def test_a_command_needing_an_extra_exits_2_naming_it(venv_core, demo_out, spool, tmp_path, case):
     _name, argv, extra, package = case
-    demo, _ran = demo_out
-    assert (demo / "trackers").is_dir(), "the [all] venv's demo wrote no tracker runs"
+    demo = demo_out
+    assert (demo / "trackers").is_dir(), "the demo wrote no tracker runs"
     tmp = tmp_path / "t"
     tmp.mkdir()
     args = [a.format(ex=venv_core.examples(), demo=demo, tmp=tmp, spool=spool) for a in argv]
@@ -102,7 +116,7 @@ def test_init_with_a_sink_needing_an_extra_names_it(venv_core, tmp_path, tracker
 
 @pytest.mark.parametrize("tracker", ["tensorboard", "wandb", "mlflow"])
 def test_open_source_needing_an_extra_names_it(venv_core, demo_out, tracker):
-    demo, _ran = demo_out
+    demo = demo_out
     loc = {"tensorboard": f"tensorboard:{demo}/trackers/tensorboard", "wandb": f"wandb:{demo}/trackers/wandb",
            "mlflow": f"mlflow:sqlite:///{demo}/trackers/mlflow.db"}[tracker]
     r = venv_core.py(f"""
@@ -139,7 +153,7 @@ def test_the_core_alone_translates_detects_lints_and_logs(venv_core, spool, tmp_
 
 def test_the_trackio_reader_needs_no_extra(venv_core, demo_out, tmp_path):
     """Trackio keeps its runs in SQLite, read with the standard library: no trackio package needed to read them."""
-    demo, _ran = demo_out
+    demo = demo_out
     r = venv_core.tb("migrate", f"trackio:{demo}/trackers/trackio", f"jsonl:{tmp_path / 'j'}", "--quiet")
     assert r.returncode == 0, r
     streams = sorted((tmp_path / "j").glob("*.jsonl"))
