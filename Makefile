@@ -2,14 +2,19 @@
 #   make demo   - create .venv if missing, install, run the demo on the embedded default, print where the output is
 #   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff, mypy), run the
 #                 whole test suite
+#   make test-quick - the unit tests alone (no tracker, no framework, no browser; under a minute)
+#   make smoke      - build the sdist and the wheel, install the wheel into fresh venvs ([all], and the core alone)
+#                     and run every command from there (tests/install; make test runs it too)
 # Flags: make test PYTEST_ARGS="--skip-integration"   (skip the slow real-TRL tests locally)
+#        make test PYTEST_WORKERS=0                    (one process; default 2, pytest-xdist)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 OUT    ?= out/demo
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 
-.PHONY: demo test bench docs lint clean
+.PHONY: demo test test-quick smoke bench docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +33,13 @@ demo: $(VENV)/.demo-installed
 	$(BIN)/python -m trackbridge demo --out $(OUT)
 
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+test-quick: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -n 0 -q -m "unit and not browser" --check-unit-imports tests/unit $(PYTEST_ARGS)
+
+smoke: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q tests/install $(PYTEST_ARGS)
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python benchmarks/run_all.py

@@ -4,6 +4,7 @@ tests/unit        no tracker package (wandb, tensorboard, mlflow, trackio) and n
                   OpenRLHF) is imported: marked ``unit`` (``pytest -m unit`` is the quick run)
 tests/trackers    write to or read from a real tracker: marked ``tracker``
 tests/frameworks  run TRL/veRL/OpenRLHF code: marked ``framework``
+tests/install     build the sdist and the wheel and run every command from fresh venvs: marked ``install``
 tests/_support    helpers shared by the folders (imported as ``_support``: this file's folder is on sys.path)
 """
 from __future__ import annotations
@@ -18,11 +19,12 @@ from _support import DATA
 
 SHARED = DATA      # the public logs and framework inventories, copied into tests/data
 
-FOLDER_MARKS = {"unit": "unit", "trackers": "tracker", "frameworks": "framework"}
+FOLDER_MARKS = {"unit": "unit", "trackers": "tracker", "frameworks": "framework", "install": "install"}
 MARKERS = [
     "unit: tests/unit: imports no tracker package and no framework (pytest -m unit is the quick run)",
     "tracker: tests/trackers: writes to or reads from a real tracker (wandb, TensorBoard, MLflow, Trackio)",
     "framework: tests/frameworks: runs TRL/veRL/OpenRLHF (or torch) code",
+    "install: tests/install: builds the wheel and runs every command from fresh venvs ([all], and the core alone)",
 ]
 
 # Session-wide environment, set in pytest_configure (not when this file is imported) and restored in
@@ -91,18 +93,44 @@ def pytest_ignore_collect(collection_path, config):
         folder = Path(collection_path).resolve().relative_to(tests).parts[:1]
     except ValueError:
         return None
-    return True if folder and folder[0] in ("trackers", "frameworks") else None
+    return True if folder and folder[0] in ("trackers", "frameworks", "install") else None
+
+
+# -- pytest-xdist (make test: -n 2; --dist loadscope in pyproject.toml) --------------------------------------------
+# Each test module runs on one worker, so its module-scoped fixtures (a real MLflow server, a matrix of logged runs,
+# a store read by many tests) are built once. (xdist's --dist loadgroup would allow other groupings, but xdist 3.8
+# marks the groups in Item._nodeid, which pytest 9.2 no longer reads: every test became its own group.) Modules go to
+# the workers in collection order, the ones below first, longest first (measured, README "Tests"): a long module
+# started last would leave one worker running it alone at the end. A module missing here is only scheduled later.
+LONGEST_FIRST = [
+    "trackers/test_streaming_memory.py",
+    "trackers/test_logger_outages.py",
+    "install/test_wheel.py",
+    "frameworks/test_integrations_wrappers.py",
+    "frameworks/test_integrations_trl.py",
+    "trackers/test_logger_outcome.py",
+    "trackers/test_logger_poison.py",
+    "trackers/test_bad_inputs.py",
+    "install/test_core_only.py",
+    "trackers/test_migrate_outages.py",
+    "trackers/test_one_pipeline.py",
+]
 
 
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).resolve().parent
-    for item in items:          # unit / tracker / framework, from the folder under tests/ the test lives in
+    module: dict[int, str] = {}
+    for item in items:          # unit / tracker / framework / install, from the folder under tests/ the test lives in
         try:
-            folder = Path(str(item.path)).resolve().relative_to(tests).parts[0]
+            rel = Path(str(item.path)).resolve().relative_to(tests)
         except ValueError:
             continue
-        if folder in FOLDER_MARKS:
-            item.add_marker(FOLDER_MARKS[folder])
+        module[id(item)] = rel.as_posix()
+        if rel.parts[0] in FOLDER_MARKS:
+            item.add_marker(FOLDER_MARKS[rel.parts[0]])
+    rank = {m: i for i, m in enumerate(LONGEST_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (rank.get(module.get(id(it), ""), len(rank)), order[id(it)]))
     skip = config.getoption("--skip-integration") or os.environ.get("TRACKBRIDGE_SKIP_INTEGRATION") == "1"
     if not skip:
         return
@@ -136,19 +164,22 @@ def wandb_env(tmp_path_factory):
 
 
 # -- the fault matrix (issue 12): cells record points written and points read back; with TRACKBRIDGE_FAULT_MATRIX=FILE
-# the session writes them as a Markdown table (the README's table is made this way) -------------------------------
-FAULT_CELLS: list[tuple[str, str, int, int]] = []
+# the session writes them as a Markdown table (the README's table is made this way). Under pytest-xdist each worker
+# writes its cells to FILE.<worker>.json and the controller merges them, in the order the tests were collected. ----
+FAULT_CELLS: list[tuple[int, str, str, int, int]] = []
 
 
 @pytest.fixture
-def fault_cell():
+def fault_cell(request):
     """``fault_cell(cell, tracker, points_written, points_read_back)``: one cell of the fault matrix."""
     def record(cell: str, tracker: str, written: int, read_back: int) -> None:
-        FAULT_CELLS.append((cell, tracker, int(written), int(read_back)))
+        order = request.session.items.index(request.node)      # the same in every worker (one collection)
+        FAULT_CELLS.append((order, cell, tracker, int(written), int(read_back)))
     return record
 
 
 def pytest_sessionfinish(session, exitstatus):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     if session.config.getoption("--check-unit-imports"):
         from _support.unit_imports import imported
         bad = imported()
@@ -156,9 +187,20 @@ def pytest_sessionfinish(session, exitstatus):
         if bad:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     out = os.environ.get("TRACKBRIDGE_FAULT_MATRIX")
-    if not out or not FAULT_CELLS:
+    if not out:
         return
+    import json
+    if worker:                              # a worker: its cells, for the controller to merge
+        Path(f"{out}.{worker}.json").write_text(json.dumps(FAULT_CELLS), encoding="utf-8")
+        return
+    cells = list(FAULT_CELLS)
+    for part in sorted(Path(out).parent.glob(Path(out).name + ".gw*.json")):
+        cells += [tuple(c) for c in json.loads(part.read_text(encoding="utf-8"))]
+        part.unlink()
+    if not cells:
+        return
+    cells.sort(key=lambda c: c[0])          # stable: a test's own cells keep their order
     lines = ["| cell | tracker | points written | points read back |", "|---|---|---:|---:|"]
-    for cell, tracker, written, read_back in FAULT_CELLS:
+    for _order, cell, tracker, written, read_back in cells:
         lines.append(f"| {cell} | {tracker} | {written:,} | {read_back:,} |")
     Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -57,11 +57,13 @@ def _prepare(out: Path) -> OutputManifest:
 
 
 def run_demo(out: Path) -> int:
+    from .extras import PLOT, require
     from .inputs import open_runs
     from .stream import StreamWriter, stream_file
 
     out = Path(out)
     try:
+        require(*PLOT, "the demo (its comparison report)")     # before anything is written
         manifest = _prepare(out)
     except ValueError as exc:
         print(f"trackbridge demo: {exc}", file=sys.stderr)
@@ -88,7 +90,9 @@ def run_demo(out: Path) -> int:
             st = pipe.stats
             _say(f"== {label}: {loc}")
             _say(f"   source      {st.source}")
-            _say(f"   records     {st.records} steps, {st.points} values -> {path}")
+            steps = [r.step for r in records if r.step is not None]
+            span = f" ({min(steps)}\u2013{max(steps)})" if steps else ""
+            _say(f"   records     {st.records} steps{span}, {st.points} values -> {path}")
             _say(f"   mapped      {len(st.renamed)} names renamed to canonical, e.g. "
                  + ", ".join(f"{k} -> {v}" for k, v in list(st.renamed.items())[:4]))
             _say(f"   approximate {len(st.approximate)} (translated, but not exactly the canonical quantity)"
@@ -103,8 +107,10 @@ def run_demo(out: Path) -> int:
     manifest.save(complete=False)
     extra, failed = _write_trackers(out)
     manifest.save(complete=False)
-    report = _compare(out, locators)
+    report, apart = _compare(out, locators)
     manifest.save()
+    if apart:
+        _say(f"Note: {apart}.\n")
     _say("Output:")
     _say(f"  canonical JSON lines   {out / 'canonical'}")
     for line in extra:
@@ -152,13 +158,12 @@ def _write_trackers(out: Path) -> tuple[list[str], list[str]]:
     return lines, failed
 
 
-def _compare(out: Path, locators: list[str]) -> str | None:
-    try:
-        from .compare import compare_runs
-    except ImportError:
-        return None
+def _compare(out: Path, locators: list[str]) -> tuple[str, str | None]:
+    """The report's path, and the warning that the runs share no step (the example veRL log starts at step 101,
+    where its run was resumed), or None."""
+    from .compare import compare_runs, disjoint_steps
     result = compare_runs(locators, out=out / "report")
-    return str(result.html)
+    return str(result.html), disjoint_steps(result.runs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@ code  name             meaning
                        lines were skipped, or (``--strict``) keys stayed unmapped; what went wrong is printed
 2     ``USAGE``        bad usage or bad input: a wrong argument (argparse), an unknown locator or naming scheme, a
                        file or folder that cannot be read or is not what the command takes, invalid mapping files
-                       (``MappingError``), a :class:`~trackbridge.errors.UsageError`; nothing was done
+                       (``MappingError``), a :class:`~trackbridge.errors.UsageError`, a missing extra
+                       (:class:`~trackbridge.extras.MissingExtra`); nothing was done
 130   ``INTERRUPTED``  interrupted (Ctrl-C)
 ====  ===============  ================================================================================================
 
@@ -27,7 +28,8 @@ Per command (what "problems" means where a command's purpose is to find them):
   is 2.
 * ``compare``: differences between runs are the report, not a problem (0). 1 when no metric could be compared
   (nothing to chart) or a tracker of ``--into`` failed (the report is written first). Unreadable runs are 2.
-* ``demo``: 1 when a local tracker could not be written; 2 for an ``--out`` folder that is not the demo's.
+* ``demo``: 1 when a local tracker could not be written; 2 for an ``--out`` folder that is not the demo's, or without
+  the ``[plot]`` extra (a local tracker whose package is missing is skipped, and said).
 * ``doctor``: finding symptoms is its purpose: 0 when no finding is at or above ``--fail-on`` (default ``warning``),
   1 when one is, in any run; lines skipped while reading are printed, not a problem. A run that cannot be read or
   holds no records, an unknown ``--checks`` id or invalid mapping or checks files are 2.

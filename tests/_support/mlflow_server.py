@@ -1,11 +1,21 @@
-"""Test helper: a real ``mlflow server`` on 127.0.0.1 with a SQLite backend, started and stopped around a block.
+"""Test helper: a real ``mlflow server`` on 127.0.0.1 with a SQLite backend.
 
-    with mlflow_server(tmp_path) as url:      # url == "http://127.0.0.1:<free port>"
-        ...
+Tests take the ``mlflow_server`` fixture (tests/trackers/conftest.py): one server per test module, started once
+and shared by the module's tests, running when each test starts (restarted if an earlier test killed it). A test
+keeps to its own experiment names or run ids, and counts what it wrote (e.g. rows of the store) from what was
+there before it.
+
+    def test_x(mlflow_server):
+        url = mlflow_server.url                   # "http://127.0.0.1:<free port>"
+        mlflow_server.kill(); mlflow_server.start()     # SIGKILL it and bring it back (same port, same store)
+
+Outside pytest, ``with mlflow_server(tmp_path) as url:`` starts and stops one around a block.
 
 The server runs as a subprocess of the venv's ``mlflow`` executable with ``--backend-store-uri sqlite:///...``,
-``--artifacts-destination`` under ``tmp_path`` and one worker; the helper waits until ``/health`` answers, and on exit
-terminates the process group it started (only that one). Telemetry is disabled in the child's environment.
+``--artifacts-destination`` under its folder and one worker, and without MLflow's job runner (its huey consumers
+are seven more processes importing MLflow, for jobs the tests never use). Starting waits until ``/health`` answers;
+stopping terminates the process group it started (only that one). Telemetry is disabled in the child's
+environment.
 """
 from __future__ import annotations
 
@@ -32,49 +42,15 @@ def _mlflow_exe() -> str:
     return str(exe) if exe.exists() else "mlflow"
 
 
-@contextlib.contextmanager
-def mlflow_server(root: Path, timeout: float = 90.0) -> Iterator[str]:
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    db = root / "server.db"
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1")
-    log = open(root / "server.log", "wb")
-    cmd = [_mlflow_exe(), "server", "--backend-store-uri", f"sqlite:///{db}",
-           "--artifacts-destination", str(root / "artifacts"),
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {proc.returncode}; see {root / 'server.log'}:\n"
-                                   + (root / "server.log").read_text(errors="replace")[-2000:])
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"mlflow server on {url} not ready after {timeout}s; see {root / 'server.log'}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        log.close()
+def server_env() -> dict[str, str]:
+    return dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1",
+                MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
 
 
 class MlflowServer:
     """A real ``mlflow server`` that a test can kill (SIGKILL, mid-request) and start again on the same port and
-    store: ``start()``, ``kill()``, ``stop()``; ``url``. Use as a context manager (stopped on exit)."""
+    store: ``start()``, ``kill()``, ``stop()``, ``ensure_running()``; ``url``, ``db``. Use as a context manager
+    (stopped on exit)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -84,19 +60,24 @@ class MlflowServer:
         self.db = self.root / "server.db"
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self.starts = 0
 
-    def start(self, timeout: float = 90.0) -> "MlflowServer":
-        env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1")
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 180.0) -> "MlflowServer":
         self._log = open(self.root / "server.log", "ab")
         cmd = [_mlflow_exe(), "server", "--backend-store-uri", f"sqlite:///{self.db}",
                "--artifacts-destination", str(self.root / "artifacts"),
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=server_env(),
+                                     cwd=self.root, start_new_session=True)
+        self.starts += 1
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}; see {self.root / 'server.log'}")
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}; see {self.root / 'server.log'}"
+                                   ":\n" + (self.root / "server.log").read_text(errors="replace")[-2000:])
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
                     if resp.status == 200:
@@ -104,26 +85,38 @@ class MlflowServer:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"mlflow server on {self.url} not ready after {timeout}s")
-            time.sleep(0.3)
+                self.stop()
+                raise TimeoutError(f"mlflow server on {self.url} not ready after {timeout}s; see "
+                                   f"{self.root / 'server.log'}")
+            time.sleep(0.2)
+
+    def ensure_running(self) -> "MlflowServer":
+        """Start the server unless it is running (an earlier test may have killed it)."""
+        if not self.running():
+            self.stop()
+            self.start()
+        return self
 
     def kill(self) -> None:
         """SIGKILL the server's process group: requests in flight are cut off."""
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running():
+            assert self.proc is not None
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._close_log()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running():
+            assert self.proc is not None
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=5)
+        self._close_log()
+
+    def _close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -133,3 +126,14 @@ class MlflowServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path, timeout: float = 180.0) -> Iterator[str]:
+    """A server started and stopped around a block; yields its URL."""
+    srv = MlflowServer(root)
+    srv.start(timeout)
+    try:
+        yield srv.url
+    finally:
+        srv.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import trackbridge
+from trackbridge.logger import LoggerWarning
 from trackbridge.replay import iter_spool
 from trackbridge.sources import open_source
 
@@ -340,7 +341,8 @@ def test_callable_errors_stay_with_the_original_and_trackbridge_problems_never_r
     wrapped({"actor/pg_loss": 0.1}, step=1)
     with pytest.raises(RuntimeError, match="backend down"):
         wrapped({"actor/pg_loss": 0.2}, step=2)          # the original's exception, unchanged
-    wrapped({"actor/pg_loss": object()}, step=3)          # a value trackbridge cannot take: a warning, no exception
+    with pytest.warns(LoggerWarning, match="metric 'actor/pg_loss': values of type object cannot be stored"):
+        wrapped({"actor/pg_loss": object()}, step=3)      # a value trackbridge cannot take: a warning, no exception
     trackbridge.unwrap(wrapped)
     assert calls == [1, 2, 3]
     spool = _spool(wrapped.run)

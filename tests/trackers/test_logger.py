@@ -360,15 +360,15 @@ def test_translation_in_and_names_out(tmp_path):
 
 def test_a_writer_process_slow_to_start_is_not_a_stall(tmp_path, monkeypatch):
     """finish() right after init, with a stall_timeout far shorter than the writer process needs to start (made
-    slow here the way a loaded machine makes it slow: its interpreter sleeps 7 s at startup, through a
-    sitecustomize.py only the child sees): the time before the tracker's open was tried is not a stall, so every
-    record reaches the tracker and nothing is left pending."""
+    slow here the way a loaded machine makes it slow: its interpreter sleeps 3 s at startup, 15 times the
+    stall_timeout, through a sitecustomize.py only the child sees): the time before the tracker's open was tried is
+    not a stall, so every record reaches the tracker and nothing is left pending."""
     from trackbridge.trackers.tensorboard.source import TensorBoardSource
     slow = tmp_path / "slow"
     slow.mkdir()
-    (slow / "sitecustomize.py").write_text("import time\ntime.sleep(7)\n")
+    (slow / "sitecustomize.py").write_text("import time\ntime.sleep(3)\n")
     monkeypatch.setenv("PYTHONPATH", str(slow))
-    run = _init(tmp_path, [f"tensorboard:{tmp_path / 'tb'}"], writer="process", stall_timeout=0.5, finish_timeout=120)
+    run = _init(tmp_path, [f"tensorboard:{tmp_path / 'tb'}"], writer="process", stall_timeout=0.2, finish_timeout=120)
     for i in range(20):
         run.log({"reward/score/mean": float(i)}, step=i)
     st = run.finish()

@@ -30,7 +30,7 @@ from trackbridge.logger import LoggerWarning
 from trackbridge.replay import iter_spool, pending_file, read_pending, replay
 
 from _support import ROOT
-from _support.mlflow_server import MlflowServer
+from _support.expect import logger_warnings
 
 KEYS = [f"custom/k{j:03d}" for j in range(100)]
 
@@ -117,24 +117,23 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 
 # -- a real server killed while a batch is in flight -------------------------------------------------------------
-def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault_cell):
-    srv = MlflowServer(tmp_path / "srv").start()
-    try:
-        run = trackbridge.init(project="outage", name="killed-server", sinks=[f"mlflow:{srv.url}"],
-                               spool=str(tmp_path / "spool"), source="canonical", batch_size=500, queue_size=2000,
-                               retries=0, retry_interval=3600, stall_timeout=3, finish_timeout=30,
-                               writer="thread")
-        worker = run._workers[1]
-        run.log(_row(0), step=0)
-        _wait(lambda: worker.written >= 1, 120, "the run to open")
-        p0 = worker.sink.progress
-        for i in range(1, 500):
-            run.log(_row(i), step=i)
-        # one batch of 499 records x 100 keys = 49,900 points: 50 requests of up to 1,000 points, by key
-        _wait(lambda: worker.sink.progress >= p0 + 3, 120, "the first requests of the batch")
-        srv.kill()
-        with pytest.warns(LoggerWarning):
-            st = run.finish()
+def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault_cell, mlflow_server):
+    srv = mlflow_server
+    run = trackbridge.init(project="outage", name="killed-server", sinks=[f"mlflow:{srv.url}"],
+                           spool=str(tmp_path / "spool"), source="canonical", batch_size=500, queue_size=2000,
+                           retries=0, retry_interval=3600, stall_timeout=3, finish_timeout=30,
+                           writer="thread")
+    worker = run._workers[1]
+    run.log(_row(0), step=0)
+    _wait(lambda: worker.written >= 1, 120, "the run to open")
+    p0 = worker.sink.progress
+    for i in range(1, 500):
+        run.log(_row(i), step=i)
+    # one batch of 499 records x 100 keys = 49,900 points: 50 requests of up to 1,000 points, by key
+    _wait(lambda: worker.sink.progress >= p0 + 3, 120, "the first requests of the batch")
+    srv.kill()
+    with logger_warnings(srv.url, "lacks", "failed"):
+        st = run.finish()
         sink_state = st["sinks"][1]
         assert sink_state["state"] != "closed", sink_state     # still in a request, or failed
         pending = read_pending(run.spool_path)
@@ -143,60 +142,56 @@ def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault
         worker.thread.join(120)           # as when the process exits: nothing more arrives from the old run
         assert not worker.thread.is_alive()
 
-        srv.start()                       # same port, same store
-        before = mlflow_points(srv.url, run.run_id)
-        assert 0 < total(before) < 50_000, total(before)
-        tops = [max(before[k]) if before.get(k) else -1 for k in KEYS]
-        # the kill cut a batch: some keys reach further than others, so "the run's last step" would lose points
-        assert min(tops) < max(tops), "the kill did not cut a batch"
+    srv.start()                       # same port, same store
+    before = mlflow_points(srv.url, run.run_id)
+    assert 0 < total(before) < 50_000, total(before)
+    tops = [max(before[k]) if before.get(k) else -1 for k in KEYS]
+    # the kill cut a batch: some keys reach further than others, so "the run's last step" would lose points
+    assert min(tops) < max(tops), "the kill did not cut a batch"
 
-        res = replay(run.spool_path, pending[0]["sink"])
-        after = mlflow_points(srv.url, run.run_id)
-        assert_exact(after, KEYS, range(500))
-        assert total(after) == 50_000
-        fault_cell("mlflow server SIGKILLed mid-batch, then replay", "mlflow (server)", 50_000, total(after))
-        assert res.points_held == total(before)           # exactly what was there was not written again
+    res = replay(run.spool_path, pending[0]["sink"])
+    after = mlflow_points(srv.url, run.run_id)
+    assert_exact(after, KEYS, range(500))
+    assert total(after) == 50_000
+    fault_cell("mlflow server SIGKILLed mid-batch, then replay", "mlflow (server)", 50_000, total(after))
+    assert res.points_held == total(before)           # exactly what was there was not written again
 
-        again = replay(run.spool_path, pending[0]["sink"])       # a second replay writes nothing
-        assert again.written == 0 and total(mlflow_points(srv.url, run.run_id)) == 50_000
-    finally:
-        srv.stop()
+    again = replay(run.spool_path, pending[0]["sink"])       # a second replay writes nothing
+    assert again.written == 0 and total(mlflow_points(srv.url, run.run_id)) == 50_000
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
-def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path, fault_cell, writer):
+def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path, fault_cell, writer, mlflow_server):
     """``trackbridge replay SPOOL`` with no --to: the trackers finish() wrote down."""
-    srv = MlflowServer(tmp_path / "srv").start()
-    try:
-        run = trackbridge.init(project="outage", name="note", sinks=[f"mlflow:{srv.url}"],
-                               spool=str(tmp_path / "spool"), source="canonical", retries=0, retry_interval=3600,
-                               stall_timeout=2, finish_timeout=20, writer=writer)
-        srv.kill()
-        for i in range(50):
-            run.log(_row(i), step=i)
-        with pytest.warns(LoggerWarning):
-            run.finish()
-        assert pending_file(run.spool_path).is_file()
-        srv.start()
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        p = subprocess.run([sys.executable, "-m", "trackbridge", "replay", str(run.spool_path)],
-                           capture_output=True, text=True, env=env, timeout=300)
-        assert p.returncode == 0, p.stderr
-        assert "wrote 50 records" in p.stdout + p.stderr
-        got = mlflow_points(srv.url, run.run_id)
-        assert_exact(got, KEYS, range(50))
-        fault_cell(f"server down for the whole run, `trackbridge replay SPOOL` after (writer={writer})",
-                   "mlflow (server)", 5_000, total(got))
-        assert not pending_file(run.spool_path).exists()
-    finally:
-        srv.stop()
+    srv = mlflow_server
+    run = trackbridge.init(project="outage", name="note", sinks=[f"mlflow:{srv.url}"],
+                           spool=str(tmp_path / "spool"), source="canonical", retries=0, retry_interval=3600,
+                           stall_timeout=2, finish_timeout=20, writer=writer)
+    srv.kill()
+    for i in range(50):
+        run.log(_row(i), step=i)
+    with pytest.warns(LoggerWarning):
+        run.finish()
+    assert pending_file(run.spool_path).is_file()
+    srv.start()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "trackbridge", "replay", str(run.spool_path)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "wrote 50 records" in p.stdout + p.stderr
+    got = mlflow_points(srv.url, run.run_id)
+    assert_exact(got, KEYS, range(50))
+    fault_cell(f"server down for the whole run, `trackbridge replay SPOOL` after (writer={writer})",
+               "mlflow (server)", 5_000, total(got))
+    assert not pending_file(run.spool_path).exists()
 
 
 # -- a server restarted while training goes on -------------------------------------------------------------------
 @pytest.mark.parametrize("writer", ["thread", "process"])
-def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, fault_cell, writer):
-    srv = MlflowServer(tmp_path / "srv").start()
-    try:
+def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, fault_cell, writer, mlflow_server):
+    srv = mlflow_server
+    # the sink may fail while the server is down (said, naming it) or never notice: both are right
+    with logger_warnings(srv.url):
         run = trackbridge.init(project="outage", name="restarted", sinks=[f"mlflow:{srv.url}"],
                                spool=str(tmp_path / "spool"), source="canonical", retries=0, retry_interval=1.0,
                                stall_timeout=20, finish_timeout=240, writer=writer)
@@ -211,16 +206,14 @@ def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, f
             times.append(time.perf_counter() - t0)
             time.sleep(0.003)
         st = run.finish()
-        assert st["sinks"][1]["state"] == "closed", st["sinks"][1]
-        assert not pending_file(run.spool_path).exists()
-        points = mlflow_points(srv.url, run.run_id)
-        assert_exact(points, KEYS, range(300))
-        fault_cell(f"mlflow server killed mid-run, restarted 100 steps later (writer={writer})", "mlflow (server)",
-                   30_000, total(points))
-        assert mlflow_status(srv.url, run.run_id) == "FINISHED"
-        assert max(times) < 0.5, f"log() waited {max(times):.2f} s while the server was down"
-    finally:
-        srv.stop()
+    assert st["sinks"][1]["state"] == "closed", st["sinks"][1]
+    assert not pending_file(run.spool_path).exists()
+    points = mlflow_points(srv.url, run.run_id)
+    assert_exact(points, KEYS, range(300))
+    fault_cell(f"mlflow server killed mid-run, restarted 100 steps later (writer={writer})", "mlflow (server)",
+               30_000, total(points))
+    assert mlflow_status(srv.url, run.run_id) == "FINISHED"
+    assert max(times) < 0.5, f"log() waited {max(times):.2f} s while the server was down"
 
 
 # -- a server that accepts connections and never answers ----------------------------------------------------------
@@ -273,15 +266,20 @@ def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell
         base_times = _log_times(base, 3000)
         base.finish()
 
-        run = trackbridge.init(project="hung", name="hung", sinks=[f"tensorboard:{tmp_path / 'tb'}",
-                                                                   f"mlflow:http://127.0.0.1:{silent.port}"],
-                               spool=str(tmp_path / "spool"), source="canonical", queue_size=500, retries=0,
-                               stall_timeout=3, finish_timeout=60, writer=writer)
-        times = _log_times(run, 3000)
-        t0 = time.monotonic()
-        with pytest.warns(LoggerWarning, match="lacks 3000 of the run's 3000 records"):
+        with logger_warnings(f"127.0.0.1:{silent.port}", "lacks 3000 of the run's 3000 records"):
+            run = trackbridge.init(project="hung", name="hung", sinks=[f"tensorboard:{tmp_path / 'tb'}",
+                                                                       f"mlflow:http://127.0.0.1:{silent.port}"],
+                                   spool=str(tmp_path / "spool"), source="canonical", queue_size=500, retries=0,
+                                   stall_timeout=3, finish_timeout=60, writer=writer)
+            times = _log_times(run, 3000)
+            t0 = time.monotonic()
             st = run.finish()
-        took = time.monotonic() - t0
+            took = time.monotonic() - t0
+            silent.close()                # the request still waiting on it fails now; its thread ends
+            for w in run._workers:
+                thread = getattr(w, "thread", None)
+                if thread is not None:
+                    thread.join(60)
     finally:
         silent.close()
     p99 = statistics.quantiles(times, n=100)[98]

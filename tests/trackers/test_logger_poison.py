@@ -26,6 +26,8 @@ import trackbridge  # noqa: E402
 from trackbridge.logger import LoggerWarning  # noqa: E402
 from trackbridge.record import Histogram, decode_value, encode_value  # noqa: E402
 
+from _support.expect import logger_warnings  # noqa: E402
+
 N = 50
 POISON_AT = 10
 GOOD = ("loss", "reward/mean")
@@ -336,7 +338,7 @@ def test_worker_backstop_isolates_the_refused_key(tmp_path):
 
 def test_worker_backstop_still_fails_a_tracker_that_is_down(tmp_path):
     sink = _Picky(down=True)
-    with pytest.warns(LoggerWarning, match="failed"):
+    with logger_warnings("sink picky", "failed"):
         run = trackbridge.init(sinks=[sink], source="canonical", spool=str(tmp_path / "spool"), run_id="down",
                                retries=0, backoff=0.0, retry_interval=3600)
         for i in range(5):

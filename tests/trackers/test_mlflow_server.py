@@ -9,18 +9,15 @@ from trackbridge.record import Histogram, Record, RunInfo
 from trackbridge.sinks import make_sink
 from trackbridge.sources import open_source
 
-from _support.mlflow_server import mlflow_server
-
 pytestmark = pytest.mark.server
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.5
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as url:
-        yield url
+@pytest.fixture
+def server(mlflow_server):
+    return mlflow_server.url
 
 
 def test_round_trip_through_server(server):

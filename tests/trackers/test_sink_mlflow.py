@@ -257,3 +257,21 @@ def test_bulk_path_writes_exactly_what_log_batch_writes(tmp_path):
         seen[bulk] = (latest, history)
     assert seen["1"] == seen["0"]
     assert sum(len(v) for v in seen["1"][1].values()) == 7 * 28
+
+
+def test_a_sink_closed_and_opened_again_ends_its_run_again(db):
+    """The logger's recovery closes a failed sink and opens the same object again (resume=True): its final close
+    must end the MLflow run again (it once stayed RUNNING: the second close thought it had closed already)."""
+    sink = make_sink(f"mlflow:{db}?experiment=reopen")
+    info = run_info("reopen")
+    sink.open(info)
+    sink.write(records(2))
+    sink.close()
+    assert sink.client.get_run(sink.run_id).info.status == "FINISHED"
+    sink.open(info, resume=True)
+    assert sink.client.get_run(sink.run_id).info.status == "RUNNING"
+    sink.write([Record(step=30, wall_time=T0 + 30, metrics={"train/loss": 0.5})])
+    sink.outcome = "failed"
+    sink.close()
+    assert sink.client.get_run(sink.run_id).info.status == "FAILED"
+

@@ -111,6 +111,22 @@ def test_resume_continues_the_run(tmp_path):
         assert conn.execute("SELECT COUNT(*) FROM configs").fetchone()[0] == 1
 
 
+def test_a_sink_closed_and_opened_again_writes_its_config_again(tmp_path):
+    """The logger's recovery closes a failed sink and opens the same object again: its final close writes the run's
+    config again (it once did nothing: the second close thought it had closed already)."""
+    sink = make_sink(f"trackio:{tmp_path}?project=p")
+    run = info()
+    sink.open(run)
+    sink.write(records(1))
+    sink.close()
+    sink.open(run, resume=True)
+    run.config["optim"]["lr"] = 2e-5
+    sink.close()
+    with sqlite3.connect(tmp_path / "p.db") as conn:
+        (cfg,) = conn.execute("SELECT config FROM configs WHERE run_id = ?", (sink.run_id,)).fetchone()
+    assert json.loads(cfg)["optim"] == {"lr": 2e-5}
+
+
 def test_resume_missing_run_by_option(tmp_path):
     sink = make_sink(f"trackio:{tmp_path}?project=p&run=nope")
     with pytest.raises(SinkError, match="no run 'nope'"):

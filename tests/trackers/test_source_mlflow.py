@@ -188,28 +188,27 @@ def test_a_file_that_is_no_mlflow_store_is_not_read_with_sql(tmp_path):
     assert not src_mlflow._has_metrics_table(tmp_path / "missing.db")
 
 
-def test_server_is_paged_and_reads_like_the_sqlite_file(tmp_path, monkeypatch):
+def test_server_is_paged_and_reads_like_the_sqlite_file(tmp_path, monkeypatch, mlflow_server):
     """A real ``mlflow server``: histories are paged (a few points per page here), and the run reads the same as
     the server's own SQLite file read with SQL."""
-    from _support.mlflow_server import mlflow_server
+    url = mlflow_server.url
     recs = [Record(step=s, wall_time=T0 + 0.5 * i, metrics={"a": float(i), "eval/b": -float(i), ODD: 0.5 * i})
             for i, s in enumerate([0, 1, 2, 5, 3, 4, 6, 7])]
-    with mlflow_server(tmp_path / "srv") as url:
-        sink = make_sink(f"mlflow:{url}?experiment=paged&bulk=0")
-        sink.open(RunInfo(name="paged", project="paged"))
-        sink.write(recs)
-        sink.close()
-        monkeypatch.setattr(src_mlflow, "PAGE_BUDGET", 9)     # 3 points per page and key
-        pages = []
-        history = src_mlflow.MlflowRunReader._history
-        monkeypatch.setattr(src_mlflow.MlflowRunReader, "_history",
-                            lambda self, key, page=src_mlflow.PAGE: pages.append(page) or history(self, key, page))
-        reader = next(iter(open_source(f"mlflow:{url}?experiment=paged").runs()))
-        assert reader.db_path is None
-        served = list(reader.records())
-        assert pages and all(p == 3 for p in pages)
+    sink = make_sink(f"mlflow:{url}?experiment=paged&bulk=0")
+    sink.open(RunInfo(name="paged", project="paged"))
+    sink.write(recs)
+    sink.close()
+    monkeypatch.setattr(src_mlflow, "PAGE_BUDGET", 9)     # 3 points per page and key
+    pages = []
+    history = src_mlflow.MlflowRunReader._history
+    monkeypatch.setattr(src_mlflow.MlflowRunReader, "_history",
+                        lambda self, key, page=src_mlflow.PAGE: pages.append(page) or history(self, key, page))
+    reader = next(iter(open_source(f"mlflow:{url}?experiment=paged").runs()))
+    assert reader.db_path is None
+    served = list(reader.records())
+    assert pages and all(p == 3 for p in pages)
     assert [(r.step, r.wall_time) for r in served] == [(r.step, r.wall_time) for r in recs]
     assert [r.metrics for r in served] == [r.metrics for r in recs]
-    local = next(iter(open_source(f"mlflow:sqlite:///{tmp_path / 'srv' / 'server.db'}?experiment=paged").runs()))
+    local = next(iter(open_source(f"mlflow:sqlite:///{mlflow_server.db}?experiment=paged").runs()))
     assert local.db_path is not None
     _same_records(list(local.records()), served)

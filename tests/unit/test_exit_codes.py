@@ -205,7 +205,7 @@ def test_demo(tmp_path, monkeypatch, capsys):
     theirs.mkdir()
     (theirs / "thesis.tex").write_text("mine")
     assert code("demo", "--out", theirs) == USAGE                 # a folder the demo did not make
-    monkeypatch.setattr(demo, "_compare", lambda out, locators: None)
+    monkeypatch.setattr(demo, "_compare", lambda out, locators: (None, None))
     monkeypatch.setattr(demo, "_write_trackers", lambda out: (["written"], []))
     assert code("demo", "--out", tmp_path / "demo") == OK
     assert sorted(p.name for p in (tmp_path / "demo" / "canonical").iterdir()) == ["trl-grpo.jsonl", "verl-ppo.jsonl"]

@@ -13,6 +13,7 @@ import pytest
 
 import trackbridge
 from trackbridge.locators import LocatorError
+from trackbridge.logger import LoggerWarning
 from trackbridge.record import Record, RunInfo
 from trackbridge.sinks.base import Capabilities, Sink
 from trackbridge.sources.base import RunReader, Source, SourceError
@@ -90,8 +91,10 @@ def _points(loc: str) -> dict[int, dict[str, float]]:
 
 def test_logger_migrate_and_readers_use_a_registered_tracker(mytracker, tmp_path):
     out = tmp_path / "mine"
-    run = trackbridge.init(project="p", name="r", run_id="r1", sinks=[f"mytracker:{out}"],
-                           spool=str(tmp_path / "spool"), source="canonical")
+    # writer="auto" takes threads for a tracker registered only in this process, and says why
+    with pytest.warns(LoggerWarning, match="registered in this process .* threads of the training process"):
+        run = trackbridge.init(project="p", name="r", run_id="r1", sinks=[f"mytracker:{out}"],
+                               spool=str(tmp_path / "spool"), source="canonical")
     for step in range(1, 4):
         run.log({"loss": 1.0 / step, "reward/mean": float(step)}, step=step)
     run.finish()
@@ -168,3 +171,42 @@ def test_writer_process_refuses_a_tracker_it_cannot_load(mytracker, tmp_path):
     with pytest.raises(ValueError, match=r"mytracker:.*writer='thread'"):
         trackbridge.init(project="p", name="r", sinks=[f"mytracker:{tmp_path / 'mine'}"],
                          spool=str(tmp_path / "spool"), writer="process")
+
+
+def test_a_missing_package_of_a_reader_or_sink_is_one_line_naming_the_extra(tmp_path):
+    """The registry asks for a kind's packages when its sink or reader class is asked for, before anything is read
+    or written; the reader may need other packages than the sink (``source_requires``)."""
+    from trackbridge.extras import MissingExtra
+    from trackbridge.trackers import open_source
+
+    trackbridge.register_tracker("needy", sink=MySink, source=MySource, requires=("no_such_package_xyz",),
+                                 extra="needy")
+    trackbridge.register_tracker("halfneedy", sink=MySink, source=MySource, requires=("no_such_package_xyz",),
+                                 source_requires=(), extra="needy")
+    try:
+        with pytest.raises(MissingExtra) as err:
+            make_sink(f"needy:{tmp_path / 'n'}")
+        assert str(err.value) == ("the needy sink needs the [needy] extra (no_such_package_xyz is not installed): "
+                                  "pip install 'trackbridge[needy]'")
+        assert isinstance(err.value, trackbridge.UsageError) and isinstance(err.value, ImportError)
+        assert err.value.name == "no_such_package_xyz" and err.value.extra == "needy"
+        with pytest.raises(MissingExtra, match="^the needy reader needs the \\[needy\\] extra"):
+            open_source(f"needy:{tmp_path}")
+        assert open_source(f"halfneedy:{tmp_path}").location == str(tmp_path)      # its reader needs nothing
+        with pytest.raises(MissingExtra, match="^the halfneedy sink needs"):
+            make_sink(f"halfneedy:{tmp_path / 'n'}")
+        assert not (tmp_path / "n").exists()
+    finally:
+        trackbridge.unregister_tracker("needy")
+        trackbridge.unregister_tracker("halfneedy")
+
+
+def test_missing_extra_message_without_an_extra_names_the_package():
+    from trackbridge.extras import MissingExtra, installed, require
+
+    assert installed("yaml") and not installed("no_such_package_xyz")
+    require(("yaml", "json"), "core", "this")                   # nothing missing: no error
+    with pytest.raises(MissingExtra) as err:
+        require(("yaml", "no_such_package_xyz"), "", "my tracker")
+    assert str(err.value) == "my tracker needs the 'no_such_package_xyz' package, which is not installed"
+    assert str(err.value.about("sink 'x:y'")).startswith("sink 'x:y' needs the 'no_such_package_xyz' package")

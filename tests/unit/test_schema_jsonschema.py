@@ -53,11 +53,12 @@ def test_each_schema_is_a_valid_draft_2020_12_schema_in_the_supported_subset(nam
 
 def test_schemas_ship_with_the_mappings_in_the_wheel():
     # the files the loader finds (mappings_dir(): the checkout's mappings/, in a wheel trackbridge/mappings) are the
-    # ones pyproject puts in the wheel as package data of trackbridge.mappings
+    # ones pyproject puts in the wheel as package data of trackbridge.mappings.schemas (the built wheel itself is
+    # checked file by file in tests/install/test_wheel.py)
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     assert conf["package-dir"]["trackbridge.mappings"] == "mappings"
-    globs = conf["package-data"]["trackbridge.mappings"]
-    found = sorted(p.relative_to(ROOT / "mappings") for p in (ROOT / "mappings" / "schemas").glob("*.json"))
+    globs = conf["package-data"]["trackbridge.mappings.schemas"]
+    found = sorted(p.relative_to(ROOT / "mappings" / "schemas") for p in (ROOT / "mappings" / "schemas").glob("*.json"))
     assert len(found) >= 3
     for rel in found:
         assert any(rel.match(g) for g in globs), f"{rel} is not package data ({globs})"

@@ -125,6 +125,13 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     smooth = int(smooth or 0)
     if smooth < 0:
         raise ValueError("smooth must be >= 0")
+    if out is not None:
+        from ..extras import PLOT, require
+        require(*PLOT, "the comparison report")        # before any run is read
+    if into:                                            # likewise the tracker's package (MissingExtra)
+        from ..locators import parse
+        from ..trackers import kinds, sink_class
+        sink_class(parse(into, kinds=kinds("sink")).kind)
     runs = load_runs(list(locators), mappings=mappings, source=source, doctor=doctor)
     result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
                            summary_md=None, runs=runs, x=x, smooth=smooth)
@@ -162,6 +169,9 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
             result.warn("axis", ax.note)
     for name in missing:
         result.warn("names", f"asked for but found in no run: {name}")
+    apart = disjoint_steps(runs)
+    if x == "step" and apart:
+        result.warn("axis", apart, first=True)
 
     for name in chosen:
         result.metrics.append(_metric_report(name, runs, axes, schema))
@@ -182,6 +192,18 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         from .report import write_report
         write_report(result, axes, smooth_kind=smooth_kind, title=title)
     return result
+
+
+def disjoint_steps(runs: "list[LoadedRun]") -> str | None:
+    """A warning when the runs share no step (a log that starts where a run was resumed, runs of different lengths
+    counted differently): their curves on a step axis then sit side by side, never over each other."""
+    ranges = [(r.label, r.step_range()) for r in runs]
+    known = [(label, rng) for label, rng in ranges if rng is not None]
+    if len(known) < 2 or max(lo for _l, (lo, _h) in known) <= min(hi for _l, (_lo, hi) in known):
+        return None
+    spans = ", ".join(f"{label} {lo}\u2013{hi}" for label, (lo, hi) in known)
+    return (f"the runs share no step ({spans}): on a step axis their curves sit side by side, not over each "
+            f"other; compare their shapes, not their values at one step")
 
 
 def _schema(mappings: list[str] | None) -> CanonicalSchema:

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerate.tracking import GeneralTracker, on_main_process
-
+from ..extras import require
 from ._tee import RunLike, Tee
+
+require(("accelerate",), "trl", __name__)       # one line naming the extra rather than a bare ModuleNotFoundError
+
+from accelerate.tracking import GeneralTracker, on_main_process  # noqa: E402
 
 
 class TrackBridgeTracker(GeneralTracker):

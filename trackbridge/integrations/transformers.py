@@ -35,9 +35,12 @@ import json
 import warnings
 from typing import Any
 
-from transformers import TrainerCallback
-
+from ..extras import require
 from ..logger import LoggerWarning
+
+require(("transformers",), "trl", __name__)     # one line naming the extra rather than a bare ModuleNotFoundError
+
+from transformers import TrainerCallback  # noqa: E402
 
 
 def _trl() -> Any:

@@ -72,16 +72,10 @@ def check_packages(spec: object, sink: Sink, *, import_now: bool = True) -> None
     """Fail at init, naming the extra to install, when a sink's tracker package is missing (rather than retrying
     in the background and losing the tracker for the whole run); import it now (see below)."""
     import importlib
-    import importlib.util
+
+    from ..extras import require
     for pkg in getattr(sink, "requires", ()):
-        try:
-            found = importlib.util.find_spec(pkg) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            extra = getattr(sink, "extra", "") or "all"
-            raise UsageError(f"sink {spec!r} needs the {pkg!r} package, which is not installed: "
-                             f"pip install 'trackbridge[{extra}]'")
+        require((pkg,), getattr(sink, "extra", ""), f"sink {spec!r}")
         # imported here, in the caller's thread: a package imported by the sink's thread while the training script
         # imports it too can be seen half-initialised by one of them (MLflow then fails with a circular import)
         if import_now:

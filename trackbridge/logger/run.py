@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..extras import MissingExtra
 from ..pipeline import names_translator
 from ..record import RunInfo
 from ..sinks.base import Sink
@@ -109,6 +110,8 @@ class Run(RunView):
         for spec in sinks or []:
             try:
                 sink = make_sink(spec)
+            except MissingExtra as exc:
+                raise exc.about(f"sink {spec!r}") from None
             except (LocatorError, Exception) as exc:
                 raise UsageError(f"sink {spec!r}: {exc}") from None
             check_packages(spec, sink, import_now=options.writer == "thread")   # the writer process imports its own

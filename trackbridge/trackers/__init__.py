@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
+from ..extras import require
 from ..locators import Locator, LocatorError, is_locator, parse, split_label
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -41,8 +42,10 @@ SniffRef = Union[Callable[[str], bool], str, None]
 @dataclass
 class Tracker:
     """One registered kind: what writes it (``sink``), what reads it (``source``), what recognises it (``sniff``),
-    the packages it needs (``requires``, checked at ``init``) and the extra that installs them (``extra``:
-    ``pip install 'trackbridge[EXTRA]'``)."""
+    the packages its sink needs (``requires``) and its reader (``source_requires``; None: the same), and the extra
+    that installs them (``extra``: ``pip install 'trackbridge[EXTRA]'``). A missing package is a
+    :class:`~trackbridge.extras.MissingExtra` naming the extra, raised when the sink or reader class is asked for,
+    before anything is read or written."""
 
     name: str
     sink: SinkRef = None
@@ -50,6 +53,7 @@ class Tracker:
     sniff: SniffRef = None
     extra: str = ""
     requires: tuple[str, ...] = ()
+    source_requires: tuple[str, ...] | None = None
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _get(self, role: str) -> Any:
@@ -59,18 +63,28 @@ class Tracker:
         target = getattr(self, role)
         if target is None:
             raise LocatorError(f"{self.name!r} has no {role}; kinds with one: {', '.join(kinds(role))}")
+        if role in ("sink", "source"):
+            require(self.needs(role), self.extra, f"the {self.name} {'reader' if role == 'source' else role}")
         if isinstance(target, str):
             module, _, attr = target.partition(":")
             target = getattr(importlib.import_module(module), attr)
         self._loaded[role] = target
         return target
 
+    def needs(self, role: str) -> tuple[str, ...]:
+        """The import names of the packages the ``role`` ("sink" or "source") needs."""
+        if role == "source" and self.source_requires is not None:
+            return self.source_requires
+        return self.requires
+
     def sink_class(self) -> type[Sink]:
-        """The sink class (imported now if registered by name); LocatorError when this kind has none."""
+        """The sink class (imported now if registered by name); LocatorError when this kind has none, MissingExtra
+        when a package it needs is not installed."""
         return cast("type[Sink]", self._get("sink"))
 
     def source_class(self) -> type[Source]:
-        """The source class (imported now if registered by name); LocatorError when this kind has none."""
+        """The source class (imported now if registered by name); LocatorError when this kind has none, MissingExtra
+        when a package it needs is not installed."""
         return cast("type[Source]", self._get("source"))
 
     def sniffs(self, path_or_uri: str) -> bool:
@@ -91,14 +105,17 @@ def _key(name: object) -> str:
 
 
 def register_tracker(name: str, *, sink: SinkRef = None, source: SourceRef = None, sniff: SniffRef = None,
-                     extra: str = "", requires: tuple[str, ...] | list[str] = (), replace: bool = False) -> Tracker:
+                     extra: str = "", requires: tuple[str, ...] | list[str] = (),
+                     source_requires: tuple[str, ...] | list[str] | None = None, replace: bool = False) -> Tracker:
     """Register the kind ``name`` (used as ``name:LOCATION`` in every locator).
 
     ``sink``: a :class:`~trackbridge.sinks.base.Sink` subclass, built as ``sink(location, **options)``;
     ``source``: a :class:`~trackbridge.sources.base.Source` subclass, built the same way; at least one of the two.
     ``sniff(path_or_uri) -> bool``: whether a plain path holds this kind's runs (optional). Each may also be a
     ``"module:attribute"`` string, imported on first use. ``requires``: import names of the packages the sink
-    needs (``init`` fails at once, naming ``extra``, when one is missing). ``replace=True`` replaces a kind that is
+    needs, ``source_requires`` those the reader needs (default: ``requires``); asking for the sink or the reader
+    (``init``, ``migrate``, ``open_source`` ...) fails at once with :class:`~trackbridge.extras.MissingExtra`, naming
+    ``extra``, when one is missing. ``replace=True`` replaces a kind that is
     registered already; otherwise registering a name twice is an error. Returns the :class:`Tracker`."""
     key = _key(name)
     if not _NAME.match(key):
@@ -107,7 +124,8 @@ def register_tracker(name: str, *, sink: SinkRef = None, source: SourceRef = Non
         raise ValueError(f"register_tracker({name!r}): give a sink, a source or both")
     if key in _TRACKERS and not replace:
         raise ValueError(f"register_tracker: {key!r} is registered already (pass replace=True to replace it)")
-    entry = Tracker(key, sink=sink, source=source, sniff=sniff, extra=extra, requires=tuple(requires))
+    entry = Tracker(key, sink=sink, source=source, sniff=sniff, extra=extra, requires=tuple(requires),
+                    source_requires=None if source_requires is None else tuple(source_requires))
     _TRACKERS.pop(key, None)
     _TRACKERS[key] = entry
     return entry
@@ -201,7 +219,7 @@ register_tracker("tensorboard", sink=_T + "tensorboard.sink:TensorBoardSink", so
 register_tracker("wandb", sink=_T + "wandb.sink:WandbSink", source=_T + "wandb.source:WandbSource", sniff=_T + "wandb:sniff", requires=("wandb",), extra="wandb")  # noqa: E501
 register_tracker("trainer-state", source="trackbridge.sources.trainer_state:TrainerStateSource", sniff="trackbridge.sources.trainer_state:sniff")  # noqa: E501
 register_tracker("jsonl", sink=_T + "jsonl.sink:JsonlSink", source=_T + "jsonl.source:JsonlSource", sniff=_T + "jsonl:sniff")  # noqa: E501
-register_tracker("trackio", sink=_T + "trackio.sink:TrackioSink", source=_T + "trackio.source:TrackioSource", sniff=_T + "trackio:sniff", requires=("trackio",), extra="trackio")  # noqa: E501
+register_tracker("trackio", sink=_T + "trackio.sink:TrackioSink", source=_T + "trackio.source:TrackioSource", sniff=_T + "trackio:sniff", requires=("trackio",), source_requires=(), extra="trackio")  # noqa: E501
 register_tracker("mlflow", sink=_T + "mlflow.sink:MlflowSink", source=_T + "mlflow.source:MlflowSource", sniff=_T + "mlflow:sniff", requires=("mlflow",), extra="mlflow")  # noqa: E501
 register_tracker("csv", source="trackbridge.sources.csv:CsvSource", sniff="trackbridge.sources.csv:sniff")
 register_tracker("console", source="trackbridge.sources.console:ConsoleSource", sniff="trackbridge.sources.console:sniff")  # noqa: E501

@@ -151,6 +151,7 @@ class MlflowSink(Sink):
     # -- open ------------------------------------------------------------------------------------------
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
+        self._closed = False                  # the logger's recovery closes a failed sink and opens it again
         _check_reachable(self.location)       # fail in a moment, not after MLflow's HTTP retries
         check_sqlite_store(self.location)     # an SQLite file that is not an MLflow store: refused, left untouched
         try:

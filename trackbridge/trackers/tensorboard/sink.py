@@ -41,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo, dumps
 from ...sinks.base import Capabilities, Sink, SinkError
 from ...values import printable
@@ -187,9 +188,8 @@ class TensorBoardSink(Sink):
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         try:
             from tensorboard.compat.proto import event_pb2, summary_pb2
-        except ImportError as exc:
-            raise SinkError(f"tensorboard sink needs the 'tensorboard' package ({exc}); "
-                            f"pip install 'trackbridge[tensorboard]'") from None
+        except ImportError:
+            raise MissingExtra("the tensorboard sink", "tensorboard", "tensorboard") from None
         self._pb = (event_pb2, summary_pb2)
         if run.run_id is None:
             run.run_id = uuid.uuid4().hex[:12]

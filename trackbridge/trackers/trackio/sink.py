@@ -70,6 +70,7 @@ class TrackioSink(Sink):
 
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self._drop_conn()
+        self._closed = False                  # the logger's recovery closes a failed sink and opens it again
         self.run = run
         self.project = self.options.get("project") or run.project or "trackbridge"
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo
 from ...sinks.base import Capabilities, Sink, SinkError
 from ...values import printable, utf8_ok
@@ -109,8 +110,8 @@ class WandbSink(Sink):
         os.environ.setdefault("WANDB_SILENT", "true")
         try:
             import wandb
-        except ImportError as exc:
-            raise SinkError(f"wandb sink needs the 'wandb' package ({exc}); pip install 'trackbridge[wandb]'") from None
+        except ImportError:
+            raise MissingExtra("the wandb sink", "wandb", "wandb") from None
         self._wandb = wandb
         if run.run_id is None:
             run.run_id = uuid.uuid4().hex[:12]
