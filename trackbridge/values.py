@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .ranked import Weighted
 from .record import Histogram
 
 Value = "int | float | str | Histogram | None"
@@ -86,6 +87,8 @@ def normalize(value: Any, key: str = "?") -> Any:
         return str(value)
     if isinstance(value, Histogram):
         return value
+    if isinstance(value, Weighted):      # a rank's share, logged without merge_ranks: its value (nothing to merge)
+        return normalize(value.value, key)
     if isinstance(value, (list, tuple)):
         vals: list[float] = []
         _flatten_numbers(value, key, vals)

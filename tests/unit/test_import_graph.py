@@ -149,7 +149,7 @@ def _is_core(mod: str) -> bool:
 # deferred ones too; a package counts as its top-level name under trackbridge: trackbridge.schema.loader is "schema").
 LAYERS: list[set[str]] = [
     {"_version", "errors", "exitcodes", "ratelimit"},           # leaves
-    {"record", "values", "_rank"},                              # the record and its values
+    {"record", "values", "_rank", "ranked"},                    # the record and its values
     {"schema"},                                                 # the facts: load, check, compile; specs
     {"detect", "derive"},                                       # detection, the derived-rule engine
     {"translate"},                                              # the translation stages

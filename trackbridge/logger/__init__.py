@@ -65,7 +65,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
          backoff: float | None = None, retry_interval: float | None = None, stall_timeout: float | None = None,
          finish_timeout: float | None = None, resume_wait: float | None = None, writer: str | None = None,
          tags: dict[str, str] | None = None,
-         rank_zero_only: bool = True, rank: int | None = None) -> Run | NoOpRun:
+         rank_zero_only: bool = True, rank: int | None = None, merge_ranks: bool = False,
+         world_size: int | None = None, rank_timeout: float = 60.0) -> Run | NoOpRun:
     """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
 
     ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
@@ -75,6 +76,12 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     (:class:`LoggerOptions`: flush interval, queue and batch sizes, retries, timeouts); each is also a keyword here,
     which wins over ``options``. ``rank``: override the rank taken from the environment.
 
+    ``merge_ranks=True``: every rank logs its own share of a value with its weight (``log(..., weights=...)`` or
+    :class:`trackbridge.Weighted`) and rank 0 merges the shares of all ``world_size`` ranks (default ``WORLD_SIZE``)
+    into the value over the whole batch, by the value's reduction, before the pipeline (see
+    :mod:`trackbridge.logger.ranks`; ``run_id`` the same on every rank; a rank silent for ``rank_timeout`` seconds
+    while the others are past a step is merged without, and the run says so).
+
     Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder.
     """
     opts = LoggerOptions.build(options, {
@@ -82,6 +89,10 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
         "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,
         "finish_timeout": finish_timeout, "resume_wait": resume_wait, "writer": writer})
     r = _rank.global_rank() if rank is None else int(rank)
+    if merge_ranks:
+        return _merged(r, world_size, rank_timeout, rank_zero_only=rank_zero_only, project=project, name=name,
+                       sinks=list(sinks or []), source=source, names=names, config=config, run_id=run_id,
+                       resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags)
     if rank_zero_only and r != 0:
         return NoOpRun(r, project=project, name=name, config=config, run_id=run_id, names=names, resume=resume,
                        options=opts)
@@ -89,6 +100,28 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + f"-rank{r}"
     return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
                run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags)
+
+
+def _merged(r: int, world_size: int | None, rank_timeout: float, *, rank_zero_only: bool, run_id: str | None,
+            spool: str, options: LoggerOptions, **kw: Any) -> Run | NoOpRun:
+    """``init(merge_ranks=True)``: rank 0's run with the merger attached; the other ranks' :class:`RankRun`."""
+    from ..errors import UsageError
+    from .ranks import RankLink, RankRun, check_world, shared_run_id
+    from .spool import spool_place
+    if not rank_zero_only:
+        raise UsageError("init(merge_ranks=True) merges every rank into rank 0's run; rank_zero_only=False (a run "
+                         "per rank) cannot be combined with it")
+    size = _rank.world_size() if world_size is None else int(world_size)
+    check_world(size, r, rank_timeout)
+    run_id = shared_run_id(run_id)
+    spool_dir = spool_place(spool)[0]
+    if r != 0:
+        return RankRun(r, world_size=size, run_id=run_id, spool_dir=spool_dir, flush_interval=options.flush_interval,
+                       project=kw["project"], name=kw["name"], config=kw["config"], names=kw["names"],
+                       resume=kw["resume"], options=options)
+    run = Run(run_id=run_id, spool=spool, options=options, **kw)
+    run._ranks = RankLink(run, world_size=size, rank_timeout=rank_timeout, spool_dir=spool_dir)
+    return run
 
 
 __all__ = ["init", "Run", "NoOpRun", "LoggerOptions", "LoggerWarning", "STEP_AXIS"]

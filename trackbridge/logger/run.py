@@ -56,6 +56,8 @@ def _writes(sink: Sink, run_id: str, spool_path: Path) -> bool:
 class Run(RunView):
     """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
 
+    _ranks: Any = None      # init(merge_ranks=True): the rank file and merger (logger/ranks.py)
+
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
@@ -179,8 +181,12 @@ class Run(RunView):
     def _seq(self) -> int:
         return self._dispatcher.seq
 
-    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None = None, weights: dict[str, Any] | None = None) -> None:
         """Log one step's metrics. Returns as soon as the values are validated and queued.
+
+        ``weights``: name -> how many items (tokens, sequences) this rank's value of that name is over; with
+        ``init(merge_ranks=True)`` the ranks' values are merged by the name's reduction (:class:`trackbridge.Weighted`
+        states another), otherwise each value is logged as it is.
 
         Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step``, ``ValueError`` for a step
         outside 0 .. 2**53 - 1 (nothing is logged for that call), ``RuntimeError`` after ``finish()``. A value or
@@ -188,6 +194,9 @@ class Run(RunView):
         it (see ``run.problems``); the other values of the call are logged.
         """
         wall_time = time.time()
+        if self._ranks is not None:      # merge_ranks: to this rank's file; the merger feeds the inbox
+            self._ranks.log(metrics, step, weights, wall_time)
+            return
         values, problems, step = validate_call(metrics, step)
         if problems:
             self._report_values(problems)
@@ -231,6 +240,9 @@ class Run(RunView):
         self.info.extra["outcome"] = outcome
         for w in self._workers:
             w.sink.outcome = outcome
+        if self._ranks is not None:      # merge_ranks: the other ranks' last steps first
+            self._ranks.finish(time.monotonic() + (self.options.finish_timeout if timeout is None else
+                                                   max(0.0, float(timeout))))
         self._inbox.put(STOP)
         end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
