@@ -9,7 +9,8 @@ Pipeline (one run)::
                                     for ``names=``
 
 * ``log()`` only validates and normalises the values (so a tensor updated in place afterwards cannot change what was
-  logged) and hands them off; translation, derivation and every tracker's I/O happen in other threads. ``log()``
+  logged; CUDA tensors are copied on their stream and read back by a thread, without a GPU sync: :mod:`.device`)
+  and hands them off; translation, derivation and every tracker's I/O happen in other threads. ``log()``
   never waits on a tracker: a tracker whose queue is full *falls behind* and is fed from the spool until it has
   caught up. Only the spool's queue makes the dispatcher wait (the disk, never a tracker).
 * **The spool** (the canonical stream of :mod:`trackbridge.stream`, file ``DIR/<run_id>.jsonl`` in ``spool=DIR``)
@@ -41,7 +42,9 @@ This package names no tracker and no framework: sinks come from :mod:`trackbridg
 
 The logger's parts (one module each): :mod:`.options` (the tuning knobs), :mod:`.dispatch` (the thread between
 ``log()`` and the sinks), :mod:`.worker` (what every sink's thread shares), :mod:`.spool` and :mod:`.tracker` (the
-two kinds of worker), :mod:`.run` (``Run``), :mod:`.noop` (``NoOpRun``), :mod:`.checks` (what ``init`` checks first).
+two kinds of worker), :mod:`.run` (``Run``), :mod:`.noop` (``NoOpRun``), :mod:`.checks` (what ``init`` checks first),
+:mod:`.device` (tensors read in one batch, CUDA ones without a sync), :mod:`.ranks` (``merge_ranks``: each rank's
+file and rank 0's merger).
 Catching a tracker up from the spool uses :mod:`trackbridge.catchup`, as ``replay`` and ``migrate`` do.
 """
 from __future__ import annotations

@@ -35,10 +35,12 @@ def derive_hook(translator: Translator) -> DeriveHook:
     return translator.apply_derive
 
 
-def validate_call(metrics: object, step: object) -> tuple[dict[str, Any], list[str], int | None]:
+def validate_call(metrics: object, step: object, defer: list[tuple[str, Any]] | None = None
+                  ) -> tuple[dict[str, Any], list[str], int | None]:
     """What ``log(metrics, step)`` checks on every rank: the values normalised (with the problems of the ones left
-    out) and the step as an int. Raises as :meth:`Run.log` documents (the arguments are the caller's, unchecked)."""
-    values, problems = normalize_metrics(metrics)
+    out) and the step as an int. Raises as :meth:`Run.log` documents (the arguments are the caller's, unchecked).
+    ``defer``: takes the torch tensors, read in one batch (CUDA ones without a sync: :mod:`.device`)."""
+    values, problems = normalize_metrics(metrics, defer=defer)
     as_int = None
     if step is not None:
         as_int = to_step(step)

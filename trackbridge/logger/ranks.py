@@ -44,6 +44,7 @@ from ..record import decode_value, dumps, encode_value
 from ..stream import SUFFIX, stream_file
 from .checks import validate_call
 from .common import STOP, log, warn
+from .device import capture_or_read
 from .noop import NoOpRun
 
 RANK_TIMEOUT = 60.0
@@ -103,7 +104,8 @@ class RankFile:
         if not isinstance(metrics, dict):
             validate_call(metrics, step)           # raises the TypeError log() raises for a non-dict
         values, shares, problems = split_weighted(metrics, weights)
-        values, more, as_int = validate_call(values, step)
+        later: list[tuple[str, Any]] = []        # torch tensors: read in one batch (CUDA: by the writer thread)
+        values, more, as_int = validate_call(values, step, defer=later)
         problems += more
         if problems:
             self.report(problems)
@@ -112,12 +114,11 @@ class RankFile:
         if as_int is None:
             as_int = self.next_step
         self.next_step = max(self.next_step, as_int + 1)
-        line: dict[str, Any] = {"step": as_int, "wall_time": wall_time,
-                                "metrics": {k: encode_value(v) for k, v in values.items()}}
+        line: dict[str, Any] = {"step": as_int, "wall_time": wall_time, "metrics": values}
         kept = {k: list(s) for k, s in shares.items() if k in values}
         if kept:
             line["shares"] = kept
-        self._q.put(line)
+        self._q.put((capture_or_read(later, values, self.report), line))
 
     def _main(self) -> None:
         while True:
@@ -131,7 +132,24 @@ class RankFile:
                     break
                 batch.append(item)
             stop = batch[-1] is STOP
-            lines = [b for b in batch if b is not STOP]
+            lines = []
+            for got in batch:
+                if got is STOP:
+                    continue
+                pending, line = got
+                if pending is not None:          # device tensors: wait for their copy (this thread only)
+                    try:
+                        pending.wait()
+                        pending.resolve(line["metrics"])
+                    except Exception as exc:
+                        warn(f"trackbridge: reading logged device tensors failed ({type(exc).__name__}: {exc}); "
+                             f"they are left out of step {line['step']}")
+                        for name, *_ in pending.layout:
+                            line["metrics"].pop(name, None)
+                    if pending.problems:
+                        self.report(pending.problems)
+                line["metrics"] = {k: encode_value(v) for k, v in line["metrics"].items()}
+                lines.append(line)
             try:
                 if lines:
                     self._fh.write("".join(self._dump(x) for x in lines).encode("utf-8"))

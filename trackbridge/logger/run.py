@@ -32,6 +32,7 @@ from .checks import (
     validate_call,
 )
 from .common import STOP, RunView, warn
+from .device import hand_off
 from .dispatch import Dispatcher
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
@@ -57,6 +58,7 @@ class Run(RunView):
     """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
 
     _ranks: Any = None      # init(merge_ranks=True): the rank file and merger (logger/ranks.py)
+    _device: Any = None     # once a CUDA tensor was logged: the thread reading them back in order (logger/device.py)
 
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
@@ -197,12 +199,16 @@ class Run(RunView):
         if self._ranks is not None:      # merge_ranks: to this rank's file; the merger feeds the inbox
             self._ranks.log(metrics, step, weights, wall_time)
             return
-        values, problems, step = validate_call(metrics, step)
+        later: list[tuple[str, Any]] = []        # torch tensors: read in one batch, CUDA ones without a sync
+        values, problems, step = validate_call(metrics, step, defer=later)
         if problems:
             self._report_values(problems)
         if self._finished:
             raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
-        self._inbox.put((wall_time, step, values))
+        if later or self._device is not None:
+            hand_off(self, later, (wall_time, step, values))     # logger/device.py
+        else:
+            self._inbox.put((wall_time, step, values))
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
@@ -240,6 +246,8 @@ class Run(RunView):
         self.info.extra["outcome"] = outcome
         for w in self._workers:
             w.sink.outcome = outcome
+        if self._device is not None:     # the device tensors logged so far, read back
+            self._device.close(self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         if self._ranks is not None:      # merge_ranks: the other ranks' last steps first
             self._ranks.finish(time.monotonic() + (self.options.finish_timeout if timeout is None else
                                                    max(0.0, float(timeout))))
