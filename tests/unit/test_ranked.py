@@ -191,3 +191,19 @@ def test_init_merge_ranks_refuses_what_cannot_work(tmp_path, monkeypatch):
     assert other.finish()["rank_file"].endswith("elastic-7.ranks/rank-00001.jsonl")
     with pytest.raises(RuntimeError, match="after finish"):
         other.log({"x": 1.0}, step=1)
+
+
+def test_a_resumed_merger_skips_what_the_spool_holds_and_merges_the_rest(tmp_path):
+    """Rank 0 died after handing on step 1; the files hold steps 0-2. The resumed merger (after_step=1) skips steps
+    0 and 1 quietly and merges step 2, which the spool never got."""
+    files = [RankFile(tmp_path, r, 2, "run", flush_interval=0.02) for r in range(2)]
+    for step in range(3):
+        for r in range(2):
+            files[r].log({"x": float(r + step)}, step, {"x": 1}, 100.0 + step)
+    for f in files:
+        f.close()
+    out = Out()
+    m = Merger(tmp_path, 2, emit=lambda wall, step, values: out.records.append((step, values)),
+               reduction=lambda key: (None, True), after_step=1, report=out.messages.append)
+    m.finish(time.monotonic() + 5)
+    assert out.records == [(2, {"x": 2.5})] and out.messages == [] and m.replayed == 4

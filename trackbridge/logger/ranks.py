@@ -232,6 +232,8 @@ class Merger:
         self.on_incomplete = on_incomplete
         self.report = report or warn
         self.emitted = after_step            # steps up to here are handed on (or were, before a resume)
+        self.resumed_at = after_step         # a resumed run: the files' earlier lines up to here are in the spool
+        self.replayed = 0                    # such lines, skipped without a word
         self.started = time.monotonic()
         self.ranks = {r: _Rank(rank_path(folder, r), seen_at=self.started) for r in range(world_size)}
         self.pending: dict[int, _Step] = {}
@@ -277,6 +279,9 @@ class Merger:
     def _take(self, r: int, st: _Rank, obj: dict[str, Any]) -> None:
         step = obj["step"]
         st.top = step if st.top is None else max(st.top, step)
+        if self.resumed_at is not None and step <= self.resumed_at:
+            self.replayed += 1               # merged before the resume (the spool holds it)
+            return
         if self.emitted is not None and step <= self.emitted:
             self.late[r] = self.late.get(r, 0) + 1
             self._once(f"late:{r}", f"rank {r} logged step {step} after that step was handed on without it (steps "
