@@ -12,7 +12,8 @@ nothing lost, nothing doubled, no second run.
 * One rate limiter for a destination: the migration's tasks and a second user of the same destination book with one
   actor; no second holds more than the limit allows, and every write went through it.
 * Running the same migration again writes nothing; the CLI's ``--engine ray --ray-address`` reaches the cluster;
-  without Ray installed, ``--engine ray`` is a one-line usage error.
+  the command SIGKILLed mid-way, then started again, continues its plan; without Ray installed, ``--engine ray`` is
+  a one-line usage error.
 """
 from __future__ import annotations
 
@@ -239,6 +240,35 @@ def test_cli_engine_ray_reaches_the_cluster(cluster, env):
         assert scan_stream(f).records == 5 and sorted(r.step for _, r in read_stream(f)) == list(range(5))
     p = run_cli("migrate", src, dst, "--engine", "ray", "--ray-address", cluster, "--quiet", env_extra=envv)
     assert p.returncode == 0 and "already migrated earlier" in p.stderr, p.stderr
+
+
+def test_the_driver_killed_then_the_same_command_continues_its_plan(cluster, env):
+    """The driver (the command) is SIGKILLed after some runs are done: Ray ends its tasks with it. The same command
+    again continues the plan: every run once, the summary counting the whole plan."""
+    src = _source(env / "src", runs=40, steps=60)
+    dst = f"tensorboard:{env / 'tb'}"
+    envv = {**child_env(), "TRACKBRIDGE_STATE_DIR": str(env / "state")}
+    args = [PY, "-m", "trackbridge", "migrate", src, dst, "--engine", "ray", "--ray-address", cluster,
+            "--batch-runs", "4"]
+    proc = subprocess.Popen(args + ["--quiet"], env=envv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledgers = env / "state" / "migrations"
+    deadline = time.monotonic() + 120
+    done = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = sum(1 for f in ledgers.glob("*.json") if json.loads(f.read_text() or "{}").get("complete")) \
+            if ledgers.is_dir() else 0
+        if done >= 8:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None and done >= 8, "the first command ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    p = subprocess.run(args, env=envv, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "continuing plan" in p.stderr and "finished by an earlier attempt" in p.stderr
+    assert "Migrated: 40 run(s)" in p.stderr and "already migrated earlier" not in p.stderr
+    assert_every_point_once(tensorboard_runs(env / "tb"), [f"run-{i:03d}" for i in range(40)], steps=60,
+                            keys=len(KEYS))
 
 
 def test_engine_ray_without_ray_is_a_usage_error(env):
