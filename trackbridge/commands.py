@@ -33,7 +33,20 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                                         "FRAMEWORK[/TRAINER][@VERSION]")
     p.add_argument("--derive", action="store_true", help="also write derived metrics (marked as derived)")
     p.add_argument("--dry-run", action="store_true", help="print what would be written, name by name")
-    p.add_argument("--jobs", type=int, default=1, help="runs migrated in parallel (default 1)")
+    p.add_argument("--jobs", type=int, default=1, help="runs migrated in parallel (default 1; with --engine ray: "
+                                                       "tasks in flight, default the cluster's CPUs)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local (default: this process, --jobs threads) or ray (batches of runs as Ray tasks on a "
+                        "cluster: pip install 'trackbridge[ray]')")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --engine ray: the cluster (auto, HOST:PORT, ray://...; default RAY_ADDRESS, else a new "
+                        "local cluster)")
+    p.add_argument("--batch-runs", type=int, default=None, metavar="N",
+                   help="with --engine ray: runs per task (default: about 4 tasks per worker, at most 20 runs)")
+    p.add_argument("--requests-per-s", type=float, default=None, metavar="N",
+                   help="at most N write requests per second to the destination, all workers together")
+    p.add_argument("--points-per-s", type=float, default=None, metavar="N",
+                   help="at most N points per second to the destination, all workers together")
     p.add_argument("--strict", action="store_true", help="exit 1 when anything was skipped or is unmapped")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--mappings", action="append", default=[], metavar="PATH", help="extra mapping file")
@@ -131,14 +144,17 @@ def check_destination(text: str) -> str | None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from .errors import UsageError
     from .migrate import migrate, summary
     from .sinks.base import SinkError
     from .sources.base import SourceError
     try:
         result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
                          dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,
-                         progress=not args.quiet)
-    except (SourceError, SinkError) as exc:     # nothing could be read, or the destination is refused: say what
+                         progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
+                         batch_runs=args.batch_runs, requests_per_s=args.requests_per_s,
+                         points_per_s=args.points_per_s)
+    except (SourceError, SinkError, UsageError) as exc:     # nothing readable, a refused destination, no Ray
         print(f"trackbridge migrate: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     print(summary(result, dry_run=args.dry_run), file=sys.stderr if not args.dry_run else sys.stdout)

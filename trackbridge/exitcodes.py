@@ -21,7 +21,8 @@ Per command (what "problems" means where a command's purpose is to find them):
   2 when the mapping files have errors (they are bad input to every other command).
 * ``migrate``: 1 when a run could not be written (its tracker failed, or nothing of it was readable), when the source
   holds no run, or with ``--strict`` when lines were skipped or keys are unmapped. A destination the tracker refuses
-  before anything is read (``check_location``) or a source that cannot be opened is 2.
+  before anything is read (``check_location``), a source that cannot be opened, or ``--engine ray`` without Ray
+  installed is 2.
 * ``replay``: 1 when a tracker could not be caught up (it failed while opened or written; the others are still
   replayed); spool lines skipped (a partial last line after a crash) are printed, not a problem. A missing spool, one
   without a run header, an unreadable pending note, an unknown or refused ``--to`` locator or an unknown ``--names``

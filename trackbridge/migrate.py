@@ -6,30 +6,42 @@ many source records of each run were written, and whether the run is complete): 
 continues after the last batch that was written, and a finished one is not written again. Without a ledger entry,
 and for a batch that was in flight when the migration stopped, what the destination holds decides (per key and step
 where the tracker can tell, else by its last step), through :func:`trackbridge.catchup.lacking` as in every
-catch-up.
+catch-up. A run is migrated under its ledger's claim (:meth:`trackbridge.ledger.Ledger.claim`): a second attempt at the
+same run (a retried task whose first attempt is still alive, the same command started twice) waits, then continues
+from the ledger, so a run is never opened twice in the destination.
+
+Engines: ``engine="local"`` (the default) migrates the runs one after the other, or ``jobs`` at a time in threads;
+``engine="ray"`` plans a manifest and migrates batches of runs as Ray tasks (:mod:`trackbridge.bulk`, the ``[ray]``
+extra). ``requests_per_s`` / ``points_per_s`` bound what all workers together send to the destination
+(:mod:`trackbridge.ratelimit`; with Ray, one limiter actor per destination server).
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Iterable, TextIO
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, TextIO
 
 from .catchup import CatchUp, lacking
 from .holdings import Holdings
 from .inputs import InputRun, open_runs
-from .ledger import Ledger, state_dir  # noqa: F401  (state_dir: where the ledger lives, kept importable from here)
+from .ledger import Ledger, ledger_key, state_dir, target_run_id  # noqa: F401  (state_dir, kept importable from here)
 from .locators import parse
 from .pipeline import Stats
+from .ratelimit import RateLimiter
 from .record import Record, RunInfo
 from .sources.base import Problem
 from .trackers import kinds, make_sink, sink_class, source_locator
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
+ENGINES = ("local", "ray")
+
+#: ``throttle(requests, points)``: called before each request to the destination; returns when it may be sent
+Throttle = Callable[[int, int], None]
 
 
 @dataclass
@@ -39,7 +51,8 @@ class RunResult:
     records: int = 0
     points: int = 0
     skipped_records: int = 0           # already in the destination (idempotence / resume)
-    already_done: bool = False
+    already_done: bool = False        # migrated by an earlier command: nothing written now
+    finished_earlier: bool = False    # finished by an earlier attempt of this plan (a retried task): its counts
     has_wall_time: bool = True
     problems: list[Problem] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
@@ -60,12 +73,6 @@ class MigrationResult:
         for r in self.runs:
             st.merge(r.stats)
         return st
-
-
-def target_run_id(src_locator: str, info: RunInfo, index: int) -> str:
-    ident = info.run_id or info.name or str(index)
-    digest = hashlib.sha1(f"{src_locator}\0{ident}".encode()).hexdigest()
-    return f"tb-{digest[:16]}"
 
 
 def _batches(records: Iterable[Record]) -> Iterable[list[Record]]:
@@ -112,7 +119,8 @@ class Progress:
                 self._draw()
                 self.stream.write("\n")
             state = "already migrated" if result.already_done else (
-                f"failed: {result.error}" if result.error else f"{result.points} points")
+                f"failed: {result.error}" if result.error else f"{result.points} points"
+                + (" (finished by an earlier attempt)" if result.finished_earlier else ""))
             self.stream.write(f"run {self.runs_done}/{self.total_runs} {name}: {state}\n")
             self.stream.flush()
 
@@ -133,8 +141,18 @@ class Progress:
 
 def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical", derive: bool = False,
             dry_run: bool = False, jobs: int = 1, mappings: list[str] | None = None, progress: bool = True,
-            out: TextIO | None = None) -> MigrationResult:
-    """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way."""
+            out: TextIO | None = None, engine: str = "local", requests_per_s: float | None = None,
+            points_per_s: float | None = None, ray_address: str | None = None,
+            batch_runs: int | None = None) -> MigrationResult:
+    """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way.
+
+    ``engine``: ``local`` (one run after the other, ``jobs`` at a time in threads) or ``ray`` (batches of runs as
+    Ray tasks, ``jobs`` in flight at most, ``batch_runs`` runs per task; ``ray_address``: the cluster, default
+    ``RAY_ADDRESS`` or a new local one: see :mod:`trackbridge.bulk`). ``requests_per_s`` / ``points_per_s``: what
+    all workers together may send to the destination."""
+    if engine not in ENGINES:
+        raise ValueError(f"migrate: unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
+    limiter = RateLimiter(requests_per_s, points_per_s)      # checks the numbers before anything is read
     t0 = time.monotonic()
     out = out or sys.stdout
     src_loc = parse(source_locator(src), allow_label=True, kinds=kinds("source"))
@@ -151,6 +169,17 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     result = MigrationResult()
     if not runs:
         return result
+    if engine == "ray" and not dry_run:
+        from .bulk import migrate_ray
+        result.runs = migrate_ray(
+            runs, src=src, dst=dst, source=source, names=names, derive=derive, jobs=jobs, mappings=mappings,
+            dest_missing=not _destination_exists(dst), state_root=state_dir(),
+            prog=Progress(len(runs), enabled=progress), run_one=_migrate_run, result=RunResult,
+            requests_per_s=requests_per_s, points_per_s=points_per_s,
+            address=ray_address, batch_runs=batch_runs)
+        result.seconds = time.monotonic() - t0
+        return result
+    throttle = limiter.acquire if limiter.limited else None
     prog = Progress(len(runs), enabled=progress and not dry_run)
     dest_missing = not _destination_exists(dst)        # checked once, before the first run recreates it
 
@@ -159,7 +188,8 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
         try:
             if dry_run:
                 return _dry_run(run, src, source, names, derive, mappings, out)
-            return _migrate_run(idx, run, src, dst, source, names, derive, mappings, prog, dest_missing)
+            return _migrate_run(idx, run, src, dst, source, names, derive, mappings, prog, dest_missing,
+                                throttle=throttle)
         except Exception as exc:      # one run failing must not stop the others; reported in the summary
             res = RunResult(getattr(run.reader.info, "name", None) or str(idx), "",
                             error=f"{type(exc).__name__}: {exc}")
@@ -177,19 +207,47 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
 
 
 def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names: str, derive: bool,
-                 mappings: list[str] | None, prog: Progress, dest_missing: bool = False) -> RunResult:
+                 mappings: list[str] | None, prog: Progress, dest_missing: bool = False, *,
+                 throttle: Throttle | None = None, plan: str | None = None,
+                 state_root: Path | str | None = None) -> RunResult:
+    """Migrate one run under its ledger's claim (see the module docstring). ``plan``: the id of the plan this
+    attempt belongs to (``engine="ray"``): a run the ledger shows finished, or half done, by an earlier attempt of
+    the same plan is reported with what that attempt wrote."""
+    run_id = target_run_id(src, run.info, idx)
+    ledger = Ledger(ledger_key(src, dst, names, run_id), state_root)
+    with ledger.claim():
+        return _migrate_claimed(idx, run, run_id, ledger, src, dst, source, names, derive, mappings, prog,
+                                dest_missing, throttle or _no_throttle, plan)
+
+
+def _no_throttle(requests: int, points: int) -> None:
+    return None
+
+
+def _migrate_claimed(idx: int, run: InputRun, run_id: str, ledger: Ledger, src: str, dst: str, source: str,
+                     names: str, derive: bool, mappings: list[str] | None, prog: Progress, dest_missing: bool,
+                     throttle: Throttle, plan: str | None) -> RunResult:
     reader = run.reader
     info = run.info          # the reader's, with the time-axis mark when the run has no wall times of its own
-    run_id = target_run_id(src, info, idx)
     label = info.name or info.run_id or f"run-{idx}"
     res = RunResult(label, run_id)
-    ledger = Ledger(hashlib.sha1(f"{src}\0{dst}\0{names}\0{run_id}".encode()).hexdigest()[:24])
-    if ledger.written and dest_missing:
+    same_plan = plan is not None and ledger.data.get("plan") == plan
+    if ledger.written and dest_missing and not same_plan:
         # the ledger says this run went there before, but the destination is gone: migrate it again
         ledger.data = {}
         ledger.save(records_written=0, complete=False)
+    if same_plan:       # an earlier attempt of this plan got this far: its counts are this run's too
+        res.records = int(ledger.data.get("out_records", 0))
+        res.points = int(ledger.data.get("out_points", 0))
+        res.skipped_records = int(ledger.data.get("out_skipped", 0))
+    elif plan is not None:
+        ledger.save(plan=plan, out_records=0, out_points=0, out_skipped=0)
     if ledger.complete:
-        res.already_done = True
+        if same_plan:
+            res.finished_earlier = True
+            res.stats = Stats(**ledger.data["stats"]) if isinstance(ledger.data.get("stats"), dict) else Stats()
+        else:
+            res.already_done = True
         res.stats.source = ledger.data.get("source", "")
         prog.run_done(label, res)
         return res
@@ -215,6 +273,7 @@ def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names
         stream = pipe.process(run.records())
         for batch in _batches(stream):
             if not opened:
+                throttle(1, 0)
                 sink.open(pipe.run_info(out_info), resume=True)
                 opened = True
                 if skip_n == 0 or (check_n or 0) > skip_n:
@@ -228,6 +287,8 @@ def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names
                         # service process; a kill loses them): trust the destination, as without a ledger
                         skip_n, check_n, last_step = 0, None, top
                         held = held if held is not None else sink.held()
+                        if same_plan:       # everything is counted again, as written or as held
+                            res.records = res.points = res.skipped_records = 0
             # in order: records the ledger counts as written, records that may be in the destination (cut down to
             # what it lacks, as every catch-up does), records it cannot hold yet
             start, seen = seen, seen + len(batch)
@@ -236,20 +297,23 @@ def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names
             n_check = len(rest) if check_n is None else min(len(rest), max(0, check_n - start - n_skip))
             held_now = CatchUp()
             todo = [*lacking(rest[:n_check], held, last_step, held_now), *rest[n_check:]]
-            res.skipped_records += n_skip + held_now.skipped
+            # records the ledger counts as written were counted by the attempt that wrote them when it is this plan's
+            res.skipped_records += (0 if same_plan else n_skip) + held_now.skipped
             if todo:
                 ledger.save(records_written=max(seen - len(batch), skip_n), records_pending=seen,
                             source=pipe.stats.source, complete=False)
+                pts = sum(len(r.metrics) for r in todo)
+                throttle(1, pts)
                 sink.write(todo)
                 steps = [r.step for r in todo if r.step is not None]
                 if steps:
                     max_written = max(steps) if max_written is None else max(max_written, *steps)
-                pts = sum(len(r.metrics) for r in todo)
                 res.records += len(todo)
                 res.points += pts
                 prog.add(pts)
             ledger.save(records_written=seen, records_pending=0, max_step=max_written, source=pipe.stats.source,
-                        complete=False)
+                        complete=False, out_records=res.records, out_points=res.points,
+                        out_skipped=res.skipped_records)
         if not opened and reader.gave_up:
             # nothing readable (binary junk, an empty file): no empty run in the destination, and the run fails
             res.error = "nothing readable (see above); no run created in the destination"
@@ -258,13 +322,16 @@ def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names
             prog.run_done(label, res)
             return res
         if not opened:     # an empty run still gets created, with its config
+            throttle(1, 0)
             sink.open(pipe.run_info(out_info), resume=True)
             opened = True
-        ledger.save(records_written=seen, records_pending=0, source=pipe.stats.source, complete=True)
+        pipe.finish_notes()
+        ledger.save(records_written=seen, records_pending=0, source=pipe.stats.source, complete=True,
+                    out_records=res.records, out_points=res.points, out_skipped=res.skipped_records,
+                    **({"stats": asdict(pipe.stats)} if plan is not None else {}))
     finally:
         if opened:
             sink.close()
-    pipe.finish_notes()
     res.stats = pipe.stats
     res.problems = list(reader.problems)
     res.has_wall_time = not no_time

@@ -328,17 +328,27 @@ class StreamWriter:
         if exists and not resume:
             raise FileExistsError(f"{self.path} already holds a run")
         stamp = self.schema or schema_stamp()
+        head = (dumps(header_json(info, stamp)) + "\n").encode("utf-8")
+        if exists and _torn_header(self.path):
+            os.truncate(self.path, 0)   # a crash cut the header line itself: nothing of the run is in the file yet
+        if not self.path.exists():
+            if _create_with(self.path, head):
+                self._fh = open(self.path, "ab")
+                self.flush()
+                return
+            if not resume:              # another writer created it between the check and now
+                raise FileExistsError(f"{self.path} already holds a run")
         fh = open(self.path, "ab")
         try:
-            if exists:
+            if fh.tell() == 0:          # an empty file (made by someone else): the header first
+                fh.write(head)
+            else:
                 with open(self.path, "rb") as rd:        # end a partial last line left by a crash
                     rd.seek(-1, os.SEEK_END)
                     if rd.read(1) != b"\n":
                         fh.write(b"\n")
                 if _last_schema(self.path) != stamp:     # records from here on are under another schema
-                    fh.write((dumps(header_json(info, stamp)) + "\n").encode("utf-8"))
-            else:
-                fh.write((dumps(header_json(info, stamp)) + "\n").encode("utf-8"))
+                    fh.write(head)
         except BaseException:
             fh.close()
             raise
@@ -398,6 +408,40 @@ class StreamWriter:
             finally:
                 self._fh.close()
                 self._fh = None
+
+
+def _create_with(path: Path, head: bytes) -> bool:
+    """Create ``path`` holding ``head`` (the header line) in one step, so that no reader and no later attempt ever
+    sees the file without its whole header (an attempt killed while writing it leaves only a temporary file, which
+    the next one replaces). False when ``path`` exists already (another writer made it: the caller resumes it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(head)
+            fh.flush()
+        try:
+            os.link(tmp, path)          # atomic, and fails when the file exists
+        except FileExistsError:
+            return False
+        except OSError:                 # a file system without hard links: exclusive create, then the header
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as out:
+                out.write(head)
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _torn_header(path: Path) -> bool:
+    """True when ``path`` holds only part of its first line (no newline anywhere): a header cut off by a crash."""
+    with open(path, "rb") as fh:
+        return b"\n" not in fh.read(1 << 20) and fh.read(1) == b""
 
 
 def _last_schema(path: Path) -> str | None:

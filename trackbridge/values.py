@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .ranked import Weighted
 from .record import Histogram
 
 Value = "int | float | str | Histogram | None"
@@ -86,6 +87,8 @@ def normalize(value: Any, key: str = "?") -> Any:
         return str(value)
     if isinstance(value, Histogram):
         return value
+    if isinstance(value, Weighted):      # a rank's share, logged without merge_ranks: its value (nothing to merge)
+        return normalize(value.value, key)
     if isinstance(value, (list, tuple)):
         vals: list[float] = []
         _flatten_numbers(value, key, vals)
@@ -95,15 +98,19 @@ def normalize(value: Any, key: str = "?") -> Any:
                                f"(log a number, a string, or a list of numbers)")
     # numpy / torch / jax and friends, by duck typing
     if hasattr(value, "item") and hasattr(value, "shape"):
-        host = _to_host(value)
-        ndim = getattr(host, "ndim", None)
-        if ndim == 0:
-            return _scalar(host.item(), key, value)
-        tolist = getattr(host, "tolist", None)
-        if callable(tolist):
-            vals = []
-            _flatten_numbers(tolist(), key, vals)
-            return Histogram.from_values(vals)
+        try:
+            host = _to_host(value)
+            ndim = getattr(host, "ndim", None)
+            if ndim == 0:
+                return _scalar(host.item(), key, value)
+            tolist = getattr(host, "tolist", None)
+            if callable(tolist):
+                vals = []
+                _flatten_numbers(tolist(), key, vals)
+                return Histogram.from_values(vals)
+        except RuntimeError as exc:      # a tensor without readable data (sparse, meta ...): left out, said why
+            raise UnsupportedValue(f"metric {key!r}: a {_describe(value)} whose values cannot be read "
+                                   f"({str(exc).splitlines()[0][:120]})") from None
     if hasattr(value, "item") and callable(value.item) and _size(value) in (None, 1):
         try:
             return _scalar(_to_host(value).item(), key, value)
@@ -202,8 +209,19 @@ def _value_problem(name: str, v: Any) -> tuple[Any, str | None]:
     return v, None
 
 
-def normalize_metrics(metrics: Any, *, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+def batched(value: Any) -> bool:
+    """True for a torch tensor (on the CPU or a GPU): the logger reads all of a call's tensors in one batch
+    (``trackbridge.logger.device``: CUDA ones without synchronising the GPU), where :func:`normalize` reads them one
+    by one (and waits for the GPU for each CUDA tensor)."""
+    return isinstance(getattr(value, "is_cuda", None), bool)
+
+
+def normalize_metrics(metrics: Any, *, prefix: str = "",
+                      defer: list[tuple[str, Any]] | None = None) -> tuple[dict[str, Any], list[str]]:
     """Validate and normalise a ``log()`` dict.
+
+    ``defer``: a list that takes ``(name, tensor)`` for each torch tensor (:func:`batched`; the tensor is kept as the
+    value, for the caller to replace once read); without it each tensor is read here, one by one.
 
     Returns ``(values, problems)``: ``problems`` holds one message per value that was left out because no tracker
     could store it (each message starts with ``metric '<name>'``): an empty name, a name or string holding a lone
@@ -239,9 +257,13 @@ def normalize_metrics(metrics: Any, *, prefix: str = "") -> tuple[dict[str, Any]
                 out[name] = v
                 continue
         elif isinstance(v, dict):
-            inner, inner_problems = normalize_metrics(v, prefix=name + "/")
+            inner, inner_problems = normalize_metrics(v, prefix=name + "/", defer=defer)
             out.update(inner)
             problems.extend(inner_problems)
+            continue
+        elif defer is not None and batched(v):
+            defer.append((name, v))
+            out[name] = v
             continue
         try:
             value = normalize(v, name)
@@ -270,7 +292,8 @@ def is_nonfinite(value: Any) -> bool:
     return type(value) is float and not math.isfinite(value)
 
 
-__all__ = ["UnsupportedValue", "normalize", "normalize_metrics", "is_nonfinite", "check_step", "utf8_ok", "STEP_MAX"]
+__all__ = ["UnsupportedValue", "normalize", "normalize_metrics", "is_nonfinite", "check_step", "utf8_ok", "STEP_MAX",
+           "batched"]
 
 
 def as_step(step: Any) -> int | None:

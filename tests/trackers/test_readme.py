@@ -43,6 +43,9 @@ SKIP = {
     "from trackbridge.integrations.transformers import TrackBridgeCallback":
         "a fragment with the user's placeholders (GRPOTrainer(model=..., reward_funcs=[...], args=args, "
         "train_dataset=ds)); the callback with a real GRPOTrainer is tests/frameworks/test_integrations_trl.py",
+    "trackbridge migrate tensorboard:/shared/runs/ mlflow:http://mlflow.internal:5000 --engine ray \\":
+        "names a Ray cluster and a tracking server of the user's; the same command against a one-node cluster on "
+        "127.0.0.1 is tests/trackers/test_migrate_ray.py::test_cli_engine_ray_reaches_the_cluster",
     "mappings/            the facts: canonical.yaml (the hub: names, config names, splits, compare axes, presets,":
         "the layout of the repository (a tree, not code)",
 }

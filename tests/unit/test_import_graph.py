@@ -148,8 +148,8 @@ def _is_core(mod: str) -> bool:
 # Layers, lowest first: a module may import its own layer and the layers below it, never one above (every import,
 # deferred ones too; a package counts as its top-level name under trackbridge: trackbridge.schema.loader is "schema").
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "exitcodes"},                        # leaves
-    {"record", "values", "_rank"},                              # the record and its values
+    {"_version", "errors", "exitcodes", "ratelimit", "extras"},   # leaves
+    {"record", "values", "_rank", "ranked"},                    # the record and its values
     {"schema"},                                                 # the facts: load, check, compile; specs
     {"detect", "derive"},                                       # detection, the derived-rule engine
     {"translate"},                                              # the translation stages
@@ -158,7 +158,7 @@ LAYERS: list[set[str]] = [
     {"sinks", "sources", "trackers", "locators", "catchup", "ledger"},   # trackers and readers
     {"logger"},                                                 # the logger
     {"integrations"},                                           # trainers' callbacks
-    {"replay", "migrate", "compare", "inputs", "demo", "mappings_views"},   # the capabilities at the edge
+    {"replay", "migrate", "bulk", "compare", "inputs", "demo", "mappings_views"},   # the capabilities at the edge
     {"commands", "cli"},                                        # the command line
     {"__main__", ""},                                           # the package face
 ]

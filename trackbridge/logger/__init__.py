@@ -9,7 +9,8 @@ Pipeline (one run)::
                                     for ``names=``
 
 * ``log()`` only validates and normalises the values (so a tensor updated in place afterwards cannot change what was
-  logged) and hands them off; translation, derivation and every tracker's I/O happen in other threads. ``log()``
+  logged; CUDA tensors are copied on their stream and read back by a thread, without a GPU sync: :mod:`.device`)
+  and hands them off; translation, derivation and every tracker's I/O happen in other threads. ``log()``
   never waits on a tracker: a tracker whose queue is full *falls behind* and is fed from the spool until it has
   caught up. Only the spool's queue makes the dispatcher wait (the disk, never a tracker).
 * **The spool** (the canonical stream of :mod:`trackbridge.stream`, file ``DIR/<run_id>.jsonl`` in ``spool=DIR``)
@@ -41,7 +42,9 @@ This package names no tracker and no framework: sinks come from :mod:`trackbridg
 
 The logger's parts (one module each): :mod:`.options` (the tuning knobs), :mod:`.dispatch` (the thread between
 ``log()`` and the sinks), :mod:`.worker` (what every sink's thread shares), :mod:`.spool` and :mod:`.tracker` (the
-two kinds of worker), :mod:`.run` (``Run``), :mod:`.noop` (``NoOpRun``), :mod:`.checks` (what ``init`` checks first).
+two kinds of worker), :mod:`.run` (``Run``), :mod:`.noop` (``NoOpRun``), :mod:`.checks` (what ``init`` checks first),
+:mod:`.device` (tensors read in one batch, CUDA ones without a sync), :mod:`.ranks` (``merge_ranks``: each rank's
+file and rank 0's merger).
 Catching a tracker up from the spool uses :mod:`trackbridge.catchup`, as ``replay`` and ``migrate`` do.
 """
 from __future__ import annotations
@@ -65,7 +68,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
          backoff: float | None = None, retry_interval: float | None = None, stall_timeout: float | None = None,
          finish_timeout: float | None = None, resume_wait: float | None = None, writer: str | None = None,
          tags: dict[str, str] | None = None,
-         rank_zero_only: bool = True, rank: int | None = None, doctor: bool = False) -> Run | NoOpRun:
+         rank_zero_only: bool = True, rank: int | None = None, doctor: bool = False, merge_ranks: bool = False,
+         world_size: int | None = None, rank_timeout: float = 60.0) -> Run | NoOpRun:
     """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
 
     ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
@@ -78,6 +82,12 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     finding is logged once, as the text metric ``doctor/<check id>`` to every tracker and as a
     :class:`~trackbridge.doctor.DoctorWarning`, the first time its check holds (``run.findings`` lists them).
 
+    ``merge_ranks=True``: every rank logs its own share of a value with its weight (``log(..., weights=...)`` or
+    :class:`trackbridge.Weighted`) and rank 0 merges the shares of all ``world_size`` ranks (default ``WORLD_SIZE``)
+    into the value over the whole batch, by the value's reduction, before the pipeline (see
+    :mod:`trackbridge.logger.ranks`; ``run_id`` the same on every rank; a rank silent for ``rank_timeout`` seconds
+    while the others are past a step is merged without, and the run says so).
+
     Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder.
     """
     opts = LoggerOptions.build(options, {
@@ -85,6 +95,11 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
         "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,
         "finish_timeout": finish_timeout, "resume_wait": resume_wait, "writer": writer})
     r = _rank.global_rank() if rank is None else int(rank)
+    if merge_ranks:
+        return _merged(r, world_size, rank_timeout, rank_zero_only=rank_zero_only, project=project, name=name,
+                       sinks=list(sinks or []), source=source, names=names, config=config, run_id=run_id,
+                       resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags,
+                       doctor=doctor)
     if rank_zero_only and r != 0:
         return NoOpRun(r, project=project, name=name, config=config, run_id=run_id, names=names, resume=resume,
                        options=opts)
@@ -93,6 +108,28 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
                run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags,
                doctor=doctor)
+
+
+def _merged(r: int, world_size: int | None, rank_timeout: float, *, rank_zero_only: bool, run_id: str | None,
+            spool: str, options: LoggerOptions, **kw: Any) -> Run | NoOpRun:
+    """``init(merge_ranks=True)``: rank 0's run with the merger attached; the other ranks' :class:`RankRun`."""
+    from ..errors import UsageError
+    from .ranks import RankLink, RankRun, check_world, shared_run_id
+    from .spool import spool_place
+    if not rank_zero_only:
+        raise UsageError("init(merge_ranks=True) merges every rank into rank 0's run; rank_zero_only=False (a run "
+                         "per rank) cannot be combined with it")
+    size = _rank.world_size() if world_size is None else int(world_size)
+    check_world(size, r, rank_timeout)
+    run_id = shared_run_id(run_id)
+    spool_dir = spool_place(spool)[0]
+    if r != 0:
+        return RankRun(r, world_size=size, run_id=run_id, spool_dir=spool_dir, flush_interval=options.flush_interval,
+                       project=kw["project"], name=kw["name"], config=kw["config"], names=kw["names"],
+                       resume=kw["resume"], options=options)
+    run = Run(run_id=run_id, spool=spool, options=options, **kw)
+    run._ranks = RankLink(run, world_size=size, rank_timeout=rank_timeout, spool_dir=spool_dir)
+    return run
 
 
 __all__ = ["init", "Run", "NoOpRun", "LoggerOptions", "LoggerWarning", "STEP_AXIS"]

@@ -35,15 +35,16 @@ def derive_hook(translator: Translator) -> DeriveHook:
     return translator.apply_derive
 
 
-def validate_call(metrics: object, step: object, axis: object = None) -> tuple[dict[str, Any], list[str], int | None]:
+def validate_call(metrics: object, step: object, axis: object = None, defer: list[tuple[str, Any]] | None = None
+                  ) -> tuple[dict[str, Any], list[str], int | None]:
     """What ``log(metrics, step, axis=)`` checks on every rank: the values normalised (with the problems of the ones
     left out) and the step as an int. Raises as :meth:`Run.log` documents (the arguments are the caller's,
-    unchecked)."""
+    unchecked). ``defer``: takes the torch tensors, read in one batch (CUDA ones without a sync: :mod:`.device`)."""
     if axis is not None and (not isinstance(axis, str) or not axis):
         raise TypeError(f"log(axis=...) must be the name of the step metric (a non-empty string), got {axis!r}")
     if axis is not None and step is None:
         raise TypeError(f"log(axis={axis!r}) needs step=: the value of {axis!r} for these metrics")
-    values, problems = normalize_metrics(metrics)
+    values, problems = normalize_metrics(metrics, defer=defer)
     as_int = None
     if step is not None:
         as_int = to_step(step)

@@ -28,7 +28,8 @@ class NoOpRun(RunView):
         self.options = options
         self.info: RunInfo = RunInfo(name=name, project=project, run_id=run_id, config=dict(config or {}))
 
-    def log(self, metrics: dict[str, Any], step: int | None = None, *, axis: str | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None = None, weights: dict[str, Any] | None = None, *,
+            axis: str | None = None) -> None:
         """Check the call as :meth:`Run.log <trackbridge.logger.Run.log>` does (and raise the same errors), then
         discard it."""
         validate_call(metrics, step, axis)      # refuses what rank 0 refuses, then discards

@@ -33,6 +33,7 @@ from .checks import (
     validate_call,
 )
 from .common import STOP, RunView, warn
+from .device import hand_off
 from .dispatch import Dispatcher, live_doctor
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
@@ -56,6 +57,9 @@ def _writes(sink: Sink, run_id: str, spool_path: Path) -> bool:
 
 class Run(RunView):
     """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
+
+    _ranks: Any = None      # init(merge_ranks=True): the rank file and merger (logger/ranks.py)
+    _device: Any = None     # once a CUDA tensor was logged: the thread reading them back in order (logger/device.py)
 
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
@@ -187,24 +191,41 @@ class Run(RunView):
     def _seq(self) -> int:
         return self._dispatcher.seq
 
-    def log(self, metrics: dict[str, Any], step: int | None = None, *, axis: str | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None = None, weights: dict[str, Any] | None = None, *,
+            axis: str | None = None) -> None:
         """Log one step's metrics. Returns as soon as the values are validated and queued.
+
+        ``weights``: name -> how many items (tokens, sequences) this rank's value of that name is over; with
+        ``init(merge_ranks=True)`` the ranks' values are merged by the name's reduction (:class:`trackbridge.Weighted`
+        states another), otherwise each value is logged as it is.
 
         ``axis``: the name of the x axis ``step`` counts, for a run with several (slime's ``train/step`` and
         ``rollout/step``): the metrics are charted on that axis in every tracker, and the run's own step counter
-        is not advanced. Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step`` (or a
-        non-string ``axis``), ``ValueError`` for a step outside 0 .. 2**53 - 1 (nothing is logged for that call),
-        ``RuntimeError`` after ``finish()``. A value or name no tracker can store (an empty name, a lone surrogate,
-        ...) is left out with a one-time warning naming it (see ``run.problems``); the other values of the call are
-        logged.
+        is not advanced.
+
+        Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step`` (or a non-string ``axis``, or
+        ``axis`` with ``merge_ranks=True``), ``ValueError`` for a step outside 0 .. 2**53 - 1 (nothing is logged for
+        that call), ``RuntimeError`` after ``finish()``. A value or name no tracker can store (an empty name, a lone
+        surrogate, ...) is left out with a one-time warning naming it (see ``run.problems``); the other values of
+        the call are logged.
         """
         wall_time = time.time()
-        values, problems, step = validate_call(metrics, step, axis)
+        if self._ranks is not None:      # merge_ranks: to this rank's file; the merger feeds the inbox
+            if axis is not None:
+                raise TypeError("log(axis=...) is not supported with init(merge_ranks=True): the ranks' shares are "
+                                "merged per step of the run's one step axis")
+            self._ranks.log(metrics, step, weights, wall_time)
+            return
+        later: list[tuple[str, Any]] = []        # torch tensors: read in one batch, CUDA ones without a sync
+        values, problems, step = validate_call(metrics, step, axis, defer=later)
         if problems:
             self._report_values(problems)
         if self._finished:
             raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
-        self._inbox.put((wall_time, step, values, axis))
+        if later or self._device is not None:
+            hand_off(self, later, (wall_time, step, values, axis))     # logger/device.py
+        else:
+            self._inbox.put((wall_time, step, values, axis))
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
@@ -242,6 +263,11 @@ class Run(RunView):
         self.info.extra["outcome"] = outcome
         for w in self._workers:
             w.sink.outcome = outcome
+        if self._device is not None:     # the device tensors logged so far, read back
+            self._device.close(self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
+        if self._ranks is not None:      # merge_ranks: the other ranks' last steps first
+            self._ranks.finish(time.monotonic() + (self.options.finish_timeout if timeout is None else
+                                                   max(0.0, float(timeout))))
         self._inbox.put(STOP)
         end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         self._dispatcher.thread.join(max(0.0, end - time.monotonic()))

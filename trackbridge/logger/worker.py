@@ -40,8 +40,9 @@ def sync_run_info(run: RunInfo | None, info: RunInfo, approximate: dict[str, str
         return
     if info.source:
         run.source = info.source
-    if "outcome" in info.extra:
-        run.extra = {**(run.extra or {}), "outcome": info.extra["outcome"]}
+    for key in ("outcome", "ranks"):     # ranks: init(merge_ranks=True)'s steps merged without a rank
+        if key in info.extra:
+            run.extra = {**(run.extra or {}), key: info.extra[key]}
     run.approximate = {**(run.approximate or {}), **approximate}
 
 

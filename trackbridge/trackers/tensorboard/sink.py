@@ -36,6 +36,7 @@ import math
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -221,7 +222,6 @@ class TensorBoardSink(Sink):
         name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}."
                 f"{next(_FILE_COUNTER)}.trackbridge")
         self.path = self.folder / name
-        self._fh = open(self.path, "wb")
         meta = summary_pb2.SummaryMetadata()
         meta.plugin_data.plugin_name = "text"
         self._text_meta = meta
@@ -231,8 +231,14 @@ class TensorBoardSink(Sink):
         hp = self._hparams_value(run.config)
         if hp is not None:
             info.summary.value.append(hp)
-        self._fh.write(frame(first.SerializeToString()) + frame(info.SerializeToString()))
-        self._fh.flush()
+        # the file appears with its whole header or not at all: an attempt killed while writing it leaves a
+        # temporary file (no "tfevents" in its name: no reader takes it), never an event file without the run id,
+        # which would make the next attempt take the folder for someone else's and open NAME-2
+        tmp = self.folder / f".trackbridge-new-{os.getpid()}-{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(frame(first.SerializeToString()) + frame(info.SerializeToString()))
+        os.replace(tmp, self.path)
+        self._fh = open(self.path, "ab")
 
     def _text_value(self, tag: str, text: str) -> Any:
         _, summary_pb2 = self._pb

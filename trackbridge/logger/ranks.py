@@ -1,0 +1,531 @@
+"""Per-rank streams (``init(merge_ranks=True)``): every rank logs its own share of each value with its weight, and
+rank 0 merges the shares into the value over the whole batch (:mod:`trackbridge.ranked`), which then takes the
+run's one pipeline (translation, derived metrics, every sink) like any logged value.
+
+**Where the merge happens, and why there.** Every rank, rank 0 included, appends what it logs to its own file,
+``<spool>/<run_id>.ranks/rank-<r>.jsonl`` (:class:`RankFile`: a thread of the rank writes it; ``log()`` only
+validates and queues, as on rank 0 without ranks). A merger thread on rank 0 (:class:`Merger`) follows the files of
+all ``world_size`` ranks, gathers the shares by step (the shares of every rank and of several calls at one step:
+micro-batches merge too), and hands step *s* to the run once every rank has gone past it (logged a higher step, or
+finished). No collective operation runs in ``log()``: a rank that dies never blocks another rank, and the training
+loop never waits on the network. What survives what:
+
+* a rank that dies, hangs or lags: its file simply stops. Once the other ranks are ``rank_timeout`` seconds past a
+  step, the merger hands the step on without the missing rank and says so (a warning naming the rank and the steps,
+  ``run.problems``, the merged names' ``approximate`` marks, and ``info.extra["ranks"]["incomplete"]``, which every
+  tracker stores with the run); from then on that rank is not waited for, until it writes again;
+* rank 0 dying: every rank's shares are already in its file (handed to the operating system at most
+  ``flush_interval / 2`` s after ``log()``); a resumed run (``resume=True``) merges from the files what the spool
+  does not hold yet (steps after the spool's last step);
+* files need a folder every rank can write and rank 0 can read: the node's disk for a one-node job, a shared file
+  system otherwise (``spool=`` names it, the same on every rank). ``run_id`` must be the same on every rank (given,
+  or torchrun's ``TORCHELASTIC_RUN_ID``).
+
+Values logged without a weight are rank 0's, as without ``merge_ranks`` (other ranks' plain values are kept in their
+files, not merged). Steps must not go back within a run with merged ranks: a share that arrives for a step already
+handed on is left out and reported (it stays in its rank's file).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import UsageError
+from ..ranked import MergeError, Share, merge, reduction_of, split_weighted
+from ..record import decode_value, dumps, encode_value
+from ..stream import SUFFIX, stream_file
+from .checks import validate_call
+from .common import STOP, log, warn
+from .device import capture_or_read
+from .noop import NoOpRun
+
+RANK_TIMEOUT = 60.0
+_POLL = 0.05
+
+
+def ranks_folder(spool_dir: Path, run_id: str) -> Path:
+    """Where the ranks' files of run ``run_id`` live: beside its spool file."""
+    return stream_file(spool_dir, run_id).with_suffix(".ranks")
+
+
+def rank_path(folder: Path, rank: int) -> Path:
+    return folder / f"rank-{rank:05d}{SUFFIX}"
+
+
+def shared_run_id(run_id: str | None) -> str:
+    """The run id every rank agrees on: the one given, else torchrun's ``TORCHELASTIC_RUN_ID``."""
+    if run_id:
+        return run_id
+    env = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if env and env != "none":
+        return env
+    raise UsageError("init(merge_ranks=True) needs run_id=, the same on every rank (or torchrun's "
+                     "TORCHELASTIC_RUN_ID), so that rank 0 finds the other ranks' files")
+
+
+# ------------------------------------------------------------------------------------------------- one rank's file
+class RankFile:
+    """One rank's file: :meth:`log` validates and queues (never waits on the disk), a thread appends the lines and
+    hands them to the operating system at most ``flush_interval / 2`` seconds after they were logged."""
+
+    def __init__(self, folder: Path, rank: int, world_size: int, run_id: str, *, flush_interval: float = 1.0,
+                 report: Callable[[list[str]], None] | None = None) -> None:
+        self.path = rank_path(folder, rank)
+        self.rank = rank
+        self.report = report or _warn_each
+        self.next_step = 0
+        self.closed = False
+        self._q: queue.Queue = queue.Queue()
+        self._latency = flush_interval / 2
+        folder.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "ab")
+        head = {"type": "ranks", "rank": rank, "world_size": world_size, "run_id": run_id, "pid": os.getpid(),
+                "opened": time.time()}
+        self._fh.write(("\n" if self._fh.tell() and not self._ends_with_newline() else "").encode()
+                       + (dumps(head) + "\n").encode("utf-8"))
+        self._fh.flush()
+        self._thread = threading.Thread(target=self._main, name=f"trackbridge-rank{rank}", daemon=True)
+        self._thread.start()
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.path, "rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) == b"\n"
+
+    def log(self, metrics: Any, step: Any, weights: dict[str, Any] | None, wall_time: float) -> None:
+        if not isinstance(metrics, dict):
+            validate_call(metrics, step)           # raises the TypeError log() raises for a non-dict
+        values, shares, problems = split_weighted(metrics, weights)
+        later: list[tuple[str, Any]] = []        # torch tensors: read in one batch (CUDA: by the writer thread)
+        values, more, as_int = validate_call(values, step, defer=later)
+        problems += more
+        if problems:
+            self.report(problems)
+        if self.closed:
+            raise RuntimeError("log() after finish()")
+        if as_int is None:
+            as_int = self.next_step
+        self.next_step = max(self.next_step, as_int + 1)
+        line: dict[str, Any] = {"step": as_int, "wall_time": wall_time, "metrics": values}
+        kept = {k: list(s) for k, s in shares.items() if k in values}
+        if kept:
+            line["shares"] = kept
+        self._q.put((capture_or_read(later, values, self.report), line))
+
+    def _main(self) -> None:
+        while True:
+            item = self._q.get()
+            batch = [item]
+            end = time.monotonic() + self._latency
+            while item is not STOP:
+                try:
+                    item = self._q.get(timeout=max(0.0, end - time.monotonic()))
+                except queue.Empty:
+                    break
+                batch.append(item)
+            stop = batch[-1] is STOP
+            lines = []
+            for got in batch:
+                if got is STOP:
+                    continue
+                pending, line = got
+                if pending is not None:          # device tensors: wait for their copy (this thread only)
+                    try:
+                        pending.wait()
+                        pending.resolve(line["metrics"])
+                    except Exception as exc:
+                        warn(f"trackbridge: reading logged device tensors failed ({type(exc).__name__}: {exc}); "
+                             f"they are left out of step {line['step']}")
+                        for name, *_ in pending.layout:
+                            line["metrics"].pop(name, None)
+                    if pending.problems:
+                        self.report(pending.problems)
+                line["metrics"] = {k: encode_value(v) for k, v in line["metrics"].items()}
+                lines.append(line)
+            try:
+                if lines:
+                    self._fh.write("".join(self._dump(x) for x in lines).encode("utf-8"))
+                if stop:
+                    self._fh.write((dumps({"type": "end", "at": time.time()}) + "\n").encode("utf-8"))
+                self._fh.flush()
+            except (OSError, ValueError) as exc:
+                warn(f"trackbridge: cannot write {self.path}: {exc}; this rank's shares are lost from here on")
+                return
+            if stop:
+                self._fh.close()
+                return
+
+    @staticmethod
+    def _dump(line: dict[str, Any]) -> str:
+        try:
+            return dumps(line) + "\n"
+        except (TypeError, ValueError):         # a value that is not strict JSON: left out, the line kept
+            line["metrics"] = {k: v for k, v in line["metrics"].items() if _jsonable(v)}
+            return dumps(line) + "\n"
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued and the end line (the merger then knows this rank is done)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._q.put(STOP)
+        self._thread.join(timeout)
+
+
+def _warn_each(problems: list[str]) -> None:
+    for p in problems:
+        warn(f"trackbridge: {p}; the value was left out")
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------- the merger
+@dataclass
+class _Rank:
+    path: Path
+    offset: int = 0
+    buf: bytes = b""
+    top: int | None = None          # highest step seen
+    ended: bool = False
+    gone: bool = False              # timed out: not waited for until it writes again
+    seen_at: float = 0.0
+
+
+@dataclass
+class _Step:
+    wall0: float | None = None      # rank 0's first call at the step: the record's wall time
+    wall_min: float | None = None   # else the earliest of any rank
+    plain: dict[str, Any] = field(default_factory=dict)
+    shares: dict[str, list[Share]] = field(default_factory=dict)
+    ranks: set[int] = field(default_factory=set)
+    waiting_since: float | None = None
+
+
+class Merger:
+    """Rank 0's thread: follows every rank's file, merges the shares of each step, hands the merged record to
+    ``emit(wall_time, step, values)`` in step order (see the module docstring)."""
+
+    def __init__(self, folder: Path, world_size: int, *, emit: Callable[[float, int, dict[str, Any]], None],
+                 reduction: Callable[[str], tuple[str | None, bool]], rank_timeout: float = RANK_TIMEOUT,
+                 after_step: int | None = None,
+                 on_incomplete: Callable[[int, list[int], list[str]], None] | None = None,
+                 report: Callable[[str], None] | None = None) -> None:
+        self.folder = folder
+        self.world_size = world_size
+        self.emit = emit
+        self.reduction = reduction
+        self.rank_timeout = rank_timeout
+        self.on_incomplete = on_incomplete
+        self.report = report or warn
+        self.emitted = after_step            # steps up to here are handed on (or were, before a resume)
+        self.resumed_at = after_step         # a resumed run: the files' earlier lines up to here are in the spool
+        self.replayed = 0                    # such lines, skipped without a word
+        self.started = time.monotonic()
+        self.ranks = {r: _Rank(rank_path(folder, r), seen_at=self.started) for r in range(world_size)}
+        self.pending: dict[int, _Step] = {}
+        self.late: dict[int, int] = {}       # rank -> shares left out because their step was handed on
+        self._said: set[str] = set()
+        self._stop = threading.Event()
+        self._finishing = False
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._main, name="trackbridge-merge-ranks", daemon=True)
+
+    # -- reading ------------------------------------------------------------------------------------------------
+    def _read(self, r: int, st: _Rank, now: float) -> None:
+        try:
+            with open(st.path, "rb") as fh:
+                fh.seek(st.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        if not data:
+            return
+        st.offset += len(data)
+        data = st.buf + data
+        cut = data.rfind(b"\n") + 1
+        st.buf = data[cut:]
+        for raw in data[:cut].splitlines():
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                self._once(f"bad:{r}", f"{st.path}: a line that is not JSON was skipped")
+                continue
+            st.seen_at = now
+            if st.gone:
+                st.gone = False
+                self._once(f"back:{r}", f"rank {r} writes again; it is waited for from its next step on")
+            kind = obj.get("type")
+            if kind == "end":
+                st.ended = True
+            elif kind is None and isinstance(obj.get("step"), int):
+                self._take(r, st, obj)
+
+    def _take(self, r: int, st: _Rank, obj: dict[str, Any]) -> None:
+        step = obj["step"]
+        st.top = step if st.top is None else max(st.top, step)
+        if self.resumed_at is not None and step <= self.resumed_at:
+            self.replayed += 1               # merged before the resume (the spool holds it)
+            return
+        if self.emitted is not None and step <= self.emitted:
+            self.late[r] = self.late.get(r, 0) + 1
+            self._once(f"late:{r}", f"rank {r} logged step {step} after that step was handed on without it (steps "
+                                    f"must not go back, and a rank more than rank_timeout={self.rank_timeout:g} s "
+                                    f"behind is not waited for); its shares stay in {st.path}")
+            return
+        group = self.pending.setdefault(step, _Step())
+        group.ranks.add(r)
+        wall = obj.get("wall_time")
+        if isinstance(wall, (int, float)):
+            if r == 0 and group.wall0 is None:
+                group.wall0 = float(wall)
+            group.wall_min = float(wall) if group.wall_min is None else min(group.wall_min, float(wall))
+        metrics = {k: decode_value(v) for k, v in (obj.get("metrics") or {}).items()}
+        shares = obj.get("shares") or {}
+        for k, v in metrics.items():
+            s = shares.get(k)
+            if isinstance(s, list) and len(s) == 3:
+                group.shares.setdefault(k, []).append(Share(r, v, float(s[0]), s[1], s[2]))
+            elif r == 0:
+                group.plain[k] = v           # rank 0's own value (the last call at the step wins, as in wandb)
+
+    # -- handing on ---------------------------------------------------------------------------------------------
+    def _passed(self, r: int, st: _Rank, step: int) -> bool:
+        return st.ended or st.gone or (st.top is not None and st.top > step)
+
+    def _ready(self, now: float, force: bool) -> None:
+        for step in sorted(self.pending):
+            group = self.pending[step]
+            waiting = [r for r, st in self.ranks.items() if not self._passed(r, st, step)]
+            if waiting and not force:
+                if group.waiting_since is None:
+                    if len(waiting) < self.world_size or any(st.top is not None and st.top > step
+                                                             for st in self.ranks.values()):
+                        group.waiting_since = now
+                if group.waiting_since is None or now - group.waiting_since < self.rank_timeout:
+                    return               # in step order: nothing after this step goes first
+                for r in waiting:
+                    if r not in group.ranks:
+                        self.ranks[r].gone = True
+            # missing: ranks that neither logged at this step nor went past it (gone, or not waited for any more);
+            # a rank that finished, or logged a later step without this one, simply had nothing here
+            missing = [r for r, st in self.ranks.items()
+                       if r not in group.ranks and not st.ended and (st.top is None or st.top < step)]
+            self._hand_on(step, group, missing)
+            del self.pending[step]
+
+    def _hand_on(self, step: int, group: _Step, missing: list[int]) -> None:
+        values = dict(group.plain)
+        for key, shares in group.shares.items():
+            stated = {s.reduce for s in shares if s.reduce}
+            if len(stated) > 1:
+                self._once(f"reduce:{key}", f"metric {key!r}: the ranks state different reductions "
+                                            f"({', '.join(sorted(stated))}); {sorted(stated)[0]!r} is used")
+            reduce, sample = (sorted(stated)[0], True) if stated else self.reduction(key)
+            try:
+                value, note = merge(key, reduce or "mean", shares, sample_std=sample)
+            except MergeError as exc:
+                self._once(f"merge:{key}", f"{exc}; rank 0's value is logged instead")
+                own = [s for s in shares if s.rank == 0]
+                if not own:
+                    continue
+                value, note = own[-1].value, None
+            if note:
+                self._once(f"note:{key}", note)
+            values[key] = value
+        if missing and self.on_incomplete is not None:
+            self.on_incomplete(step, missing, sorted(group.shares))
+        wall = group.wall0 if group.wall0 is not None else group.wall_min if group.wall_min is not None else time.time()
+        self.emitted = step if self.emitted is None else max(self.emitted, step)
+        self.emit(wall, step, values)
+
+    def _once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.report(message)
+
+    # -- the thread -----------------------------------------------------------------------------------------------
+    def poll(self, force: bool = False) -> None:
+        with self._lock:
+            now = time.monotonic()
+            for r, st in self.ranks.items():
+                self._read(r, st, now)
+            self._ready(now, force)
+
+    def _main(self) -> None:
+        try:
+            while not self._stop.wait(_POLL):
+                self.poll()
+        except Exception as exc:      # never let the merger take training down; say what stopped it
+            warn(f"trackbridge: merging the ranks stopped ({type(exc).__name__}: {exc}); the ranks' files keep "
+                 f"their shares in {self.folder}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finish(self, deadline: float) -> None:
+        """Rank 0 is done: wait for the other ranks to finish (each at most ``rank_timeout`` seconds after it last
+        wrote, all before ``deadline``), hand on every step, stop."""
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join(max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline:
+            self.poll()
+            now = time.monotonic()
+            open_ranks = [r for r, st in self.ranks.items() if not (st.ended or st.gone)]
+            if not open_ranks:
+                break
+            if all(now - self.ranks[r].seen_at >= self.rank_timeout for r in open_ranks):
+                for r in open_ranks:
+                    self.ranks[r].gone = True
+                self._once(f"finish:{open_ranks}", f"rank(s) {', '.join(map(str, open_ranks))} did not finish "
+                                                   f"within rank_timeout={self.rank_timeout:g} s of their last "
+                                                   f"line; their last steps are merged without them")
+                break
+            time.sleep(_POLL)
+        self.poll(force=True)
+
+
+# ------------------------------------------------------------------------------------------------- on each rank
+class RankLink:
+    """What ``init(merge_ranks=True)`` attaches to rank 0's :class:`~trackbridge.logger.Run`: its own rank file and
+    the merger, which feeds the run's inbox."""
+
+    def __init__(self, run: Any, *, world_size: int, rank_timeout: float, spool_dir: Path) -> None:
+        self.run = run
+        self.world_size = world_size
+        folder = ranks_folder(spool_dir, run.run_id)
+        self.folder = folder
+        self.file = RankFile(folder, 0, world_size, run.run_id, flush_interval=run.options.flush_interval,
+                             report=run._report_values)
+
+        def say(message: str) -> None:
+            run._warn_once(message, message)
+        info = run.info
+        info.extra["ranks"] = {"world_size": world_size, "merged": True, "folder": str(folder), "incomplete": []}
+        self._names: dict[str, tuple[str | None, bool]] = {}
+        self._source = info.source or "auto"
+        self._mappings = (info.extra or {}).get("mappings")
+        after = run._next_step - 1 if run.resume and run._next_step > 0 else None
+        self.merger = Merger(folder, world_size, emit=self._emit, reduction=self._reduction,
+                             rank_timeout=rank_timeout, after_step=after, on_incomplete=self._incomplete,
+                             report=say)
+        self.merger.start()
+
+    def log(self, metrics: Any, step: Any, weights: dict[str, Any] | None, wall_time: float) -> None:
+        self.file.log(metrics, step, weights, wall_time)
+
+    def _emit(self, wall_time: float, step: int, values: dict[str, Any]) -> None:
+        self.run._inbox.put((wall_time, step, values))
+
+    def _reduction(self, key: str) -> tuple[str | None, bool]:
+        """The reduction the canonical name of ``key`` states (None: none stated), and whether its std is a
+        sample std."""
+        if key not in self._names:
+            self._names[key] = _canonical_reduction(key, self._source, self._mappings)
+        return self._names[key]
+
+    def _incomplete(self, step: int, missing: list[int], keys: list[str]) -> None:
+        extra = self.run.info.extra.setdefault("ranks", {})
+        rows = extra.setdefault("incomplete", [])
+        if len(rows) < 1000:
+            rows.append({"step": step, "missing": missing})
+        why = (f"merged over {self.world_size - len(missing)} of {self.world_size} ranks at some steps "
+               f"(rank {', '.join(map(str, missing))} sent nothing within rank_timeout; info.extra['ranks'])")
+        for k in keys:
+            self.run.info.approximate.setdefault(k, why)
+        self.run._warn_once(f"incomplete:{missing}", f"step {step}: merged without rank(s) "
+                            f"{', '.join(map(str, missing))}, which sent nothing for it within rank_timeout="
+                            f"{self.merger.rank_timeout:g} s (every step merged without a rank is listed in the run "
+                            f"info, extra['ranks']['incomplete'])")
+
+    def finish(self, deadline: float) -> None:
+        self.file.close(max(1.0, deadline - time.monotonic()))
+        self.merger.finish(deadline)
+
+
+def _canonical_reduction(key: str, source: str, mappings: list[str] | None) -> tuple[str | None, bool]:
+    try:
+        from ..schema.loader import load_registry
+        from ..translate import translate
+        res = translate({key: 0.0}, source=source, mappings=mappings)
+        name = next(iter(res.metrics), key)
+        metric = load_registry(mappings or None).canonical.find(name)
+    except Exception as exc:      # a name trackbridge cannot place: the share's own reduction, or a mean
+        log.debug("trackbridge: no canonical reduction for %r: %s", key, exc)
+        return None, True
+    if metric is None or metric.reduce is None or not metric.reduce.stated("stat"):
+        return None, True
+    return reduction_of(str(metric.reduce.get("stat"))), metric.reduce.get("std") != "population"
+
+
+# ------------------------------------------------------------------------------------------------- other ranks
+class RankRun(NoOpRun):
+    """A rank other than 0 of a run with merged ranks (``init(merge_ranks=True)``): ``log()`` validates and queues
+    this rank's values and shares for its file (``<spool>/<run_id>.ranks/rank-<r>.jsonl``), which rank 0 merges;
+    ``finish()`` writes the end line (also at interpreter exit)."""
+
+    def __init__(self, rank: int, *, world_size: int, run_id: str, spool_dir: Path, flush_interval: float,
+                 **noop: Any) -> None:
+        super().__init__(rank, run_id=run_id, **noop)
+        self.rank_file = RankFile(ranks_folder(spool_dir, run_id), rank, world_size, run_id,
+                                  flush_interval=flush_interval, report=self._report)
+        atexit.register(self.finish)
+
+    def _report(self, problems: list[str]) -> None:
+        for p in problems:
+            if p not in self.problems:
+                self.problems.append(p)
+                warn(f"trackbridge: rank {self.rank}: {p}; the value was left out")
+
+    def log(self, metrics: dict[str, Any], step: int | None = None, weights: dict[str, Any] | None = None, *,
+            axis: str | None = None) -> None:
+        """Queue this rank's values (and shares) for its file; raises as ``Run.log`` does."""
+        if axis is not None:
+            raise TypeError("log(axis=...) is not supported with init(merge_ranks=True): the ranks' shares are "
+                            "merged per step of the run's one step axis")
+        self.rank_file.log(metrics, step, weights, time.time())
+
+    def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
+        """Write what is queued and the end line; returns :attr:`status`."""
+        self.rank_file.close(30.0 if timeout is None else max(0.0, float(timeout)))
+        try:
+            atexit.unregister(self.finish)
+        except Exception:
+            pass
+        return self.status
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """As ``NoOpRun.status``, with ``rank_file`` (where this rank's shares go) and ``finished``."""
+        return {**super().status, "rank_file": str(self.rank_file.path), "finished": self.rank_file.closed}
+
+    def summary(self) -> str:
+        """One line saying where this rank's values go."""
+        return f"rank {self.rank}: values go to {self.rank_file.path}, merged by rank 0"
+
+
+def check_world(world_size: int, rank: int, rank_timeout: float) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"init(merge_ranks=True): rank {rank} is not in a world of {world_size} rank(s) (set "
+                         f"WORLD_SIZE and RANK, or pass world_size= and rank=)")
+    if not (rank_timeout > 0 and math.isfinite(rank_timeout)):
+        raise UsageError(f"init(rank_timeout={rank_timeout!r}): seconds > 0 expected")
+
+
+__all__ = ["Merger", "RankFile", "RankLink", "RankRun", "check_world", "ranks_folder", "shared_run_id"]
