@@ -56,10 +56,10 @@ class Dispatcher:
                 item = self.inbox.get()
                 if item is STOP:
                     break
-                rec = self.build(*item)
+                rec = self.build(item[0], item[1], item[2])
                 seq = self.seq
                 self.seq += 1
-                self.spool.put(seq, rec)
+                self.spool.put(seq, rec, item[3] if len(item) > 3 else time.monotonic())
                 out = rec
                 if self.rename is not None and self.trackers:
                     try:

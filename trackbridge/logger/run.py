@@ -9,7 +9,8 @@ from __future__ import annotations
 import atexit
 import copy
 import dataclasses
-import sys
+import os
+import signal
 import threading
 import time
 import uuid
@@ -22,21 +23,33 @@ from ..replay import names_translator, pending_file, write_pending
 from ..sinks.base import Sink
 from ..stream import read_stream, scan_stream, stream_file
 from ..values import sanitize_config
+from . import exits
 from .checks import (
     check_packages,
     choose_writer,
+    config_changes,
     derive_hook,
     make_translator,
     precheck_location,
     ready_for_shutdown,
     validate_call,
 )
-from .common import STOP, RunView, fix_text, warn
+from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, fix_text, log, warn
 from .dispatch import Dispatcher
 from .options import LoggerOptions
+from .runlock import RunLock
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
+from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
+
+MAX_RESTARTS = 3            # writer processes started again after one died, per run
+FEED_LIMIT = 32 * 2 ** 20   # bytes queued for the writer process before batches the spool holds become gaps
+ABORT_WAIT = 5.0            # seconds an interrupted finish() gives the writer process and the spool
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived during finish() (see Run._finish)."""
 
 _INFO_LOCK = threading.Lock()
 
@@ -59,9 +72,6 @@ class Run(RunView):
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
                  tags: dict[str, str] | None) -> None:
-        from ..locators import LocatorError
-        from ..sinks import make_sink
-
         self.options = options
         self.resume = bool(resume)
         self.names = names or "canonical"
@@ -70,11 +80,36 @@ class Run(RunView):
         self._lock = threading.Lock()
         self._warned_values: set[str] = set()
         self._warned_once: set[str] = set()
+        self._writer: Any = None
+        self._writer_spec: dict[str, Any] | None = None
+        self._stop_msg: tuple[Any, ...] | None = None
+        self._writer_final = False
+        self._writer_ending = False         # finish() lets the writer process end (or ends it): no restart
+        self._restarts = 0
+        exits.install()
 
         # spool: "DIR" or "DIR?fsync=1"
         spool_dir, spool_fsync = spool_place(spool)
         self.run_id: str = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.spool_path = stream_file(spool_dir, self.run_id)
+        if self.spool_path.exists() and not self.spool_path.is_file():
+            raise UsageError(f"spool {self.spool_path} exists and is not a regular file")
+        # one process logs one run: claimed before the spool is read (see runlock)
+        self._runlock = RunLock.claim(self.spool_path, self.run_id, resume=self.resume, wait=options.finish_timeout,
+                                      say=lambda m: log.warning("trackbridge: %s", m))
+        try:
+            self._setup(project=project, name=name, sinks=sinks, source=source, config=config, derive=derive,
+                        mappings=mappings, spool=spool, spool_fsync=spool_fsync, options=options, tags=tags)
+        except BaseException:
+            self._runlock.release()
+            raise
+
+    def _setup(self, *, project: str | None, name: str | None, sinks: list[Any], source: str,
+               config: dict[str, Any] | None, derive: bool, mappings: list[str] | None, spool: str,
+               spool_fsync: bool, options: LoggerOptions, tags: dict[str, str] | None) -> None:
+        from ..locators import LocatorError
+        from ..sinks import make_sink
+
         scan = scan_stream(self.spool_path)
         if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
             raise UsageError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
@@ -86,12 +121,15 @@ class Run(RunView):
             cfg = {**cfg, **dict(translator.translate_config(cfg))}   # canonical names added
         except Exception as exc:
             warn(f"trackbridge: could not translate the config to canonical names: {exc}")
+        extra: dict[str, Any] = {"names": self.names, "mappings": list(mappings) if mappings else None,
+                                 "flush_interval": options.flush_interval}
+        shown = cfg
+        if self.resume and prev is not None and config is not None:
+            shown, extra = self._resumed_config(prev, cfg, extra, scan.last_step)
         self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
-                            project=project or (prev.project if prev else None), run_id=self.run_id, config=cfg,
+                            project=project or (prev.project if prev else None), run_id=self.run_id, config=shown,
                             tags=dict(tags or (prev.tags if prev else {}) or {}),
-                            source=None if source == "auto" else source, names="canonical",
-                            extra={"names": self.names, "mappings": list(mappings) if mappings else None,
-                                   "flush_interval": options.flush_interval})
+                            source=None if source == "auto" else source, names="canonical", extra=extra)
         self._seq_base = scan.records
         derive_fn = derive_hook(translator) if derive else None
         if derive_fn is not None and self.resume and scan.records:
@@ -111,11 +149,13 @@ class Run(RunView):
             check_packages(spec, sink, import_now=options.writer == "thread")   # the writer process imports its own
             ready_for_shutdown()
             if isinstance(spec, str):
-                precheck_location(spec, sink)
+                precheck_location(spec, sink)       # judged as migrate judges a destination, before training
             built.append(sink)
         # a sink that would write the spool's own file (the canonical stream in the spool folder) is the spool itself
         built = [s for s in built if not _writes(s, self.run_id, self.spool_path)]
         precheck_location(str(spool), spool_sink)
+        if self.resume and self.info.extra.get("config_changes") and prev is not None:
+            spool_sink.new_header = True       # the spool records the change, as the trackers do
 
         # trackers get the names asked for through the same pipeline as replay and migrate, judged from the
         # source detected while logging and the approximations found so far (both live)
@@ -126,17 +166,19 @@ class Run(RunView):
                          sync_info=self._sync_info, report=self.problems.append)
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
-        self._writer: Any = None
         writer, why_thread = choose_writer(options.writer, sinks or [], built)
         if why_thread:
             self._warn_once("writer", why_thread)
         if writer == "process":
-            from .writer import RemoteTracker
+            from .feed import Feed
+            from .remote import RemoteTracker
             by_locator = {s.locator(): s for s in built}
-            self._writer_spec: dict[str, object] | None = {
+            self._writer_spec = {
                 "sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
                 "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
-                "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options)}
+                "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options),
+                "run_id": self.run_id, "lock_path": str(self._runlock.path)}
+            self._feed = Feed(FEED_LIMIT, self._spool_worker.spooled)
             try:
                 self._start_writer_process()
             except (OSError, ValueError, RuntimeError) as exc:   # the platform cannot start it (no pass_fds ...)
@@ -148,6 +190,7 @@ class Run(RunView):
                 writer = "thread"
         if writer == "process":
             trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
+            self._spool_worker.feed = self._feed
         else:
             if options.writer != "thread":          # imported now, in this thread (see check_packages)
                 for s in built:
@@ -189,12 +232,13 @@ class Run(RunView):
         it (see ``run.problems``); the other values of the call are logged.
         """
         wall_time = time.time()
+        logged = time.monotonic()       # intervals (the spool's flush bound) never follow the wall clock
         values, problems, step = validate_call(metrics, step)
         if problems:
             self._report_values(problems)
         if self._finished:
             raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
-        self._inbox.put((wall_time, step, values))
+        self._inbox.put((wall_time, step, values, logged))
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
@@ -216,10 +260,15 @@ class Run(RunView):
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
         ``failed=True`` records that training failed (MLflow FAILED, wandb exit code 1, ``outcome`` in the run
-        info); leaving a ``with`` block by an exception, or the interpreter exiting on an uncaught one, does it.
-        Waits while the trackers make progress, at most ``timeout`` (default ``finish_timeout``) seconds; what a
-        tracker still lacks is written beside the spool for ``trackbridge replay``. Safe to call twice. Returns
-        :meth:`status`."""
+        info); leaving a ``with`` block by an exception, or the interpreter exiting on an uncaught one or through
+        ``sys.exit(N)`` with N not 0, does it. Waits while the trackers make progress, at most ``timeout`` (default
+        ``finish_timeout``) seconds, saying what it waits for after a few seconds; what a tracker still lacks is
+        written beside the spool for ``trackbridge replay``. Ctrl-C or SIGTERM while it waits: the run is closed as
+        killed as far as a few seconds allow, the note is written, then the interrupt goes on. Safe to call twice.
+        Returns :meth:`status`."""
+        return self._finish("failed" if failed else "finished", None, timeout)
+
+    def _finish(self, outcome: str, exit_code: int | None, timeout: float | None) -> dict[str, Any]:
         with self._lock:
             if self._finished:
                 return self.status
@@ -228,45 +277,75 @@ class Run(RunView):
             atexit.unregister(self._atexit)
         except Exception:
             pass
-        outcome = "failed" if failed else "finished"
+        self._set_outcome(outcome, exit_code)
+        previous = _on_sigterm(_raise_terminated)
+        try:
+            self._finish_wait(timeout)
+        except (KeyboardInterrupt, _Terminated) as exc:
+            _restore_sigterm(previous)
+            self._abort(exc)
+            if isinstance(exc, _Terminated):        # end as SIGTERM ends a process, now that the note is written
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1.0)
+                raise SystemExit(TERMINATED_EXIT) from None
+            raise
+        _restore_sigterm(previous)
+        self._runlock.release()
+        return self.status
+
+    def _set_outcome(self, outcome: str, exit_code: int | None) -> None:
         self.info.extra["outcome"] = outcome
         for w in self._workers:
             w.sink.outcome = outcome
+            w.sink.exit_code = exit_code
+
+    def _finish_wait(self, timeout: float | None) -> None:
         self._inbox.put(STOP)
         end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
         self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
         if self._writer is not None:
-            self._writer_send(("info", self._clean_info().to_json()))
-            self._writer_send(("stop", self._seq - 1, outcome))
+            self._feed.control(("info", self._clean_info().to_json()))
+            sink = self._workers[0].sink
+            self._stop_msg = ("stop", self._seq - 1, sink.outcome, sink.exit_code)
+            self._feed.control(self._stop_msg)
         # wait for every tracker while it makes progress (records written or caught up, or requests answered, as
         # the sink counts them); one that makes none for stall_timeout seconds (a hung or unreachable server) is
         # left behind: what it lacks is written down for `trackbridge replay`
-        last_progress = {id(w): (w.progress(), time.monotonic()) for w in self._workers}
-        while True:
-            alive = [w for w in self._workers[1:] if w.thread.is_alive()]
-            now = time.monotonic()
-            if not alive or now >= end:
-                break
-            stalled = []
-            for w in alive:
-                p = w.progress()
-                if p != last_progress[id(w)][0] or w.starting():
-                    last_progress[id(w)] = (p, now)
-                elif now - last_progress[id(w)][1] > self.options.stall_timeout:
-                    stalled.append(w)
-            if len(stalled) == len(alive):
-                break
-            alive[0].thread.join(0.1)
+        wait_for_trackers(self._workers[1:], end=end, stall_timeout=self.options.stall_timeout,
+                          left=lambda w: w.left(self._seq - 1), say=lambda m: log.warning("trackbridge: %s", m),
+                          finish_timeout=self.options.finish_timeout if timeout is None else timeout)
         if self._writer is not None:
             self._stop_writer(end)
         self._write_pending()
-        return self.status
+
+    def _abort(self, exc: BaseException) -> None:
+        """finish() interrupted (Ctrl-C, SIGTERM): close the run as killed as far as :data:`ABORT_WAIT` seconds
+        allow (the spool first), write down what each tracker lacks, and let the writer process go."""
+        ignored = _ignore_interrupts()
+        try:
+            code = INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else TERMINATED_EXIT
+            self._set_outcome("killed", code)
+            end = time.monotonic() + ABORT_WAIT
+            self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
+            self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
+            if self._writer is not None:
+                self._writer_ending = True
+                self._feed.control(("abort", "killed", code))
+                self._stop_writer(end + 2.0)
+            else:
+                for w in self._workers[1:]:
+                    w.stop()
+            self._write_pending(interrupted=True)
+            self._runlock.release()
+        finally:
+            _restore_interrupts(ignored)
 
     @property
     def status(self) -> dict[str, Any]:
-        """Run id, spool path, and per sink: state (ok/behind/failed/closed), records written, caught up, queued,
-        failures, last error."""
+        """Run id, spool path, and per sink: state (ok/behind/failed/closed, ``restarting`` while the writer process
+        is started again), records written, caught up, queued, failures, last error."""
         return {"run_id": self.run_id, "spool": str(self.spool_path), "finished": self._finished,
                 "logged": self._seq - self._seq_base, "sinks": [w.status() for w in self._workers],
                 "problems": list(self.problems)}
@@ -287,38 +366,40 @@ class Run(RunView):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.finish(failed=exc_type is not None)
+        if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (None, 0)):
+            self._finish("finished", None, None)
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self._finish("killed", INTERRUPTED_EXIT, None)
+        else:
+            self._finish("failed", None, None)
 
     # -- the writer process (writer="process") ----------------------------------------------------------------
     def _writer_spec_given(self) -> bool:
         return getattr(self, "_writer_spec", None) is not None
 
-    def _start_writer_process(self) -> None:
-        from .writer import start
-        spec = {**(self._writer_spec or {}), "info": self._clean_info().to_json()}
-        self._writer, self._writer_conn = start(spec)
+    def _start_writer_process(self, **changes: Any) -> None:
+        from .remote import start
+        spec = {**(self._writer_spec or {}), "info": self._clean_info().to_json(), **changes}
+        self._writer, self._writer_conn = start(spec, self._runlock.fd)
 
     def _start_writer(self, trackers: list[Any]) -> None:
         self._remote = {t.sink.locator(): t for t in trackers}
         self._sent_info: tuple[Any, ...] = ()
+        self._feed.start(self._writer_conn)
         self._monitor = threading.Thread(target=self._monitor_writer, name="trackbridge-writer-monitor",
                                          daemon=True)
         self._monitor.start()
 
-    def _writer_send(self, msg: Any) -> None:
-        try:
-            self._writer_conn.send(msg)
-        except (OSError, EOFError, ValueError):
-            pass
-
     def _monitor_writer(self) -> None:
-        """Take the writer's status messages; pass it what the run learns while logging."""
+        """Take the writer's status messages; pass it what the run learns while logging; start it again when it
+        dies before the run is over."""
         seen: set[str] = set()
         trackers = list(self._remote.values())
         while True:
+            conn = self._writer_conn
             try:
-                if self._writer_conn.poll(0.1):
-                    kind, statuses, problems, _final, warned = self._writer_conn.recv()
+                if conn.poll(0.1):
+                    kind, statuses, problems, final, warned = conn.recv()
                     for message in warned:      # the trackers' warnings, as the threads would have warned them
                         warn(message)
                     for t, st in zip(trackers, statuses):
@@ -327,41 +408,98 @@ class Run(RunView):
                         if p not in seen:
                             seen.add(p)
                             self.problems.append(p)
+                    if final:
+                        self._writer_final = True
             except (EOFError, OSError):
-                for t in trackers:
-                    t.alive = False
-                    t.changed.set()
-                return
+                if self._writer_final or self._writer_ending or not self._restart_writer():
+                    for t in trackers:
+                        t.alive = False
+                        t.changed.set()
+                    return
+                continue
             now = (self.info.source, tuple(sorted(self.info.approximate.items())))
             if now != self._sent_info and not self._finished:
                 self._sent_info = now
-                self._writer_send(("info", self._clean_info().to_json()))
+                self._feed.control(("info", self._clean_info().to_json()))
+
+    def _restart_writer(self) -> bool:
+        """The writer process died before the run was over (the OOM killer, a crash): start another one, which
+        reopens every tracker's run and catches it up from the spool with what it lacks (as a resumed run does),
+        and is fed what the spool does not hold yet. Said once; after :data:`MAX_RESTARTS` the trackers are left
+        (written down at finish() for trackbridge replay)."""
+        proc = self._writer
+        try:
+            rc = proc.wait(timeout=5)
+        except Exception:
+            rc = proc.poll()
+        why = (f"killed by signal {-rc}" + (" (SIGKILL: the OOM killer?)" if rc == -signal.SIGKILL else "")
+               if isinstance(rc, int) and rc < 0 else f"exit code {rc}")
+        trackers = list(self._remote.values())
+        if self._restarts >= MAX_RESTARTS:
+            msg = (f"the writer process died again ({why}) after {self._restarts} restarts; its trackers are left "
+                   f"behind: trackbridge replay {self.spool_path} completes them")
+            self.problems.append(msg)
+            warn(f"trackbridge: {msg}")
+            for t in trackers:
+                t.writer_lost("failed")
+            return False
+        self._restarts += 1
+        for t in trackers:
+            t.writer_lost("restarting")
+        if self._restarts == 1:
+            msg = (f"the writer process died ({why}); it is started again: each tracker's run is reopened and "
+                   f"caught up from the spool with what it lacks, and training goes on meanwhile")
+            self.problems.append(msg)
+            warn(f"trackbridge: {msg}")
+        spool = self._spool_worker
+        with spool.cond:
+            base = spool.written_seq + 1
+            items: list[list[Any]] = [["recs", f, last, d] for f, last, d in spool.held]
+            try:
+                self._start_writer_process(seq_base=base, resume=True, resume_last_step=spool.last_step)
+            except (OSError, ValueError, RuntimeError) as exc:
+                warn(f"trackbridge: the writer process could not be started again ({exc}); its trackers are left "
+                     f"behind: trackbridge replay {self.spool_path} completes them")
+                for t in trackers:
+                    t.writer_lost("failed")
+                return False
+            if self._stop_msg is not None:
+                items.append(["ctl", ("info", self._clean_info().to_json())])
+                items.append(["ctl", self._stop_msg])
+            self._feed.restart(self._writer_conn, items)
+        return True
 
     def _stop_writer(self, end: float) -> None:
         """After the trackers finished or stalled: let the writer exit, or stop it (its records are in the spool)."""
-        try:
-            self._writer.wait(timeout=max(0.5, min(5.0, end - time.monotonic())))
-        except Exception:
-            pass
-        if self._writer.poll() is None:
-            self._writer.kill()
-            self._writer.wait(timeout=10)
+        deadline = max(0.5, min(5.0, end - time.monotonic()))
+        stop_by = time.monotonic() + deadline
+        while self._writer.poll() is None and time.monotonic() < stop_by:
+            try:
+                self._writer.wait(timeout=0.1)
+            except Exception:
+                pass
+        self._writer_ending = True
+        writer = self._writer
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait(timeout=10)
             for t in self._remote.values():
                 t.alive = False
+        self._feed.close()
         self._monitor.join(2.0)
 
     # -- internals -------------------------------------------------------------------------------------------
     def _atexit(self) -> None:
-        # at interpreter exit after an uncaught exception, Python has set sys.last_value (PyErr_Print)
-        dying = getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
         try:
-            self.finish(timeout=60.0, failed=dying)
+            outcome, code = exits.outcome_at_exit()
+            self._finish(outcome, code, 60.0)
         except Exception:
             pass
 
-    def _write_pending(self) -> None:
+    def _write_pending(self, *, interrupted: bool = False) -> None:
         """After finish(): write down, beside the spool, which trackers lack which records (and say so), so that
-        ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left."""
+        ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left. Says whether the spool
+        holds what they lack (it may not: a spool that could not be written)."""
         last_seq = self._seq - 1
         left = [(w, w.left(last_seq)) for w in self._workers[1:]]
         left = [(w, n) for w, n in left if n]
@@ -373,18 +511,50 @@ class Run(RunView):
                 except OSError:
                     pass
             return
+        spool = self._spool_worker
+        where = (f"they are in the spool: trackbridge replay {self.spool_path}" if not spool.lost else
+                 f"the spool lacks {spool.lost_records} of the run's records too (it could not be written), so "
+                 f"trackbridge replay {self.spool_path} completes them only as far as the spool goes")
         entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
                     "records": self._seq, "state": w.state, "last_error": w.last_error} for w, n in left]
         try:
             write_pending(path, self.run_id, entries)
         except OSError as exc:
-            warn(f"trackbridge: could not write {path}: {exc}")
+            warn(f"trackbridge: could not write the pending note {path} ({exc}); what it would hold is in the "
+                 f"warnings below")
         for w, n in left:
-            msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records ({w.state}"
-                   + (f"; last error: {w.last_error}" if w.last_error else "")
-                   + f"); they are in the spool: trackbridge replay {self.spool_path}")
+            msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records (from record {w.acked + 1}; "
+                   f"{'interrupted' if interrupted else w.state}"
+                   + (f"; last error: {w.last_error}" if w.last_error else "") + f"); {where}")
             self.problems.append(msg)
             warn(f"trackbridge: finish(): {msg}")
+
+    def _resumed_config(self, prev: RunInfo, cfg: dict[str, Any], extra: dict[str, Any], last_step: int | None
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Resume with a config that differs from the run's: every tracker keeps the run's config (MLflow cannot
+        change a param, so the others keep it too and all agree), and the change is recorded in the run info
+        (``extra["config_changes"]``: the step it applies from and each changed, added or removed key), which every
+        tracker stores with the run; said in one warning. Translation follows the new config from here on."""
+        old, _ = sanitize_config(prev.config)
+        new, _ = sanitize_config(cfg)
+        change = config_changes(old, new)
+        extra = {**extra, "config_changes": list((prev.extra or {}).get("config_changes") or [])}
+        if not change:
+            if not extra["config_changes"]:
+                del extra["config_changes"]
+            return dict(prev.config), extra
+        at = 0 if last_step is None else last_step + 1
+        extra["config_changes"].append({"from_step": at, **change})
+        shown = [f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(change.get("changed", {}).items())[:5]]
+        shown += [f"{k} added" for k in list(change.get("added", {}))[:3]]
+        shown += [f"{k} removed" for k in list(change.get("removed", []))[:3]]
+        n = sum(len(change.get(k) or ()) for k in ("changed", "added", "removed"))
+        self._warn_once("config-changed",
+                        f"resume: the config differs from the run's ({'; '.join(shown)}"
+                        f"{f'; {n} keys in all' if n > len(shown) else ''}); every tracker keeps the run's config "
+                        f"(MLflow cannot change a param) and records the change in trackbridge's run info "
+                        f"(config_changes, from step {at}); translation follows the new config")
+        return dict(prev.config), extra
 
     def _sync_info(self, run: RunInfo | None, is_spool: bool) -> None:
         sync_run_info(run, self.info, self.tracker_approximate(is_spool))
@@ -420,3 +590,50 @@ class Run(RunView):
             self._warned_once.add(key)
             self.problems.append(message)
             warn(f"trackbridge: {message}")
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install ``handler`` for SIGTERM while finish() waits, where that is ours to do: in the main thread, when
+    SIGTERM still has its default action (an application or framework handling it keeps its handler). Returns what
+    to restore (None: nothing was changed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return None
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _restore_sigterm(previous: Any) -> None:
+    if previous is not None:
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except (ValueError, OSError):
+            pass
+
+
+def _ignore_interrupts() -> list[tuple[int, Any]]:
+    """While an interrupted finish() writes its note: a second Ctrl-C or SIGTERM waits (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    saved: list[tuple[int, Any]] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            saved.append((sig, signal.signal(sig, signal.SIG_IGN)))
+        except (ValueError, OSError):
+            pass
+    return saved
+
+
+def _restore_interrupts(saved: list[tuple[int, Any]]) -> None:
+    for sig, handler in saved:
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass

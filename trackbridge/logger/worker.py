@@ -69,6 +69,12 @@ class Worker:
         self.recoveries = 0
         self.last_error: str | None = None
         self.notes: set[str] = set()
+        self.opening = False                # in sink.open() now
+        try:                                # a store on this machine (not a server): opening it is work, not a hang
+            self.local = (type(sink).local_path(sink.location) is not None
+                          and getattr(sink, "options", {}).get("mode") != "online")     # wandb online: a server
+        except Exception:
+            self.local = False
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"trackbridge-sink-{sink.kind}", daemon=True)
 
@@ -99,6 +105,11 @@ class Worker:
                     self.sink.close()
                 except Exception as exc:
                     warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
+                    if getattr(self.sink, "store_lost", False):     # nothing of the run is left there
+                        self.last_error = f"close: {type(exc).__name__}: {exc}"
+                        with self.lock:
+                            self.state = "failed"
+                            self.acked = -1
             with self.lock:
                 if self.state not in ("failed", "behind"):
                     self.state = "closed"
@@ -123,12 +134,14 @@ class Worker:
         if first is STOP:
             return [], True
         batch = [first]
-        deadline = first[1].wall_time + self.max_latency if self.max_latency > 0 else 0.0
+        # the spool's items carry the monotonic time of their log() call: a batch is written at most max_latency
+        # after its first record was logged, whatever the wall clock does (stepped back by NTP or by hand)
+        deadline = first[2] + self.max_latency if self.max_latency > 0 else 0.0
         while len(batch) < self.batch_size:
             try:
                 item = self.queue.get_nowait()
             except queue.Empty:
-                remaining = deadline - time.time()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 try:
@@ -179,7 +192,11 @@ class Worker:
         resume = self.ctx.resume if first else True
 
         def do_open() -> None:
-            self.sink.open(info, resume=resume)
+            self.opening = True
+            try:
+                self.sink.open(info, resume=resume)
+            finally:
+                self.opening = False
 
         if not self._retrying("open", do_open):
             self._mark_failed(f"after {self.ctx.options.retries + 1} attempts to open")
@@ -312,9 +329,11 @@ class Worker:
             log.warning("trackbridge: %s", message)
 
     def starting(self) -> bool:
-        """Not yet tried to open its sink (the thread, or the writer process holding it, is still starting):
-        ``finish()`` does not count that time as a stall; ``finish_timeout`` still bounds it."""
-        return not self.open_tried
+        """Not yet tried to open its sink (the thread, or the writer process holding it, is still starting), or
+        opening a store on this machine (MLflow creating its SQLite schema takes seconds, more on a loaded machine,
+        and stopping it half-way helps nobody): ``finish()`` does not count that time as a stall;
+        ``finish_timeout`` still bounds it. Opening a server's run counts: a hung server is a stall."""
+        return not self.open_tried or (self.opening and self.local)
 
     def progress(self) -> tuple:
         """Changes while the worker gets anywhere (records written or caught up, requests answered)."""
