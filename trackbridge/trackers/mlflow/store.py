@@ -105,13 +105,16 @@ _NEW = ".trackbridge-new-"
 def create_sqlite_store(path: Path) -> None:
     """Make a new MLflow store at ``path`` when there is none (the file missing or empty), whole or not at all (see
     the module docstring). Another process making it at the same time is fine: the first one in place is kept."""
+    _remove_stale(path)
+    half = False
     try:
         if path.exists() and path.stat().st_size > 0:
-            return
+            half = _half_made(path)
+            if not half:
+                return
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         return                              # MLflow says why
-    _remove_stale(path)
     import logging
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):   # "Creating initial MLflow database
         logging.getLogger(name).setLevel(logging.WARNING)                 # tables..." on every new store
@@ -129,6 +132,12 @@ def create_sqlite_store(path: Path) -> None:
         engine = getattr(store, "engine", None)
         if engine is not None:
             engine.dispose()
+        if half:                            # a store cut short by another tool, holding nothing: made again
+            logging.getLogger("trackbridge").warning(
+                "trackbridge: %s is an MLflow store whose creation was cut short (no experiment in it); made again",
+                path)
+            os.replace(tmp, path)
+            return
         try:
             os.link(tmp, path)              # only if there is still none
         except FileExistsError:
@@ -142,8 +151,29 @@ def create_sqlite_store(path: Path) -> None:
                 pass
 
 
+def _half_made(path: Path) -> bool:
+    """An SQLite file with MLflow's tables but not a single experiment: MLflow makes the Default experiment last,
+    so its creation was cut short (by a tool that makes stores in place), and nothing in it can be anyone's."""
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return False
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not all(t in tables for t in MLFLOW_TABLES):
+            return False
+        return con.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == 0 and \
+            con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    except sqlite3.Error:
+        return False
+    finally:
+        con.close()
+
+
 def _remove_stale(path: Path) -> None:
     """Temporary stores left by creations whose process is gone."""
+    if not path.parent.is_dir():
+        return
     for p in path.parent.glob(f".{path.name}{_NEW}*"):
         pid = p.name[len(f".{path.name}{_NEW}"):].split("-", 1)[0]
         if not pid.isdigit():
