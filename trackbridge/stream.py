@@ -9,13 +9,15 @@ this shape: anyone with ``json`` can read it, it is appended without rewriting, 
 any tracker.
 
 Writing (:class:`StreamWriter`): every batch is handed to the operating system before :meth:`StreamWriter.write`
-returns (``fsync=True`` also forces it to the disk). A crash *during* a write can leave a partial last line; reopening
-with ``resume=True`` first ends that line, so that new lines are never glued onto it. A resumed stream written under
+returns (``fsync=True`` also forces it to the disk), whole or not at all: a write the disk cuts short (full) is cut
+back to where it started, so a retry neither doubles lines nor glues one onto a torn line. A crash *during* a write
+can leave a partial last line; reopening with ``resume=True`` first ends that line, so that new lines are never glued
+onto it. A resumed stream written under
 another canonical schema version gets a new header line, so every record is read under the schema it was written in.
 
-Reading: :func:`read_stream` (the records, numbered, from a byte offset or a record number, from a step on),
-:func:`scan_stream` (header, record count, highest step) and :class:`StreamTail` (follow a stream another process
-appends). They count records the same way: complete lines only (a last line without its newline may still be being
+Reading: :func:`read_stream` (the records, numbered, from a record number or, with a :class:`StreamCursor`, from
+where an earlier read stopped; from a step on) and :func:`scan_stream` (header, record count, highest step). They
+count records the same way: complete lines only (a last line without its newline may still be being
 written), header lines not counted, a line that is not JSON skipped and reported as ``FILE:LINE: ...``. The *last
 step* of a stream is its highest step (what resume needs: steps may go back), in :func:`scan_stream` and
 :func:`last_step` alike. Streams without a schema stamp (written before it existed) are read as they are; a stream
@@ -35,8 +37,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
@@ -516,67 +516,5 @@ def _last_schema(path: Path) -> str | None:
     return stamp
 
 
-# ---------------------------------------------------------------------------------------------------- following
-class StreamTail:
-    """Follows a stream another process appends: :meth:`poll` returns the records after ``seq_base`` that were
-    completed since the last call (numbered as :func:`read_stream` numbers them); :meth:`wait_written` waits until a
-    record number has been read."""
-
-    def __init__(self, path: str | os.PathLike[str], seq_base: int = 0) -> None:
-        self.path = Path(path)
-        self.seq_base = seq_base
-        self.pos = 0
-        self.buf = b""
-        self.seq = -1                 # last record number read
-        self.decoder = RecordDecoder()
-        self.problems: list[str] = []
-        self.done = threading.Event()
-        self.cond = threading.Condition()
-        self.lost = False
-
-    def poll(self) -> list[tuple[int, Record]]:
-        out: list[tuple[int, Record]] = []
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read()
-        except FileNotFoundError:
-            return out
-        if not data:
-            return out
-        self.pos += len(data)
-        lines = (self.buf + data).split(b"\n")
-        self.buf = lines.pop()        # an incomplete last line waits for its end
-        for raw in lines:
-            if not raw.strip():
-                continue
-            obj, _error = parse_line(raw)
-            if obj is None:
-                continue
-            if is_header(obj):
-                self.decoder.header(obj)
-                continue
-            self.seq += 1
-            if self.seq < self.seq_base:
-                continue
-            try:
-                out.append((self.seq, self.decoder.record(obj)))
-            except (TypeError, ValueError, AttributeError):
-                continue
-        with self.cond:
-            self.cond.notify_all()
-        return out
-
-    def wait_written(self, seq: int, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        with self.cond:
-            while self.seq < seq and not self.done.is_set():
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-            return self.seq >= seq
-
-
-__all__ = ["Line", "RecordDecoder", "StreamCursor", "StreamScan", "StreamTail", "StreamWriter", "holdings", "is_header",
+__all__ = ["Line", "RecordDecoder", "StreamCursor", "StreamScan", "StreamWriter", "holdings", "is_header",
            "iter_lines", "last_step", "parse_line", "read_stream", "scan_stream", "schema_stamp", "stream_file"]

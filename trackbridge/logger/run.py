@@ -44,7 +44,7 @@ from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
 
 MAX_RESTARTS = 3            # writer processes started again after one died, per run
-FEED_LIMIT = 32 * 2 ** 20   # bytes queued for the writer process before batches the spool holds become gaps
+FEED_LIMIT = 8 * 2 ** 20    # bytes queued for the writer process before batches the spool holds become gaps
 ABORT_WAIT = 5.0            # seconds an interrupted finish() gives the writer process and the spool
 
 
@@ -552,7 +552,7 @@ class Run(RunView):
         self._warn_once("config-changed",
                         f"resume: the config differs from the run's ({'; '.join(shown)}"
                         f"{f'; {n} keys in all' if n > len(shown) else ''}); every tracker keeps the run's config "
-                        f"(MLflow cannot change a param) and records the change in trackbridge's run info "
+                        f"(a tracker's params cannot all be changed) and records the change in trackbridge's run info "
                         f"(config_changes, from step {at}); translation follows the new config")
         return dict(prev.config), extra
 

@@ -323,6 +323,11 @@ def _child_main(argv: list[str]) -> None:
         os.nice(5)          # the trackers take only the CPU time training leaves (the spool holds what waits)
     except (AttributeError, OSError):
         pass
+    import signal
+    try:                    # Ctrl-C reaches the whole process group: the training process decides (abort, or gone)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        pass
     from multiprocessing.connection import Connection
     conn = FdConn(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
     kind, spec = conn.recv()
