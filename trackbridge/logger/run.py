@@ -164,6 +164,7 @@ class Run(RunView):
         ctx = RunContext(options=options, spool_path=self.spool_path, seq_base=self._seq_base, resume=self.resume,
                          resume_last_step=scan.last_step, tracker_info=self.tracker_info,
                          sync_info=self._sync_info, report=self.problems.append)
+        self._ctx = ctx
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
         writer, why_thread = choose_writer(options.writer, sinks or [], built)
@@ -292,6 +293,7 @@ class Run(RunView):
             raise
         _restore_sigterm(previous)
         self._runlock.release()
+        self._ctx.ended.set()
         return self.status
 
     def _set_outcome(self, outcome: str, exit_code: int | None) -> None:
@@ -339,6 +341,7 @@ class Run(RunView):
                     w.stop()
             self._write_pending(interrupted=True)
             self._runlock.release()
+            self._ctx.ended.set()
         finally:
             _restore_interrupts(ignored)
 

@@ -15,7 +15,7 @@ from ..catchup import CatchUp, lacking, write_batches
 from ..record import Record
 from ..sinks.base import Sink
 from ..stream import StreamCursor, read_stream
-from .common import log, warn
+from .common import log
 from .worker import RunContext, Worker
 
 
@@ -144,7 +144,7 @@ class TrackerWorker(Worker):
             held = self.sink.held()
             top = held.last_step() if held is not None else self.sink.last_step()
         except Exception as exc:
-            warn(f"trackbridge: sink {self.name}: could not read what it holds on resume ({exc}); "
+            self._warn(f"trackbridge: sink {self.name}: could not read what it holds on resume ({exc}); "
                  f"not catching up from the spool (use trackbridge replay)")
             return
         self.resume_top = top
@@ -226,7 +226,8 @@ class TrackerWorker(Worker):
             self.failures += 1
             self.last_error = f"reopen: {type(exc).__name__}: {exc}"
             if final:
-                warn(f"trackbridge: sink {self.name} is still failing at finish() ({self.last_error}); {later}")
+                self._warn(f"trackbridge: sink {self.name} is still failing at finish() ({self.last_error}); "
+                           f"{later}")
             return
         self.opened = True
         with self.lock:
@@ -251,7 +252,8 @@ class TrackerWorker(Worker):
                 if whole:
                     self.sink.store_lost = True
                 if final:
-                    warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); {later}")
+                    self._warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); "
+                               f"{later}")
                 return
         self.failed_since = None
         self.recoveries += 1

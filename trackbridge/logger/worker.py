@@ -30,6 +30,9 @@ class RunContext:
     sync_info: Callable[[RunInfo | None, bool], None]  # fill a sink's run info with what was learnt logging
     report: Callable[[str], None]               # a problem for run.problems (the caller warns)
     spool: Any = field(default=None)            # the run's SpoolWorker, set once built
+    # set when finish() has returned: a worker it left behind (stuck on a hung server) says nothing more; what it
+    # lacks is in the pending note and finish()'s warnings
+    ended: threading.Event = field(default_factory=threading.Event)
 
 
 def sync_run_info(run: RunInfo | None, info: RunInfo, approximate: dict[str, str]) -> None:
@@ -94,7 +97,7 @@ class Worker:
         try:
             self._loop()
         except BaseException as exc:  # never die silently
-            warn(f"trackbridge: worker of sink {self.name} crashed: {type(exc).__name__}: {exc}")
+            self._warn(f"trackbridge: worker of sink {self.name} crashed: {type(exc).__name__}: {exc}")
             with self.lock:
                 self.state = "failed"
         finally:
@@ -104,7 +107,7 @@ class Worker:
                     self.ctx.sync_info(getattr(self.sink, "run", None), self.is_spool)
                     self.sink.close()
                 except Exception as exc:
-                    warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
+                    self._warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
                     if getattr(self.sink, "store_lost", False):     # nothing of the run is left there
                         self.last_error = f"close: {type(exc).__name__}: {exc}"
                         with self.lock:
@@ -117,6 +120,10 @@ class Worker:
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+    def _warn(self, message: str) -> None:
+        if not self.ctx.ended.is_set():
+            warn(message)
 
     def _before_close(self) -> None:
         pass
@@ -179,7 +186,8 @@ class Worker:
         self.state = "failed"
         self.last_error = self.last_error if why.startswith("after") else why
         role = "the spool" if self.is_spool else "sink"
-        warn(f"trackbridge: {role} {self.name} failed ({why}; last error: {self.last_error}); {self._failed_then()}")
+        self._warn(f"trackbridge: {role} {self.name} failed ({why}; last error: {self.last_error}); "
+                   f"{self._failed_then()}")
 
     def _mark_failed(self, why: str) -> None:
         with self.lock:
@@ -305,7 +313,7 @@ class Worker:
                 message = (f"sink {self.name} cannot take metric {key!r} (first at step {step}: {why}); that "
                            f"metric is {where}")
             self.ctx.report(message)
-            warn(f"trackbridge: {message}")
+            self._warn(f"trackbridge: {message}")
 
     def _check_capabilities(self, recs: list[Record]) -> None:
         caps = self.sink.capabilities
