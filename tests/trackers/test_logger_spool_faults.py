@@ -217,7 +217,7 @@ offset = [0.0]
 time.time = lambda: real() - offset[0]        # the wall clock, as NTP or an operator stepping it back would leave it
 run = trackbridge.init(project="clock", name="clock", run_id="clock", source="canonical", spool=spool,
                        sinks=[f"tensorboard:{tb}"], writer=writer, flush_interval=1.0)
-print("writer", getattr(run._writer, "pid", 0), flush=True)
+print("writer", (run.status["writer"] or {}).get("pid", 0), flush=True)
 i = 0
 while True:
     if i == 100:

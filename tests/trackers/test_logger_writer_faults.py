@@ -141,16 +141,16 @@ def test_writer_process_killed_is_started_again_and_catches_up(tmp_path, mlflow_
         for i in range(100):
             run.log(_row(i), step=i)
         _wait(lambda: all(s["written"] >= 1 for s in run.status["sinks"][1:]), 180, "every tracker to write")
-        first = run._writer.pid
+        first = run.status["writer"]["pid"]
         os.kill(first, signal.SIGKILL)
-        _wait(lambda: run._restarts == 1, 60, "the run to see the writer process die")
+        _wait(lambda: run.status["writer"]["restarts"] == 1, 60, "the run to see the writer process die")
         states = {s["sink"]: s["state"] for s in run.status["sinks"][1:]}
         assert set(states.values()) <= {"restarting", "ok", "closed"}, states
-        assert "ok" not in states.values() or run._writer.pid != first, states
+        assert "ok" not in states.values() or run.status["writer"]["pid"] != first, states
         for i in range(100, 200):
             run.log(_row(i), step=i)
         st = run.finish()
-    assert run._writer.pid != first
+    assert run.status["writer"]["pid"] != first
     assert all(s["state"] == "closed" for s in st["sinks"]), run.summary()
     died = [str(w.message) for w in caught if "writer process died" in str(w.message)]
     assert len(died) == 1 and "SIGKILL" in died[0], died
@@ -173,7 +173,7 @@ for i in range(20):
     run.log({"loss": float(i)}, step=i)
 while any(s["written"] == 0 for s in run.status["sinks"]):
     time.sleep(0.05)
-print("ready", getattr(run._writer, "pid", 0), flush=True)
+print("ready", (run.status["writer"] or {}).get("pid", 0), flush=True)
 if how == "exit":
     sys.exit(1)
 time.sleep(600)
@@ -331,7 +331,7 @@ spool, tb, writer, port = sys.argv[1:5]
 run = trackbridge.init(project="p", name="intr", run_id="intr", spool=spool, source="canonical", writer=writer,
                        sinks=[f"tensorboard:{tb}", f"mlflow:http://127.0.0.1:{port}"], retries=0,
                        stall_timeout=600, finish_timeout=900)
-print("writer", getattr(run._writer, "pid", 0), flush=True)
+print("writer", (run.status["writer"] or {}).get("pid", 0), flush=True)
 for i in range(50):
     run.log({"custom/k00": float(i)}, step=i)
 print("finishing", flush=True)
@@ -441,7 +441,7 @@ def test_writer_memory_is_bounded_however_far_it_lags(tmp_path, fault_cell):
     for i in range(50):
         run.log(row, step=i)
     _wait(lambda: run.status["sinks"][1]["written"] >= 50, 180, "the writer to start")
-    pid = run._writer.pid
+    pid = run.status["writer"]["pid"]
     base_writer, base_self = _kb(pid, "VmHWM"), _kb(os.getpid(), "VmRSS")
     os.kill(pid, signal.SIGSTOP)
     try:

@@ -1,9 +1,9 @@
 """``Run``: what ``trackbridge.init`` returns on rank 0. It builds the sinks and their workers, takes ``log()``
 calls, and at ``finish()`` waits for the trackers while they make progress, then writes down what any still lacks.
 
-About 400 lines because ``Run`` is one object with one lifecycle (init, log, finish, resume, and the link to the
-writer process that ``writer='auto'`` starts); what can stand alone lives beside it (checks, dispatch, spool,
-tracker, writer)."""
+About 470 lines because ``Run`` is one object with one lifecycle (init with its run claim and resume rules, log,
+finish with its outcome, its interruption and its pending note); what can stand alone lives beside it (checks,
+dispatch, spool, tracker, runlock, exits, waiting, and the link to the writer process in remote)."""
 from __future__ import annotations
 
 import atexit
@@ -36,6 +36,7 @@ from .checks import (
 )
 from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, fix_text, log, warn
 from .dispatch import Dispatcher
+from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
 from .runlock import RunLock
 from .spool import SpoolFile, SpoolWorker, spool_place
@@ -43,13 +44,7 @@ from .tracker import TrackerWorker
 from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
 
-MAX_RESTARTS = 3            # writer processes started again after one died, per run
-FEED_LIMIT = 8 * 2 ** 20    # bytes queued for the writer process before batches the spool holds become gaps
 ABORT_WAIT = 5.0            # seconds an interrupted finish() gives the writer process and the spool
-
-
-class _Terminated(BaseException):
-    """SIGTERM arrived during finish() (see Run._finish)."""
 
 _INFO_LOCK = threading.Lock()
 
@@ -80,12 +75,7 @@ class Run(RunView):
         self._lock = threading.Lock()
         self._warned_values: set[str] = set()
         self._warned_once: set[str] = set()
-        self._writer: Any = None
-        self._writer_spec: dict[str, Any] | None = None
-        self._stop_msg: tuple[Any, ...] | None = None
-        self._writer_final = False
-        self._writer_ending = False         # finish() lets the writer process end (or ends it): no restart
-        self._restarts = 0
+        self._link: Any = None              # the writer process (writer="process"): remote.WriterLink
         exits.install()
 
         # spool: "DIR" or "DIR?fsync=1"
@@ -171,27 +161,24 @@ class Run(RunView):
         if why_thread:
             self._warn_once("writer", why_thread)
         if writer == "process":
-            from .feed import Feed
-            from .remote import RemoteTracker
+            from .remote import RemoteTracker, WriterLink
             by_locator = {s.locator(): s for s in built}
-            self._writer_spec = {
-                "sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
-                "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
-                "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options),
-                "run_id": self.run_id, "lock_path": str(self._runlock.path)}
-            self._feed = Feed(FEED_LIMIT, self._spool_worker.spooled)
+            spec = {"sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
+                    "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
+                    "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options),
+                    "run_id": self.run_id, "lock_path": str(self._runlock.path)}
             try:
-                self._start_writer_process()
+                self._link = WriterLink(spec, spool=self._spool_worker, lock_fd=self._runlock.fd,
+                                        info=lambda: self._clean_info().to_json(), problems=self.problems)
             except (OSError, ValueError, RuntimeError) as exc:   # the platform cannot start it (no pass_fds ...)
                 if options.writer == "process":
                     raise UsageError(f"init(writer='process'): the writer process could not start: {exc}") from None
                 self._warn_once("writer", f"the writer process could not start ({type(exc).__name__}: {exc}); "
                                           f"the trackers are written by threads of the training process")
-                self._writer_spec = None
                 writer = "thread"
         if writer == "process":
             trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
-            self._spool_worker.feed = self._feed
+            self._spool_worker.feed = self._link.feed
         else:
             if options.writer != "thread":          # imported now, in this thread (see check_packages)
                 for s in built:
@@ -201,14 +188,15 @@ class Run(RunView):
         self._workers: list[Any] = [self._spool_worker, *trackers]
         self._dispatcher = Dispatcher(
             translator=translator, derive_fn=derive_fn, info=self.info,
-            rename=None if self._writer_spec_given() else self._rename, names=self.names,
+            rename=None if self._link is not None else self._rename, names=self.names,
             spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
             resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once)
         self._inbox = self._dispatcher.inbox
         self._spool_worker.thread.start()
-        if self._writer_spec_given():
-            self._start_writer(trackers)
+        if self._link is not None:
+            self._link.attach(trackers, learnt=lambda: (self.info.source, tuple(sorted(self.info.approximate.items()))),
+                              finished=lambda: self._finished)
         else:
             for w in trackers:
                 w.thread.start()
@@ -279,19 +267,19 @@ class Run(RunView):
         except Exception:
             pass
         self._set_outcome(outcome, exit_code)
-        previous = _on_sigterm(_raise_terminated)
+        previous = on_sigterm()
         try:
             self._finish_wait(timeout)
-        except (KeyboardInterrupt, _Terminated) as exc:
-            _restore_sigterm(previous)
+        except (KeyboardInterrupt, Terminated) as exc:
+            restore_sigterm(previous)
             self._abort(exc)
-            if isinstance(exc, _Terminated):        # end as SIGTERM ends a process, now that the note is written
+            if isinstance(exc, Terminated):         # end as SIGTERM ends a process, now that the note is written
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(1.0)
                 raise SystemExit(TERMINATED_EXIT) from None
             raise
-        _restore_sigterm(previous)
+        restore_sigterm(previous)
         self._runlock.release()
         self._ctx.ended.set()
         return self.status
@@ -307,35 +295,32 @@ class Run(RunView):
         end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
         self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
-        if self._writer is not None:
-            self._feed.control(("info", self._clean_info().to_json()))
+        if self._link is not None:
             sink = self._workers[0].sink
-            self._stop_msg = ("stop", self._seq - 1, sink.outcome, sink.exit_code)
-            self._feed.control(self._stop_msg)
+            self._link.stop(self._seq - 1, sink.outcome, sink.exit_code)
         # wait for every tracker while it makes progress (records written or caught up, or requests answered, as
         # the sink counts them); one that makes none for stall_timeout seconds (a hung or unreachable server) is
         # left behind: what it lacks is written down for `trackbridge replay`
         wait_for_trackers(self._workers[1:], end=end, stall_timeout=self.options.stall_timeout,
                           left=lambda w: w.left(self._seq - 1), say=lambda m: log.warning("trackbridge: %s", m),
                           finish_timeout=self.options.finish_timeout if timeout is None else timeout)
-        if self._writer is not None:
-            self._stop_writer(end)
+        if self._link is not None:
+            self._link.close(end)
         self._write_pending()
 
     def _abort(self, exc: BaseException) -> None:
         """finish() interrupted (Ctrl-C, SIGTERM): close the run as killed as far as :data:`ABORT_WAIT` seconds
         allow (the spool first), write down what each tracker lacks, and let the writer process go."""
-        ignored = _ignore_interrupts()
+        ignored = ignore_interrupts()
         try:
             code = INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else TERMINATED_EXIT
             self._set_outcome("killed", code)
             end = time.monotonic() + ABORT_WAIT
             self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
             self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
-            if self._writer is not None:
-                self._writer_ending = True
-                self._feed.control(("abort", "killed", code))
-                self._stop_writer(end + 2.0)
+            if self._link is not None:
+                self._link.abort("killed", code)
+                self._link.close(end + 2.0)
             else:
                 for w in self._workers[1:]:
                     w.stop()
@@ -343,14 +328,16 @@ class Run(RunView):
             self._runlock.release()
             self._ctx.ended.set()
         finally:
-            _restore_interrupts(ignored)
+            restore_interrupts(ignored)
 
     @property
     def status(self) -> dict[str, Any]:
-        """Run id, spool path, and per sink: state (ok/behind/failed/closed, ``restarting`` while the writer process
-        is started again), records written, caught up, queued, failures, last error."""
+        """Run id, spool path, per sink: state (ok/behind/failed/closed, ``restarting`` while the writer process
+        is started again), records written, caught up, queued, failures, last error; and the writer process (its
+        pid, how often it was started again; None with threads)."""
         return {"run_id": self.run_id, "spool": str(self.spool_path), "finished": self._finished,
                 "logged": self._seq - self._seq_base, "sinks": [w.status() for w in self._workers],
+                "writer": self._link.status() if self._link is not None else None,
                 "problems": list(self.problems)}
 
     def summary(self) -> str:
@@ -375,121 +362,6 @@ class Run(RunView):
             self._finish("killed", INTERRUPTED_EXIT, None)
         else:
             self._finish("failed", None, None)
-
-    # -- the writer process (writer="process") ----------------------------------------------------------------
-    def _writer_spec_given(self) -> bool:
-        return getattr(self, "_writer_spec", None) is not None
-
-    def _start_writer_process(self, **changes: Any) -> None:
-        from .remote import start
-        spec = {**(self._writer_spec or {}), "info": self._clean_info().to_json(), **changes}
-        self._writer, self._writer_conn = start(spec, self._runlock.fd)
-
-    def _start_writer(self, trackers: list[Any]) -> None:
-        self._remote = {t.sink.locator(): t for t in trackers}
-        self._sent_info: tuple[Any, ...] = ()
-        self._feed.start(self._writer_conn)
-        self._monitor = threading.Thread(target=self._monitor_writer, name="trackbridge-writer-monitor",
-                                         daemon=True)
-        self._monitor.start()
-
-    def _monitor_writer(self) -> None:
-        """Take the writer's status messages; pass it what the run learns while logging; start it again when it
-        dies before the run is over."""
-        seen: set[str] = set()
-        trackers = list(self._remote.values())
-        while True:
-            conn = self._writer_conn
-            try:
-                if conn.poll(0.1):
-                    kind, statuses, problems, final, warned = conn.recv()
-                    for message in warned:      # the trackers' warnings, as the threads would have warned them
-                        warn(message)
-                    for t, st in zip(trackers, statuses):
-                        t.update(st)
-                    for p in problems:
-                        if p not in seen:
-                            seen.add(p)
-                            self.problems.append(p)
-                    if final:
-                        self._writer_final = True
-            except (EOFError, OSError):
-                if self._writer_final or self._writer_ending or not self._restart_writer():
-                    for t in trackers:
-                        t.alive = False
-                        t.changed.set()
-                    return
-                continue
-            now = (self.info.source, tuple(sorted(self.info.approximate.items())))
-            if now != self._sent_info and not self._finished:
-                self._sent_info = now
-                self._feed.control(("info", self._clean_info().to_json()))
-
-    def _restart_writer(self) -> bool:
-        """The writer process died before the run was over (the OOM killer, a crash): start another one, which
-        reopens every tracker's run and catches it up from the spool with what it lacks (as a resumed run does),
-        and is fed what the spool does not hold yet. Said once; after :data:`MAX_RESTARTS` the trackers are left
-        (written down at finish() for trackbridge replay)."""
-        proc = self._writer
-        try:
-            rc = proc.wait(timeout=5)
-        except Exception:
-            rc = proc.poll()
-        why = (f"killed by signal {-rc}" + (" (SIGKILL: the OOM killer?)" if rc == -signal.SIGKILL else "")
-               if isinstance(rc, int) and rc < 0 else f"exit code {rc}")
-        trackers = list(self._remote.values())
-        if self._restarts >= MAX_RESTARTS:
-            msg = (f"the writer process died again ({why}) after {self._restarts} restarts; its trackers are left "
-                   f"behind: trackbridge replay {self.spool_path} completes them")
-            self.problems.append(msg)
-            warn(f"trackbridge: {msg}")
-            for t in trackers:
-                t.writer_lost("failed")
-            return False
-        self._restarts += 1
-        for t in trackers:
-            t.writer_lost("restarting")
-        if self._restarts == 1:
-            msg = (f"the writer process died ({why}); it is started again: each tracker's run is reopened and "
-                   f"caught up from the spool with what it lacks, and training goes on meanwhile")
-            self.problems.append(msg)
-            warn(f"trackbridge: {msg}")
-        spool = self._spool_worker
-        with spool.cond:
-            base = spool.written_seq + 1
-            items: list[list[Any]] = [["recs", f, last, d] for f, last, d in spool.held]
-            try:
-                self._start_writer_process(seq_base=base, resume=True, resume_last_step=spool.last_step)
-            except (OSError, ValueError, RuntimeError) as exc:
-                warn(f"trackbridge: the writer process could not be started again ({exc}); its trackers are left "
-                     f"behind: trackbridge replay {self.spool_path} completes them")
-                for t in trackers:
-                    t.writer_lost("failed")
-                return False
-            if self._stop_msg is not None:
-                items.append(["ctl", ("info", self._clean_info().to_json())])
-                items.append(["ctl", self._stop_msg])
-            self._feed.restart(self._writer_conn, items)
-        return True
-
-    def _stop_writer(self, end: float) -> None:
-        """After the trackers finished or stalled: let the writer exit, or stop it (its records are in the spool)."""
-        deadline = max(0.5, min(5.0, end - time.monotonic()))
-        stop_by = time.monotonic() + deadline
-        while self._writer.poll() is None and time.monotonic() < stop_by:
-            try:
-                self._writer.wait(timeout=0.1)
-            except Exception:
-                pass
-        self._writer_ending = True
-        writer = self._writer
-        if writer.poll() is None:
-            writer.kill()
-            writer.wait(timeout=10)
-            for t in self._remote.values():
-                t.alive = False
-        self._feed.close()
-        self._monitor.join(2.0)
 
     # -- internals -------------------------------------------------------------------------------------------
     def _atexit(self) -> None:
@@ -594,49 +466,3 @@ class Run(RunView):
             self.problems.append(message)
             warn(f"trackbridge: {message}")
 
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated()
-
-
-def _on_sigterm(handler: Any) -> Any:
-    """Install ``handler`` for SIGTERM while finish() waits, where that is ours to do: in the main thread, when
-    SIGTERM still has its default action (an application or framework handling it keeps its handler). Returns what
-    to restore (None: nothing was changed)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return None
-        return signal.signal(signal.SIGTERM, handler)
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _restore_sigterm(previous: Any) -> None:
-    if previous is not None:
-        try:
-            signal.signal(signal.SIGTERM, previous)
-        except (ValueError, OSError):
-            pass
-
-
-def _ignore_interrupts() -> list[tuple[int, Any]]:
-    """While an interrupted finish() writes its note: a second Ctrl-C or SIGTERM waits (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return []
-    saved: list[tuple[int, Any]] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            saved.append((sig, signal.signal(sig, signal.SIG_IGN)))
-        except (ValueError, OSError):
-            pass
-    return saved
-
-
-def _restore_interrupts(saved: list[tuple[int, Any]]) -> None:
-    for sig, handler in saved:
-        try:
-            signal.signal(sig, handler)
-        except (ValueError, OSError):
-            pass
