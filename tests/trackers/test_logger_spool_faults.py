@@ -24,6 +24,7 @@ from trackbridge.logger import LoggerWarning
 from trackbridge.replay import iter_spool
 
 from _support import ROOT
+from _support.lines import Lines
 from _support.readback import exact, mlflow_points, spool_points, tensorboard_points, total, trackio_points
 from _support.smallfs import small_fs_problem, start_in_small_fs
 
@@ -239,8 +240,9 @@ def test_clock_stepped_back_keeps_the_flush_bound(tmp_path, writer):
     proc = subprocess.Popen([sys.executable, str(script), tmp_path / "spool", tmp_path / "tb", writer],
                             stdout=subprocess.PIPE, text=True, env=env)
     try:
-        writer_pid = int(proc.stdout.readline().split()[1])
-        assert proc.stdout.readline().strip() == "stepped"
+        lines = Lines(proc.stdout)
+        writer_pid = int(lines.next(300).split()[1])
+        assert lines.next(300) == "stepped"
         time.sleep(3.0)
         killed_at = time.monotonic()
         os.kill(proc.pid, signal.SIGKILL)

@@ -27,6 +27,7 @@ from trackbridge.logger import LoggerWarning
 from trackbridge.replay import read_pending
 
 from _support import ROOT
+from _support.lines import Lines
 from _support.readback import (
     exact,
     mlflow_points,
@@ -190,7 +191,7 @@ def test_a_killed_or_failed_run_is_never_recorded_as_finished(tmp_path, mlflow_t
     proc = subprocess.Popen([sys.executable, str(_script(tmp_path, OUTCOME)), db, tmp_path / "wb", tmp_path / "spool",
                              writer, how], stdout=subprocess.PIPE, text=True, env=_env())
     try:
-        line = proc.stdout.readline().split()
+        line = Lines(proc.stdout).next(300).split()
         assert line and line[0] == "ready", line
         writer_pid = int(line[1])
         if how != "exit":
@@ -352,16 +353,18 @@ def test_interrupted_finish_writes_the_note_and_leaves_no_process(tmp_path, sile
                              str(silent.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
     try:
-        writer_pid = int(proc.stdout.readline().split()[1])
-        assert proc.stdout.readline().strip() == "finishing"
+        lines, errors = Lines(proc.stdout), Lines(proc.stderr)
+        writer_pid = int(lines.next(300).split()[1])
+        assert lines.next(300) == "finishing"
         time.sleep(3.0)
         if sig.endswith("group"):
             os.killpg(proc.pid, signal.SIGINT)
         else:
             os.kill(proc.pid, getattr(signal, sig))
         t0 = time.monotonic()
-        out, err = proc.communicate(timeout=60)       # EOF on both pipes: nobody else holds them
+        out, err = lines.rest(60), errors.rest(60)    # EOF on both pipes: nobody else holds them
         took = time.monotonic() - t0
+        proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -542,7 +545,7 @@ def test_mlflow_store_creation_cut_short_leaves_a_usable_store(tmp_path, writer,
     proc = subprocess.Popen([sys.executable, str(_script(tmp_path, CREATE)), db, spool, writer, how],
                             stdout=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
     try:
-        assert proc.stdout.readline().strip() == "logged"
+        assert Lines(proc.stdout).next(300) == "logged"
         if how == "kill":
             _wait(lambda: list(tmp_path.glob(".ml.db.trackbridge-new-*")), 120, "MLflow to start creating the store",
                   every=0.005)

@@ -96,6 +96,7 @@ class WandbSink(Sink):
         self._max_step: int | None = None
         self._sanitized_written: dict[str, str] = {}
         self._file: Path | None = None
+        self._file_seen = False
         self._stored: dict[str, str] = {}
         self._partial_batch: list[Record] | None = None
         self._partial_done = 0
@@ -143,6 +144,7 @@ class WandbSink(Sink):
         self._run.define_metric("*", step_metric=STEP_KEY)
         self._sanitized_written = dict(run.sanitized)
         self._file = None
+        self._file_seen = False
         if self.mode == "offline":
             run_dir = getattr(self._run, "dir", None)     # .../offline-run-<time>-<id>/files
             if run_dir:
@@ -232,10 +234,19 @@ class WandbSink(Sink):
                 self.reject(printable(k), rec.step, f"{type(exc).__name__}: {printable(str(exc))[:200]}")
         return row
 
+    def _gone(self) -> bool:
+        """The offline run's folder, or its run file once wandb-core made it, is no longer there (deleted)."""
+        if self._file is None:
+            return False
+        if self._file.exists():
+            self._file_seen = True
+            return False
+        return self._file_seen or not self._file.parent.is_dir()   # not yet made (wandb-core is slow) is not gone
+
     def _check_file(self) -> None:
         """wandb-core keeps writing an offline run whose folder was deleted, into nothing: say so (the logger then
         starts the run again in a new folder and writes it everything from the spool, see ``store_lost``)."""
-        if self._file is None or self._file.exists():
+        if not self._gone():
             return
         self.store_lost = True
         raise SinkError(f"wandb sink: the offline run file {self._file} was deleted while the run was written "
@@ -293,7 +304,7 @@ class WandbSink(Sink):
                 code = self.exit_code if self.exit_code is not None else 137
             run.finish(exit_code=code)
         if self.mode == "offline" and self._file is not None:
-            if not self._file.exists():
+            if self._gone():
                 self.store_lost = True
                 raise SinkError(f"wandb sink: the offline run file {self._file} was deleted before the run was "
                                 f"closed; what it held is gone")
