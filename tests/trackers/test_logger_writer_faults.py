@@ -172,9 +172,11 @@ run = trackbridge.init(project="p", name="o", run_id="o", spool=spool, source="c
                        sinks=[f"mlflow:sqlite:///{db}", f"wandb:{wb}"])
 for i in range(20):
     run.log({"loss": float(i)}, step=i)
-while any(s["written"] == 0 for s in run.status["sinks"]):
+end = time.monotonic() + 240
+while any(s["written"] == 0 and s["state"] != "failed" for s in run.status["sinks"]) and time.monotonic() < end:
     time.sleep(0.05)
-print("ready", (run.status["writer"] or {}).get("pid", 0), flush=True)
+bad = [(s["sink"], s["state"], s["last_error"]) for s in run.status["sinks"] if s["written"] == 0]
+print("ready", (run.status["writer"] or {}).get("pid", 0), repr(bad), flush=True)
 if how == "exit":
     sys.exit(1)
 time.sleep(600)
@@ -191,8 +193,8 @@ def test_a_killed_or_failed_run_is_never_recorded_as_finished(tmp_path, mlflow_t
     proc = subprocess.Popen([sys.executable, str(_script(tmp_path, OUTCOME)), db, tmp_path / "wb", tmp_path / "spool",
                              writer, how], stdout=subprocess.PIPE, text=True, env=_env())
     try:
-        line = Lines(proc.stdout).next(300).split()
-        assert line and line[0] == "ready", line
+        line = Lines(proc.stdout).next(300).split(" ", 2)
+        assert line[0] == "ready" and line[2] == "[]", f"a tracker took no record: {line[2]}"
         writer_pid = int(line[1])
         if how != "exit":
             os.kill(proc.pid, getattr(signal, how))

@@ -153,7 +153,7 @@ class Run(RunView):
                                         origin=lambda: self.info.source, fidelity=self.info.approximate)
         ctx = RunContext(options=options, spool_path=self.spool_path, seq_base=self._seq_base, resume=self.resume,
                          resume_last_step=scan.last_step, tracker_info=self.tracker_info,
-                         sync_info=self._sync_info, report=self.problems.append)
+                         sync_info=self._sync_info, report=self.problems.append, opened=self._exit_hook_last)
         self._ctx = ctx
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
@@ -364,6 +364,14 @@ class Run(RunView):
             self._finish("failed", None, None)
 
     # -- internals -------------------------------------------------------------------------------------------
+    def _exit_hook_last(self) -> None:
+        """Register the run's exit hook again after a tracker's client opened in this process: exit hooks run last
+        registered first, and a client's own (wandb tears its service down) must not run before the run closes its
+        trackers at interpreter exit."""
+        if not self._finished:
+            atexit.unregister(self._atexit)
+            atexit.register(self._atexit)
+
     def _atexit(self) -> None:
         try:
             outcome, code = exits.outcome_at_exit()

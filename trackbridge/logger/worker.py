@@ -33,6 +33,8 @@ class RunContext:
     # set when finish() has returned: a worker it left behind (stuck on a hung server) says nothing more; what it
     # lacks is in the pending note and finish()'s warnings
     ended: threading.Event = field(default_factory=threading.Event)
+    # called once a tracker's client is open (it may have registered its own exit hooks: the run's must come first)
+    opened: Callable[[], None] = field(default=lambda: None)
 
 
 def sync_run_info(run: RunInfo | None, info: RunInfo, approximate: dict[str, str]) -> None:
@@ -213,6 +215,10 @@ class Worker:
         with self.lock:
             if self.state == "pending":
                 self.state = "ok"
+        try:
+            self.ctx.opened()
+        except Exception:
+            pass
         return True
 
     def _write(self, batch: list[tuple[int, Record]]) -> bool:
