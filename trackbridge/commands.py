@@ -251,6 +251,10 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"replayed {args.spool} into {res}", file=sys.stderr)
         for p in res.problems:
             print(f"  skipped: {p}", file=sys.stderr)
+        for note in res.notes:
+            print(f"  note: {note}", file=sys.stderr)
+        if res.damaged:         # a damaged spool line is a problem; the partial last line of a killed run is not
+            code = ExitCode.PROBLEMS
     if done:
         settle_pending(args.spool, done)
     return code

@@ -24,7 +24,8 @@ Per command (what "problems" means where a command's purpose is to find them):
   before anything is read (``check_location``), a source that cannot be opened, or ``--engine ray`` without Ray
   installed is 2.
 * ``replay``: 1 when a tracker could not be caught up (it failed while opened or written; the others are still
-  replayed); spool lines skipped (a partial last line after a crash) are printed, not a problem. A missing spool, one
+  replayed) or spool lines were skipped as damaged (garbage, not JSON: printed with file and line); the partial last
+  line a killed process leaves is printed, not a problem. A missing spool, one
   without a run header, an unreadable pending note, an unknown or refused ``--to`` locator or an unknown ``--names``
   is 2.
 * ``compare``: differences between runs are the report, not a problem (0). 1 when no metric could be compared

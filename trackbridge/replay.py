@@ -70,6 +70,12 @@ class ReplayResult:
     points_held: int = 0               # points the tracker held already (exact, per key)
     exact: bool = False                # the tracker was read point by point (else: by its last step)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)     # worth saying, not a problem
+
+    @property
+    def damaged(self) -> list[str]:
+        """The spool lines skipped that are damage, not the partial last line a killed process leaves."""
+        return [p for p in self.problems if "partial last line" not in p]
 
     def __str__(self) -> str:
         held = "nothing" if self.last_step_before is None else f"steps up to {self.last_step_before}"
@@ -104,9 +110,14 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     info = copy.deepcopy(scan.info)
     target = names or info.extra.get("names") or "canonical"
     info.names = target
-    rename = names_translator(target, mappings=mappings or info.extra.get("mappings"), config=info.config,
-                              origin=info.source, fidelity=info.approximate)
     result = ReplayResult(sink=sink.describe(), problems=list(scan.problems))
+    logged_with = info.extra.get("mappings")
+    if logged_with and not mappings and target != "canonical":
+        # paths come from the user, never from a data file (a shared spool could name /dev/zero or anyone's file)
+        result.notes.append(f"the run was logged with the mapping file(s) {', '.join(map(str, logged_with))}, "
+                            f"which are not read from the spool's header: pass --mappings to use them")
+    rename = names_translator(target, mappings=mappings or None, config=info.config, origin=info.source,
+                              fidelity=info.approximate)
     sink.open(info, resume=True)
     try:
         done = catch_up(sink, (rename(rec) if rename else rec

@@ -10,13 +10,15 @@ this shape: anyone with ``json`` can read it, it is appended without rewriting, 
 any tracker.
 
 Writing (:class:`StreamWriter`): every batch is handed to the operating system before :meth:`StreamWriter.write`
-returns (``fsync=True`` also forces it to the disk). A crash *during* a write can leave a partial last line; reopening
-with ``resume=True`` first ends that line, so that new lines are never glued onto it. A resumed stream written under
+returns (``fsync=True`` also forces it to the disk), whole or not at all: a write the disk cuts short (full) is cut
+back to where it started, so a retry neither doubles lines nor glues one onto a torn line. A crash *during* a write
+can leave a partial last line; reopening with ``resume=True`` first ends that line, so that new lines are never glued
+onto it. A resumed stream written under
 another canonical schema version gets a new header line, so every record is read under the schema it was written in.
 
-Reading: :func:`read_stream` (the records, numbered, from a byte offset or a record number, from a step on),
-:func:`scan_stream` (header, record count, highest step) and :class:`StreamTail` (follow a stream another process
-appends). They count records the same way: complete lines only (a last line without its newline may still be being
+Reading: :func:`read_stream` (the records, numbered, from a record number or, with a :class:`StreamCursor`, from
+where an earlier read stopped; from a step on) and :func:`scan_stream` (header, record count, highest step). They
+count records the same way: complete lines only (a last line without its newline may still be being
 written), header lines not counted, a line that is not JSON skipped and reported as ``FILE:LINE: ...``. The *last
 step* of a stream is its highest step (what resume needs: steps may go back), in :func:`scan_stream` and
 :func:`last_step` alike. Streams without a schema stamp (written before it existed) are read as they are; a stream
@@ -37,7 +39,6 @@ import json
 import os
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
@@ -212,32 +213,52 @@ def _upgrader(schema: str | None, names: str | None) -> Callable[[str], str] | N
     return upgrade
 
 
+@dataclass
+class StreamCursor:
+    """Where a :func:`read_stream` stopped (the byte offset after the last line it took, that line's record number
+    and the header state), so that the next read of the same stream starting at a later record goes on from there
+    instead of decoding the file from its start again (a tracker catching up from a long spool)."""
+
+    offset: int = 0
+    lineno: int = 1
+    seq: int = -1
+    decoder: RecordDecoder = field(default_factory=RecordDecoder)
+
+
 def read_stream(path: str | os.PathLike[str], *, start: int = 0, stop: int | None = None, since: int | None = None,
-                problems: list[str] | None = None, decoder: RecordDecoder | None = None
-                ) -> Iterator[tuple[int, Record]]:
+                problems: list[str] | None = None, decoder: RecordDecoder | None = None,
+                cursor: StreamCursor | None = None) -> Iterator[tuple[int, Record]]:
     """``(seq, record)`` for the stream's records, ``seq`` counting record lines from 0 (complete lines holding a
     JSON object that is not a header; see the module docstring); only ``start <= seq < stop`` and, with ``since``,
     records with a step ``>= since``. Streams the file; lines skipped are reported in ``problems`` as
-    ``FILE:LINE: ...``. A missing file holds no record."""
+    ``FILE:LINE: ...``. A missing file holds no record. ``cursor``: start where an earlier read with this cursor
+    stopped when that is not past ``start`` (else from the file's start), and leave it where this read stops."""
     p = Path(path)
     probs = problems if problems is not None else []
-    dec = decoder if decoder is not None else RecordDecoder()
+    if cursor is not None and cursor.seq >= start:
+        cursor.offset, cursor.lineno, cursor.seq, cursor.decoder = 0, 1, -1, RecordDecoder()
+    dec = cursor.decoder if cursor is not None else (decoder if decoder is not None else RecordDecoder())
     if not p.exists():
         return
-    seq = -1
-    for line in iter_lines(p):
+    seq = cursor.seq if cursor is not None else -1
+    offset, lineno = (cursor.offset, cursor.lineno) if cursor is not None else (0, 1)
+    for line in iter_lines(p, start=offset, first_lineno=lineno):
         obj = line.obj
         if obj is None:
             probs.append(f"{p}:{line.lineno}: {line.error}" + ("" if line.partial else "; line skipped"))
+            if not line.partial:
+                _advance(cursor, line, seq)
             continue
         if is_header(obj):
             dec.header(obj)
+            _advance(cursor, line, seq)
             continue
+        if stop is not None and seq + 1 >= stop:
+            return
         seq += 1
+        _advance(cursor, line, seq)
         if seq < start:
             continue
-        if stop is not None and seq >= stop:
-            return
         try:
             rec = dec.record(obj)
         except (TypeError, ValueError, AttributeError) as exc:
@@ -246,6 +267,11 @@ def read_stream(path: str | os.PathLike[str], *, start: int = 0, stop: int | Non
         if since is not None and (rec.step is None or rec.step < since):
             continue
         yield seq, rec
+
+
+def _advance(cursor: StreamCursor | None, line: Line, seq: int) -> None:
+    if cursor is not None:
+        cursor.offset, cursor.lineno, cursor.seq = line.offset + len(line.raw), line.lineno + 1, seq
 
 
 @dataclass
@@ -315,58 +341,129 @@ class StreamWriter:
         self.schema = schema
         self.reject = reject
         self._fh: Any = None
+        self._torn = False
 
     @property
     def is_open(self) -> bool:
         return self._fh is not None
 
-    def open(self, info: RunInfo, *, resume: bool = False) -> None:
+    def open(self, info: RunInfo, *, resume: bool = False, header: bool = False) -> None:
         """Create the file with its header; with ``resume``, append to an existing one (FileExistsError when it
-        holds something and ``resume`` is False)."""
+        holds something and ``resume`` is False), with a new header when the schema changed or ``header``."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         exists = self.path.exists() and self.path.stat().st_size > 0
         if exists and not resume:
             raise FileExistsError(f"{self.path} already holds a run")
         stamp = self.schema or schema_stamp()
         head = (dumps(header_json(info, stamp)) + "\n").encode("utf-8")
+        if self.path.exists() and not self.path.is_file():
+            raise FileExistsError(f"{self.path} is not a regular file")
         if exists and _torn_header(self.path):
             os.truncate(self.path, 0)   # a crash cut the header line itself: nothing of the run is in the file yet
         if not self.path.exists():
-            if _create_with(self.path, head):
-                self._fh = open(self.path, "ab")
+            if _create_with(self.path, head):       # the header and the file in one step (see _create_with)
+                self._fh = open(self.path, "a+b", buffering=0)
                 self.flush()
                 return
             if not resume:              # another writer created it between the check and now
                 raise FileExistsError(f"{self.path} already holds a run")
-        fh = open(self.path, "ab")
+        fh = open(self.path, "a+b", buffering=0)      # whole writes, no buffer (see write_bytes); readable (recreate)
+        self._fh = fh
         try:
-            if fh.tell() == 0:          # an empty file (made by someone else): the header first
-                fh.write(head)
+            if os.fstat(fh.fileno()).st_size == 0:      # an empty file (made by someone else): the header first
+                self.write_bytes(head)
             else:
                 with open(self.path, "rb") as rd:        # end a partial last line left by a crash
                     rd.seek(-1, os.SEEK_END)
-                    if rd.read(1) != b"\n":
-                        fh.write(b"\n")
-                if _last_schema(self.path) != stamp:     # records from here on are under another schema
-                    fh.write(head)
+                    self._torn = rd.read(1) != b"\n"
+                if header or _last_schema(self.path) != stamp:     # records from here on: another schema or info
+                    self.write_bytes(head)
         except BaseException:
+            self._fh = None
             fh.close()
             raise
-        self._fh = fh
-        self.flush()
 
     def write(self, records: Iterable[Record]) -> None:
+        self.write_bytes(self.encode(records))
+
+    def encode(self, records: Iterable[Record]) -> bytes:
+        """The lines of ``records``, one per record (a value that is not strict JSON in UTF-8 is left out and told
+        to ``reject``; a record none of whose values can be written keeps its line, without metrics, so that the
+        stream's record numbers stay those of the records logged)."""
+        records = list(records)
+        try:
+            return "".join(dumps(r.to_json()) + "\n" for r in records).encode("utf-8")
+        except (TypeError, ValueError):      # UnicodeEncodeError is a ValueError: find the values at fault
+            return "".join(self._line(r) for r in records).encode("utf-8")
+
+    def write_bytes(self, data: bytes) -> None:
+        """Append lines made by :meth:`encode`, whole or not at all: a write that fails part-way (the disk full)
+        is cut back to where it started, so that a retry neither doubles lines nor glues them onto a torn one. When
+        even that fails, the next write first ends the torn line (readers skip it and say so). Then the file is
+        handed to the OS (and with ``fsync`` forced to the disk). Raises the ``OSError`` of the failed write."""
         if self._fh is None:
             raise ValueError(f"{self.path}: write() before open() or after close()")
-        records = list(records)
-        if not records:
+        if not data:
             return
+        fd = self._fh.fileno()
+        start = os.lseek(fd, 0, os.SEEK_END)
         try:
-            data = "".join(dumps(r.to_json()) + "\n" for r in records).encode("utf-8")
-        except (TypeError, ValueError):      # UnicodeEncodeError is a ValueError: find the values at fault
-            data = "".join(self._line(r) for r in records).encode("utf-8")
-        self._fh.write(data)
-        self.flush()
+            if self._torn:
+                _write_all(fd, b"\n")
+                self._torn = False
+                start += 1
+            _write_all(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                self._torn = os.lseek(fd, 0, os.SEEK_END) != start
+            raise
+
+    def replaced(self) -> bool:
+        """True when the file this writer appends to is no longer at its path (deleted or replaced meanwhile)."""
+        if self._fh is None:
+            return False
+        try:
+            here = os.stat(self.path)
+        except OSError:
+            return True
+        mine = os.fstat(self._fh.fileno())
+        return (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def recreate(self) -> int:
+        """After :meth:`replaced`: put the stream back at its path with everything written so far (read from the
+        file this writer still holds open), then append there. Returns the bytes copied. Raises ``OSError`` (the
+        old file stays in use: nothing is lost while the process lives)."""
+        assert self._fh is not None
+        old = self._fh.fileno()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.recreate")
+        size = os.fstat(old).st_size
+        try:
+            with open(tmp, "wb", buffering=0) as out:
+                done = 0
+                while done < size:
+                    chunk = os.pread(old, min(1 << 20, size - done), done)
+                    if not chunk:
+                        break
+                    _write_all(out.fileno(), chunk)
+                    done += len(chunk)
+                if self.fsync:
+                    os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        fh = open(self.path, "a+b", buffering=0)
+        self._fh.close()
+        self._fh = fh
+        return done
 
     def _line(self, rec: Record) -> str:
         """One record's line, leaving out each value that is not strict JSON in UTF-8 (told to ``reject``)."""
@@ -389,17 +486,17 @@ class StreamWriter:
         except (TypeError, ValueError) as exc:
             self._reject("step", rec.step if isinstance(rec.step, int) else None,
                          f"the record is not JSON ({type(exc).__name__}: {printable(str(exc))[:200]})")
-            return ""
+            step = rec.step if isinstance(rec.step, int) and not isinstance(rec.step, bool) else None
+            return dumps(Record(step, None, {}).to_json()) + "\n"     # its line kept: record numbers unchanged
 
     def _reject(self, key: str, step: int | None, why: str) -> None:
         if self.reject is not None:
             self.reject(key, step, why)
 
     def flush(self) -> None:
-        if self._fh is not None:
-            self._fh.flush()
-            if self.fsync:
-                os.fsync(self._fh.fileno())
+        """Nothing is buffered (every write goes to the OS at once); with ``fsync``, force the file to the disk."""
+        if self._fh is not None and self.fsync:
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         if self._fh is not None:
@@ -444,6 +541,13 @@ def _torn_header(path: Path) -> bool:
         return b"\n" not in fh.read(1 << 20) and fh.read(1) == b""
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
 def _last_schema(path: Path) -> str | None:
     """The schema stamp of the last header line of ``path`` (None: no stamp). Only lines that can be a header (they
     hold ``"run"``) are parsed, so that resuming a long stream does not decode every record."""
@@ -458,67 +562,5 @@ def _last_schema(path: Path) -> str | None:
     return stamp
 
 
-# ---------------------------------------------------------------------------------------------------- following
-class StreamTail:
-    """Follows a stream another process appends: :meth:`poll` returns the records after ``seq_base`` that were
-    completed since the last call (numbered as :func:`read_stream` numbers them); :meth:`wait_written` waits until a
-    record number has been read."""
-
-    def __init__(self, path: str | os.PathLike[str], seq_base: int = 0) -> None:
-        self.path = Path(path)
-        self.seq_base = seq_base
-        self.pos = 0
-        self.buf = b""
-        self.seq = -1                 # last record number read
-        self.decoder = RecordDecoder()
-        self.problems: list[str] = []
-        self.done = threading.Event()
-        self.cond = threading.Condition()
-        self.lost = False
-
-    def poll(self) -> list[tuple[int, Record]]:
-        out: list[tuple[int, Record]] = []
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read()
-        except FileNotFoundError:
-            return out
-        if not data:
-            return out
-        self.pos += len(data)
-        lines = (self.buf + data).split(b"\n")
-        self.buf = lines.pop()        # an incomplete last line waits for its end
-        for raw in lines:
-            if not raw.strip():
-                continue
-            obj, _error = parse_line(raw)
-            if obj is None:
-                continue
-            if is_header(obj):
-                self.decoder.header(obj)
-                continue
-            self.seq += 1
-            if self.seq < self.seq_base:
-                continue
-            try:
-                out.append((self.seq, self.decoder.record(obj)))
-            except (TypeError, ValueError, AttributeError):
-                continue
-        with self.cond:
-            self.cond.notify_all()
-        return out
-
-    def wait_written(self, seq: int, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        with self.cond:
-            while self.seq < seq and not self.done.is_set():
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-            return self.seq >= seq
-
-
-__all__ = ["Line", "RecordDecoder", "StreamScan", "StreamTail", "StreamWriter", "holdings", "is_header",
+__all__ = ["Line", "RecordDecoder", "StreamCursor", "StreamScan", "StreamWriter", "holdings", "is_header",
            "iter_lines", "last_step", "parse_line", "read_stream", "scan_stream", "schema_stamp", "stream_file"]

@@ -318,8 +318,18 @@ def printable(text: str) -> str:
     return text if utf8_ok(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+_FLOAT_INT = int(1.7976931348623157e308)     # the largest int a float holds (about)
+
+
 def _config_value(v: Any, path: str, notes: list[tuple[str, str]], depth: int = 0) -> Any:
     t = type(v)
+    if t is int and not -_FLOAT_INT <= v <= _FLOAT_INT:
+        # beyond a float (10**400): TensorBoard's hparams and MLflow's params hold numbers as floats; kept exact
+        # as its digits (Python refuses to print more than 4300 of them)
+        digits = v.bit_length() * 30103 // 100000 + 1
+        text = str(v) if digits <= 4000 else f"<an integer of about {digits} digits>"
+        notes.append((path, f"config {path!r}: an integer beyond what a float holds; stored as its decimal text"))
+        return text
     if v is None or t is bool or t is int or t is str:
         if t is str and not utf8_ok(v):
             notes.append((path, f"config {path!r}: a lone surrogate in the text was written as a \\u escape"))

@@ -111,8 +111,8 @@ def test_an_old_stream_is_read_under_todays_names_by_every_reader(tmp_path):
     assert [r.derived for _s, r in stream.read_stream(path)][0] == [next(iter(names.values()))]
     (reader,) = list(open_source(f"jsonl:{path}").runs())                             # migrate, compare
     assert [r.metrics for r in reader.records()] == want
-    tail = stream.StreamTail(path)                                                   # the writer process
-    assert [r.metrics for _s, r in tail.poll()] == want
+    cursor = stream.StreamCursor()                                                   # a tracker catching up
+    assert [r.metrics for _s, r in stream.read_stream(path, cursor=cursor)] == want
     held = make_sink(f"jsonl:{tmp_path}")                                            # what the jsonl sink holds
     held.open(RunInfo(run_id="old", names="canonical"), resume=True)
     h = held.held()
@@ -177,29 +177,75 @@ def test_partial_line_skipped_then_ended_on_resume(tmp_path):
     assert len(problems) == 1 and "not a JSON object" in problems[0] and f"{path}:5" in problems[0]
 
 
-def test_tail_and_file_reader_number_records_alike(tmp_path):
+def test_reads_from_a_cursor_number_records_as_a_fresh_read(tmp_path):
+    """A tracker catching up reads on from where it stopped (a StreamCursor): the same record numbers as a read from
+    the file's start, across damage between records and a record completed between two reads."""
     path = tmp_path / "r.jsonl"
     w = stream.StreamWriter(path)
     w.open(RunInfo(run_id="r", names="canonical"))
-    tail = stream.StreamTail(path, seq_base=2)
     w.write([Record(s, 1.0, {"x": float(s)}) for s in range(3)])
     with open(path, "ab") as fh:                       # damage between records, and a record cut mid-write
         fh.write(b"not json\n[1, 2]\n")
     w.write([Record(s, 1.0, {"x": float(s)}) for s in range(3, 5)])
-    w.flush()
     with open(path, "ab") as fh:
         fh.write(b'{"step": 5, "wall_time": 1.0, "metr')
-    first = tail.poll()
+    cursor = stream.StreamCursor()
+    first = list(stream.read_stream(path, start=2, cursor=cursor))
     with open(path, "ab") as fh:
         fh.write(b'ics": {"x": 5.0}}\n')
-    second = tail.poll()
+    second = list(stream.read_stream(path, start=first[-1][0] + 1, cursor=cursor))
     w.close()
     from_file = [(s, r.step) for s, r in stream.read_stream(path)]
     assert from_file == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]
     assert [(s, r.step) for s, r in first + second] == from_file[2:]
-    assert [(s, r.step) for s, r in stream.read_stream(path, start=3, stop=5)] == from_file[3:5]
-    assert [r.step for _s, r in stream.read_stream(path, since=4)] == [4, 5]
-    assert tail.wait_written(5, timeout=0.1) and not tail.wait_written(6, timeout=0.05)
+    assert [(s, r.step) for s, r in stream.read_stream(path, start=3, stop=5, cursor=cursor)] == from_file[3:5]
+    assert [(s, r.step) for s, r in stream.read_stream(path, start=1, stop=2, cursor=cursor)] == from_file[1:2]
+
+
+WRITE_WHOLE = r"""
+import resource, signal, sys
+from trackbridge import stream
+from trackbridge.record import Record, RunInfo
+path, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)         # a write past the limit fails with EFBIG instead
+w = stream.StreamWriter(path)
+w.open(RunInfo(run_id="r", names="canonical"))
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+batch, failed = [], 0
+for s in range(200):
+    batch.append(Record(s, 1.0, {"x": float(s), "pad": "p" * 40}))
+    if len(batch) >= 7:
+        try:
+            w.write(batch)
+            batch = []
+        except OSError:
+            failed += 1
+            if failed == 3:                            # the disk has room again: the same batch, retried
+                resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+if batch:
+    w.write(batch)
+w.close()
+print(failed)
+"""
+
+
+def test_a_write_cut_short_is_taken_back_whole(tmp_path):
+    """A batch the file takes only in part (the file-size limit, as a full disk would) is cut back to where it
+    started: retried, every record is in the file exactly once and no line is torn."""
+    import subprocess
+    import sys
+
+    from _support import ROOT
+    script = tmp_path / "w.py"
+    script.write_text(WRITE_WHOLE)
+    path = tmp_path / "r.jsonl"
+    r = subprocess.run([sys.executable, str(script), str(path), "4000"], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == 3, "the limit was not met"
+    problems: list[str] = []
+    assert [rec.step for _s, rec in stream.read_stream(path, problems=problems)] == list(range(200))
+    assert problems == []
 
 
 def test_values_that_are_not_json_are_left_out_and_reported(tmp_path):

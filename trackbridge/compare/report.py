@@ -159,11 +159,21 @@ def _dirs_under(folder: Path) -> set[str]:
 
 
 def _inside(folder: Path, rel: str) -> Path | None:
-    """``folder / rel`` when ``rel`` is a plain relative path inside ``folder`` (no ``..``, not absolute)."""
+    """``folder / rel`` when it is inside ``folder``: ``rel`` a plain relative path (no ``..``, not absolute) and no
+    folder on the way a link to elsewhere (its parent, resolved, is ``folder`` resolved or below it). The last part
+    may itself be a link: removing a link removes the link, not what it points to."""
     p = Path(rel)
     if p.is_absolute() or ".." in p.parts or not p.parts:
         return None
-    return folder / p
+    target = folder / p
+    try:
+        root = folder.resolve()
+        parent = target.parent.resolve()
+    except (OSError, RuntimeError):
+        return None
+    if parent != root and root not in parent.parents:
+        return None
+    return target
 
 
 def _delete_listed(folder: Path, files: list[str], dirs: list[str]) -> None:
@@ -225,13 +235,24 @@ def _rows(result: CompareResult) -> Iterator[MetricStats]:
             yield st
 
 
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: object) -> str:
+    """A text cell safe to open in a spreadsheet: one that starts like a formula (``=``, ``+``, ``-``, ``@``, a tab
+    or a carriage return: ``=HYPERLINK(...)``, ``@SUM(...)``, ``+1+1``) gets a leading ``'``, which spreadsheets
+    show as text and do not evaluate (OWASP's advice on CSV injection). Numbers are written by :func:`fmt_csv`."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
 def _write_csv(result: CompareResult, path: Path) -> Path:
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(COLUMNS)
         for st in _rows(result):
-            w.writerow([st.metric, st.run, fmt_csv(st.first), fmt_csv(st.last), fmt_csv(st.min), fmt_csv(st.max),
-                        fmt_csv(st.mean), st.points, st.note])
+            w.writerow([csv_text(st.metric), csv_text(st.run), fmt_csv(st.first), fmt_csv(st.last), fmt_csv(st.min),
+                        fmt_csv(st.max), fmt_csv(st.mean), st.points, csv_text(st.note)])
     return path
 
 

@@ -14,11 +14,16 @@ Pipeline (one run)::
   never waits on a tracker: a tracker whose queue is full *falls behind* and is fed from the spool until it has
   caught up. Only the spool's queue makes the dispatcher wait (the disk, never a tracker).
 * **The spool** (the canonical stream of :mod:`trackbridge.stream`, file ``DIR/<run_id>.jsonl`` in ``spool=DIR``)
-  is always on. Its worker writes a batch and flushes it to the operating system at the latest
-  ``flush_interval / 2`` seconds after the first record of the batch was logged, so a process killed with SIGKILL
-  loses at most about ``flush_interval`` seconds of records (default 1.0 s; ``flush_interval=`` to change; the
-  SIGKILL test checks the bound). A machine crash can lose more unless the spool is opened with ``?fsync=1``
-  (``spool="DIR?fsync=1"``).
+  is always on: the run's durable copy and every tracker's catch-up source, never a tracker's only feed. Its worker
+  writes a batch and hands it to the operating system at the latest ``flush_interval / 2`` seconds (on the monotonic
+  clock) after the first record of the batch was logged, so a process killed with SIGKILL loses at most about
+  ``flush_interval`` seconds of records (default 1.0 s; ``flush_interval=`` to change; the SIGKILL test checks the
+  bound). A machine crash can lose more unless the spool is opened with ``?fsync=1`` (``spool="DIR?fsync=1"``). A
+  batch the file cannot take (a full disk) is held in memory, in order, and written when it can be (``hold_mb``);
+  a write cut short is taken back whole, so nothing is doubled or torn; a spool file deleted while the run writes it
+  is written again from the file still open.
+* **The run is claimed** in ``init`` (:mod:`.runlock`): a second process (or a second ``init`` here) logging the
+  same run id fails at once, naming the holder.
 * **Fault isolation**: a sink that raises in ``open`` or ``write`` is retried with exponential back-off
   (``retries`` attempts, starting at ``backoff`` seconds), then marked *failed* with a warning naming the sink and
   the error; the other sinks and the training loop carry on. A failed sink is tried again every
@@ -44,8 +49,10 @@ The logger's parts (one module each): :mod:`.options` (the tuning knobs), :mod:`
 ``log()`` and the sinks), :mod:`.worker` (what every sink's thread shares), :mod:`.spool` and :mod:`.tracker` (the
 two kinds of worker), :mod:`.run` (``Run``), :mod:`.noop` (``NoOpRun``), :mod:`.checks` (what ``init`` checks first),
 :mod:`.device` (tensors read in one batch, CUDA ones without a sync), :mod:`.ranks` (``merge_ranks``: each rank's
-file and rank 0's merger).
-Catching a tracker up from the spool uses :mod:`trackbridge.catchup`, as ``replay`` and ``migrate`` do.
+file and rank 0's merger), :mod:`.runlock` (one process per run), :mod:`.waiting` (waiting for trackers at the end),
+:mod:`.exits` (how the process is ending), and for the writer process :mod:`.writer` (the child), :mod:`.remote` (the
+parent's side) and :mod:`.feed` (what the child is sent). Catching a tracker up from the spool uses
+:mod:`trackbridge.catchup`, as ``replay`` and ``migrate`` do.
 """
 from __future__ import annotations
 
@@ -66,7 +73,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
          spool: str = "runs", options: LoggerOptions | None = None, flush_interval: float | None = None,
          queue_size: int | None = None, batch_size: int | None = None, retries: int | None = None,
          backoff: float | None = None, retry_interval: float | None = None, stall_timeout: float | None = None,
-         finish_timeout: float | None = None, resume_wait: float | None = None, writer: str | None = None,
+         finish_timeout: float | None = None, resume_wait: float | None = None, hold_mb: float | None = None,
+         writer: str | None = None,
          tags: dict[str, str] | None = None,
          rank_zero_only: bool = True, rank: int | None = None, doctor: bool = False, merge_ranks: bool = False,
          world_size: int | None = None, rank_timeout: float = 60.0) -> Run | NoOpRun:
@@ -93,7 +101,7 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     opts = LoggerOptions.build(options, {
         "flush_interval": flush_interval, "queue_size": queue_size, "batch_size": batch_size, "retries": retries,
         "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,
-        "finish_timeout": finish_timeout, "resume_wait": resume_wait, "writer": writer})
+        "finish_timeout": finish_timeout, "resume_wait": resume_wait, "hold_mb": hold_mb, "writer": writer})
     r = _rank.global_rank() if rank is None else int(rank)
     if merge_ranks:
         return _merged(r, world_size, rank_timeout, rank_zero_only=rank_zero_only, project=project, name=name,

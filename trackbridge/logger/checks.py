@@ -84,9 +84,16 @@ def check_packages(spec: object, sink: Sink, *, import_now: bool = True) -> None
 
 
 def precheck_location(spec: str, sink: Sink) -> None:
-    """Fail at init for a plain folder location that cannot be created or written; warn (the sink is retried
-    later, training goes on) for a server URL that does not answer now."""
+    """Fail at init for a location its tracker refuses (the very check ``migrate`` makes of a destination:
+    :meth:`Sink.check_location`, such as an SQLite file that is not an MLflow store) and for a plain folder location
+    that cannot be created or written; warn (the sink is retried later, training goes on) for a server URL that
+    does not answer now."""
+    from ..sinks.base import SinkError
     loc = sink.location
+    try:
+        type(sink).check_location(loc)
+    except SinkError as exc:
+        raise UsageError(f"sink {spec!r}: {exc}") from None
     if loc and loc.startswith(("http://", "https://")):
         check_server(spec, loc)
         return
@@ -140,3 +147,31 @@ def choose_writer(asked: str, sinks: list[Any], built: list[Sink]) -> tuple[str,
                           f"the writer process cannot load; the trackers are written by threads of the training "
                           f"process (writer='thread' says so)")
     return "process", None
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What differs between two run configs (plain JSON), flattened with dots: ``{"changed": {key: [old, new]},
+    "added": {key: new}, "removed": [key]}``, each present only when not empty."""
+    a, b = _flat(old), _flat(new)
+    out: dict[str, Any] = {}
+    changed = {k: [a[k], b[k]] for k in a if k in b and a[k] != b[k]}
+    added = {k: b[k] for k in b if k not in a}
+    removed = [k for k in a if k not in b]
+    if changed:
+        out["changed"] = changed
+    if added:
+        out["added"] = added
+    if removed:
+        out["removed"] = removed
+    return out
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -14,6 +14,13 @@ log = logging.getLogger("trackbridge")
 
 STOP = object()          # put on a queue: the consumer stops after what is before it
 
+#: how a run ended, as the trackers are told (Sink.outcome): finished, failed (training raised, or exited with a
+#: non-zero code), killed (interrupted, terminated or killed: Ctrl-C, SIGTERM, SIGKILL, the process gone)
+OUTCOMES = ("finished", "failed", "killed")
+KILLED_EXIT = 137        # wandb's exit code of a run whose training process vanished (the shell's 128 + SIGKILL)
+INTERRUPTED_EXIT = 130   # ... interrupted by Ctrl-C (128 + SIGINT)
+TERMINATED_EXIT = 143    # ... terminated by SIGTERM during finish() (128 + SIGTERM)
+
 
 class LoggerWarning(RuntimeWarning):
     """A problem the logger reports without stopping training (a failed sink, a value that cannot be stored)."""

@@ -34,7 +34,7 @@ from ..record import Histogram
 from ..values import normalize
 from .common import STOP, warn
 
-Item = tuple[float, "int | None", dict[str, Any]]      # (wall_time, step, values), as the run's inbox takes it
+Item = tuple[Any, ...]      # (wall_time, step, values[, axis[, logged]]), as the run's inbox takes it
 
 
 @dataclass

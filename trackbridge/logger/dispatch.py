@@ -57,11 +57,13 @@ class Dispatcher:
                 item = self.inbox.get()
                 if item is STOP:
                     break
-                rec = self.build(*item)
-                self.emit(rec)
+                # (wall_time, step, values[, axis[, logged]]): logged is log()'s time.monotonic()
+                rec = self.build(item[0], item[1], item[2], item[3] if len(item) > 3 else None)
+                logged = item[4] if len(item) > 4 else time.monotonic()
+                self.emit(rec, logged)
                 if self.doctor is not None:
                     for note in self.diagnose(rec):
-                        self.emit(note)
+                        self.emit(note, logged)
         except BaseException as exc:
             warn(f"trackbridge: the dispatcher crashed ({type(exc).__name__}: {exc}); logging stopped")
         finally:
@@ -71,11 +73,12 @@ class Dispatcher:
             for w in self.trackers:
                 w.stop()
 
-    def emit(self, rec: Record) -> None:
-        """Number a record, hand it to the spool, rename it once for the trackers and offer it to each."""
+    def emit(self, rec: Record, logged: float | None = None) -> None:
+        """Number a record, hand it to the spool, rename it once for the trackers and offer it to each.
+        ``logged``: the ``time.monotonic()`` of its ``log()`` call (the spool's flush bound counts from it)."""
         seq = self.seq
         self.seq += 1
-        self.spool.put(seq, rec)
+        self.spool.put(seq, rec, logged)
         out = rec
         if self.rename is not None and self.trackers:
             try:

@@ -55,7 +55,7 @@ class NoOpRun(RunView):
     def status(self) -> dict[str, Any]:
         """The same keys as :attr:`Run.status <trackbridge.logger.Run.status>`: not writing, no sinks."""
         return {"run_id": self.run_id, "rank": self.rank, "writing": False, "spool": None, "finished": False,
-                "logged": 0, "sinks": [], "problems": []}
+                "logged": 0, "sinks": [], "writer": None, "problems": []}
 
     def summary(self) -> str:
         """One line saying that this rank does not write."""

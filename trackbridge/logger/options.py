@@ -18,7 +18,10 @@ class LoggerOptions:
     ``retries`` / ``backoff``: attempts of a failing open or write, and the first pause between them (doubling).
     ``retry_interval``: how often a failed sink is tried again. ``stall_timeout``: how long ``finish()`` waits for
     a tracker that makes no progress. ``finish_timeout``: the most ``finish()`` waits in all. ``resume_wait``: how
-    long a resumed run waits for the trackers to say what they hold before it numbers its first step. ``writer``:
+    long a resumed run waits for the trackers to say what they hold before it numbers its first step. ``hold_mb``:
+    how many MB of records the spool worker keeps in memory while the spool file cannot be written (a full disk),
+    to write them when it can again (beyond, records are left out of the spool, with a warning; the trackers still
+    get them). ``writer``:
     ``"process"`` (the trackers in one writer process fed from the spool, so their work never takes the GIL from
     training; sinks must be locator strings of trackers the writer can load), ``"thread"`` (each tracker in a thread
     of the training process) or ``"auto"`` (the default: the writer process when it can take every sink, else
@@ -34,6 +37,7 @@ class LoggerOptions:
     stall_timeout: float = 30.0
     finish_timeout: float = 300.0
     resume_wait: float = 10.0
+    hold_mb: float = 256.0
     writer: str = "auto"
 
     def __post_init__(self) -> None:
@@ -45,7 +49,7 @@ class LoggerOptions:
             raise UsageError("queue_size and batch_size must be at least 1")
         if self.retries < 0:
             raise UsageError(f"retries must be >= 0, got {self.retries!r}")
-        for name in ("backoff", "retry_interval", "stall_timeout", "finish_timeout", "resume_wait"):
+        for name in ("backoff", "retry_interval", "stall_timeout", "finish_timeout", "resume_wait", "hold_mb"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
 

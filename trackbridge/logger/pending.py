@@ -16,10 +16,19 @@ def pending_file(spool: str | os.PathLike) -> Path:
 
 
 def write_pending(path: Path, run_id: str, entries: list[dict[str, Any]]) -> None:
+    """Write the note whole (a temporary file moved into place) or not at all: a note that cannot be written (a
+    full disk) leaves no temporary file behind; the ``OSError`` tells the caller, who says what it would hold."""
     import json
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"run_id": run_id, "sinks": entries}, indent=1, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({"run_id": run_id, "sinks": entries}, indent=1, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
 
 
 def read_pending(spool: str | os.PathLike) -> list[dict[str, Any]]:

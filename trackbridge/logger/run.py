@@ -1,15 +1,16 @@
 """``Run``: what ``trackbridge.init`` returns on rank 0. It builds the sinks and their workers, takes ``log()``
 calls, and at ``finish()`` waits for the trackers while they make progress, then writes down what any still lacks.
 
-About 400 lines because ``Run`` is one object with one lifecycle (init, log, finish, resume, and the link to the
-writer process that ``writer='auto'`` starts); what can stand alone lives beside it (checks, dispatch, spool,
-tracker, writer)."""
+About 470 lines because ``Run`` is one object with one lifecycle (init with its run claim and resume rules, log,
+finish with its outcome, its interruption and its pending note); what can stand alone lives beside it (checks,
+dispatch, spool, tracker, runlock, exits, waiting, and the link to the writer process in remote)."""
 from __future__ import annotations
 
 import atexit
 import copy
 import dataclasses
-import sys
+import os
+import signal
 import threading
 import time
 import uuid
@@ -23,23 +24,30 @@ from ..record import RunInfo
 from ..sinks.base import Sink
 from ..stream import read_stream, scan_stream, stream_file
 from ..values import printable, sanitize_config
+from . import exits
 from .checks import (
     check_packages,
     choose_writer,
+    config_changes,
     derive_hook,
     make_translator,
     precheck_location,
     ready_for_shutdown,
     validate_call,
 )
-from .common import STOP, RunView, warn
+from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, log, warn
 from .device import hand_off
 from .dispatch import Dispatcher, live_doctor
+from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
+from .runlock import RunLock
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
+from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
+
+ABORT_WAIT = 5.0            # seconds an interrupted finish() gives the writer process and the spool
 
 _INFO_LOCK = threading.Lock()
 
@@ -65,9 +73,6 @@ class Run(RunView):
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
                  tags: dict[str, str] | None, doctor: bool = False) -> None:
-        from ..locators import LocatorError
-        from ..sinks import make_sink
-
         self.options = options
         self.resume = bool(resume)
         self.names = names or "canonical"
@@ -76,11 +81,32 @@ class Run(RunView):
         self._lock = threading.Lock()
         self._warned_values: set[str] = set()
         self._warned_once: set[str] = set()
+        self._link: Any = None              # the writer process (writer="process"): remote.WriterLink
+        exits.install()
 
         # spool: "DIR" or "DIR?fsync=1"
         spool_dir, spool_fsync = spool_place(spool)
         self.run_id: str = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.spool_path = stream_file(spool_dir, self.run_id)
+        if self.spool_path.exists() and not self.spool_path.is_file():
+            raise UsageError(f"spool {self.spool_path} exists and is not a regular file")
+        # one process logs one run: claimed before the spool is read (see runlock)
+        self._runlock = RunLock.claim(self.spool_path, self.run_id, resume=self.resume, wait=options.finish_timeout,
+                                      say=lambda m: log.warning("trackbridge: %s", m))
+        try:
+            self._setup(project=project, name=name, sinks=sinks, source=source, config=config, derive=derive,
+                        mappings=mappings, spool=spool, spool_fsync=spool_fsync, options=options, tags=tags,
+                        doctor=doctor)
+        except BaseException:
+            self._runlock.release()
+            raise
+
+    def _setup(self, *, project: str | None, name: str | None, sinks: list[Any], source: str,
+               config: dict[str, Any] | None, derive: bool, mappings: list[str] | None, spool: str,
+               spool_fsync: bool, options: LoggerOptions, tags: dict[str, str] | None, doctor: bool) -> None:
+        from ..locators import LocatorError
+        from ..sinks import make_sink
+
         scan = scan_stream(self.spool_path)
         if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
             raise UsageError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
@@ -92,12 +118,15 @@ class Run(RunView):
             cfg = {**cfg, **dict(translator.translate_config(cfg))}   # canonical names added
         except Exception as exc:
             warn(f"trackbridge: could not translate the config to canonical names: {exc}")
+        extra: dict[str, Any] = {"names": self.names, "mappings": list(mappings) if mappings else None,
+                                 "flush_interval": options.flush_interval}
+        shown = cfg
+        if self.resume and prev is not None and config is not None:
+            shown, extra = self._resumed_config(prev, cfg, extra, scan.last_step)
         self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
-                            project=project or (prev.project if prev else None), run_id=self.run_id, config=cfg,
+                            project=project or (prev.project if prev else None), run_id=self.run_id, config=shown,
                             tags=dict(tags or (prev.tags if prev else {}) or {}),
-                            source=None if source == "auto" else source, names="canonical",
-                            extra={"names": self.names, "mappings": list(mappings) if mappings else None,
-                                   "flush_interval": options.flush_interval})
+                            source=None if source == "auto" else source, names="canonical", extra=extra)
         self._seq_base = scan.records
         derive_fn = derive_hook(translator) if derive else None
         if derive_fn is not None and self.resume and scan.records:
@@ -121,11 +150,13 @@ class Run(RunView):
             check_packages(spec, sink, import_now=options.writer == "thread")   # the writer process imports its own
             ready_for_shutdown()
             if isinstance(spec, str):
-                precheck_location(spec, sink)
+                precheck_location(spec, sink)       # judged as migrate judges a destination, before training
             built.append(sink)
         # a sink that would write the spool's own file (the canonical stream in the spool folder) is the spool itself
         built = [s for s in built if not _writes(s, self.run_id, self.spool_path)]
         precheck_location(str(spool), spool_sink)
+        if self.resume and self.info.extra.get("config_changes") and prev is not None:
+            spool_sink.new_header = True       # the spool records the change, as the trackers do
 
         # trackers get the names asked for through the same pipeline as replay and migrate, judged from the
         # source detected while logging and the approximations found so far (both live)
@@ -133,31 +164,32 @@ class Run(RunView):
                                         origin=lambda: self.info.source, fidelity=self.info.approximate)
         ctx = RunContext(options=options, spool_path=self.spool_path, seq_base=self._seq_base, resume=self.resume,
                          resume_last_step=scan.last_step, tracker_info=self.tracker_info,
-                         sync_info=self._sync_info, report=self.problems.append)
+                         sync_info=self._sync_info, report=self.problems.append, opened=self._exit_hook_last)
+        self._ctx = ctx
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
-        self._writer: Any = None
         writer, why_thread = choose_writer(options.writer, sinks or [], built)
         if why_thread:
             self._warn_once("writer", why_thread)
         if writer == "process":
-            from .writer import RemoteTracker
+            from .remote import RemoteTracker, WriterLink
             by_locator = {s.locator(): s for s in built}
-            self._writer_spec: dict[str, object] | None = {
-                "sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
-                "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
-                "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options)}
+            spec = {"sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
+                    "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
+                    "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options),
+                    "run_id": self.run_id, "lock_path": str(self._runlock.path)}
             try:
-                self._start_writer_process()
+                self._link = WriterLink(spec, spool=self._spool_worker, lock_fd=self._runlock.fd,
+                                        info=lambda: self._clean_info().to_json(), problems=self.problems)
             except (OSError, ValueError, RuntimeError) as exc:   # the platform cannot start it (no pass_fds ...)
                 if options.writer == "process":
                     raise UsageError(f"init(writer='process'): the writer process could not start: {exc}") from None
                 self._warn_once("writer", f"the writer process could not start ({type(exc).__name__}: {exc}); "
                                           f"the trackers are written by threads of the training process")
-                self._writer_spec = None
                 writer = "thread"
         if writer == "process":
             trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
+            self._spool_worker.feed = self._link.feed
         else:
             if options.writer != "thread":          # imported now, in this thread (see check_packages)
                 for s in built:
@@ -167,15 +199,16 @@ class Run(RunView):
         self._workers: list[Any] = [self._spool_worker, *trackers]
         self._dispatcher = Dispatcher(
             translator=translator, derive_fn=derive_fn, info=self.info,
-            rename=None if self._writer_spec_given() else self._rename, names=self.names,
+            rename=None if self._link is not None else self._rename, names=self.names,
             spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
             resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
             doctor=self._doctor)
         self._inbox = self._dispatcher.inbox
         self._spool_worker.thread.start()
-        if self._writer_spec_given():
-            self._start_writer(trackers)
+        if self._link is not None:
+            self._link.attach(trackers, learnt=lambda: (self.info.source, tuple(sorted(self.info.approximate.items()))),
+                              finished=lambda: self._finished)
         else:
             for w in trackers:
                 w.thread.start()
@@ -210,6 +243,7 @@ class Run(RunView):
         the call are logged.
         """
         wall_time = time.time()
+        logged = time.monotonic()       # intervals (the spool's flush bound) never follow the wall clock
         if self._ranks is not None:      # merge_ranks: to this rank's file; the merger feeds the inbox
             if axis is not None:
                 raise TypeError("log(axis=...) is not supported with init(merge_ranks=True): the ranks' shares are "
@@ -223,9 +257,9 @@ class Run(RunView):
         if self._finished:
             raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
         if later or self._device is not None:
-            hand_off(self, later, (wall_time, step, values, axis))     # logger/device.py
+            hand_off(self, later, (wall_time, step, values, axis, logged))     # logger/device.py
         else:
-            self._inbox.put((wall_time, step, values, axis))
+            self._inbox.put((wall_time, step, values, axis, logged))
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
@@ -247,10 +281,15 @@ class Run(RunView):
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
         ``failed=True`` records that training failed (MLflow FAILED, wandb exit code 1, ``outcome`` in the run
-        info); leaving a ``with`` block by an exception, or the interpreter exiting on an uncaught one, does it.
-        Waits while the trackers make progress, at most ``timeout`` (default ``finish_timeout``) seconds; what a
-        tracker still lacks is written beside the spool for ``trackbridge replay``. Safe to call twice. Returns
-        :meth:`status`."""
+        info); leaving a ``with`` block by an exception, or the interpreter exiting on an uncaught one or through
+        ``sys.exit(N)`` with N not 0, does it. Waits while the trackers make progress, at most ``timeout`` (default
+        ``finish_timeout``) seconds, saying what it waits for after a few seconds; what a tracker still lacks is
+        written beside the spool for ``trackbridge replay``. Ctrl-C or SIGTERM while it waits: the run is closed as
+        killed as far as a few seconds allow, the note is written, then the interrupt goes on. Safe to call twice.
+        Returns :meth:`status`."""
+        return self._finish("failed" if failed else "finished", None, timeout)
+
+    def _finish(self, outcome: str, exit_code: int | None, timeout: float | None) -> dict[str, Any]:
         with self._lock:
             if self._finished:
                 return self.status
@@ -259,10 +298,31 @@ class Run(RunView):
             atexit.unregister(self._atexit)
         except Exception:
             pass
-        outcome = "failed" if failed else "finished"
+        self._set_outcome(outcome, exit_code)
+        previous = on_sigterm()
+        try:
+            self._finish_wait(timeout)
+        except (KeyboardInterrupt, Terminated) as exc:
+            restore_sigterm(previous)
+            self._abort(exc)
+            if isinstance(exc, Terminated):         # end as SIGTERM ends a process, now that the note is written
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1.0)
+                raise SystemExit(TERMINATED_EXIT) from None
+            raise
+        restore_sigterm(previous)
+        self._runlock.release()
+        self._ctx.ended.set()
+        return self.status
+
+    def _set_outcome(self, outcome: str, exit_code: int | None) -> None:
         self.info.extra["outcome"] = outcome
         for w in self._workers:
             w.sink.outcome = outcome
+            w.sink.exit_code = exit_code
+
+    def _finish_wait(self, timeout: float | None) -> None:
         if self._device is not None:     # the device tensors logged so far, read back
             self._device.close(self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         if self._ranks is not None:      # merge_ranks: the other ranks' last steps first
@@ -272,32 +332,40 @@ class Run(RunView):
         end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
         self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
         self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
-        if self._writer is not None:
-            self._writer_send(("info", self._clean_info().to_json()))
-            self._writer_send(("stop", self._seq - 1, outcome))
+        if self._link is not None:
+            sink = self._workers[0].sink
+            self._link.stop(self._seq - 1, sink.outcome, sink.exit_code)
         # wait for every tracker while it makes progress (records written or caught up, or requests answered, as
         # the sink counts them); one that makes none for stall_timeout seconds (a hung or unreachable server) is
         # left behind: what it lacks is written down for `trackbridge replay`
-        last_progress = {id(w): (w.progress(), time.monotonic()) for w in self._workers}
-        while True:
-            alive = [w for w in self._workers[1:] if w.thread.is_alive()]
-            now = time.monotonic()
-            if not alive or now >= end:
-                break
-            stalled = []
-            for w in alive:
-                p = w.progress()
-                if p != last_progress[id(w)][0] or w.starting():
-                    last_progress[id(w)] = (p, now)
-                elif now - last_progress[id(w)][1] > self.options.stall_timeout:
-                    stalled.append(w)
-            if len(stalled) == len(alive):
-                break
-            alive[0].thread.join(0.1)
-        if self._writer is not None:
-            self._stop_writer(end)
+        wait_for_trackers(self._workers[1:], end=end, stall_timeout=self.options.stall_timeout,
+                          left=lambda w: w.left(self._seq - 1), say=lambda m: log.warning("trackbridge: %s", m),
+                          finish_timeout=self.options.finish_timeout if timeout is None else timeout)
+        if self._link is not None:
+            self._link.close(end)
         self._write_pending()
-        return self.status
+
+    def _abort(self, exc: BaseException) -> None:
+        """finish() interrupted (Ctrl-C, SIGTERM): close the run as killed as far as :data:`ABORT_WAIT` seconds
+        allow (the spool first), write down what each tracker lacks, and let the writer process go."""
+        ignored = ignore_interrupts()
+        try:
+            code = INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else TERMINATED_EXIT
+            self._set_outcome("killed", code)
+            end = time.monotonic() + ABORT_WAIT
+            self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
+            self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
+            if self._link is not None:
+                self._link.abort("killed", code)
+                self._link.close(end + 2.0)
+            else:
+                for w in self._workers[1:]:
+                    w.stop()
+            self._write_pending(interrupted=True)
+            self._runlock.release()
+            self._ctx.ended.set()
+        finally:
+            restore_interrupts(ignored)
 
     @property
     def findings(self) -> list[Any]:
@@ -307,10 +375,12 @@ class Run(RunView):
 
     @property
     def status(self) -> dict[str, Any]:
-        """Run id, spool path, and per sink: state (ok/behind/failed/closed), records written, caught up, queued,
-        failures, last error."""
+        """Run id, spool path, per sink: state (ok/behind/failed/closed, ``restarting`` while the writer process
+        is started again), records written, caught up, queued, failures, last error; and the writer process (its
+        pid, how often it was started again; None with threads)."""
         return {"run_id": self.run_id, "spool": str(self.spool_path), "finished": self._finished,
                 "logged": self._seq - self._seq_base, "sinks": [w.status() for w in self._workers],
+                "writer": self._link.status() if self._link is not None else None,
                 "problems": list(self.problems)}
 
     def summary(self) -> str:
@@ -329,81 +399,33 @@ class Run(RunView):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.finish(failed=exc_type is not None)
-
-    # -- the writer process (writer="process") ----------------------------------------------------------------
-    def _writer_spec_given(self) -> bool:
-        return getattr(self, "_writer_spec", None) is not None
-
-    def _start_writer_process(self) -> None:
-        from .writer import start
-        spec = {**(self._writer_spec or {}), "info": self._clean_info().to_json()}
-        self._writer, self._writer_conn = start(spec)
-
-    def _start_writer(self, trackers: list[Any]) -> None:
-        self._remote = {t.sink.locator(): t for t in trackers}
-        self._sent_info: tuple[Any, ...] = ()
-        self._monitor = threading.Thread(target=self._monitor_writer, name="trackbridge-writer-monitor",
-                                         daemon=True)
-        self._monitor.start()
-
-    def _writer_send(self, msg: Any) -> None:
-        try:
-            self._writer_conn.send(msg)
-        except (OSError, EOFError, ValueError):
-            pass
-
-    def _monitor_writer(self) -> None:
-        """Take the writer's status messages; pass it what the run learns while logging."""
-        seen: set[str] = set()
-        trackers = list(self._remote.values())
-        while True:
-            try:
-                if self._writer_conn.poll(0.1):
-                    kind, statuses, problems, _final, warned = self._writer_conn.recv()
-                    for message in warned:      # the trackers' warnings, as the threads would have warned them
-                        warn(message)
-                    for t, st in zip(trackers, statuses):
-                        t.update(st)
-                    for p in problems:
-                        if p not in seen:
-                            seen.add(p)
-                            self.problems.append(p)
-            except (EOFError, OSError):
-                for t in trackers:
-                    t.alive = False
-                    t.changed.set()
-                return
-            now = (self.info.source, tuple(sorted(self.info.approximate.items())))
-            if now != self._sent_info and not self._finished:
-                self._sent_info = now
-                self._writer_send(("info", self._clean_info().to_json()))
-
-    def _stop_writer(self, end: float) -> None:
-        """After the trackers finished or stalled: let the writer exit, or stop it (its records are in the spool)."""
-        try:
-            self._writer.wait(timeout=max(0.5, min(5.0, end - time.monotonic())))
-        except Exception:
-            pass
-        if self._writer.poll() is None:
-            self._writer.kill()
-            self._writer.wait(timeout=10)
-            for t in self._remote.values():
-                t.alive = False
-        self._monitor.join(2.0)
+        if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (None, 0)):
+            self._finish("finished", None, None)
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self._finish("killed", INTERRUPTED_EXIT, None)
+        else:
+            self._finish("failed", None, None)
 
     # -- internals -------------------------------------------------------------------------------------------
+    def _exit_hook_last(self) -> None:
+        """Register the run's exit hook again after a tracker's client opened in this process: exit hooks run last
+        registered first, and a client's own (wandb tears its service down) must not run before the run closes its
+        trackers at interpreter exit."""
+        if not self._finished:
+            atexit.unregister(self._atexit)
+            atexit.register(self._atexit)
+
     def _atexit(self) -> None:
-        # at interpreter exit after an uncaught exception, Python has set sys.last_value (PyErr_Print)
-        dying = getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
         try:
-            self.finish(timeout=60.0, failed=dying)
+            outcome, code = exits.outcome_at_exit()
+            self._finish(outcome, code, 60.0)
         except Exception:
             pass
 
-    def _write_pending(self) -> None:
+    def _write_pending(self, *, interrupted: bool = False) -> None:
         """After finish(): write down, beside the spool, which trackers lack which records (and say so), so that
-        ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left."""
+        ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left. Says whether the spool
+        holds what they lack (it may not: a spool that could not be written)."""
         last_seq = self._seq - 1
         left = [(w, w.left(last_seq)) for w in self._workers[1:]]
         left = [(w, n) for w, n in left if n]
@@ -415,18 +437,50 @@ class Run(RunView):
                 except OSError:
                     pass
             return
+        spool = self._spool_worker
+        where = (f"they are in the spool: trackbridge replay {self.spool_path}" if not spool.lost else
+                 f"the spool lacks {spool.lost_records} of the run's records too (it could not be written), so "
+                 f"trackbridge replay {self.spool_path} completes them only as far as the spool goes")
         entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
                     "records": self._seq, "state": w.state, "last_error": w.last_error} for w, n in left]
         try:
             write_pending(path, self.run_id, entries)
         except OSError as exc:
-            warn(f"trackbridge: could not write {path}: {exc}")
+            warn(f"trackbridge: could not write the pending note {path} ({exc}); what it would hold is in the "
+                 f"warnings below")
         for w, n in left:
-            msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records ({w.state}"
-                   + (f"; last error: {w.last_error}" if w.last_error else "")
-                   + f"); they are in the spool: trackbridge replay {self.spool_path}")
+            msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records (from record {w.acked + 1}; "
+                   f"{'interrupted' if interrupted else w.state}"
+                   + (f"; last error: {w.last_error}" if w.last_error else "") + f"); {where}")
             self.problems.append(msg)
             warn(f"trackbridge: finish(): {msg}")
+
+    def _resumed_config(self, prev: RunInfo, cfg: dict[str, Any], extra: dict[str, Any], last_step: int | None
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Resume with a config that differs from the run's: every tracker keeps the run's config (MLflow cannot
+        change a param, so the others keep it too and all agree), and the change is recorded in the run info
+        (``extra["config_changes"]``: the step it applies from and each changed, added or removed key), which every
+        tracker stores with the run; said in one warning. Translation follows the new config from here on."""
+        old, _ = sanitize_config(prev.config)
+        new, _ = sanitize_config(cfg)
+        change = config_changes(old, new)
+        extra = {**extra, "config_changes": list((prev.extra or {}).get("config_changes") or [])}
+        if not change:
+            if not extra["config_changes"]:
+                del extra["config_changes"]
+            return dict(prev.config), extra
+        at = 0 if last_step is None else last_step + 1
+        extra["config_changes"].append({"from_step": at, **change})
+        shown = [f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(change.get("changed", {}).items())[:5]]
+        shown += [f"{k} added" for k in list(change.get("added", {}))[:3]]
+        shown += [f"{k} removed" for k in list(change.get("removed", []))[:3]]
+        n = sum(len(change.get(k) or ()) for k in ("changed", "added", "removed"))
+        self._warn_once("config-changed",
+                        f"resume: the config differs from the run's ({'; '.join(shown)}"
+                        f"{f'; {n} keys in all' if n > len(shown) else ''}); every tracker keeps the run's config "
+                        f"(a tracker's params cannot all be changed) and records the change in trackbridge's run info "
+                        f"(config_changes, from step {at}); translation follows the new config")
+        return dict(prev.config), extra
 
     def _sync_info(self, run: RunInfo | None, is_spool: bool) -> None:
         sync_run_info(run, self.info, self.tracker_approximate(is_spool))
@@ -462,3 +516,4 @@ class Run(RunView):
             self._warned_once.add(key)
             self.problems.append(message)
             warn(f"trackbridge: {message}")
+

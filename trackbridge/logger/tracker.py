@@ -14,9 +14,13 @@ from typing import Callable, Iterable
 from ..catchup import CatchUp, lacking, write_batches
 from ..record import Record
 from ..sinks.base import Sink
-from ..stream import read_stream
-from .common import log, warn
+from ..stream import StreamCursor, read_stream
+from .common import log
 from .worker import RunContext, Worker
+
+
+class SpoolShort(Exception):
+    """The spool does not hold (yet) the records a tracker is to catch up."""
 
 
 class TrackerWorker(Worker):
@@ -31,6 +35,7 @@ class TrackerWorker(Worker):
         self.next_retry = 0.0
         self.probed = threading.Event()        # resume: the tracker was asked what it holds (or could not be)
         self.resume_top: int | None = None     # resume: the highest step the tracker holds
+        self.cursor = StreamCursor()           # where the last catch-up stopped reading the spool
 
     # -- producer side (dispatcher thread): never waits on a tracker --
     def put(self, seq: int, rec: Record) -> None:
@@ -49,6 +54,14 @@ class TrackerWorker(Worker):
                     return
         log.warning("trackbridge: sink %s fell behind (its queue of %d records is full); training goes on and the "
                     "sink catches up from the spool", self.name, self.queue.maxsize)
+
+    def put_gap(self, first: int, last: int) -> None:
+        """Records ``first`` .. ``last`` are to be taken from the spool (the writer process's feed sent them as a
+        gap): the tracker catches them up from there once its queue has drained, as when it fell behind."""
+        with self.lock:
+            self.dropped_hi = last if self.dropped_hi is None else max(self.dropped_hi, last)
+            if self.state not in ("failed", "behind"):
+                self.state = "behind"
 
     # -- the thread --
     def _loop(self) -> None:
@@ -112,8 +125,16 @@ class TrackerWorker(Worker):
             return recs
         return (self.rename(rec) for rec in recs)
 
-    def _spool_records(self, start: int = 0, stop: int | None = None) -> Iterable[Record]:
-        return self._renamed(rec for _s, rec in read_stream(self.ctx.spool_path, start=start, stop=stop))
+    def _spool_records(self, start: int = 0, stop: int | None = None, seen: list[int] | None = None
+                       ) -> Iterable[Record]:
+        """The spool's records ``start <= seq < stop``, under the tracker's names; ``seen[0]``: the last record
+        number read."""
+        def read() -> Iterable[Record]:
+            for s, rec in read_stream(self.ctx.spool_path, start=start, stop=stop, cursor=self.cursor):
+                if seen is not None:
+                    seen[0] = s
+                yield rec
+        return self._renamed(read())
 
     def _catch_up_resume(self) -> None:
         """On resume: give the tracker, from the spool, the points it lacks (per key and step: a batch that landed
@@ -123,7 +144,7 @@ class TrackerWorker(Worker):
             held = self.sink.held()
             top = held.last_step() if held is not None else self.sink.last_step()
         except Exception as exc:
-            warn(f"trackbridge: sink {self.name}: could not read what it holds on resume ({exc}); "
+            self._warn(f"trackbridge: sink {self.name}: could not read what it holds on resume ({exc}); "
                  f"not catching up from the spool (use trackbridge replay)")
             return
         self.resume_top = top
@@ -135,17 +156,27 @@ class TrackerWorker(Worker):
         todo = lacking(self._spool_records(stop=ctx.seq_base), held, top, CatchUp())
         write_batches(self.sink, todo, self.batch_size, self._write_reported)
 
-    def _catch_up_range(self, hi: int, *, exact: bool, since: int | None) -> None:
+    def _catch_up_range(self, hi: int, *, exact: bool, since: int | None, whole: bool = False) -> None:
         """Give the tracker the spool's records ``acked+1 .. hi``. ``since``: a write at or after this step failed
         and may have landed in part: those points are checked against what the tracker holds. ``exact=False``:
-        the spool itself lost records, so the tracker's own last step decides. Raises what the sink raises."""
-        recs = self._spool_records(start=self.acked + 1, stop=hi + 1)
+        the spool itself lost records, so the tracker's own last step decides. ``whole``: the tracker lost what it
+        held (its store was deleted): every record of the spool up to ``hi``, less what it holds now. Raises what
+        the sink raises, and :class:`SpoolShort` when the spool does not hold the records (yet)."""
+        start = 0 if whole else self.acked + 1
+        seen = [start - 1]
+        recs = self._spool_records(start=start, stop=hi + 1, seen=seen)
         held, last = None, None
-        if not exact:
+        if whole:
+            held = self.sink.held()
+            last = self.sink.last_step() if held is None else None
+        elif not exact:
             last = self.sink.last_step()
         elif since is not None:
             held = self.sink.held(since)
         write_batches(self.sink, lacking(recs, held, last, CatchUp()), self.batch_size, self._write_reported)
+        if exact and seen[0] < hi:
+            self.acked = max(self.acked, seen[0])
+            raise SpoolShort(f"the spool {self.ctx.spool_path} holds records up to number {seen[0]}, not {hi}")
         self.acked = hi
 
     def _wait_spool(self, hi: int) -> bool:
@@ -195,7 +226,8 @@ class TrackerWorker(Worker):
             self.failures += 1
             self.last_error = f"reopen: {type(exc).__name__}: {exc}"
             if final:
-                warn(f"trackbridge: sink {self.name} is still failing at finish() ({self.last_error}); {later}")
+                self._warn(f"trackbridge: sink {self.name} is still failing at finish() ({self.last_error}); "
+                           f"{later}")
             return
         self.opened = True
         with self.lock:
@@ -203,18 +235,25 @@ class TrackerWorker(Worker):
             self.state = "ok"           # from here on the dispatcher queues new records again
             self.dropped_hi = None
         n_before = self.caught_up
-        if hi is not None and hi > self.acked:
+        whole = bool(getattr(self.sink, "store_lost", False))
+        if whole:           # what the tracker held is gone with its store: everything again, less what it holds now
+            self.sink.store_lost = False
+            hi = max(hi if hi is not None else -1, self.acked)
+        if hi is not None and (hi > self.acked or whole):
             exact = self._wait_spool(hi)
             try:
-                self._catch_up_range(hi, exact=exact, since=self.failed_since)
+                self._catch_up_range(hi, exact=exact, since=self.failed_since, whole=whole)
             except Exception as exc:
                 self.failures += 1
                 self.last_error = f"catch up: {type(exc).__name__}: {exc}"
                 with self.lock:
                     self.state = "failed"
                     self.dropped_hi = hi if self.dropped_hi is None else max(self.dropped_hi, hi)
+                if whole:
+                    self.sink.store_lost = True
                 if final:
-                    warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); {later}")
+                    self._warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); "
+                               f"{later}")
                 return
         self.failed_since = None
         self.recoveries += 1

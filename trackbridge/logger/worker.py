@@ -31,6 +31,11 @@ class RunContext:
     sync_info: Callable[[RunInfo | None, bool], None]  # fill a sink's run info with what was learnt logging
     report: Callable[[str], None]               # a problem for run.problems (the caller warns)
     spool: Any = field(default=None)            # the run's SpoolWorker, set once built
+    # set when finish() has returned: a worker it left behind (stuck on a hung server) says nothing more; what it
+    # lacks is in the pending note and finish()'s warnings
+    ended: threading.Event = field(default_factory=threading.Event)
+    # called once a tracker's client is open (it may have registered its own exit hooks: the run's must come first)
+    opened: Callable[[], None] = field(default=lambda: None)
 
 
 def sync_run_info(run: RunInfo | None, info: RunInfo, approximate: dict[str, str]) -> None:
@@ -71,6 +76,12 @@ class Worker:
         self.recoveries = 0
         self.last_error: str | None = None
         self.notes: set[str] = set()
+        self.opening = False                # in sink.open() now
+        try:                                # a store on this machine (not a server): opening it is work, not a hang
+            self.local = (type(sink).local_path(sink.location) is not None
+                          and getattr(sink, "options", {}).get("mode") != "online")     # wandb online: a server
+        except Exception:
+            self.local = False
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"trackbridge-sink-{sink.kind}", daemon=True)
 
@@ -90,7 +101,7 @@ class Worker:
         try:
             self._loop()
         except BaseException as exc:  # never die silently
-            warn(f"trackbridge: worker of sink {self.name} crashed: {type(exc).__name__}: {exc}")
+            self._warn(f"trackbridge: worker of sink {self.name} crashed: {type(exc).__name__}: {exc}")
             with self.lock:
                 self.state = "failed"
         finally:
@@ -100,7 +111,12 @@ class Worker:
                     self.ctx.sync_info(getattr(self.sink, "run", None), self.is_spool)
                     self.sink.close()
                 except Exception as exc:
-                    warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
+                    self._warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
+                    if getattr(self.sink, "store_lost", False):     # nothing of the run is left there
+                        self.last_error = f"close: {type(exc).__name__}: {exc}"
+                        with self.lock:
+                            self.state = "failed"
+                            self.acked = -1
             with self.lock:
                 if self.state not in ("failed", "behind"):
                     self.state = "closed"
@@ -108,6 +124,10 @@ class Worker:
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+    def _warn(self, message: str) -> None:
+        if not self.ctx.ended.is_set():
+            warn(message)
 
     def _before_close(self) -> None:
         pass
@@ -125,12 +145,14 @@ class Worker:
         if first is STOP:
             return [], True
         batch = [first]
-        deadline = first[1].wall_time + self.max_latency if self.max_latency > 0 else 0.0
+        # the spool's items carry the monotonic time of their log() call: a batch is written at most max_latency
+        # after its first record was logged, whatever the wall clock does (stepped back by NTP or by hand)
+        deadline = first[2] + self.max_latency if self.max_latency > 0 else 0.0
         while len(batch) < self.batch_size:
             try:
                 item = self.queue.get_nowait()
             except queue.Empty:
-                remaining = deadline - time.time()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 try:
@@ -168,7 +190,8 @@ class Worker:
         self.state = "failed"
         self.last_error = self.last_error if why.startswith("after") else why
         role = "the spool" if self.is_spool else "sink"
-        warn(f"trackbridge: {role} {self.name} failed ({why}; last error: {self.last_error}); {self._failed_then()}")
+        self._warn(f"trackbridge: {role} {self.name} failed ({why}; last error: {self.last_error}); "
+                   f"{self._failed_then()}")
 
     def _mark_failed(self, why: str) -> None:
         with self.lock:
@@ -181,7 +204,11 @@ class Worker:
         resume = self.ctx.resume if first else True
 
         def do_open() -> None:
-            self.sink.open(info, resume=resume)
+            self.opening = True
+            try:
+                self.sink.open(info, resume=resume)
+            finally:
+                self.opening = False
 
         if not self._retrying("open", do_open):
             self._mark_failed(f"after {self.ctx.options.retries + 1} attempts to open")
@@ -190,6 +217,10 @@ class Worker:
         with self.lock:
             if self.state == "pending":
                 self.state = "ok"
+        try:
+            self.ctx.opened()
+        except Exception:
+            pass
         return True
 
     def _write(self, batch: list[tuple[int, Record]]) -> bool:
@@ -290,7 +321,7 @@ class Worker:
                 message = (f"sink {self.name} cannot take metric {key!r} (first at step {step}: {why}); that "
                            f"metric is {where}")
             self.ctx.report(message)
-            warn(f"trackbridge: {message}")
+            self._warn(f"trackbridge: {message}")
 
     def _check_capabilities(self, recs: list[Record]) -> None:
         caps = self.sink.capabilities
@@ -314,9 +345,11 @@ class Worker:
             log.warning("trackbridge: %s", message)
 
     def starting(self) -> bool:
-        """Not yet tried to open its sink (the thread, or the writer process holding it, is still starting):
-        ``finish()`` does not count that time as a stall; ``finish_timeout`` still bounds it."""
-        return not self.open_tried
+        """Not yet tried to open its sink (the thread, or the writer process holding it, is still starting), or
+        opening a store on this machine (MLflow creating its SQLite schema takes seconds, more on a loaded machine,
+        and stopping it half-way helps nobody): ``finish()`` does not count that time as a stall;
+        ``finish_timeout`` still bounds it. Opening a server's run counts: a hung server is a stall."""
+        return not self.open_tried or (self.opening and self.local)
 
     def progress(self) -> tuple:
         """Changes while the worker gets anywhere (records written or caught up, requests answered)."""

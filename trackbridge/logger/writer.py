@@ -1,18 +1,32 @@
-"""Trackers in a writer process fed from the spool: ``init(..., writer="process")``.
+"""Trackers in a writer process: ``init(..., writer="process")`` (and ``"auto"``, the default).
 
-The training process then does only what the spool needs (validate, translate, derive, append a line); the
-trackers' clients, their serialisation and their I/O run in a child process with its own interpreter, so they never
-take the GIL from training. The child follows the spool as the parent appends it
-(:class:`trackbridge.stream.StreamTail`: complete lines only, numbered as every reader of the stream numbers them) and
-feeds the same :class:`~.tracker.TrackerWorker` s the threads use, with the same catch-up, recovery and pending-note
-rules. Parent and child talk through one pipe: the parent
-sends what it learns while logging (detected source, approximations) and, at ``finish()``, the last record number
-and how the run ended; the child sends each tracker's status and what each tracker holds on resume. If the parent
-dies, the child writes what the spool holds and exits.
+The training process then does only what the spool needs (validate, translate, derive, encode a line); the trackers'
+clients, their serialisation and their I/O run in a child process with its own interpreter, so they never take the
+GIL from training. The child is **fed through its pipe** (:mod:`.feed`): every batch the spool worker took, as the
+spool's own JSON lines, whether or not the spool file could take it, so a full disk or a deleted spool costs the
+trackers nothing. The spool stays the durable copy and the catch-up source: a tracker that falls behind, fails, or is
+sent a *gap* (the feed was too far behind, see :mod:`.feed`) takes what it lacks from the spool file, as the threads
+do, with the same :class:`~.tracker.TrackerWorker`. Each message carries how far the spool file holds the run, so a
+tracker never catches up from records the file does not hold. The child reads its pipe only while some tracker has
+room in its queue, so neither process holds more than its queues and the feed's bound, however far it lags.
+
+The parent sends what it learns while logging (detected source, approximations) and at ``finish()`` the last record
+number and how the run ended (``stop``), or ``abort`` when ``finish()`` is interrupted (Ctrl-C, SIGTERM): the child
+then closes what it can within a few seconds and exits. The child sends each tracker's status and its warnings. Its
+standard output and error are pipes the parent relays, so it never holds the caller's terminal or pipe (``python
+train.py | tee`` ends with the training process).
+
+When the training process dies without ``finish()`` (SIGKILL, SIGTERM, a crash), the child takes what the spool
+holds beyond what it was sent, closes the trackers with the outcome ``killed`` (MLflow ``KILLED``, wandb exit code
+137) within ``finish_timeout`` (giving up on one that makes no progress for ``stall_timeout``), writes the pending
+note for what any still lacks, and exits. When the child dies (the OOM killer), the parent restarts it
+(:meth:`trackbridge.logger.run.Run`): the new one reopens every tracker's run and catches it up from the spool with
+the points it lacks, as a resumed run does.
 """
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from pathlib import Path
@@ -20,19 +34,49 @@ from typing import Any
 
 from ..pipeline import names_translator
 from ..record import Record, RunInfo
-from ..stream import StreamTail
-from .common import warn
+from ..stream import RecordDecoder, parse_line, read_stream
+from .common import KILLED_EXIT, warn
 from .options import LoggerOptions
+from .pending import pending_file, write_pending
+from .remote import FdConn
+from .runlock import release_fd
 from .tracker import TrackerWorker
+from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
 
 STATUS_EVERY = 0.2
-_HELD_LOCKS: list[Any] = []
+ABORT_WAIT = 3.0         # seconds an interrupted finish() leaves the trackers to close
+
+
+class SpoolView:
+    """How far the spool file holds the run, as the training process last said (the writer's ``ctx.spool``)."""
+
+    def __init__(self, mark: int) -> None:
+        self.mark: int | None = mark
+        self.cond = threading.Condition()
+        self.done = threading.Event()
+
+    def advance(self, mark: int | None) -> None:
+        with self.cond:
+            if mark is None:
+                self.mark = None          # the spool lost records: its numbers are not the run's any more
+            elif self.mark is not None and mark > self.mark:
+                self.mark = mark
+            self.cond.notify_all()
+
+    def wait_written(self, seq: int, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self.cond:
+            while self.mark is not None and self.mark < seq and not self.done.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return self.mark is not None and self.mark >= seq
 
 
 def writer_main(conn: Any, spec: dict[str, Any]) -> None:
-    """The child process: build the trackers, follow the spool, report, stop when told (or when the parent is
-    gone and the spool is read to its end)."""
+    """The child process: build the trackers, take the feed, report, stop when told (or when the parent is gone)."""
     from ..sinks import make_sink
 
     options = LoggerOptions(**spec["options"])
@@ -40,7 +84,9 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     problems: list[str] = []
     rename = names_translator(spec["names"], mappings=spec["mappings"], config=info.config,
                               origin=lambda: info.source, fidelity=info.approximate)
-    tail = StreamTail(Path(spec["spool_path"]), spec["seq_base"])      # wait_written as the spool worker
+    spool_path = Path(spec["spool_path"])
+    seq_base = spec["seq_base"]
+    view = SpoolView(seq_base - 1)
 
     def approximate(is_spool: bool) -> dict[str, str]:
         pipe = rename.pipeline() if rename is not None else None
@@ -57,10 +103,9 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
 
     warned: list[str] = []       # the trackers' warnings: the parent warns them, where the user sees warnings
     _forward_warnings(warned)
-    _one_writer_per_run(tail.path)
-    ctx = RunContext(options=options, spool_path=tail.path, seq_base=spec["seq_base"], resume=spec["resume"],
+    ctx = RunContext(options=options, spool_path=spool_path, seq_base=seq_base, resume=spec["resume"],
                      resume_last_step=spec["resume_last_step"], tracker_info=tracker_info, sync_info=sync_info,
-                     report=problems.append, spool=tail)
+                     report=problems.append, spool=view)
     workers = [TrackerWorker(ctx, make_sink(s), queue_size=options.queue_size, batch_size=options.batch_size,
                              rename=rename) for s in spec["sinks"]]
     for w in workers:
@@ -76,39 +121,86 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
                               for w in workers], list(problems), final, new))
         sent[0] += len(new)
 
-    final_seq: int | None = None
+    def put(seq: int, rec: Record) -> None:
+        out = rec
+        if rename is not None:      # once for all trackers, as the dispatcher does for threads
+            try:
+                out = rename(rec)
+            except Exception as exc:
+                note = (f"renaming to {spec['names']!r} failed ({type(exc).__name__}: {exc}); trackers get "
+                        f"canonical names")
+                if note not in problems:
+                    problems.append(note)
+                    warn(f"trackbridge: {note}")
+        for w in workers:
+            w.put(seq, out)
+
+    decoder = RecordDecoder()
+    state: dict[str, Any] = {"last": seq_base - 1, "final": None, "abort": False, "outcome": None, "exit": None}
+
+    def outcome(name: str, code: int | None) -> None:
+        state["outcome"] = name
+        info.extra["outcome"] = name
+        for w in workers:
+            w.sink.outcome = name
+            w.sink.exit_code = code
+
+    def take(msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        view.advance(msg[-1])
+        if kind == "recs":
+            first, data = msg[1], msg[2]
+            for i, raw in enumerate(data.split(b"\n")[:-1]):
+                seq = first + i
+                if seq <= state["last"]:
+                    continue        # already taken (a restarted writer is sent what the spool had not yet)
+                state["last"] = seq
+                obj, _error = parse_line(raw)
+                if obj is None:
+                    continue
+                try:
+                    rec = decoder.record(obj)
+                except (TypeError, ValueError, AttributeError):
+                    continue
+                put(seq, rec)
+        elif kind == "gap":
+            first, last = max(msg[1], state["last"] + 1), msg[2]
+            if last >= first:
+                for w in workers:
+                    w.put_gap(first, last)
+                state["last"] = last
+        elif kind == "info":
+            new = RunInfo.from_json(msg[1])
+            info.source = new.source or info.source
+            info.approximate.update(new.approximate or {})
+            info.extra.update(new.extra or {})
+        elif kind == "stop":
+            state["final"] = msg[1]
+            outcome(msg[2], msg[3])
+        elif kind == "abort":
+            state["abort"] = True
+            outcome(msg[1], msg[2])
+
+    def room() -> bool:
+        """Some tracker takes records now (or none takes them from its queue: they are caught up from the spool)."""
+        return any(w.state not in ("ok", "pending") or not w.queue.full() for w in workers) or not workers
+
     parent_gone = False
     frozen = False
     last_report = 0.0
     try:
         while True:
             try:
-                while conn.poll(0.02):
-                    msg = conn.recv()
-                    if msg[0] == "info":
-                        new = RunInfo.from_json(msg[1])
-                        info.source = new.source or info.source
-                        info.approximate.update(new.approximate or {})
-                        info.extra.update(new.extra or {})
-                    elif msg[0] == "stop":
-                        final_seq = msg[1]
-                        for w in workers:
-                            w.sink.outcome = msg[2]
+                if room():
+                    if conn.poll(0.02):
+                        for _ in range(256):
+                            take(conn.recv())
+                            if state["abort"] or not room() or not conn.poll(0):
+                                break
+                else:
+                    time.sleep(0.01)
             except (EOFError, OSError):
                 parent_gone = True
-            for seq, rec in tail.poll():
-                out = rec
-                if rename is not None:      # once for all trackers, as the dispatcher does for threads
-                    try:
-                        out = rename(rec)
-                    except Exception as exc:
-                        note = (f"renaming to {spec['names']!r} failed ({type(exc).__name__}: {exc}); trackers get "
-                                f"canonical names")
-                        if note not in problems:
-                            problems.append(note)
-                            warn(f"trackbridge: {note}")
-                for w in workers:
-                    w.put(seq, out)
             if not frozen and all(w.opened or w.state == "failed" for w in workers):
                 # the trackers' packages and opened clients live as long as this process: freezing them keeps the
                 # cyclic GC from walking them at every collection (it was most of the sinks' own Python work)
@@ -122,26 +214,92 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
                     report()
                 except (OSError, EOFError, BrokenPipeError):
                     parent_gone = True
-            if (final_seq is not None and tail.seq >= final_seq) or parent_gone:
-                if parent_gone:
-                    tail.poll()
+            if parent_gone or state["abort"] or (state["final"] is not None and state["last"] >= state["final"]):
                 break
-        tail.done.set()
+        if parent_gone:
+            _orphaned(spool_path, workers, options, state, view, put, outcome, spec)
+            return
         for w in workers:
             w.stop()
-        while any(w.thread.is_alive() for w in workers):
-            for w in workers:
-                w.thread.join(STATUS_EVERY)
-            if not parent_gone:
+        if state["abort"]:
+            end = time.monotonic() + ABORT_WAIT
+            while any(w.thread.is_alive() for w in workers) and time.monotonic() < end:
+                for w in workers:
+                    w.thread.join(0.05)
+        else:
+            while any(w.thread.is_alive() for w in workers):
+                for w in workers:
+                    w.thread.join(STATUS_EVERY)
                 try:
                     report()
                 except (OSError, EOFError, BrokenPipeError):
                     parent_gone = True
-        if not parent_gone:
+                    break
+        if parent_gone:
+            _orphaned(spool_path, workers, options, state, view, put, outcome, spec)
+            return
+        try:
             report(final=True)
+        except (OSError, EOFError, BrokenPipeError):
+            pass
+        if state["abort"]:
+            _exit_now()
     except BaseException as exc:  # never die silently
         warn(f"trackbridge: the writer process failed: {type(exc).__name__}: {exc}")
         raise
+
+
+def _orphaned(spool_path: Path, workers: list[TrackerWorker], options: LoggerOptions, state: dict[str, Any],
+              view: SpoolView, put: Any, outcome: Any, spec: dict[str, Any]) -> None:
+    """The training process is gone: take what the spool holds beyond what was sent, close the trackers with the
+    outcome ``killed`` (unless the parent said how the run ended), write the pending note for what any still
+    lacks, let go of the run, exit."""
+    _quiet()
+    if state["outcome"] is None:
+        outcome("killed", KILLED_EXIT)
+    last = state["last"]
+    for seq, rec in read_stream(spool_path, start=last + 1):
+        view.advance(seq)
+        put(seq, rec)
+        last = seq
+    for w in workers:
+        w.stop()
+    end = time.monotonic() + options.finish_timeout
+    wait_for_trackers(workers, end=end, stall_timeout=options.stall_timeout, left=lambda w: w.left(last))
+    left = [(w, w.left(last)) for w in workers]
+    entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
+                "records": last + 1, "state": w.state, "last_error": w.last_error} for w, n in left if n]
+    if entries:
+        try:
+            write_pending(pending_file(spool_path), spec["run_id"], entries)
+        except OSError:
+            pass
+    if spec.get("lock_fd") is not None:
+        release_fd(spec["lock_fd"], Path(spec["lock_path"]))
+    _exit_now()
+
+
+def _quiet() -> None:
+    """The parent, which relays this process's output, is gone: write nothing more to the pipes."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+    except OSError:
+        pass
+
+
+def _exit_now() -> None:
+    """Leave without the interpreter's shutdown (a tracker client's thread stuck in a request, or its atexit
+    hooks, must not keep this process alive)."""
+    import sys
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    os._exit(0)
 
 
 def _forward_warnings(into: list[str]) -> None:
@@ -161,142 +319,18 @@ def _forward_warnings(into: list[str]) -> None:
     warnings.showwarning = show
 
 
-def _one_writer_per_run(spool: Path) -> None:
-    """Wait until no other writer process works on this run (one left by a killed training process finishes the
-    spool first), then hold the run's writer lock until this process exits."""
-    try:
-        import fcntl
-    except ImportError:          # no flock (Windows): nothing to wait for
-        return
-    spool.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(spool.with_name(spool.name + ".writer.lock"), "w")
-    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-    _HELD_LOCKS.append(fh)               # kept open: the lock lasts the process
-
-
-class _RemoteThread:
-    def __init__(self, tracker: "RemoteTracker") -> None:
-        self.t = tracker
-
-    def is_alive(self) -> bool:
-        return self.t.alive
-
-    def join(self, timeout: float | None = None) -> None:
-        self.t.changed.wait(timeout)
-        self.t.changed.clear()
-
-
-class _RemoteSink:
-    def __init__(self, spec: str, kind: str) -> None:
-        self.spec = spec
-        self.kind = kind
-        self.outcome = "finished"
-
-    def locator(self) -> str:
-        return self.spec
-
-
-class RemoteTracker:
-    """The parent's view of one tracker written by the writer process: what its last status said."""
-
-    def __init__(self, spec: str, sink: Any) -> None:
-        self.sink = _RemoteSink(spec, sink.kind)
-        self.name = sink.describe()
-        self.state = "pending"
-        self.acked = -1
-        self.last_error: str | None = None
-        self.alive = True
-        self.probed = threading.Event()
-        self.resume_top: int | None = None
-        self.changed = threading.Event()
-        self._status: dict[str, Any] = {"sink": self.name, "state": "pending", "written": 0, "caught_up": 0,
-                                        "queued": 0, "failures": 0, "recoveries": 0, "last_error": None,
-                                        "spool": False}
-        self._progress: tuple = ()
-        self._starting = True           # until the child says this tracker's open was tried
-        self.thread = _RemoteThread(self)
-
-    def update(self, st: dict[str, Any]) -> None:
-        self._progress = tuple(st.pop("progress"))
-        self._starting = bool(st.pop("starting", False))
-        self.acked = st.pop("acked")
-        self.alive = st.pop("alive")
-        if st.pop("probed"):
-            self.resume_top = st.pop("top")
-            self.probed.set()
-        else:
-            st.pop("top")
-        self._status = st
-        self.state = st["state"]
-        self.last_error = st["last_error"]
-        self.changed.set()
-
-    def put(self, seq: int, rec: Record) -> None:
-        pass                            # the writer process reads the spool itself
-
-    def stop(self) -> None:
-        pass
-
-    def progress(self) -> tuple:
-        return self._progress
-
-    def starting(self) -> bool:
-        """The writer process is starting, or has not yet tried to open this tracker (see TrackerWorker.starting)."""
-        return self._starting and self.alive
-
-    def status(self) -> dict[str, Any]:
-        return dict(self._status)
-
-    def left(self, last_seq: int) -> int:
-        if not self.alive and self.state == "closed":
-            return 0
-        return max(0, last_seq - self.acked)
-
-
-class _FdConn:
-    """Send to one pipe, receive from another (``multiprocessing.connection`` framing, pickled messages)."""
-
-    def __init__(self, r: Any, w: Any) -> None:
-        self.r, self.w = r, w
-        self.lock = threading.Lock()
-
-    def poll(self, timeout: float) -> bool:
-        return self.r.poll(timeout)
-
-    def recv(self) -> Any:
-        return self.r.recv()
-
-    def send(self, msg: Any) -> None:
-        with self.lock:
-            self.w.send(msg)
-
-
-def start(spec: dict[str, Any]) -> tuple[Any, _FdConn]:
-    """Start the writer process (``python -m trackbridge.logger.writer``: a fresh interpreter that does not
-    re-run the training script, unlike multiprocessing's spawn) and send it ``spec``."""
-    import os
-    import subprocess
-    import sys
-    from multiprocessing.connection import Connection
-    p2c_r, p2c_w = os.pipe()
-    c2p_r, c2p_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "trackbridge.logger.writer", str(p2c_r), str(c2p_w)],
-                            pass_fds=(p2c_r, c2p_w), close_fds=True)
-    os.close(p2c_r)
-    os.close(c2p_w)
-    conn = _FdConn(Connection(c2p_r, writable=False), Connection(p2c_w, readable=False))
-    conn.send(("spec", spec))
-    return proc, conn
-
-
 def _child_main(argv: list[str]) -> None:
-    import os
     try:
         os.nice(5)          # the trackers take only the CPU time training leaves (the spool holds what waits)
     except (AttributeError, OSError):
         pass
+    import signal
+    try:                    # Ctrl-C reaches the whole process group: the training process decides (abort, or gone)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        pass
     from multiprocessing.connection import Connection
-    conn = _FdConn(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
+    conn = FdConn(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
     kind, spec = conn.recv()
     assert kind == "spec"
     writer_main(conn, spec)

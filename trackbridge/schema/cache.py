@@ -31,11 +31,14 @@ def cache_key(files: list[str]) -> str | None:
         code = ("model.py", "sections.py", "templates.py", "loader.py", "canonical.py", "framework.py", "facts.py",
                 "reductions.py", "versions.py", "yamlfile.py", "jsonschema.py", "paths.py")    # what shapes the pickle
         schemas = sorted(str(p) for p in (mappings_dir() / "schemas").glob("*.schema.json"))
+        from .yamlfile import MappingError, check_file
         for f in [*(str(here / m) for m in code), *schemas, *files]:
+            if f in files:
+                check_file(f)         # a FIFO, a device, a huge file: not read here (the loader refuses it)
             h.update(f.encode() + b"\0")
             h.update(Path(f).read_bytes())
             h.update(b"\0")
-    except OSError:
+    except (OSError, MappingError):
         return None           # a file that cannot be read: the loader reports it
     return h.hexdigest()[:32]
 

@@ -2,15 +2,26 @@
 
 Mappings come back as :class:`LineDict` (a ``dict`` with ``.line`` and ``.key_lines``), so that every validation
 error can name the file and line. Only YAML's safe subset is accepted: no arbitrary object construction.
+
+A file is a user's input, so before anything is parsed (:func:`check_file`): it must be a regular file (a FIFO would
+hang the reader, ``/dev/zero`` or ``/dev/urandom`` never end) of at most :data:`MAX_BYTES` bytes (the shipped files
+are under 150 KB); and its YAML may not expand, through anchors and aliases, to more than :data:`MAX_NODES` nodes
+(a kilobyte "billion laughs" document expands to billions, which every later walk of the document would visit), nor
+hold an alias to the node that contains it. Each is refused with one line naming the file.
 """
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..errors import TrackBridgeError
+
+MAX_BYTES = 4 * 2 ** 20          # a mapping or rules file larger than this is refused unread
+MAX_NODES = 500_000             # nodes a document may expand to through its aliases (the shipped files: < 10,000)
 
 
 class MappingError(TrackBridgeError, ValueError):
@@ -94,9 +105,28 @@ class _SyntaxProblem(Exception):
         self.message, self.line = message, line
 
 
+def check_file(path: str | Path) -> None:
+    """Raise :class:`MappingError` unless ``path`` is a regular file of at most :data:`MAX_BYTES` bytes (looked at
+    without opening it: opening a FIFO would wait for a writer)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise MappingError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise MappingError(f"cannot read: {kind}, not a regular file (a mapping or rules file is a YAML file)",
+                           file=str(path))
+    if st.st_size > MAX_BYTES:
+        raise MappingError(f"{st.st_size:,} bytes; a mapping or rules file may hold at most {MAX_BYTES:,} (the "
+                           f"shipped ones hold under 150,000): refused unread", file=str(path))
+
+
 def load_yaml(path: str | Path) -> Any:
     """Load one YAML file safely; errors name the file and line."""
     path = Path(path)
+    check_file(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -126,7 +156,11 @@ def _parse(loader_cls: type, text: str, name: str) -> Any:
     loader = loader_cls(text)
     loader.name = name
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, name)
+        return loader.construct_document(node)
     except MappingError:
         raise
     except yaml.MarkedYAMLError as exc:
@@ -136,6 +170,47 @@ def _parse(loader_cls: type, text: str, name: str) -> Any:
         raise _SyntaxProblem(f"YAML error: {exc}", None) from None
     finally:
         loader.dispose()
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root: Any, name: str) -> None:
+    """Refuse a document that expands, through aliases, to more than :data:`MAX_NODES` nodes, or holds an alias to a
+    node that contains it. Linear in the document's own size: each node's expanded size is computed once."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_.discard(key)
+            total = 1 + sum(size[id(c)] for c in _children(node))
+            size[key] = total
+            if total > MAX_NODES:
+                raise MappingError(f"the YAML expands through its anchors and aliases to more than {MAX_NODES:,} "
+                                   f"nodes (a 'billion laughs' document?); refused", file=name,
+                                   line=node.start_mark.line + 1)
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            raise MappingError("an alias to the node that contains it (a recursive YAML structure); refused",
+                               file=name, line=node.start_mark.line + 1)
+        open_.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in open_:
+                raise MappingError("an alias to the node that contains it (a recursive YAML structure); refused",
+                                   file=name, line=child.start_mark.line + 1)
+            if id(child) not in size:
+                stack.append((child, False))
 
 
 def line_of(obj: Any, key: str | None = None, default: int | None = None) -> int | None:

@@ -79,9 +79,15 @@ class Sink(ABC):
     #: made from a locator gets them from its registration (:func:`trackbridge.trackers.register_tracker`)
     requires: tuple[str, ...] = ()
     extra: str = ""
-    #: how the run ended, set before ``close()``: "finished", or "failed" when training raised (trackers that keep
-    #: a run status record it: MLflow FAILED, wandb exit code 1; the others store it with the run info)
+    #: how the run ended, set before ``close()``: "finished"; "failed" when training raised or exited with a
+    #: non-zero code; "killed" when it was interrupted, terminated or killed (trackers that keep a run status record
+    #: it: MLflow FAILED / KILLED, wandb exit code 1 / :attr:`exit_code`; the others store it with the run info)
     outcome: str = "finished"
+    #: the exit code of a "killed" run where it is known (130 Ctrl-C, 143 SIGTERM; 137 when the process vanished)
+    exit_code: int | None = None
+    #: set by a sink that found its tracker's store gone (a run folder deleted while it was written): everything
+    #: it held is lost, so the logger gives it every record of the spool again (less what it holds) when it recovers
+    store_lost: bool = False
 
     def __init__(self, location: str = "", **options: str) -> None:
         self.location = location

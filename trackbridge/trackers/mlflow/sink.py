@@ -72,7 +72,7 @@ from .client import (
 from .held import held as read_held
 from .held import last_step as read_last_step
 from .names import mlflow_key, mlflow_valid
-from .store import check_sqlite_store, sqlite_path
+from .store import check_sqlite_store, create_sqlite_store, sqlite_path
 
 if TYPE_CHECKING:       # pragma: no cover
     from ...holdings import Holdings
@@ -151,9 +151,12 @@ class MlflowSink(Sink):
     # -- open ------------------------------------------------------------------------------------------
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
-        self._closed = False                  # the logger's recovery closes a failed sink and opens it again
+        self._closed = False                  # reopened after a failure: close() must end the run again
         _check_reachable(self.location)       # fail in a moment, not after MLflow's HTTP retries
         check_sqlite_store(self.location)     # an SQLite file that is not an MLflow store: refused, left untouched
+        db = sqlite_path(self.location)
+        if db is not None:
+            create_sqlite_store(db)           # a new store is made whole beside it, then moved into place
         try:
             self.client = make_client(self.location)
         except Exception as exc:  # noqa: BLE001 - report which sink failed and why
@@ -381,7 +384,8 @@ class MlflowSink(Sink):
             return
         self._closed = True
         self._put_tags(self._run_tags())
-        self.client.set_terminated(self.run_id, status="FAILED" if self.outcome == "failed" else "FINISHED")
+        status = {"failed": "FAILED", "killed": "KILLED"}.get(self.outcome, "FINISHED")
+        self.client.set_terminated(self.run_id, status=status)
 
     def last_step(self) -> int | None:
         """Highest step among the run's latest metric values (MLflow keeps the max-step point per key)."""

@@ -46,6 +46,7 @@ from urllib.parse import quote
 
 from ...record import Record, RunInfo
 from ...sinks import _sanitize
+from ...sinks.base import SinkError
 from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 from .client import (
     TAG_ESCAPE,
@@ -58,6 +59,7 @@ from .client import (
     restore_inf,
     tracking_uri,
 )
+from .store import check_sqlite_store
 
 PAGE = 10_000           # points per page of one key's history from a server, at most
 PAGE_BUDGET = 100_000   # points held in pages at once across all keys of a run (a server's pages are per key)
@@ -297,10 +299,16 @@ class MlflowSource(Source):
             Path(uri[len("file://"):]) if uri.startswith("file://") else None)
         if local is not None and not local.exists():     # MLflow would create an empty store: a typo is not a run
             raise SourceError(f"mlflow:{self.location}: no such MLflow store: {local}")
+        if uri.startswith("sqlite:///"):
+            try:            # a damaged file or not an MLflow store: one line, before SQLAlchemy's long story
+                check_sqlite_store(uri)
+            except SinkError as exc:
+                raise SourceError(str(exc).replace("; refusing to let MLflow write into it", "")) from None
         try:
             client = make_client(self.location)
         except Exception as exc:  # noqa: BLE001
-            raise SourceError(f"mlflow:{self.location}: cannot open the store: {exc}") from exc
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SourceError(f"mlflow:{self.location}: cannot open the store: {first}") from exc
         from mlflow.exceptions import MlflowException
 
         where = f"mlflow:{self.location}"

@@ -15,10 +15,18 @@ to it. The MLflow sink (and ``trackbridge migrate``'s check of where it writes) 
 
 The file is opened read-only (``mode=ro``), so the check itself never creates or changes anything. A database that
 cannot be checked for another reason (locked, unreadable) is left for MLflow to report.
+
+A new store is created whole or not at all (:func:`create_sqlite_store`): MLflow makes its ~50 tables and runs its
+migrations one by one, and a process stopped in the middle (a ``finish()`` that gave up, a SIGKILL) used to leave a
+half-made store that every later open refused (``table entity_associations already exists``). The store is made in
+a temporary file beside the target and linked into place once complete; a stopped creation leaves only that
+temporary file, removed by the next creation once its process is gone.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
+import uuid
 from pathlib import Path
 
 from ...sinks.base import SinkError
@@ -89,3 +97,95 @@ def check_sqlite_store(location: str, what: str = "mlflow") -> None:
     raise SinkError(f"{what}:{location}: {path} is an SQLite database but not an MLflow store (it has the "
                     f"table(s) {shown}, and not MLflow's {', '.join(MLFLOW_TABLES)}); MLflow would add its own "
                     f"tables to it, so it is left untouched. Give a new file name (or an empty file).")
+
+
+_NEW = ".trackbridge-new-"
+
+
+def create_sqlite_store(path: Path) -> None:
+    """Make a new MLflow store at ``path`` when there is none (the file missing or empty), whole or not at all (see
+    the module docstring). Another process making it at the same time is fine: the first one in place is kept."""
+    _remove_stale(path)
+    half = False
+    try:
+        if path.exists() and path.stat().st_size > 0:
+            half = _half_made(path)
+            if not half:
+                return
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return                              # MLflow says why
+    import logging
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):   # "Creating initial MLflow database
+        logging.getLogger(name).setLevel(logging.WARNING)                 # tables..." on every new store
+    tmp = path.with_name(f".{path.name}{_NEW}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        try:        # the store MLflow itself would make for this URI (its artifact root, its store class)
+            from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store as make
+        except ImportError:                 # pragma: no cover - another MLflow layout
+            from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            def make(uri: str, artifacts: str | None) -> object:
+                return SqlAlchemyStore(uri, artifacts or DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
+        store = make(f"sqlite:///{tmp}", None)
+        engine = getattr(store, "engine", None)
+        if engine is not None:
+            engine.dispose()
+        if half:                            # a store cut short by another tool, holding nothing: made again
+            logging.getLogger("trackbridge").warning(
+                "trackbridge: %s is an MLflow store whose creation was cut short (no experiment in it); made again",
+                path)
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)              # only if there is still none
+        except FileExistsError:
+            if path.stat().st_size == 0:
+                os.replace(tmp, path)       # an empty file was there: the complete store replaces it
+    finally:
+        for p in (tmp, tmp.with_name(tmp.name + "-journal")):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+def _half_made(path: Path) -> bool:
+    """An SQLite file with MLflow's tables but not a single experiment: MLflow makes the Default experiment last,
+    so its creation was cut short (by a tool that makes stores in place), and nothing in it can be anyone's."""
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return False
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not all(t in tables for t in MLFLOW_TABLES):
+            return False
+        return con.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == 0 and \
+            con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    except sqlite3.Error:
+        return False
+    finally:
+        con.close()
+
+
+def _remove_stale(path: Path) -> None:
+    """Temporary stores left by creations whose process is gone."""
+    if not path.parent.is_dir():
+        return
+    for p in path.parent.glob(f".{path.name}{_NEW}*"):
+        pid = p.name[len(f".{path.name}{_NEW}"):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        try:
+            os.unlink(p)
+        except OSError:
+            pass

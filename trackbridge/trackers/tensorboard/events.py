@@ -123,6 +123,8 @@ def read_event_records(path: Path, reader: "RunReader | None", *, verify: bool =
             if hcrc != (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF:
                 break                                       # damage: the careful reader reports and resyncs
             need = 16 + length
+            if base + pos + need > size:
+                break                                       # a length beyond the file (truncated, or crafted: 2**40)
             if len(buf) - pos < need:
                 more = fh.read(max(_CHUNK, need - (len(buf) - pos)))
                 if not more:

@@ -133,6 +133,13 @@ def pick_run_folder(root: Path, run: RunInfo) -> Path:
     return free
 
 
+def _as_float(v: float) -> float | None:
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
 def _bucket(values: list[float], bins: int) -> tuple[list[float], list[float]]:
     """Right edges and counts of ``bins`` equal-width buckets over the finite values (NaN/inf are not counted)."""
     finite = [v for v in values if math.isfinite(v)]
@@ -214,14 +221,19 @@ class TensorBoardSink(Sink):
             self._write_final_info()      # the folder says whose it is from the start (and again at close)
 
     def _create_file(self) -> None:
-        event_pb2, summary_pb2 = self._pb
-        run = self.run
-        assert run is not None and self.folder is not None      # set by open()
+        assert self.run is not None and self.folder is not None      # set by open()
         self._pending_open = False
         now = time.time()
         name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}."
                 f"{next(_FILE_COUNTER)}.trackbridge")
         self.path = self.folder / name
+        self._write_header(now)
+        self._fh = open(self.path, "ab")
+
+    def _write_header(self, now: float) -> None:
+        event_pb2, summary_pb2 = self._pb
+        run = self.run
+        assert run is not None and self.folder is not None
         meta = summary_pb2.SummaryMetadata()
         meta.plugin_data.plugin_name = "text"
         self._text_meta = meta
@@ -235,10 +247,14 @@ class TensorBoardSink(Sink):
         # temporary file (no "tfevents" in its name: no reader takes it), never an event file without the run id,
         # which would make the next attempt take the folder for someone else's and open NAME-2
         tmp = self.folder / f".trackbridge-new-{os.getpid()}-{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(frame(first.SerializeToString()) + frame(info.SerializeToString()))
-        os.replace(tmp, self.path)
-        self._fh = open(self.path, "ab")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(frame(first.SerializeToString()) + frame(info.SerializeToString()))
+            assert self.path is not None
+            os.replace(tmp, self.path)
+        except BaseException:       # a full disk: no half-made file left behind
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _text_value(self, tag: str, text: str) -> Any:
         _, summary_pb2 = self._pb
@@ -263,8 +279,10 @@ class TensorBoardSink(Sink):
         for k, v in flat.items():
             if isinstance(v, bool):
                 start.hparams[k].bool_value = v
-            elif isinstance(v, (int, float)):
+            elif isinstance(v, (int, float)) and _as_float(v) is not None:
                 start.hparams[k].number_value = float(v)
+            elif isinstance(v, int):            # beyond a float (sanitize_config already made such a config text)
+                start.hparams[k].string_value = f"<an integer of {v.bit_length()} bits>"
             else:
                 start.hparams[k].string_value = str(v)
         start.start_time_secs = time.time()

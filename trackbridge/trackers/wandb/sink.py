@@ -97,6 +97,7 @@ class WandbSink(Sink):
         self._max_step: int | None = None
         self._sanitized_written: dict[str, str] = {}
         self._file: Path | None = None
+        self._file_seen = False
         self._stored: dict[str, str] = {}
         self._partial_batch: list[Record] | None = None
         self._partial_done = 0
@@ -121,6 +122,7 @@ class WandbSink(Sink):
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SinkError(f"wandb sink: cannot create {folder}: {exc}") from None
+        self._wstep, self._max_step = -1, None        # what the folder holds decides (a reopened sink's may be gone)
         if self.mode == "offline":
             self._continue_offline(folder, run, resume)
         settings = wandb.Settings(console="off", x_disable_stats=True, disable_git=True, save_code=False,
@@ -143,6 +145,7 @@ class WandbSink(Sink):
         self._run.define_metric("*", step_metric=STEP_KEY)
         self._sanitized_written = dict(run.sanitized)
         self._file = None
+        self._file_seen = False
         if self.mode == "offline":
             run_dir = getattr(self._run, "dir", None)     # .../offline-run-<time>-<id>/files
             if run_dir:
@@ -232,9 +235,28 @@ class WandbSink(Sink):
                 self.reject(printable(k), rec.step, f"{type(exc).__name__}: {printable(str(exc))[:200]}")
         return row
 
+    def _gone(self) -> bool:
+        """The offline run's folder, or its run file once wandb-core made it, is no longer there (deleted)."""
+        if self._file is None:
+            return False
+        if self._file.exists():
+            self._file_seen = True
+            return False
+        return self._file_seen or not self._file.parent.is_dir()   # not yet made (wandb-core is slow) is not gone
+
+    def _check_file(self) -> None:
+        """wandb-core keeps writing an offline run whose folder was deleted, into nothing: say so (the logger then
+        starts the run again in a new folder and writes it everything from the spool, see ``store_lost``)."""
+        if not self._gone():
+            return
+        self.store_lost = True
+        raise SinkError(f"wandb sink: the offline run file {self._file} was deleted while the run was written "
+                        f"(its folder removed?); what it held is gone")
+
     def write(self, records: list[Record]) -> None:
         if self._run is None:
             raise SinkError(f"wandb sink {self.location}: write() before open() or after close()")
+        self._check_file()
         log = self._run.log
         # a retry of a batch that failed part-way (the logger retries the same list) starts after the rows that
         # were logged already: wandb cannot take a row back, and logging it again would duplicate it
@@ -263,6 +285,7 @@ class WandbSink(Sink):
             if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
                 self._max_step = rec.step
         self._partial_batch, self._partial_done = None, 0
+        self._check_file()
         axes = self.note_axes(records)
         if self.note_derived(records) and self.run is not None:
             # derived (not logged) metrics are marked in the run's config, beside trackbridge's run metadata
@@ -299,8 +322,15 @@ class WandbSink(Sink):
             if self.run is not None:      # the run info as it stands at the end (fidelity, derived, names)
                 run.config.update({META_KEY: self._meta(self.run)}, allow_val_change=True)
         finally:
-            run.finish(exit_code=1 if self.outcome == "failed" else 0)
+            code = 1 if self.outcome == "failed" else 0
+            if self.outcome == "killed":
+                code = self.exit_code if self.exit_code is not None else 137
+            run.finish(exit_code=code)
         if self.mode == "offline" and self._file is not None:
+            if self._gone():
+                self.store_lost = True
+                raise SinkError(f"wandb sink: the offline run file {self._file} was deleted before the run was "
+                                f"closed; what it held is gone")
             self._wait_for_file(self._file)
 
     def _wait_for_file(self, path: Path) -> None:
