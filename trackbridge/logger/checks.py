@@ -149,10 +149,13 @@ def choose_writer(asked: str, sinks: list[Any], built: list[Sink]) -> tuple[str,
     return "process", None
 
 
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def config_changes(old: dict[str, Any], new: dict[str, Any], skip: "set[str] | frozenset[str]" = frozenset()
+                   ) -> dict[str, Any]:
     """What differs between two run configs (plain JSON), flattened with dots: ``{"changed": {key: [old, new]},
-    "added": {key: new}, "removed": [key]}``, each present only when not empty."""
-    a, b = _flat(old), _flat(new)
+    "added": {key: new}, "removed": [key]}``, each present only when not empty. Top-level keys in ``skip`` are left
+    out."""
+    a = {k: v for k, v in _flat(old).items() if k.split(".", 1)[0] not in skip}
+    b = {k: v for k, v in _flat(new).items() if k.split(".", 1)[0] not in skip}
     out: dict[str, Any] = {}
     changed = {k: [a[k], b[k]] for k in a if k in b and a[k] != b[k]}
     added = {k: b[k] for k in b if k not in a}

@@ -122,7 +122,7 @@ class Run(RunView):
                                  "flush_interval": options.flush_interval}
         shown = cfg
         if self.resume and prev is not None and config is not None:
-            shown, extra = self._resumed_config(prev, cfg, extra, scan.last_step)
+            shown, extra = self._resumed_config(prev, cfg, extra, scan.last_step, given=set(config))
         self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
                             project=project or (prev.project if prev else None), run_id=self.run_id, config=shown,
                             tags=dict(tags or (prev.tags if prev else {}) or {}),
@@ -455,15 +455,16 @@ class Run(RunView):
             self.problems.append(msg)
             warn(f"trackbridge: finish(): {msg}")
 
-    def _resumed_config(self, prev: RunInfo, cfg: dict[str, Any], extra: dict[str, Any], last_step: int | None
-                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _resumed_config(self, prev: RunInfo, cfg: dict[str, Any], extra: dict[str, Any], last_step: int | None,
+                        given: set[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Resume with a config that differs from the run's: every tracker keeps the run's config (MLflow cannot
         change a param, so the others keep it too and all agree), and the change is recorded in the run info
         (``extra["config_changes"]``: the step it applies from and each changed, added or removed key), which every
         tracker stores with the run; said in one warning. Translation follows the new config from here on."""
         old, _ = sanitize_config(prev.config)
         new, _ = sanitize_config(cfg)
-        change = config_changes(old, new)
+        # the canonical names translation adds to the config change with the user's keys: said once, by the user's
+        change = config_changes(old, new, skip=set(cfg) - given if given is not None else set())
         extra = {**extra, "config_changes": list((prev.extra or {}).get("config_changes") or [])}
         if not change:
             if not extra["config_changes"]:

@@ -75,6 +75,9 @@ def histogram_edges(h: Histogram) -> tuple[list[float], list[float]] | None:
     return _merge_buckets([left] + limits, [float(c) for c in h.counts], MAX_BINS)
 
 
+OFFLINE_INIT_TIMEOUT = 600.0     # seconds wandb.init may take offline (see open())
+
+
 class WandbSink(Sink):
     """Writes a wandb run. Options: ``mode`` (offline|online, default offline), ``project``, ``entity``, ``bins``,
     ``flush_timeout`` (seconds close() waits for the offline file to be complete)."""
@@ -125,8 +128,11 @@ class WandbSink(Sink):
         self._wstep, self._max_step = -1, None        # what the folder holds decides (a reopened sink's may be gone)
         if self.mode == "offline":
             self._continue_offline(folder, run, resume)
+        # offline, wandb.init only waits for the local wandb-core: on a loaded machine that took over its 90 s
+        # default, and every retry then found the run id still held by the first attempt ("run ID is in use")
         settings = wandb.Settings(console="off", x_disable_stats=True, disable_git=True, save_code=False,
-                                  silent=True, x_disable_meta=True)
+                                  silent=True, x_disable_meta=True,
+                                  init_timeout=OFFLINE_INIT_TIMEOUT if self.mode == "offline" else 90.0)
         tags = [t for t in (f"{k}={v}" if v not in (None, "") else str(k) for k, v in run.tags.items())
                 if 0 < len(t) <= 64]
         kwargs: dict[str, Any] = {}
