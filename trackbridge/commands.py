@@ -109,8 +109,8 @@ def check_destination(text: str) -> str | None:
 
 def _migrate(args: argparse.Namespace) -> int:
     from .migrate import migrate, summary
-    from .sinks.base import SinkError
-    from .sources.base import SourceError
+    from .tracking.sink import SinkError
+    from .tracking.source import SourceError
     try:
         result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
                          dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,

@@ -25,8 +25,8 @@ from .ledger import Ledger, state_dir  # noqa: F401  (state_dir: where the ledge
 from .locators import parse
 from .pipeline import Stats
 from .record import Record, RunInfo
-from .sources.base import Problem
 from .trackers import kinds, make_sink, sink_class, source_locator
+from .tracking.source import Problem
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000

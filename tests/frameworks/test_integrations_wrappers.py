@@ -11,7 +11,7 @@ import pytest
 
 import trackbridge
 from trackbridge.replay import iter_spool
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from _support import ROOT
 

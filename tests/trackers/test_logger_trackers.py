@@ -9,7 +9,7 @@ import pytest
 import trackbridge
 from trackbridge.logger import LoggerWarning
 from trackbridge.replay import iter_spool, replay
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 # wandb offline, hubs offline, scratch cache dirs: tests/conftest.py (pytest_configure), set before any
 # test module imports a tracker

@@ -154,7 +154,8 @@ LAYERS: list[set[str]] = [
     {"detect", "derive"},                                       # detection, the derived-rule engine
     {"translate"},                                              # the translation stages
     {"pipeline", "stream", "holdings"},                         # records through the stages; the canonical stream
-    {"sinks", "sources", "trackers", "locators", "catchup", "ledger"},   # trackers and readers
+    {"tracking", "locators"},                                  # what trackers and readers build on; locators
+    {"trackers", "files", "catchup", "ledger"},                 # the registry, the trackers, the file readers
     {"logger"},                                                 # the logger
     {"integrations"},                                           # trainers' callbacks
     {"replay", "migrate", "compare", "inputs", "demo", "mappings_views"},   # the capabilities at the edge
@@ -191,7 +192,7 @@ def test_the_five_moves_that_stopped_climbing_stay():
     logger = sorted(f"{m} -> {x}" for m, ts in edges.items() if m.startswith("trackbridge.logger") for x in ts
                     if x.split(".")[1] in ("replay", "migrate", "compare", "commands", "cli", "demo"))
     assert logger == [], "the logger renames through trackbridge.pipeline and keeps its pending note in logger/"
-    stream = sorted(x for x in edges["trackbridge.stream"] if x.split(".")[1] in ("sinks", "sources", "trackers"))
+    stream = sorted(x for x in edges["trackbridge.stream"] if x.split(".")[1] in ("tracking", "trackers"))
     assert stream == [], "the canonical stream's writer uses trackbridge.values.printable"
 
 

@@ -14,9 +14,9 @@ import pytest
 import trackbridge
 from trackbridge.locators import LocatorError
 from trackbridge.record import Record, RunInfo
-from trackbridge.sinks.base import Capabilities, Sink
-from trackbridge.sources.base import RunReader, Source, SourceError
 from trackbridge.trackers import guess_locator, kinds, make_sink, open_source
+from trackbridge.tracking.sink import Capabilities, Sink
+from trackbridge.tracking.source import RunReader, Source, SourceError
 
 
 class MySink(Sink):

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
-from ..sinks.base import Sink, Unreachable, check_reachable
+from ..tracking.sink import Sink, Unreachable, check_reachable
 from ..values import STEP_MAX, as_step, check_step, normalize_metrics
 from .common import warn
 

@@ -19,8 +19,8 @@ from typing import Any
 from ..errors import UsageError
 from ..pipeline import names_translator
 from ..record import RunInfo
-from ..sinks.base import Sink
 from ..stream import read_stream, scan_stream, stream_file
+from ..tracking.sink import Sink
 from ..values import printable, sanitize_config
 from .checks import (
     check_packages,
@@ -61,7 +61,7 @@ class Run(RunView):
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
                  tags: dict[str, str] | None) -> None:
         from ..locators import LocatorError
-        from ..sinks import make_sink
+        from ..trackers import make_sink
 
         self.options = options
         self.resume = bool(resume)

@@ -17,7 +17,7 @@ from .. import stream
 from ..errors import UsageError
 from ..holdings import Holdings
 from ..record import Record, RunInfo
-from ..sinks.base import Capabilities, Sink
+from ..tracking.sink import Capabilities, Sink
 from .worker import RunContext, Worker
 
 _TRUE = ("1", "true", "yes", "on")

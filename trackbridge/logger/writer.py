@@ -33,7 +33,7 @@ _HELD_LOCKS: list[Any] = []
 def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     """The child process: build the trackers, follow the spool, report, stop when told (or when the parent is
     gone and the spool is read to its end)."""
-    from ..sinks import make_sink
+    from ..trackers import make_sink
 
     options = LoggerOptions(**spec["options"])
     info = RunInfo.from_json(spec["info"])

@@ -1,11 +1,12 @@
 """The tracker registry: every kind of run locator (``KIND:LOCATION``) is registered here once.
 
 A tracker is one folder, ``trackbridge/trackers/<name>/``: its storage format, ``sink.py`` (a
-:class:`~trackbridge.sinks.base.Sink`: open / write / close), ``source.py`` (a
-:class:`~trackbridge.sources.base.Source` listing :class:`~trackbridge.sources.base.RunReader` objects) and, in its
-``__init__``, ``sniff(path_or_uri) -> bool`` ("does this path or URI hold one of mine?"). One line at the end of this
-module registers it. File formats that are read but never written (CSV exports, ``trainer_state.json``, console
-logs) live in ``trackbridge/sources/`` and register the same way, without a sink.
+:class:`~trackbridge.tracking.sink.Sink`: open / write / close), ``source.py`` (a
+:class:`~trackbridge.tracking.source.Source` listing :class:`~trackbridge.tracking.source.RunReader` objects) and, in
+its ``__init__``, ``sniff(path_or_uri) -> bool`` ("does this path or URI hold one of mine?"). One line at the end of
+this module registers it. File formats that are read but never written (CSV exports, ``trainer_state.json``, console
+logs) live in ``trackbridge/files/`` and register the same way, without a sink. Both build on
+:mod:`trackbridge.tracking` (the interfaces and shared helpers, one layer down) and never import each other.
 
 A user's tracker plugs in the same way, from anywhere::
 
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Union, cast
 from ..locators import Locator, LocatorError, is_locator, parse, split_label
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ..sinks.base import Sink
-    from ..sources.base import Source
+    from ..tracking.sink import Sink
+    from ..tracking.source import Source
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
@@ -94,8 +95,8 @@ def register_tracker(name: str, *, sink: SinkRef = None, source: SourceRef = Non
                      extra: str = "", requires: tuple[str, ...] | list[str] = (), replace: bool = False) -> Tracker:
     """Register the kind ``name`` (used as ``name:LOCATION`` in every locator).
 
-    ``sink``: a :class:`~trackbridge.sinks.base.Sink` subclass, built as ``sink(location, **options)``;
-    ``source``: a :class:`~trackbridge.sources.base.Source` subclass, built the same way; at least one of the two.
+    ``sink``: a :class:`~trackbridge.tracking.sink.Sink` subclass, built as ``sink(location, **options)``;
+    ``source``: a :class:`~trackbridge.tracking.source.Source` subclass, built the same way; at least one of the two.
     ``sniff(path_or_uri) -> bool``: whether a plain path holds this kind's runs (optional). Each may also be a
     ``"module:attribute"`` string, imported on first use. ``requires``: import names of the packages the sink
     needs (``init`` fails at once, naming ``extra``, when one is missing). ``replace=True`` replaces a kind that is
@@ -199,10 +200,10 @@ __all__ = ["Tracker", "register_tracker", "unregister_tracker", "kinds", "tracke
 _T = "trackbridge.trackers."
 register_tracker("tensorboard", sink=_T + "tensorboard.sink:TensorBoardSink", source=_T + "tensorboard.source:TensorBoardSource", sniff=_T + "tensorboard:sniff", requires=("tensorboard",), extra="tensorboard")  # noqa: E501
 register_tracker("wandb", sink=_T + "wandb.sink:WandbSink", source=_T + "wandb.source:WandbSource", sniff=_T + "wandb:sniff", requires=("wandb",), extra="wandb")  # noqa: E501
-register_tracker("trainer-state", source="trackbridge.sources.trainer_state:TrainerStateSource", sniff="trackbridge.sources.trainer_state:sniff")  # noqa: E501
+register_tracker("trainer-state", source="trackbridge.files.trainer_state:TrainerStateSource", sniff="trackbridge.files.trainer_state:sniff")  # noqa: E501
 register_tracker("jsonl", sink=_T + "jsonl.sink:JsonlSink", source=_T + "jsonl.source:JsonlSource", sniff=_T + "jsonl:sniff")  # noqa: E501
 register_tracker("trackio", sink=_T + "trackio.sink:TrackioSink", source=_T + "trackio.source:TrackioSource", sniff=_T + "trackio:sniff", requires=("trackio",), extra="trackio")  # noqa: E501
 register_tracker("mlflow", sink=_T + "mlflow.sink:MlflowSink", source=_T + "mlflow.source:MlflowSource", sniff=_T + "mlflow:sniff", requires=("mlflow",), extra="mlflow")  # noqa: E501
-register_tracker("csv", source="trackbridge.sources.csv:CsvSource", sniff="trackbridge.sources.csv:sniff")
-register_tracker("console", source="trackbridge.sources.console:ConsoleSource", sniff="trackbridge.sources.console:sniff")  # noqa: E501
+register_tracker("csv", source="trackbridge.files.csv:CsvSource", sniff="trackbridge.files.csv:sniff")
+register_tracker("console", source="trackbridge.files.console:ConsoleSource", sniff="trackbridge.files.console:sniff")  # noqa: E501
 del _T

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...record import Histogram, Record, RunInfo
-from ...sinks import _sanitize
-from ...sinks.base import Capabilities, Sink, SinkError, Unreachable, check_reachable, step_ok
+from ...tracking import names as _sanitize
+from ...tracking.sink import Capabilities, Sink, SinkError, Unreachable, check_reachable, step_ok
 from ...values import printable, utf8_ok
 from .bulk import BulkWriter
 from .client import (

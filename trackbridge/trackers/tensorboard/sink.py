@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo, dumps
-from ...sinks.base import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, Sink, SinkError
 from ...values import printable
 from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, frame
 

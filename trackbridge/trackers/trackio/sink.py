@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Record, RunInfo
-from ...sinks._sanitize import NameCache
-from ...sinks.base import Capabilities, Sink, SinkError, step_ok
+from ...tracking.names import NameCache
+from ...tracking.sink import Capabilities, Sink, SinkError, step_ok
 from ...values import printable
 from .schema import CONFIG_KEY, connect, encode, init_db, iso, process_lock, trackio_key, trackio_unkey
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ...record import Histogram, Record, RunInfo
-from ...sinks.base import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, Sink, SinkError
 from ...values import printable, utf8_ok
 from .records import META_KEY, STEP_KEY, has_exit_record, run_files
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
-from ...sources.base import RunReader, Source, SourceError, mark_derived
+from ...tracking.source import RunReader, Source, SourceError, mark_derived
 from .records import META_KEY, STEP_KEY, find_wandb_files, folder_order, read_payloads, run_id_of
 
 

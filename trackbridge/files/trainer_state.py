@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from ..record import Record, RunInfo
-from ._files import existing_file
-from .base import RunReader, Source, SourceError
+from ..tracking.source import RunReader, Source, SourceError
+from ..tracking.textfiles import existing_file
 
 CONFIG_FIELDS = ("logging_steps", "eval_steps", "save_steps", "train_batch_size", "num_train_epochs", "max_steps")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
