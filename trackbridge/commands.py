@@ -98,9 +98,10 @@ def check_destination(text: str) -> str | None:
     refuses), or None: asked before anything is read, so that a bad destination is bad usage (exit 2) and a tracker
     that fails later is a problem of the run (exit 1)."""
     from .locators import parse
-    from .trackers import kinds, sink_class
+    from .trackers import check_options, kinds, sink_class
     try:
         loc = parse(text, kinds=kinds("sink"))
+        check_options(loc)
         sink_class(loc.kind).check_location(loc.location)
     except (ValueError, RuntimeError, OSError) as exc:
         return str(exc)

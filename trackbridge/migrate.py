@@ -25,7 +25,7 @@ from .ledger import Ledger, state_dir  # noqa: F401  (state_dir: where the ledge
 from .locators import parse
 from .pipeline import Stats
 from .record import Record, RunInfo
-from .trackers import kinds, make_sink, sink_class, source_locator
+from .trackers import check_options, kinds, make_sink, sink_class, source_locator
 from .tracking.source import Problem
 
 BATCH_RECORDS = 500
@@ -139,6 +139,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     out = out or sys.stdout
     src_loc = parse(source_locator(src), allow_label=True, kinds=kinds("source"))
     dst_loc = parse(dst, kinds=kinds("sink"))    # fail early on a bad destination ...
+    check_options(dst_loc)                       # ... on an option its sink does not know ...
     sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
     if names != "keep":                          # ... and on a naming scheme that does not exist
         from .schema.loader import load_registry

@@ -219,6 +219,7 @@ class ConsoleSource(Source):
     """A console log file, or a folder of them (``*.log``, ``*.txt``, ``*.out``, ``*.err``; one run per file)."""
 
     kind = "console"
+    option_names = ("step",)
 
     def runs(self) -> Iterator[RunReader]:
         p = existing_file(self.location, "console")

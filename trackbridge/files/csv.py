@@ -232,6 +232,7 @@ class CsvSource(Source):
     """A W&B CSV export (history or panel layout); a folder means every ``*.csv`` in it."""
 
     kind = "csv"
+    option_names = ("step",)
 
     def runs(self) -> Iterator[RunReader]:
         p = existing_file(self.location, "csv")

@@ -267,6 +267,7 @@ class TrainerStateSource(Source):
     """A trainer_state.json file, or a training output folder (its own or its latest checkpoint's state)."""
 
     kind = "trainer-state"
+    option_names = ("key",)
 
     def runs(self) -> Iterator[RunReader]:
         p = existing_file(self.location, "trainer-state")

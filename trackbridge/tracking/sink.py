@@ -74,6 +74,9 @@ class Sink(ABC):
 
     kind: str = "sink"
     capabilities = Capabilities()
+    #: the locator options (``?name=value``) this sink reads; any other is refused, naming these (None: not declared,
+    #: anything is taken)
+    option_names: tuple[str, ...] | None = None
 
     #: packages the sink needs (checked at ``init``, before training starts) and the extra that installs them; a sink
     #: made from a locator gets them from its registration (:func:`trackbridge.trackers.register_tracker`)

@@ -139,6 +139,9 @@ class UnreadableRun(RunReader):
 
 class Source(ABC):
     kind: str = "source"
+    #: the locator options (``?name=value``) this reader reads; any other is refused, naming these (None: not
+    #: declared, anything is taken)
+    option_names: tuple[str, ...] | None = None
 
     def __init__(self, location: str, **options: str) -> None:
         self.location = location

@@ -27,6 +27,7 @@ class JsonlSink(Sink):
     """Writes the canonical stream to ``DIR/<run_id>.jsonl``. Options: ``fsync=1``."""
 
     kind = "jsonl"
+    option_names = ("fsync",)
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -98,6 +98,7 @@ class JsonlSource(Source):
     """A ``.jsonl`` file or a folder of them (not recursive). Option: ``run=ID`` (id or name)."""
 
     kind = "jsonl"
+    option_names = ("run",)
 
     def __init__(self, location: str, **options: str) -> None:
         super().__init__(location, **options)

@@ -121,6 +121,7 @@ class MlflowSink(Sink):
     """Writes records to one MLflow run (see the module docstring for the layout)."""
 
     kind = "mlflow"
+    option_names = ("experiment", "run", "artifacts", "bulk")
     capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -290,6 +290,7 @@ class MlflowSource(Source):
     """Runs in an MLflow store, filtered by ``experiment``, ``run`` and ``name``."""
 
     kind = "mlflow"
+    option_names = ("experiment", "run", "name")
 
     def runs(self) -> Iterator[RunReader]:
         uri = tracking_uri(self.location)

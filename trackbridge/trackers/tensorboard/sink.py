@@ -165,6 +165,7 @@ class TensorBoardSink(Sink):
     """Writes event files to ``DIR/<run name>/``. Options: ``bins=N`` (histogram buckets for raw values)."""
 
     kind = "tensorboard"
+    option_names = ("bins",)
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -315,6 +315,7 @@ class TensorBoardSource(Source):
     ``verify=0`` (skip data CRC checks)."""
 
     kind = "tensorboard"
+    option_names = ("run", "verify")
 
     def __init__(self, location: str, **options: str) -> None:
         super().__init__(location, **options)

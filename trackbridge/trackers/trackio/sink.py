@@ -53,6 +53,7 @@ class TrackioSink(Sink):
     """Writes records to one run of a local Trackio project (see the module docstring)."""
 
     kind = "trackio"
+    option_names = ("project", "run")
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -118,6 +118,7 @@ class TrackioSource(Source):
     """Every run of every project database in a trackio directory (filtered by ``project``, ``run``, ``name``)."""
 
     kind = "trackio"
+    option_names = ("project", "run", "name")
 
     def _databases(self) -> list[tuple[str, Path]]:
         root = Path(self.location).expanduser()

@@ -79,6 +79,7 @@ class WandbSink(Sink):
     ``flush_timeout`` (seconds close() waits for the offline file to be complete)."""
 
     kind = "wandb"
+    option_names = ("mode", "project", "entity", "bins", "flush_timeout")
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -214,6 +214,7 @@ class WandbSource(Source):
     """wandb runs under a folder (see the module doc). Option: ``run=ID`` (run id or name)."""
 
     kind = "wandb"
+    option_names = ("mode", "run")
 
     def __init__(self, location: str, **options: str) -> None:
         super().__init__(location, **options)
