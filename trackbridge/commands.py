@@ -123,7 +123,7 @@ def _migrate(args: argparse.Namespace) -> int:
     if not result.runs:
         print(f"trackbridge: no runs found in {args.src}", file=sys.stderr)
         return ExitCode.PROBLEMS
-    if not result.ok:
+    if not result.ok or result.left_out:       # a run failed, or points its tracker could not take were left out
         return ExitCode.PROBLEMS
     if args.strict and (any(r.problems for r in result.runs) or result.totals().unmapped):
         return ExitCode.PROBLEMS

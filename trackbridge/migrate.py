@@ -44,12 +44,22 @@ class RunResult:
     problems: list[Problem] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     error: str | None = None
+    #: points the destination's tracker could not take (:meth:`Sink.reject`): key -> [count, why, first step]
+    left_out: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass
 class MigrationResult:
     runs: list[RunResult] = field(default_factory=list)
     seconds: float = 0.0
+    destination: str = ""                     # the destination's kind
+    #: what the destination's tracker keeps less exactly than a record (its sink's ``capabilities.resolution``)
+    resolution: tuple[str, ...] = ()
+
+    @property
+    def left_out(self) -> int:
+        """Points the destination could not take, in all runs (said in the summary; ``migrate`` exits 1)."""
+        return sum(n for r in self.runs for n, _why, _step in r.left_out.values())
 
     @property
     def ok(self) -> bool:
@@ -149,7 +159,8 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
         if source not in ("auto", "keep"):
             parse_spec(source, reg)
     runs = open_runs(str(src_loc), allow_label=True)     # as translate, detect and compare read a run
-    result = MigrationResult()
+    result = MigrationResult(destination=dst_loc.kind,
+                             resolution=tuple(sink_class(dst_loc.kind).capabilities.resolution))
     if not runs:
         return result
     prog = Progress(len(runs), enabled=progress and not dry_run)
@@ -242,6 +253,9 @@ def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names
                 ledger.save(records_written=max(seen - len(batch), skip_n), records_pending=seen,
                             source=pipe.stats.source, complete=False)
                 sink.write(todo)
+                for key, step, why in sink.take_rejected():     # what the tracker could not take: said, counted
+                    seen_key = res.left_out.setdefault(key, [0, why, step])
+                    seen_key[0] += 1
                 steps = [r.step for r in todo if r.step is not None]
                 if steps:
                     max_written = max(steps) if max_written is None else max(max_written, *steps)
@@ -339,6 +353,12 @@ def summary(result: MigrationResult, *, dry_run: bool = False) -> str:
     for k, why in tot.approximate.items():
         lines.append(f"    {k}: {why}")
     lines.append(f"  derived: {len(tot.derived)}" + (f": {', '.join(tot.derived)}" if tot.derived else ""))
+    for r in runs:
+        for key, (n, why, step) in r.left_out.items():
+            lines.append(f"  left out by {result.destination or 'the destination'} in {r.source_name}: {key}, "
+                         f"{n} point(s) from step {step} ({why})")
+    if result.resolution and not dry_run:
+        lines.append(f"  kept to {result.destination}'s resolution: {'; '.join(result.resolution)}")
     no_time = [r.source_name for r in runs if not r.has_wall_time]
     if no_time:
         lines.append(f"  time axis missing (the source holds no wall times; none were made up): {', '.join(no_time)}")

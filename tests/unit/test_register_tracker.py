@@ -276,3 +276,33 @@ def test_writer_process_refuses_a_tracker_it_cannot_load(mytracker, tmp_path):
     with pytest.raises(ValueError, match=r"mytracker:.*writer='thread'"):
         trackbridge.init(project="p", name="r", sinks=[f"mytracker:{tmp_path / 'mine'}"],
                          spool=str(tmp_path / "spool"), writer="process")
+
+
+class PickySink(MySink):
+    """Refuses one key, as a tracker refuses what it cannot hold (SwanLab a re-logged step, ClearML a NaN)."""
+
+    capabilities = Capabilities(wall_time=True, resolution=("values rounded to the cent",))
+
+    def write(self, records: list[Record]) -> None:
+        kept = []
+        for rec in records:
+            if "bad" in rec.metrics:
+                self.reject("bad", rec.step, "this tracker cannot take it")
+            kept.append(Record(rec.step, rec.wall_time, {k: v for k, v in rec.metrics.items() if k != "bad"}))
+        super().write(kept)
+
+
+def test_migrate_names_what_the_destination_left_out_and_its_resolution(tmp_path, capsys):
+    trackbridge.register_tracker("picky", sink=PickySink, source=MySource)
+    try:
+        src = tmp_path / "in.jsonl"
+        src.write_text("".join(json.dumps({"step": s, "wall_time": 100.0 + s, "good": s * 1.5, "bad": 1.0}) + "\n"
+                               for s in range(1, 4)))
+        from trackbridge.cli import main
+        assert main(["migrate", f"jsonl:{src}", f"picky:{tmp_path / 'out'}", "--names", "keep"]) == 1
+        err = capsys.readouterr().err
+        assert "left out by picky in in: bad, 3 point(s) from step 1 (this tracker cannot take it)" in err
+        assert "kept to picky's resolution: values rounded to the cent" in err
+        assert _points(f"picky:{tmp_path / 'out'}") == {s: {"good": s * 1.5} for s in (1, 2, 3)}
+    finally:
+        trackbridge.unregister_tracker("picky")

@@ -28,6 +28,9 @@ class Capabilities:
     text: bool = False           # can store strings
     nan: bool = True             # can store NaN / +-inf
     wall_time: bool = True       # keeps the wall time we give it
+    #: what the tracker keeps less exactly than a record holds it, one phrase each ("wall times to the millisecond",
+    #: "values as float32"); ``migrate`` names them in its summary, so no loss goes unsaid
+    resolution: tuple[str, ...] = ()
 
 
 class Unreachable(TrackBridgeError, OSError):

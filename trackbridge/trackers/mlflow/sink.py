@@ -122,7 +122,8 @@ class MlflowSink(Sink):
 
     kind = "mlflow"
     option_names = ("experiment", "run", "artifacts", "bulk")
-    capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True)
+    capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True, resolution=(
+        "wall times to the millisecond", "histograms as summary statistics (<name>/mean, /std, /min, /max, /count)"))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)

@@ -166,7 +166,8 @@ class TensorBoardSink(Sink):
 
     kind = "tensorboard"
     option_names = ("bins",)
-    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
+        "numbers as float32 (about 7 significant digits)", "raw histogram samples as 30 buckets (?bins=N)"))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)

@@ -54,7 +54,8 @@ class TrackioSink(Sink):
 
     kind = "trackio"
     option_names = ("project", "run")
-    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
+        "wall times to the microsecond", "raw histogram samples as 64 buckets"))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)

@@ -80,7 +80,8 @@ class WandbSink(Sink):
 
     kind = "wandb"
     option_names = ("mode", "project", "entity", "bins", "flush_timeout")
-    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
+        "raw histogram samples as 64 buckets (?bins=N)",))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)
