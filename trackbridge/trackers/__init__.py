@@ -295,6 +295,8 @@ register_tracker("jsonl", sink=_T + "jsonl.sink:JsonlSink", source=_T + "jsonl.s
 register_tracker("trackio", sink=_T + "trackio.sink:TrackioSink", source=_T + "trackio.source:TrackioSource", sniff=_T + "trackio:sniff", requires=("trackio",), extra="trackio")  # noqa: E501
 register_tracker("mlflow", sink=_T + "mlflow.sink:MlflowSink", source=_T + "mlflow.source:MlflowSource", sniff=_T + "mlflow:sniff", requires=("mlflow",), extra="mlflow")  # noqa: E501
 register_tracker("swanlab", sink=_T + "swanlab.sink:SwanlabSink", source=_T + "swanlab.source:SwanlabSource", sniff=_T + "swanlab:sniff", requires=("swanlab",), extra="swanlab")  # noqa: E501
+register_tracker("clearml", sink=_T + "clearml.sink:ClearmlSink", source=_T + "clearml.source:ClearmlSource", sniff=_T + "clearml:sniff")  # noqa: E501
+register_tracker("comet", sink=_T + "comet.sink:CometSink", source=_T + "comet.source:CometSource", sniff=_T + "comet:sniff")  # noqa: E501
 register_tracker("neptune", sink=_T + "neptune.sink:NeptuneSink", source=_T + "neptune.source:NeptuneSource", sniff=_T + "neptune:sniff", requires=("pyarrow",), extra="neptune")  # noqa: E501
 register_tracker("csv", source="trackbridge.files.csv:CsvSource", sniff="trackbridge.files.csv:sniff")
 register_tracker("console", source="trackbridge.files.console:ConsoleSource", sniff="trackbridge.files.console:sniff")  # noqa: E501
