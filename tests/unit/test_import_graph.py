@@ -243,6 +243,23 @@ def test_no_module_imports_another_packages_private_module():
     assert bad == []
 
 
+# The trackers issue 22 added as one folder each: no module outside its folder names it, but the registry's one line
+ADDED_AS_FOLDERS = ("swanlab", "clearml", "comet", "neptune")
+
+
+def test_the_trackers_added_as_folders_are_named_only_in_their_folder_and_one_registry_line():
+    registry = PKG / "trackers" / "__init__.py"
+    for name in ADDED_AS_FOLDERS:
+        assert (PKG / "trackers" / name / "sink.py").is_file() and (PKG / "trackers" / name / "source.py").is_file()
+        word = re.compile(rf"(?<![A-Za-z]){name}(?![A-Za-z])", re.I)
+        outside = [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py")
+                   if (PKG / "trackers" / name) not in p.parents and p != registry
+                   and word.search(p.read_text(encoding="utf-8"))]
+        assert outside == [], f"{name} is named outside trackers/{name}/: {outside}"
+        lines = [line for line in registry.read_text(encoding="utf-8").splitlines() if word.search(line)]
+        assert len(lines) == 1 and lines[0].startswith(f'register_tracker("{name}",'), lines
+
+
 def test_every_tracker_folder_is_registered_once():
     from trackbridge.trackers import kinds, tracker
     for name in TRACKERS:

@@ -1,7 +1,7 @@
 """``neptune:DIR`` -- the Parquet layout of ``neptune-exporter`` (neptune-ai/neptune-exporter), read and written.
 
 Neptune's hosted service closed in 2026; its exporter writes every run as long-format Parquet (one row per point,
-per parameter, per file) that eight loaders read (Comet, GoodSeed, LitLogger, Minfx, MLflow, Pluto, W&B, ZenML).
+per parameter, per file) that the exporter's eight loaders read (into other trackers, listed in its README).
 trackbridge reads that layout (so a run leaving Neptune can go into any tracker trackbridge writes) and writes it
 (so anything can be exported to it). ``format.py`` is the layout and its guard, ``sink.py`` writes, ``source.py``
 reads; :func:`sniff` recognises a data folder, a project folder or a part file. Needs ``pyarrow``

@@ -23,6 +23,8 @@ import zlib
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
+from ...errors import TrackBridgeError
+
 IDENT = b":SWL"
 MAGIC = 0xE1D6
 VERSION = 2                       # the store version of swanlab 0.10.x
@@ -37,7 +39,7 @@ CONFIG_KEY = "_trackbridge"       # config.yaml entry holding trackbridge's RunI
 _FOLDER = re.compile(r"^run-(\d{8}_\d{6})-(.+)$")
 
 
-class FormatError(Exception):
+class FormatError(TrackBridgeError, ValueError):
     """A ``.swanlab`` file of another format version, or not one at all."""
 
 
