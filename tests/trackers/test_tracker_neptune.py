@@ -96,3 +96,22 @@ def test_a_file_of_another_layout_is_refused(tmp_path):
     with pytest.raises(SourceError, match=r"an unknown version of neptune-exporter's Parquet layout \(step is double, "
                                           r"expected decimal128\(18, 6\)\)"):
         list(list(open_source(f"neptune:{tmp_path}").runs())[0].records())
+
+
+def test_parts_roll_over_and_a_resumed_run_continues_in_a_new_part(tmp_path, monkeypatch):
+    from trackbridge.trackers.neptune import sink as neptune_sink
+    monkeypatch.setattr(neptune_sink, "PART_ROWS", 25)
+    for resume, steps in ((False, range(0, 30)), (True, range(30, 40))):
+        sink = make_sink(f"neptune:{tmp_path}")
+        sink.open(RunInfo(name="r", run_id="r1", config={"lr": 0.1}), resume=resume)
+        for s in steps:                                       # one record per write, as the logger's small batches
+            sink.write([Record(s, T0 + s, {"a": float(s), "b": -float(s)})])
+        assert sink.held().last_step() == steps[-1]
+        sink.close()
+    parts = sorted(p.name for p in tmp_path.glob("*/*.parquet"))
+    assert len(parts) >= 4 and not list(tmp_path.glob("*/*.tmp"))
+    points, single, _df = neptune_points(tmp_path)
+    assert [(k, s) for k, s, _t, _v in points] == [(k, s) for s in range(40) for k in ("a", "b")]
+    assert single["config/lr"] == 0.1
+    (reader,) = list(open_source(f"neptune:{tmp_path}").runs())
+    assert [r.step for r in reader.records()] == list(range(40))

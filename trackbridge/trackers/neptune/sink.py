@@ -17,7 +17,8 @@ to ``trackbridge/<the run's project>`` (Neptune project ids are ``workspace/proj
 Durability: part 0 exists from ``open`` on (the exporter's mark of a complete run). Every ``write`` rewrites the
 current part whole into a temporary file and moves it into place, so a part on disk is always a complete Parquet file
 and a killed process loses at most the batch being written; a part that reaches :data:`PART_ROWS` rows is left as
-it is and the next part begins. A resumed run (the same run id, ``resume=True``) continues in a new part.
+it is and the next part begins (the exporter's parts are bigger, about 50 MB; its loaders read any number of
+parts). A resumed run (the same run id, ``resume=True``) continues in a new part.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from .format import CONFIG_PREFIX, PART, RUN_ATTRIBUTE, STEP_MAX, part_files, sa
 if TYPE_CHECKING:       # pragma: no cover
     from ...holdings import Holdings
 
-PART_ROWS = 200_000          # rows per part before the next part begins (a part is rewritten whole on each write)
+PART_ROWS = 100_000          # rows per part before the next part begins (a part is rewritten whole on each write)
 HIST_BINS = 64
 _COLUMNS = ("project_id", "run_id", "attribute_path", "attribute_type", "step", "timestamp", "int_value",
             "float_value", "string_value", "bool_value", "datetime_value", "string_set_value", "file_value",
@@ -101,6 +102,8 @@ class NeptuneSink(Sink):
         self._prefix = ""
         self._part = 0
         self._rows: list[tuple[Any, ...]] = []
+        self._table: Any = None          # the current part's rows already converted to Arrow
+        self._done = 0                   # how many of self._rows are in self._table
         self._next_step = 0
         self._created = 0
 
@@ -126,7 +129,7 @@ class NeptuneSink(Sink):
         except OSError as exc:
             raise SinkError(f"neptune:{self.location}: cannot create {self.folder}: {exc}") from None
         self._part = (int(PART.match(parts[-1].name).group("n")) + 1) if parts else 0   # type: ignore[union-attr]
-        self._rows = []
+        self._rows, self._table, self._done = [], None, 0
         self._created = int(time.time() * 1000)
         last = self.last_step()
         self._next_step = 0 if last is None else last + 1
@@ -208,12 +211,15 @@ class NeptuneSink(Sink):
         import pyarrow as pa
         import pyarrow.parquet as pq
         assert self.folder is not None
-        cols = list(zip(*self._rows)) if self._rows else [()] * len(_COLUMNS)
+        new = self._rows[self._done:]
+        cols = list(zip(*new)) if new else [()] * len(_COLUMNS)
         try:
-            table = pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema())],
+            batch = pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema())],
                                          schema=schema())
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as exc:
+            del self._rows[self._done:]
             raise SinkError(f"neptune:{self.location}: cannot encode the batch: {exc}") from None
+        table = batch if self._table is None else pa.concat_tables([self._table, batch])
         path = self.folder / f"{self._prefix}_part_{self._part}.parquet"
         tmp = path.with_name(path.name + ".tmp")
         try:
@@ -223,9 +229,10 @@ class NeptuneSink(Sink):
             tmp.unlink(missing_ok=True)
             raise SinkError(f"neptune:{self.location}: cannot write {path}: {exc}") from None
         self.progress += 1
+        self._table, self._done = table, len(self._rows)     # what the part holds, converted once
         if len(self._rows) >= PART_ROWS:
             self._part += 1
-            self._rows = []
+            self._rows, self._table, self._done = [], None, 0
 
     def close(self) -> None:
         if self.folder is None or self.run is None:

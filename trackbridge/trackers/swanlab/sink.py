@@ -98,14 +98,23 @@ class SwanlabSink(Sink):
         self._next_step = 0
 
     # -- open --------------------------------------------------------------------------------------------
-    def open(self, run: RunInfo, *, resume: bool = False) -> None:
+    @classmethod
+    def check_location(cls, location: str) -> None:
+        """Refuse a swanlab release whose format trackbridge does not write, before a migration reads anything."""
+        cls._guard(location)
+
+    @staticmethod
+    def _guard(location: str) -> Any:
         try:
             store.check_version()
-            self._pb = store.messages()
+            return store.messages()
         except ImportError:
             raise SinkError("swanlab sink needs swanlab: pip install 'trackbridge[swanlab]'") from None
         except RuntimeError as exc:
-            raise SinkError(f"swanlab:{self.location}: {exc}") from None
+            raise SinkError(f"swanlab:{location}: {exc}") from None
+
+    def open(self, run: RunInfo, *, resume: bool = False) -> None:
+        self._pb = self._guard(self.location)
         self.run = run
         run_id = str(run.run_id) if run.run_id else uuid.uuid4().hex[:8]
         try:
