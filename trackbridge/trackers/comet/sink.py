@@ -119,15 +119,15 @@ class CometSink(Sink):
                 msg = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            payload = msg.get("payload") or {}
+            payload, kind = msg.get("payload") or {}, msg.get("type")
             self._mid = max(self._mid, int(payload.get("message_id") or 0))
-            if msg.get("type") == OTHER and payload.get("key") == INFO_KEY:
+            if kind == OTHER and payload.get("key") == INFO_KEY:
                 try:
                     self._hist.update((json.loads(payload["value"]).get("extra") or {}).get("histogram_summaries")
                                       or ())
                 except (json.JSONDecodeError, TypeError, AttributeError):
                     pass
-            elif msg.get("type") == METRIC and isinstance((payload.get("metric") or {}).get("step"), int):
+            elif kind == METRIC and isinstance((payload.get("metric") or {}).get("step"), int):
                 self._next_step = max(self._next_step, payload["metric"]["step"] + 1)
 
     def _send(self, typ: str, payload: dict[str, Any]) -> str:
@@ -270,7 +270,8 @@ class CometSink(Sink):
                 msg = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            metric = (msg.get("payload") or {}).get("metric") if msg.get("type") == METRIC else None
+            kind = msg.get("type")
+            metric = (msg.get("payload") or {}).get("metric") if kind == METRIC else None
             if not isinstance(metric, dict) or not isinstance(metric.get("step"), int):
                 continue
             step, name = metric["step"], str(metric.get("metricName"))

@@ -36,12 +36,12 @@ class CometRunReader(RunReader):
         params: dict[str, Any] = {}
         others: dict[str, Any] = {}
         for msg in self._messages(report=False):
-            payload = msg.get("payload") or {}
-            if msg.get("type") == PARAMETER and isinstance(payload.get("param"), dict):
+            payload, kind = msg.get("payload") or {}, msg.get("type")
+            if kind == PARAMETER and isinstance(payload.get("param"), dict):
                 p = payload["param"]
                 if p.get("source") != "auto-logged":
                     params[str(p.get("paramName"))] = p.get("paramValue")
-            elif msg.get("type") == OTHER:
+            elif kind == OTHER:
                 others[str(payload.get("key"))] = payload.get("value")
         extra = {"comet": {"experiment_key": self.archive.key, "path": str(self.archive.path),
                            "workspace": self.experiment.get("workspace"), "finished": not self.archive.partial}}
