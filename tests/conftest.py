@@ -30,7 +30,10 @@ MARKERS = [
 # Session-wide environment, set in pytest_configure (not when this file is imported) and restored in
 # pytest_unconfigure. It has to be in place before any test module imports a tracker or a framework: wandb, mlflow
 # and transformers read these when imported or first used. Never reach a hub or a hosted tracker from tests.
-FORCED_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+FORCED_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+              # the trackers of issue 22: offline, and no error reporting of their own (comet_ml ships Sentry)
+              "SWANLAB_MODE": "offline", "CLEARML_OFFLINE_MODE": "1", "COMET_ERROR_TRACKING_ENABLE": "false",
+              "COMET_DISABLE_AUTO_LOGGING": "1"}
 DEFAULT_ENV = {
     "WANDB_DISABLE_GIT": "true",
     "WANDB_DISABLE_CODE": "true",
@@ -63,7 +66,9 @@ def pytest_configure(config):
     scratch = Path(tempfile.mkdtemp(prefix="trackbridge-tests-"))
     for k, sub in (("TRACKBRIDGE_STATE_DIR", "state"), ("XDG_CACHE_HOME", "xdg-cache"),
                    ("WANDB_CONFIG_DIR", "wandb-config"), ("WANDB_DATA_DIR", "wandb-data"),
-                   ("WANDB_CACHE_DIR", "wandb-cache")):
+                   ("WANDB_CACHE_DIR", "wandb-cache"), ("SWANLAB_ROOT", "swanlab"),
+                   ("SWANLAB_CONFIG_DIR", "swanlab-config"), ("CLEARML_CACHE_DIR", "clearml-cache"),
+                   ("COMET_OFFLINE_DIRECTORY", "comet-offline")):
         if k not in os.environ:
             _ENV_PATCH.setenv(k, str(scratch / sub))
 

@@ -3,7 +3,7 @@
 
 Records (already under the names the tracker receives) are cut down to the points the tracker does not hold
 (:class:`~trackbridge.holdings.Holdings`, read back from the tracker by the caller), or, for a tracker that cannot
-tell (:meth:`~trackbridge.sinks.base.Sink.held` returns ``None``), to the records after its last step; then they are
+tell (:meth:`~trackbridge.tracking.sink.Sink.held` returns ``None``), to the records after its last step; then they are
 written in batches. Errors from the sink propagate: the caller knows whether to retry, fail the sink or report.
 """
 from __future__ import annotations

@@ -134,9 +134,10 @@ def check_destination(text: str) -> str | None:
     refuses), or None: asked before anything is read, so that a bad destination is bad usage (exit 2) and a tracker
     that fails later is a problem of the run (exit 1)."""
     from .locators import parse
-    from .trackers import kinds, sink_class
+    from .trackers import check_options, kinds, sink_class
     try:
         loc = parse(text, kinds=kinds("sink"))
+        check_options(loc)
         sink_class(loc.kind).check_location(loc.location)
     except (ValueError, RuntimeError, OSError) as exc:
         return str(exc)
@@ -146,8 +147,8 @@ def check_destination(text: str) -> str | None:
 def _migrate(args: argparse.Namespace) -> int:
     from .errors import UsageError
     from .migrate import migrate, summary
-    from .sinks.base import SinkError
-    from .sources.base import SourceError
+    from .tracking.sink import SinkError
+    from .tracking.source import SourceError
     try:
         result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
                          dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,
@@ -161,7 +162,7 @@ def _migrate(args: argparse.Namespace) -> int:
     if not result.runs:
         print(f"trackbridge: no runs found in {args.src}", file=sys.stderr)
         return ExitCode.PROBLEMS
-    if not result.ok:
+    if not result.ok or result.left_out:       # a run failed, or points its tracker could not take were left out
         return ExitCode.PROBLEMS
     if args.strict and (any(r.problems for r in result.runs) or result.totals().unmapped):
         return ExitCode.PROBLEMS

@@ -3,7 +3,7 @@
 "The last step of the run" is not "every point up to that step": a batch can land in part (MLflow writes a big
 batch as several requests, by key; a killed server leaves some keys complete and others not), so a tracker can
 hold key A up to step 499 and key B up to step 7. :class:`Holdings` keeps, per key, the exact multiset of steps the
-tracker holds, read back from the tracker itself (each sink's :meth:`~trackbridge.sinks.base.Sink.held`), and
+tracker holds, read back from the tracker itself (each sink's :meth:`~trackbridge.tracking.sink.Sink.held`), and
 :meth:`Holdings.lacking` cuts a stream of records down to the points the tracker does not have: nothing written
 twice, nothing left out.
 

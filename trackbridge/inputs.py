@@ -13,7 +13,7 @@ and the demo all read runs through it, so that for the same input they see the s
 * **the time axis**: a run has wall times of its own only when its reader says so *and* its first record has one. A
   run without them (a ``trainer_state.json``, a console log, JSON lines without ``wall_time``, a tracker copy marked
   by an earlier write) yields records without wall times, and its info carries ``extra["time_axis"] = "missing"``
-  (:data:`~trackbridge.sources.base.TIME_AXIS`), which every sink stores with the run and every reader honours: the
+  (:data:`~trackbridge.tracking.source.TIME_AXIS`), which every sink stores with the run and every reader honours: the
   timestamps a tracker has to invent are never read back as the run's.
 
 Logged dicts: JSON lines (one logged dict per line, or trackbridge stream records ``{"step", "metrics"}``), a
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TextIO
 
 from .errors import TrackBridgeError
 from .record import Record, RunInfo, iter_json_objects
-from .sources.base import TIME_AXIS, Problem, RunReader
 from .stream import is_header
+from .tracking.source import TIME_AXIS, Problem, RunReader
 
 if TYPE_CHECKING:       # pragma: no cover
     from .pipeline import Pipeline

@@ -33,8 +33,8 @@ from .locators import parse
 from .pipeline import Stats
 from .ratelimit import RateLimiter
 from .record import Record, RunInfo
-from .sources.base import Problem
-from .trackers import kinds, make_sink, sink_class, source_locator
+from .trackers import check_options, kinds, make_sink, sink_class, source_locator
+from .tracking.source import Problem
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
@@ -57,12 +57,22 @@ class RunResult:
     problems: list[Problem] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     error: str | None = None
+    #: points the destination's tracker could not take (:meth:`Sink.reject`): key -> [count, why, first step]
+    left_out: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass
 class MigrationResult:
     runs: list[RunResult] = field(default_factory=list)
     seconds: float = 0.0
+    destination: str = ""                     # the destination's kind
+    #: what the destination's tracker keeps less exactly than a record (its sink's ``capabilities.resolution``)
+    resolution: tuple[str, ...] = ()
+
+    @property
+    def left_out(self) -> int:
+        """Points the destination could not take, in all runs (said in the summary; ``migrate`` exits 1)."""
+        return sum(n for r in self.runs for n, _why, _step in r.left_out.values())
 
     @property
     def ok(self) -> bool:
@@ -157,6 +167,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     out = out or sys.stdout
     src_loc = parse(source_locator(src), allow_label=True, kinds=kinds("source"))
     dst_loc = parse(dst, kinds=kinds("sink"))    # fail early on a bad destination ...
+    check_options(dst_loc)                       # ... on an option its sink does not know ...
     sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
     if names != "keep":                          # ... and on a naming scheme that does not exist
         from .schema.loader import load_registry
@@ -166,7 +177,8 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
         if source not in ("auto", "keep"):
             parse_spec(source, reg)
     runs = open_runs(str(src_loc), allow_label=True)     # as translate, detect and compare read a run
-    result = MigrationResult()
+    result = MigrationResult(destination=dst_loc.kind,
+                             resolution=tuple(sink_class(dst_loc.kind).capabilities.resolution))
     if not runs:
         return result
     if engine == "ray" and not dry_run:
@@ -305,6 +317,9 @@ def _migrate_claimed(idx: int, run: InputRun, run_id: str, ledger: Ledger, src: 
                 pts = sum(len(r.metrics) for r in todo)
                 throttle(1, pts)
                 sink.write(todo)
+                for key, step, why in sink.take_rejected():     # what the tracker could not take: said, counted
+                    seen_key = res.left_out.setdefault(key, [0, why, step])
+                    seen_key[0] += 1
                 steps = [r.step for r in todo if r.step is not None]
                 if steps:
                     max_written = max(steps) if max_written is None else max(max_written, *steps)
@@ -405,6 +420,12 @@ def summary(result: MigrationResult, *, dry_run: bool = False) -> str:
     for k, why in tot.approximate.items():
         lines.append(f"    {k}: {why}")
     lines.append(f"  derived: {len(tot.derived)}" + (f": {', '.join(tot.derived)}" if tot.derived else ""))
+    for r in runs:
+        for key, (n, why, step) in r.left_out.items():
+            lines.append(f"  left out by {result.destination or 'the destination'} in {r.source_name}: {key}, "
+                         f"{n} point(s) from step {step} ({why})")
+    if result.resolution and not dry_run:
+        lines.append(f"  kept to {result.destination}'s resolution: {'; '.join(result.resolution)}")
     no_time = [r.source_name for r in runs if not r.has_wall_time]
     if no_time:
         lines.append(f"  time axis missing (the source holds no wall times; none were made up): {', '.join(no_time)}")

@@ -10,10 +10,10 @@ its sink failed mid-run, the run was killed, or it was added later. The same cod
 
 How duplicates are avoided: the sink is opened with ``resume=True`` (so it reattaches to the run it already holds
 rather than creating a second one) and asked what it holds, per key and step
-(:meth:`~trackbridge.sinks.base.Sink.held`, see :mod:`trackbridge.holdings`); each record is cut down to the points
+(:meth:`~trackbridge.tracking.sink.Sink.held`, see :mod:`trackbridge.holdings`); each record is cut down to the points
 the tracker lacks, so a batch that landed in part (some keys written, others not) is completed and nothing is
 written twice. A sink that cannot tell (wandb, whose rows land whole) is asked for its
-:meth:`~trackbridge.sinks.base.Sink.last_step` instead; records with ``step <= last_step`` are skipped. Per tracker:
+:meth:`~trackbridge.tracking.sink.Sink.last_step` instead; records with ``step <= last_step`` are skipped. Per tracker:
 
 * **jsonl**: what it holds is read from the file's complete lines; the file is appended to.
 * **TensorBoard**: ``last_step`` scans the run folder's event files; without it a second copy of every point
@@ -98,7 +98,7 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     ``ValueError`` for a spool without a run header; sink errors propagate (the tracker is the thing to fix).
     """
     from .catchup import catch_up
-    from .sinks import make_sink
+    from .trackers import make_sink
 
     path = Path(spool)
     if not path.is_file():

@@ -24,7 +24,7 @@ datasets = pytest.importorskip("datasets")
 import trackbridge  # noqa: E402
 from trackbridge.integrations.transformers import TrackBridgeCallback, source_for  # noqa: E402
 from trackbridge.replay import iter_spool  # noqa: E402
-from trackbridge.sources import open_source  # noqa: E402
+from trackbridge.trackers import open_source  # noqa: E402
 from trackbridge.translate import Translator  # noqa: E402
 
 from _support.tiny_trl import WORDS, build_tiny_model, log_recorder  # noqa: E402

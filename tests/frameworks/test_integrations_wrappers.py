@@ -12,7 +12,7 @@ import pytest
 import trackbridge
 from trackbridge.logger import LoggerWarning
 from trackbridge.replay import iter_spool
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from _support import ROOT
 

@@ -120,7 +120,7 @@ def test_open_source_needing_an_extra_names_it(venv_core, demo_out, tracker):
     loc = {"tensorboard": f"tensorboard:{demo}/trackers/tensorboard", "wandb": f"wandb:{demo}/trackers/wandb",
            "mlflow": f"mlflow:sqlite:///{demo}/trackers/mlflow.db"}[tracker]
     r = venv_core.py(f"""
-        from trackbridge.sources import open_source
+        from trackbridge.trackers import open_source
         from trackbridge.extras import MissingExtra
         try:
             open_source({loc!r})

@@ -307,8 +307,8 @@ def test_migrate_into_new_empty_or_mlflow_sqlite(env, start):
 
 
 def test_mlflow_sink_open_refuses_before_mlflow_touches_the_file(env):
-    from trackbridge.sinks import make_sink
-    from trackbridge.sinks.base import SinkError
+    from trackbridge.trackers import make_sink
+    from trackbridge.tracking.sink import SinkError
 
     db = _app_db(env / "app.db")
     before = _sha(db)
@@ -320,8 +320,8 @@ def test_mlflow_sink_open_refuses_before_mlflow_touches_the_file(env):
 
 
 def test_check_sqlite_store_rules(tmp_path):
-    from trackbridge.sinks.base import SinkError
     from trackbridge.trackers.mlflow.store import check_sqlite_store, sqlite_path
+    from trackbridge.tracking.sink import SinkError
 
     assert sqlite_path("sqlite:////abs/x.db") == Path("/abs/x.db")
     assert sqlite_path("sqlite:///rel/x.db?experiment=e") == Path("rel/x.db")
@@ -586,7 +586,7 @@ def test_config_keys_that_flatten_alike_are_reported_once_naming_both(tmp_path):
     assert sanitize_config({"a": {"b": 1}, "c": 2})[1] == []
 
     # what the note says is what MLflow holds: read back from a real store
-    from trackbridge.sinks import make_sink
+    from trackbridge.trackers import make_sink
     from trackbridge.trackers.mlflow.client import make_client
     db = tmp_path / "mlflow.db"
     sink = make_sink(f"mlflow:sqlite:///{db}")

@@ -151,7 +151,7 @@ def test_replay_command(tmp_path):
     assert "wrote 5 records, skipped 0 already present" in r.stderr
     r = tb("replay", spool, "--to", f"tensorboard:{dst}")
     assert r.returncode == 0 and "wrote 0 records, skipped 5 already present (10 points, checked per key" in r.stderr
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
     (reader,) = list(open_source(f"tensorboard:{dst}").runs())
     recs = [r for r in reader.records() if "reward/score/mean" in r.metrics]
     assert [r.step for r in recs] == [0, 1, 2, 3, 4]

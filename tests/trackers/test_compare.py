@@ -26,7 +26,7 @@ from trackbridge.compare.align import run_axis, smooth
 from trackbridge.compare.plot import COLORS, PNG_SIZE
 from trackbridge.compare.presets import PRESETS, select
 from trackbridge.pipeline import Pipeline
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from _support import ROOT
 

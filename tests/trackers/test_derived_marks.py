@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 import trackbridge
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from _support import ROOT
 

@@ -8,7 +8,7 @@ import trackbridge
 from trackbridge.logger import LoggerWarning, NoOpRun
 from trackbridge.record import Histogram
 from trackbridge.replay import iter_spool
-from trackbridge.sinks.base import Capabilities, Sink
+from trackbridge.tracking.sink import Capabilities, Sink
 
 
 class MemorySink(Sink):

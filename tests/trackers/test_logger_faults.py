@@ -37,6 +37,6 @@ def test_unreachable_server_warns_and_finish_is_bounded(tmp_path):
     assert took < 90, f"finish() took {took:.0f} s"
     states = {s["sink"].split(" ")[0]: s["state"] for s in st["sinks"]}
     assert any(k.startswith("mlflow:") and v == "failed" for k, v in states.items()), states
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
     (reader,) = list(open_source(f"tensorboard:{tmp_path / 'tb'}").runs())
     assert [r.step for r in reader.records() if "loss/total" in r.metrics] == list(range(20))

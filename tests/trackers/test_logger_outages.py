@@ -397,7 +397,7 @@ def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_en
     assert folders == ["twin", "twin-2"]
     infos = [json.loads((tmp_path / "tb" / f / "trackbridge-run.json").read_text()) for f in folders]
     assert [i["run_id"] for i in infos] == ids
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
     got = {
         "tensorboard": [sum(tensorboard_points(tmp_path / "tb" / f)["custom/a"].values()) for f in folders],
         "mlflow": [total(mlflow_points(f"sqlite:///{tmp_path / 'ml.db'}", i)) for i in ids],
@@ -431,7 +431,7 @@ def test_resume_by_run_id_finds_its_own_folder_among_namesakes(tmp_path):
 def test_names_are_made_safe_per_tracker_and_read_back_whole(tmp_path, wandb_env, name):
     """A name with '/' and characters folders refuse, or longer than a folder name may be: every tracker takes the
     run, and each one's reader gives the name back whole."""
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
     sinks = [f"tensorboard:{tmp_path / 'tb'}", f"mlflow:sqlite:///{tmp_path / 'ml.db'}",
              f"trackio:{tmp_path / 'tio'}", f"wandb:{tmp_path / 'wb'}"]
     run = trackbridge.init(project="names", name=name, sinks=sinks, spool=str(tmp_path / "spool"), source="canonical")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import trackbridge
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from _support import ROOT
 

@@ -296,7 +296,7 @@ class _Picky:
     """A tracker that refuses a whole batch when one value is 'boom' (what the worker's backstop is for)."""
 
     def __new__(cls, down: bool = False):
-        from trackbridge.sinks.base import Sink
+        from trackbridge.tracking.sink import Sink
 
         class Picky(Sink):
             kind = "picky"

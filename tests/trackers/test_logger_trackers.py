@@ -8,7 +8,7 @@ import pytest
 
 import trackbridge
 from trackbridge.replay import iter_spool, replay
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from _support.expect import logger_warnings
 

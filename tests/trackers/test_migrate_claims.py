@@ -67,7 +67,7 @@ def test_a_tensorboard_header_cut_off_leaves_no_second_folder(env, monkeypatch):
     import os
 
     import trackbridge.trackers.tensorboard.sink as tbsink
-    from trackbridge.sinks import make_sink
+    from trackbridge.trackers import make_sink
     info = RunInfo(name="run", run_id="rid-1")
     real_replace = os.replace
 
@@ -86,6 +86,6 @@ def test_a_tensorboard_header_cut_off_leaves_no_second_folder(env, monkeypatch):
     assert sorted(p.name for p in (env / "tb").iterdir()) == ["run"]
     counts = _tb_counts(env / "tb")
     assert set(counts) == {"run"} and counts["run"] == collections.Counter({("custom/a", s): 1 for s in range(5)})
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
     runs = list(open_source(f"tensorboard:{env / 'tb'}").runs())
     assert len(runs) == 1 and runs[0].info.run_id == "rid-1" and not runs[0].problems

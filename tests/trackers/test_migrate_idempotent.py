@@ -118,7 +118,7 @@ def test_interrupted_by_a_failing_sink_resumes(kind, env, monkeypatch):
 _KILL_CHILD = r"""
 import os, sys, time
 import trackbridge.migrate as mig
-from trackbridge.sinks import make_sink as real
+from trackbridge.trackers import make_sink as real
 mig.BATCH_RECORDS = 20
 def slow(spec):
     s = real(spec); w = s.write

@@ -16,8 +16,8 @@ import pytest
 
 from trackbridge.migrate import migrate, summary
 from trackbridge.pipeline import Pipeline
-from trackbridge.sources import open_source
-from trackbridge.sources.base import TIME_AXIS
+from trackbridge.trackers import open_source
+from trackbridge.tracking.source import TIME_AXIS
 
 from test_migrate_support import KINDS, ROOT, f32, location, read_runs, same_value
 

@@ -77,7 +77,7 @@ def location(kind: str, folder: Path, *, projects: tuple[str, ...] = ("proj", "t
 
 def write_run(dst: str, info: RunInfo, records: list[Record]) -> None:
     """Write one run through trackbridge's own sink (how run A comes to exist)."""
-    from trackbridge.sinks import make_sink
+    from trackbridge.trackers import make_sink
     sink = make_sink(dst)
     sink.open(info)
     try:
@@ -88,7 +88,7 @@ def write_run(dst: str, info: RunInfo, records: list[Record]) -> None:
 
 def read_runs(loc: str) -> list[tuple[Any, list[Record], list]]:
     """``[(RunInfo, records, problems)]`` of every run of ``loc``."""
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
     out = []
     for reader in open_source(loc).runs():
         recs = list(reader.records())

@@ -4,7 +4,7 @@ training row), nothing is lost or doubled, and the run config (transformers' ``a
 is the run's config at every hop, not a step-0 metric.
 
 Then, per reader, that a training row and an evaluation row of the same step come back as two records, each with
-its own wall time (records per step and split, see :mod:`trackbridge.sources.base`).
+its own wall time (records per step and split, see :mod:`trackbridge.tracking.source`).
 
 How transformers' ``TensorBoardCallback`` writes (transformers 5.x, ``integrations/integration_utils.py``):
 ``add_text("args", args.to_json_string())`` and ``add_text("model_config", model.config.to_json_string())`` at train
@@ -25,7 +25,7 @@ import pytest
 
 from trackbridge.migrate import migrate, summary
 from trackbridge.record import Record, RunInfo
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from test_migrate_support import location
 
@@ -237,7 +237,7 @@ EVAL = {"eval/loss": 0.75, "eval/runtime": 1.5}
 
 def _sink_roundtrip(kind: str, folder: Path) -> list[Record]:
     """Train and eval records of steps 1 (train only) and 2 (both) through trackbridge's sink, read back."""
-    from trackbridge.sinks import make_sink
+    from trackbridge.trackers import make_sink
 
     loc = location(kind, folder, projects=("trackbridge",))
     sink = make_sink(loc)
@@ -335,7 +335,7 @@ def test_mlflow_run_without_time_axis_keeps_its_rows(env):
 
 def test_mlflow_reader_keeps_a_rewritten_point_once(env):
     # text points live in one artifact per written batch: writing a batch again (a replay) repeats them there
-    from trackbridge.sinks import make_sink
+    from trackbridge.trackers import make_sink
 
     loc = location("mlflow", env / "mlflow")
     recs = [Record(2, T0, {**TRAIN, "sample": "a"}), Record(2, T0 + EVAL_DELAY, {**EVAL, "eval/sample": "b"})]

@@ -6,8 +6,7 @@ import math
 import pytest
 
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import make_sink
-from trackbridge.sources import open_source
+from trackbridge.trackers import make_sink, open_source
 
 pytestmark = pytest.mark.server
 

@@ -16,7 +16,7 @@ import pytest
 
 from trackbridge.migrate import migrate
 from trackbridge.record import Record
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from test_migrate_support import KINDS, f32, location
 

@@ -19,7 +19,7 @@ import pytest
 import trackbridge
 from trackbridge.migrate import migrate
 from trackbridge.replay import iter_spool, replay
-from trackbridge.sources import open_source
+from trackbridge.trackers import open_source
 
 from _support import ROOT
 

@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import _sanitize, make_sink
-from trackbridge.sinks.base import SinkError
+from trackbridge.trackers import make_sink
 from trackbridge.trackers.mlflow.client import read_chunked
 from trackbridge.trackers.mlflow.names import mlflow_key, mlflow_valid
 from trackbridge.trackers.mlflow.sink import MlflowSink
+from trackbridge.tracking import names as _sanitize
+from trackbridge.tracking.sink import SinkError
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.125

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import make_sink
-from trackbridge.sinks.base import SinkError
+from trackbridge.trackers import make_sink
 from trackbridge.trackers.tensorboard.events import _crc32c_py, event_files, frame, masked_crc32c
 from trackbridge.trackers.tensorboard.sink import TensorBoardSink
 from trackbridge.trackers.tensorboard.source import TensorBoardSource
+from trackbridge.tracking.sink import SinkError
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import make_sink
-from trackbridge.sinks.base import SinkError
+from trackbridge.trackers import make_sink
 from trackbridge.trackers.trackio.sink import TrackioSink
+from trackbridge.tracking.sink import SinkError
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.125

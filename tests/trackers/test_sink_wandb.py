@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("wandb")
 
 from trackbridge.record import Histogram, Record, RunInfo  # noqa: E402
-from trackbridge.sinks import make_sink  # noqa: E402
-from trackbridge.sinks.base import SinkError  # noqa: E402
+from trackbridge.trackers import make_sink  # noqa: E402
 from trackbridge.trackers.wandb.records import run_files  # noqa: E402
 from trackbridge.trackers.wandb.sink import WandbSink  # noqa: E402
 from trackbridge.trackers.wandb.source import WandbSource  # noqa: E402
+from trackbridge.tracking.sink import SinkError  # noqa: E402
 
 RUN = RunInfo(name="grpo seed 1", project="proj", run_id="tbrun1",
               config={"lr": 1e-5, "opt": {"name": "adam", "betas": [0.9, 0.99]}},

@@ -7,9 +7,8 @@ import pytest
 
 import trackbridge.trackers.mlflow.source as src_mlflow
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import make_sink
-from trackbridge.sources import open_source
-from trackbridge.sources.base import SourceError
+from trackbridge.trackers import make_sink, open_source
+from trackbridge.tracking.source import SourceError
 
 ODD = "val-core/openai/gsm8k/acc/mean@1"
 T0 = 1763700000.125

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from trackbridge.record import Record, RunInfo
-from trackbridge.sources import open_source
-from trackbridge.sources.base import SourceError
+from trackbridge.trackers import open_source
 from trackbridge.trackers.tensorboard.events import event_files
 from trackbridge.trackers.tensorboard.sink import TensorBoardSink
 from trackbridge.trackers.tensorboard.source import TensorBoardSource
+from trackbridge.tracking.source import SourceError
 
 pytest.importorskip("tensorboard")
 

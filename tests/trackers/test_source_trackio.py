@@ -10,9 +10,8 @@ import sys
 import pytest
 
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import make_sink
-from trackbridge.sources import open_source
-from trackbridge.sources.base import SourceError
+from trackbridge.trackers import make_sink, open_source
+from trackbridge.tracking.source import SourceError
 
 T0 = 1763700000.125
 

@@ -10,10 +10,10 @@ import pytest
 # test module imports a tracker
 wandb = pytest.importorskip("wandb")
 
-from trackbridge.sources import open_source  # noqa: E402
-from trackbridge.sources.base import SourceError  # noqa: E402
+from trackbridge.trackers import open_source  # noqa: E402
 from trackbridge.trackers.wandb.records import BLOCK, read_payloads, run_files  # noqa: E402
 from trackbridge.trackers.wandb.source import WandbSource  # noqa: E402
+from trackbridge.tracking.source import SourceError  # noqa: E402
 
 ROWS = 300
 KEYS = 20

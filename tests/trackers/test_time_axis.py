@@ -22,7 +22,7 @@ from trackbridge.demo import run_demo
 from trackbridge.inputs import open_runs
 from trackbridge.migrate import migrate
 from trackbridge.record import Record, RunInfo
-from trackbridge.sources.base import TIME_AXIS
+from trackbridge.tracking.source import TIME_AXIS
 
 from _support import ROOT
 from test_migrate_support import location

@@ -256,7 +256,7 @@ def test_prime_rl_file_monitor_log_reads_as_prime_rl(reg, tmp_path):
     """Read through the JSONL reader (time is the wall time, not a metric) and detected over the run's keys: prime-rl,
     not 'canonical', although optim/lr, time/step, perf/throughput and progress/tokens are spelled like canonical
     names. Those that mean other quantities are translated to the right ones."""
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in prime_rl_file_lines()))

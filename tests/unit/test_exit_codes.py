@@ -13,8 +13,8 @@ import trackbridge
 from trackbridge import cli, commands, demo
 from trackbridge.exitcodes import ExitCode
 from trackbridge.record import Record, RunInfo
-from trackbridge.sinks.base import Sink, SinkError
 from trackbridge.stream import StreamWriter
+from trackbridge.tracking.sink import Sink, SinkError
 
 from _support import ROOT
 

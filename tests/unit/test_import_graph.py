@@ -3,10 +3,14 @@
 * no import cycle among modules. Every ``import`` counts, those inside functions too; only imports under
   ``if TYPE_CHECKING:`` are left out (they never run). Importing ``a.b.c`` counts as importing ``a.b.c`` and the
   packages ``a.b`` it lives in (Python runs their ``__init__`` first), except the importing module's own packages;
-* no tracker folder (``trackbridge/trackers/<name>/``) imports another tracker's folder;
+* no tracker folder (``trackbridge/trackers/<name>/``) imports another tracker's folder, nor a file format's reader
+  (``trackbridge/files/``), and those import no tracker: both build on :mod:`trackbridge.tracking` (the ``Sink`` and
+  ``Source`` bases and the helpers they share), which imports neither them nor the registry (issue 22: the bases
+  lived in ``sinks/`` and ``sources/``, which re-exported the registry, a package-level cycle); no module imports
+  another package's private (``_name``) module;
 * the layers (:data:`LAYERS`, lowest first): no module imports a module of a higher layer, deferred imports included
   (design.md "Layers"; issue 20 moved the last five that climbed: the naming-scheme specs into ``schema/``, the
-  ``mappings`` views up beside the CLI, the version into a leaf, the text-safety helper out of ``sinks.base``, the
+  ``mappings`` views up beside the CLI, the version into a leaf, the text-safety helper out of the sink base, the
   renaming pipeline and the pending note out of the ``replay`` command);
 * the core (``schema/``, ``translate.py``, ``derive/``, ``record.py``, ``pipeline.py``, ``holdings.py`` and the
   logger, ``logger/``) imports no tracker module when it is imported (imports inside functions run later and are
@@ -155,7 +159,8 @@ LAYERS: list[set[str]] = [
     {"translate"},                                              # the translation stages
     {"pipeline", "stream", "holdings", "doctor"},               # records through the stages; the canonical stream;
                                                                 # diagnostics over canonical records
-    {"sinks", "sources", "trackers", "locators", "catchup", "ledger"},   # trackers and readers
+    {"tracking", "locators"},                                  # what trackers and readers build on; locators
+    {"trackers", "files", "catchup", "ledger"},                 # the registry, the trackers, the file readers
     {"logger"},                                                 # the logger
     {"integrations"},                                           # trainers' callbacks
     {"replay", "migrate", "bulk", "compare", "inputs", "demo", "mappings_views"},   # the capabilities at the edge
@@ -192,7 +197,7 @@ def test_the_five_moves_that_stopped_climbing_stay():
     logger = sorted(f"{m} -> {x}" for m, ts in edges.items() if m.startswith("trackbridge.logger") for x in ts
                     if x.split(".")[1] in ("replay", "migrate", "compare", "commands", "cli", "demo"))
     assert logger == [], "the logger renames through trackbridge.pipeline and keeps its pending note in logger/"
-    stream = sorted(x for x in edges["trackbridge.stream"] if x.split(".")[1] in ("sinks", "sources", "trackers"))
+    stream = sorted(x for x in edges["trackbridge.stream"] if x.split(".")[1] in ("tracking", "trackers"))
     assert stream == [], "the canonical stream's writer uses trackbridge.values.printable"
 
 
@@ -204,6 +209,56 @@ def test_no_tracker_imports_another():
     bad = [(m, t) for m, targets in _edges(at_import_only=False).items() if _tracker_of(m)
            for t in targets if _tracker_of(t) and _tracker_of(t) != _tracker_of(m)]
     assert bad == []
+
+
+def _under(mod: str, package: str) -> bool:
+    return mod == package or mod.startswith(package + ".")
+
+
+def test_trackers_and_file_readers_import_the_base_downward():
+    edges = _edges(at_import_only=False)
+    assert "trackbridge.sinks" not in MODULES and "trackbridge.sources" not in MODULES
+    base = {m: ts for m, ts in edges.items() if _under(m, "trackbridge.tracking")}
+    assert len(base) >= 4
+    up = sorted(f"{m} -> {t}" for m, ts in base.items() for t in ts
+                if not _under(t, "trackbridge.tracking") and _layer(t) >= _layer("trackbridge.trackers"))
+    assert up == [], "trackbridge.tracking imports no tracker, no file reader and not the registry"
+    for name in TRACKERS:
+        sink, source = f"trackbridge.trackers.{name}.sink", f"trackbridge.trackers.{name}.source"
+        assert "trackbridge.tracking.sink" in edges[sink], sink
+        assert "trackbridge.tracking.source" in edges[source], source
+    files = [m for m in MODULES if _under(m, "trackbridge.files")]
+    assert {"trackbridge.files.csv", "trackbridge.files.console", "trackbridge.files.trainer_state"} <= set(files)
+    for m in files:
+        assert not [t for t in edges[m] if _under(t, "trackbridge.trackers")], m
+    for m in (m for m in MODULES if _tracker_of(m)):
+        assert not [t for t in edges[m] if _under(t, "trackbridge.files")], m
+    assert _layer("trackbridge.tracking") < _layer("trackbridge.trackers") == _layer("trackbridge.files")
+
+
+def test_no_module_imports_another_packages_private_module():
+    private = [m for m in MODULES if m.rsplit(".", 1)[-1].startswith("_") and not m.endswith("__init__")]
+    assert "trackbridge.integrations._tee" in private
+    bad = sorted(f"{m} -> {t}" for m, ts in _edges(at_import_only=False).items() for t in ts
+                 if t in private and not _under(m, t.rsplit(".", 1)[0]))
+    assert bad == []
+
+
+# The trackers issue 22 added as one folder each: no module outside its folder names it, but the registry's one line
+ADDED_AS_FOLDERS = ("swanlab", "clearml", "comet", "neptune")
+
+
+def test_the_trackers_added_as_folders_are_named_only_in_their_folder_and_one_registry_line():
+    registry = PKG / "trackers" / "__init__.py"
+    for name in ADDED_AS_FOLDERS:
+        assert (PKG / "trackers" / name / "sink.py").is_file() and (PKG / "trackers" / name / "source.py").is_file()
+        word = re.compile(rf"(?<![A-Za-z]){name}(?![A-Za-z])", re.I)
+        outside = [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py")
+                   if (PKG / "trackers" / name) not in p.parents and p != registry
+                   and word.search(p.read_text(encoding="utf-8"))]
+        assert outside == [], f"{name} is named outside trackers/{name}/: {outside}"
+        lines = [line for line in registry.read_text(encoding="utf-8").splitlines() if word.search(line)]
+        assert len(lines) == 1 and lines[0].startswith(f'register_tracker("{name}",'), lines
 
 
 def test_every_tracker_folder_is_registered_once():

@@ -14,7 +14,7 @@ import pytest
 
 from trackbridge.derive.engine import MIN_RATE_INTERVAL
 from trackbridge.inputs import InputError, open_runs
-from trackbridge.sources.base import TIME_AXIS
+from trackbridge.tracking.source import TIME_AXIS
 from trackbridge.translate import Translator
 
 from _support import DATA, ROOT

@@ -303,7 +303,7 @@ def openrlhf_inventory():
         "eval_response_length_mean": ["eval_response_length_mean", "eval_openai/gsm8k_truncated_rate"],
         "is_filter_ratio": ["is_filter_ratio"],
     }
-    # console progress-bar names (tqdm set_postfix), read by trackbridge/sources/console.py
+    # console progress-bar names (tqdm set_postfix), read by trackbridge/files/console.py
     for bar in ("pg", "rm", "ret", "glen", "tlen", "cri", "vals", "cri_lr", "ptx", "act_lr", "act_loss", "gen_len",
                 "tot_len", "ent_loss", "grad_norm"):
         keys[f"bar: {bar}"] = [bar]
@@ -537,7 +537,7 @@ def test_new_release_facts():
 
 def test_openrlhf_progress_bar_from_console(tmp_path):
     """OpenRLHF's tqdm postfix in a console log is read (one record per distinct postfix) and translated."""
-    from trackbridge.sources import open_source
+    from trackbridge.trackers import open_source
     from trackbridge.translate import Translator
     bar = "Train epoch [1/1]:  {p}%|##        | {n}/4 [00:05<00:15, 5.00s/it, {post}]"
     old = "pg=0.123, rm=0.5, ret=0.45, glen=210, tlen=340, kl=0.00123, act_lr=1e-6, cri=0.0456, vals=0.21"

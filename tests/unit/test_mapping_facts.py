@@ -53,7 +53,7 @@ def test_the_code_reads_the_facts():
     from trackbridge.derive import SPLIT_PREFIXES
     from trackbridge.derive.engine import STEP_NAME
     from trackbridge.logger import STEP_AXIS as LOGGER_STEP
-    from trackbridge.sources.base import split_of
+    from trackbridge.tracking.source import split_of
     canon = load_registry().canonical
     assert presets.PRESETS == {n: list(p.metrics) for n, p in canon.presets.items()}
     assert presets.LOOK_ALIKES == [(la.a, la.b, la.why) for la in canon.look_alike]

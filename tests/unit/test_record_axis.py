@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trackbridge.record import Record, RunInfo, dumps, split_by_axis
-from trackbridge.sinks.base import Sink
-from trackbridge.sources.base import mark_derived
+from trackbridge.tracking.sink import Sink
+from trackbridge.tracking.source import mark_derived
 
 
 def test_axis_json_round_trip_and_absent_by_default():

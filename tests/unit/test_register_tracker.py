@@ -15,9 +15,9 @@ import trackbridge
 from trackbridge.locators import LocatorError
 from trackbridge.logger import LoggerWarning
 from trackbridge.record import Record, RunInfo
-from trackbridge.sinks.base import Capabilities, Sink
-from trackbridge.sources.base import RunReader, Source, SourceError
 from trackbridge.trackers import guess_locator, kinds, make_sink, open_source
+from trackbridge.tracking.sink import Capabilities, Sink
+from trackbridge.tracking.source import RunReader, Source, SourceError
 
 
 class MySink(Sink):
@@ -111,7 +111,7 @@ def test_logger_migrate_and_readers_use_a_registered_tracker(mytracker, tmp_path
 
 def test_registration_is_checked(mytracker, tmp_path):
     assert "mytracker" in kinds("sink") and "mytracker" in kinds("source")
-    with pytest.raises(ValueError, match="registered already"):
+    with pytest.raises(trackbridge.UsageError, match="registered already"):
         trackbridge.register_tracker("mytracker", sink=MySink)
     with pytest.raises(ValueError, match="bad name"):
         trackbridge.register_tracker("my tracker", sink=MySink)
@@ -127,6 +127,114 @@ def test_registration_is_checked(mytracker, tmp_path):
     trackbridge.unregister_tracker("mytracker")
     with pytest.raises(LocatorError, match="unknown kind 'mytracker'"):
         make_sink(f"mytracker:{tmp_path}")
+
+
+class _NoWrite(Sink):
+    def open(self, run: RunInfo, *, resume: bool = False) -> None: ...
+    def close(self) -> None: ...
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sink": object}, r"sink <class 'object'> is not a subclass of trackbridge\.tracking\.Sink"),
+    ({"sink": MySource}, r"sink .*MySource.* is not a subclass of trackbridge\.tracking\.Sink"),
+    ({"source": MySink}, r"source .*MySink.* is not a subclass of trackbridge\.tracking\.Source"),
+    ({"sink": MySink()}, r"is not a subclass of trackbridge\.tracking\.Sink"),
+    ({"sink": _NoWrite}, r"sink _NoWrite does not implement write"),
+    ({"source": MySource, "sniff": "not callable"}, r"sniff='not callable' is not 'package\.module:attribute'"),
+    ({"source": MySource, "sniff": 42}, r"sniff 42 is not callable"),
+    ({"sink": "no colon here"}, r"sink='no colon here' is not 'package\.module:attribute'"),
+    ({"sink": MySink, "requires": "wandb"}, r"requires='wandb' must be a list of import names"),
+    ({"sink": MySink, "requires": ("not a module",)}, r"must be a list of import names"),
+    ({"sink": MySink, "extra": "Not An Extra"}, r"extra='Not An Extra' must be the name of a trackbridge extra"),
+])
+def test_registration_checks_what_accelerate_checks(kwargs, message):
+    """Accelerate's ``register_tracker_class`` (huggingface/accelerate@665444ce, src/accelerate/tracking.py) refuses
+    a class that is not a ``GeneralTracker`` subclass or lacks its required attributes, at registration; so does
+    ``register_tracker``, for each role, with one line naming the kind, the role and what is wrong."""
+    with pytest.raises(trackbridge.UsageError, match=message):
+        trackbridge.register_tracker("checked", **kwargs)
+    assert "checked" not in kinds()
+
+
+def test_a_registration_by_name_is_checked_when_first_used(tmp_path):
+    trackbridge.register_tracker("lazy", sink="tests_nowhere.module:Thing")
+    trackbridge.register_tracker("lazy2", sink="trackbridge.record:Record")
+    trackbridge.register_tracker("lazy3", sink="trackbridge.record:NoSuchName")
+    try:
+        with pytest.raises(ModuleNotFoundError):
+            make_sink(f"lazy:{tmp_path}")
+        with pytest.raises(trackbridge.UsageError, match=r"lazy2.*'trackbridge.record:Record' is not a subclass"):
+            make_sink(f"lazy2:{tmp_path}")
+        with pytest.raises(trackbridge.UsageError, match=r"names no attribute 'NoSuchName' of trackbridge.record"):
+            make_sink(f"lazy3:{tmp_path}")
+    finally:
+        for k in ("lazy", "lazy2", "lazy3"):
+            trackbridge.unregister_tracker(k)
+
+
+def test_replacing_a_built_in_tracker_warns_and_a_sink_says_its_registered_kind(tmp_path):
+    from trackbridge.trackers import tracker
+    builtin, order = tracker("jsonl"), kinds()
+    with pytest.warns(UserWarning, match="replaces the built-in jsonl tracker"):
+        trackbridge.register_tracker("jsonl", sink=MySink, replace=True)
+    try:
+        sink = make_sink(f"jsonl:{tmp_path}")
+        assert isinstance(sink, MySink)
+    finally:
+        with pytest.warns(UserWarning):
+            trackbridge.register_tracker("jsonl", sink=builtin.sink, source=builtin.source, sniff=builtin.sniff,
+                                         replace=True)
+    assert kinds() == order                      # a replaced kind keeps its place in the order sniff() is tried
+    # the same class under another name: its locator (what replay and the writer process re-open) names that kind
+    trackbridge.register_tracker("other-name", sink=MySink)
+    try:
+        assert make_sink(f"other-name:{tmp_path}").locator() == f"other-name:{tmp_path}"
+    finally:
+        trackbridge.unregister_tracker("other-name")
+
+
+@pytest.mark.parametrize("locator, message", [
+    ("jsonl:{d}?fsnyc=1", r"jsonl:.*: unknown option 'fsnyc' \(did you mean 'fsync'\?\); the jsonl sink takes fsync"),
+    ("mlflow:sqlite:///{d}/m.db?experimnet=grpo",
+     r"unknown option 'experimnet' \(did you mean 'experiment'\?\); the mlflow sink takes artifacts, bulk, "
+     r"experiment, run"),
+    ("tensorboard:{d}?zzz=1", r"unknown option 'zzz'; the tensorboard sink takes bins$"),
+])
+def test_a_misspelt_sink_option_is_refused_naming_the_known_ones(tmp_path, locator, message):
+    loc = locator.format(d=tmp_path)
+    with pytest.raises(LocatorError, match=message):
+        make_sink(loc)
+    with pytest.raises(trackbridge.UsageError, match=message.rstrip("$")):
+        trackbridge.init(sinks=[loc], spool=str(tmp_path / "spool"))
+    from trackbridge.cli import main
+    assert main(["migrate", f"jsonl:{tmp_path / 'spool'}", loc, "--quiet"]) == 2
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_a_misspelt_reader_option_is_refused_everywhere(tmp_path, capsys):
+    log = tmp_path / "verl.log"
+    log.write_text("step:1 - actor/pg_loss:0.5\n")
+    with pytest.raises(LocatorError, match=r"unknown option 'stpe' \(did you mean 'step'\?\); the console reader "
+                                           r"takes from, step"):
+        open_source(f"console:{log}?stpe=x")
+    from trackbridge.cli import main
+    for argv in (["translate", f"console:{log}?stpe=x"], ["detect", f"console:{log}?stpe=x"],
+                 ["migrate", f"console:{log}?stpe=x", f"jsonl:{tmp_path / 'out'}", "--quiet"],
+                 ["compare", f"console:{log}?stpe=x", "--out", str(tmp_path / "cmp")]):
+        assert main(argv) == 2, argv
+        assert "unknown option 'stpe'" in capsys.readouterr().err, argv
+    assert not (tmp_path / "out").exists()
+    assert main(["translate", f"console:{log}?from=verl&step=step"]) == 0        # the known ones still work
+
+
+def test_every_built_in_reader_and_sink_declares_its_options():
+    from trackbridge.trackers import tracker
+    for kind in kinds():
+        entry = tracker(kind)
+        for role in ("sink", "source"):
+            if getattr(entry, role) is not None:
+                cls = entry.sink_class() if role == "sink" else entry.source_class()
+                assert isinstance(cls.option_names, tuple), (kind, role)
 
 
 def test_a_missing_package_fails_init_naming_the_extra(tmp_path):
@@ -210,3 +318,33 @@ def test_missing_extra_message_without_an_extra_names_the_package():
         require(("yaml", "no_such_package_xyz"), "", "my tracker")
     assert str(err.value) == "my tracker needs the 'no_such_package_xyz' package, which is not installed"
     assert str(err.value.about("sink 'x:y'")).startswith("sink 'x:y' needs the 'no_such_package_xyz' package")
+
+
+class PickySink(MySink):
+    """Refuses one key, as a tracker refuses what it cannot hold (SwanLab a re-logged step, ClearML a NaN)."""
+
+    capabilities = Capabilities(wall_time=True, resolution=("values rounded to the cent",))
+
+    def write(self, records: list[Record]) -> None:
+        kept = []
+        for rec in records:
+            if "bad" in rec.metrics:
+                self.reject("bad", rec.step, "this tracker cannot take it")
+            kept.append(Record(rec.step, rec.wall_time, {k: v for k, v in rec.metrics.items() if k != "bad"}))
+        super().write(kept)
+
+
+def test_migrate_names_what_the_destination_left_out_and_its_resolution(tmp_path, capsys):
+    trackbridge.register_tracker("picky", sink=PickySink, source=MySource)
+    try:
+        src = tmp_path / "in.jsonl"
+        src.write_text("".join(json.dumps({"step": s, "wall_time": 100.0 + s, "good": s * 1.5, "bad": 1.0}) + "\n"
+                               for s in range(1, 4)))
+        from trackbridge.cli import main
+        assert main(["migrate", f"jsonl:{src}", f"picky:{tmp_path / 'out'}", "--names", "keep"]) == 1
+        err = capsys.readouterr().err
+        assert "left out by picky in in: bad, 3 point(s) from step 1 (this tracker cannot take it)" in err
+        assert "kept to picky's resolution: values rounded to the cent" in err
+        assert _points(f"picky:{tmp_path / 'out'}") == {s: {"good": s * 1.5} for s in (1, 2, 3)}
+    finally:
+        trackbridge.unregister_tracker("picky")

@@ -7,11 +7,11 @@ import math
 import pytest
 
 from trackbridge.record import Histogram, Record, RunInfo
-from trackbridge.sinks import make_sink
-from trackbridge.sinks.base import SinkError
 from trackbridge.stream import read_stream, scan_stream
+from trackbridge.trackers import make_sink
 from trackbridge.trackers.jsonl.sink import JsonlSink
 from trackbridge.trackers.jsonl.source import JsonlSource
+from trackbridge.tracking.sink import SinkError
 
 
 def _records():

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trackbridge.sources import SourceError, open_source
-from trackbridge.sources import trainer_state as ts_mod
-from trackbridge.sources._files import parse_number, parse_printed_dict
+from trackbridge.files import trainer_state as ts_mod
+from trackbridge.files.printed import parse_number, parse_printed_dict
+from trackbridge.trackers import open_source
+from trackbridge.tracking.source import SourceError
 
 from _support import DATA, ROOT
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from trackbridge.record import RunInfo, dumps
-from trackbridge.sources import open_source
-from trackbridge.sources.base import SourceError
+from trackbridge.trackers import open_source
+from trackbridge.tracking.source import SourceError
 
 
 def _write(path, lines):

@@ -42,7 +42,7 @@ Pipeline (one run)::
 * **Ranks**: only global rank 0 (``RANK``, then ``LOCAL_RANK``, ...) writes unless ``rank_zero_only=False``; other
   ranks get a run whose ``log()`` validates and returns.
 
-This package names no tracker and no framework: sinks come from :mod:`trackbridge.sinks`, translation from
+This package names no tracker and no framework: sinks come from :mod:`trackbridge.trackers`, translation from
 :mod:`trackbridge.translate`, derivation from :mod:`trackbridge.derive`.
 
 The logger's parts (one module each): :mod:`.options` (the tuning knobs), :mod:`.dispatch` (the thread between

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
-from ..sinks.base import Sink, Unreachable, check_reachable
+from ..tracking.sink import Sink, Unreachable, check_reachable
 from ..values import STEP_MAX, as_step, check_step, normalize_metrics
 from .common import warn
 
@@ -88,7 +88,7 @@ def precheck_location(spec: str, sink: Sink) -> None:
     :meth:`Sink.check_location`, such as an SQLite file that is not an MLflow store) and for a plain folder location
     that cannot be created or written; warn (the sink is retried later, training goes on) for a server URL that
     does not answer now."""
-    from ..sinks.base import SinkError
+    from ..tracking.sink import SinkError
     loc = sink.location
     try:
         type(sink).check_location(loc)

@@ -21,8 +21,8 @@ from ..errors import UsageError
 from ..extras import MissingExtra
 from ..pipeline import names_translator
 from ..record import RunInfo
-from ..sinks.base import Sink
 from ..stream import read_stream, scan_stream, stream_file
+from ..tracking.sink import Sink
 from ..values import printable, sanitize_config
 from . import exits
 from .checks import (
@@ -105,7 +105,7 @@ class Run(RunView):
                config: dict[str, Any] | None, derive: bool, mappings: list[str] | None, spool: str,
                spool_fsync: bool, options: LoggerOptions, tags: dict[str, str] | None, doctor: bool) -> None:
         from ..locators import LocatorError
-        from ..sinks import make_sink
+        from ..trackers import make_sink
 
         scan = scan_stream(self.spool_path)
         if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:

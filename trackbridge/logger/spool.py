@@ -20,7 +20,7 @@ from .. import stream
 from ..errors import UsageError
 from ..holdings import Holdings
 from ..record import Record, RunInfo
-from ..sinks.base import Capabilities, Sink
+from ..tracking.sink import Capabilities, Sink
 from .common import warn
 from .worker import RunContext, Worker
 

@@ -13,8 +13,8 @@ from typing import Callable, Iterable
 
 from ..catchup import CatchUp, lacking, write_batches
 from ..record import Record
-from ..sinks.base import Sink
 from ..stream import StreamCursor, read_stream
+from ..tracking.sink import Sink
 from .common import log
 from .worker import RunContext, Worker
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..record import Record, RunInfo
-from ..sinks.base import Sink
+from ..tracking.sink import Sink
 from ..values import printable
 from .common import STOP, log, warn
 from .options import LoggerOptions

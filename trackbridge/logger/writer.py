@@ -77,7 +77,7 @@ class SpoolView:
 
 def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     """The child process: build the trackers, take the feed, report, stop when told (or when the parent is gone)."""
-    from ..sinks import make_sink
+    from ..trackers import make_sink
 
     options = LoggerOptions(**spec["options"])
     info = RunInfo.from_json(spec["info"])

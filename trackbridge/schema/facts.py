@@ -3,7 +3,7 @@ shipped ``canonical.yaml`` (the one ``mappings_dir()``, so ``TRACKBRIDGE_MAPPING
 (:data:`SPLITS`, :data:`SPLIT_PREFIXES`), x axes (:data:`AXES`), compare presets (:data:`PRESETS`) and look-alike
 pairs (:data:`LOOK_ALIKE`), plus :data:`STEP_AXIS` (the name of the tracker step, which ``axes: step:`` declares).
 
-Readers of raw names (:func:`trackbridge.sources.base.split_of`), the translator, the derived-rule engine, the logger
+Readers of raw names (:func:`trackbridge.tracking.source.split_of`), the translator, the derived-rule engine, the logger
 and compare import these instead of spelling ``eval/`` or ``progress/step`` themselves. The sections are parsed with
 the loader's own functions; the validation is the loader's, so a canonical file that cannot be read leaves these
 empty, and the problem is reported, with file and line, when the registry is loaded (every command loads it).

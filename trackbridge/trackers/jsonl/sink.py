@@ -1,7 +1,7 @@
 """``jsonl:DIR`` -- the canonical stream as a tracker: one ``DIR/<run_id>.jsonl`` file per run.
 
 The line format, its durability and its reading rules are :mod:`trackbridge.stream`'s (the logger's spool writes the
-same stream through it directly); this sink only makes it a :class:`~trackbridge.sinks.base.Sink`: a folder, one file
+same stream through it directly); this sink only makes it a :class:`~trackbridge.tracking.sink.Sink`: a folder, one file
 per run id, the header written with the run info the sink is opened with. Options: ``fsync=1`` (force every batch to
 the disk: survives a machine crash, costs a disk round trip per batch). Needs nothing but the standard library.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ... import stream
 from ...record import Record, RunInfo
-from ...sinks.base import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, Sink, SinkError
 
 if TYPE_CHECKING:       # pragma: no cover
     from ...holdings import Holdings
@@ -27,6 +27,7 @@ class JsonlSink(Sink):
     """Writes the canonical stream to ``DIR/<run_id>.jsonl``. Options: ``fsync=1``."""
 
     kind = "jsonl"
+    option_names = ("fsync",)
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
 
     def __init__(self, location: str = "", **options: str) -> None:

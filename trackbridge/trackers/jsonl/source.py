@@ -11,7 +11,7 @@ a metric.
 Streaming and damage: the file is read line by line as bytes, so offsets are exact. A line that is not JSON (for
 example the partial last line a crash leaves) is skipped and reported as ``file:line N (offset X)``; the lines
 around it are still read. Binary junk is not damage: a file whose first line holds NUL bytes or bytes that are not
-UTF-8, three unreadable lines in a row one of which is binary (:class:`~trackbridge.sources._files.JunkGuard`),
+UTF-8, three unreadable lines in a row one of which is binary (:class:`~trackbridge.tracking.textfiles.JunkGuard`),
 or a file whose first 20 non-empty lines are all unreadable, is given up there, with one fatal problem naming the
 line and byte offset (what came before is kept). Recorded name sanitization (``RunInfo.sanitized``) is undone.
 Option ``run=ID`` keeps only runs whose id or name matches.
@@ -23,8 +23,8 @@ from typing import Any, Iterator
 
 from ... import stream
 from ...record import Record, RunInfo, decode_value
-from ...sources._files import JunkGuard, not_text, sniff_binary
-from ...sources.base import RunReader, Source, SourceError
+from ...tracking.source import RunReader, Source, SourceError
+from ...tracking.textfiles import JunkGuard, not_text, sniff_binary
 
 
 class JsonlRunReader(RunReader):
@@ -114,6 +114,7 @@ class JsonlSource(Source):
     """A ``.jsonl`` file or a folder of them (not recursive). Option: ``run=ID`` (id or name)."""
 
     kind = "jsonl"
+    option_names = ("run",)
 
     def __init__(self, location: str, **options: str) -> None:
         super().__init__(location, **options)

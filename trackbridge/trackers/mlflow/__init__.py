@@ -7,7 +7,7 @@ the two directions; :func:`sniff` recognises an MLflow SQLite database (a path o
 """
 from __future__ import annotations
 
-from ...sources._files import sqlite_tables
+from ...tracking.textfiles import sqlite_tables
 from .store import sqlite_path
 
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")

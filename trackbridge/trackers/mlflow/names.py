@@ -1,4 +1,4 @@
-"""MLflow's metric-name rule and the MLflow-safe form of a name (escaped by :mod:`trackbridge.sinks._sanitize`).
+"""MLflow's metric-name rule and the MLflow-safe form of a name (escaped by :mod:`trackbridge.tracking.names`).
 
 MLflow (``mlflow/utils/validation.py``, POSIX) accepts letters, digits, ``_ - . /``, space and ``:``, at most 250
 characters, and only names that are normalised paths (no leading, trailing or doubled ``/``, no ``.``/``..``
@@ -9,7 +9,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from ...sinks._sanitize import escape_path, needs_guard, shorten
+from ...tracking.names import escape_path, needs_guard, shorten
 
 MLFLOW_CHAR = re.compile(r"[/\w.\- :]")     # one allowed character
 MLFLOW_MAX_KEY = 250

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...record import Histogram, Record, RunInfo
-from ...sinks import _sanitize
-from ...sinks.base import Capabilities, Sink, SinkError, Unreachable, check_reachable, step_ok
+from ...tracking import names as _sanitize
+from ...tracking.sink import Capabilities, Sink, SinkError, Unreachable, check_reachable, step_ok
 from ...values import printable, utf8_ok
 from .bulk import BulkWriter
 from .client import (
@@ -121,7 +121,9 @@ class MlflowSink(Sink):
     """Writes records to one MLflow run (see the module docstring for the layout)."""
 
     kind = "mlflow"
-    capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True)
+    option_names = ("experiment", "run", "artifacts", "bulk")
+    capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True, resolution=(
+        "wall times to the millisecond", "histograms as summary statistics (<name>/mean, /std, /min, /max, /count)"))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)

@@ -14,11 +14,11 @@ A tracking server (or any other store) is read through the paged ``get_metric_hi
 the server's own order (there, two values of one key at the same step and millisecond come back in value order).
 
 MLflow keeps points, not rows, so they are grouped into records per step and split (see
-:mod:`trackbridge.sources.base`), each point by its own timestamp: points of one step share
+:mod:`trackbridge.tracking.source`), each point by its own timestamp: points of one step share
 a record when their timestamps are equal (one ``log_batch``/``log_metrics`` call, or one record written by
 :class:`~trackbridge.trackers.mlflow.sink.MlflowSink`), or when they are of the same split (``eval/``/``eval_``,
 ``test/``/``test_``, else train; the epoch is of none) and at most
-:data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) after the record's first point, and the record does not
+:data:`~trackbridge.tracking.source.WALL_TIME_TOLERANCE` (1 s) after the record's first point, and the record does not
 hold that name yet. The record's wall time is its first point's timestamp (MLflow keeps milliseconds). In a run
 without a time axis (``extra["time_axis"] == "missing"``: the sink made up one distinct timestamp per record) only
 equal timestamps share a record. A training row and an evaluation row of the same step are two records, each with
@@ -45,9 +45,9 @@ from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
 from ...record import Record, RunInfo
-from ...sinks import _sanitize
-from ...sinks.base import SinkError
-from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
+from ...tracking import names as _sanitize
+from ...tracking.sink import SinkError
+from ...tracking.source import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 from .client import (
     TAG_ESCAPE,
     TAG_HIST,
@@ -292,6 +292,7 @@ class MlflowSource(Source):
     """Runs in an MLflow store, filtered by ``experiment``, ``run`` and ``name``."""
 
     kind = "mlflow"
+    option_names = ("experiment", "run", "name")
 
     def runs(self) -> Iterator[RunReader]:
         uri = tracking_uri(self.location)

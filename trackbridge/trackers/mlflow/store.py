@@ -10,7 +10,7 @@ to it. The MLflow sink (and ``trackbridge migrate``'s check of where it writes) 
 * an MLflow store is fine: it has the tables ``experiments``, ``runs`` and ``metrics``, and ``runs`` has MLflow's
   ``run_uuid`` column (``alembic_version`` is not required, so that a store another process is creating this
   moment is not refused);
-* anything else is refused with a :class:`~trackbridge.sinks.base.SinkError` naming the file and why: an SQLite
+* anything else is refused with a :class:`~trackbridge.tracking.sink.SinkError` naming the file and why: an SQLite
   database with other tables (the first few are named), or a file that is not an SQLite database at all.
 
 The file is opened read-only (``mode=ro``), so the check itself never creates or changes anything. A database that
@@ -29,7 +29,7 @@ import sqlite3
 import uuid
 from pathlib import Path
 
-from ...sinks.base import SinkError
+from ...tracking.sink import SinkError
 
 MLFLOW_TABLES = ("experiments", "runs", "metrics")
 SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...sources.base import RunReader
+    from ...tracking.source import RunReader
 
 DERIVED_DESCRIPTION = "derived by trackbridge (computed from other metrics, not logged by the trainer)"
 INFO_FILE = "trackbridge-run.json"   # the run info at close (see TensorBoardSink._write_final_info)

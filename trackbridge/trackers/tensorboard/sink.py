@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo, dumps
-from ...sinks.base import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, Sink, SinkError
 from ...values import printable
 from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, frame
 
@@ -174,7 +174,9 @@ class TensorBoardSink(Sink):
     """Writes event files to ``DIR/<run name>/``. Options: ``bins=N`` (histogram buckets for raw values)."""
 
     kind = "tensorboard"
-    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+    option_names = ("bins",)
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
+        "numbers as float32 (about 7 significant digits)", "raw histogram samples as 30 buckets (?bins=N)"))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)

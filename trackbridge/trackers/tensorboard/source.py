@@ -29,9 +29,9 @@ What is read from each ``Summary.Value``:
 
 Grouping: values are gathered into one :class:`Record` per Event for files written by trackbridge (one Event per
 record). For other writers (one Event per value: ``SummaryWriter.add_scalar``, tensorboardX) consecutive Events are
-merged into one record, with the first Event's wall time, per step and split (see :mod:`trackbridge.sources.base`):
+merged into one record, with the first Event's wall time, per step and split (see :mod:`trackbridge.tracking.source`):
 same step, same split (``eval/``/``eval_``, ``test/``/``test_``, else train; the epoch is of none), wall times at
-most :data:`~trackbridge.sources.base.WALL_TIME_TOLERANCE` (1 s) from the record's first, no tag twice. The values
+most :data:`~trackbridge.tracking.source.WALL_TIME_TOLERANCE` (1 s) from the record's first, no tag twice. The values
 of one logged row (microseconds apart) are one record; the evaluation row transformers writes at the same step after
 evaluating is a record of its own, with its own wall time.
 """
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
-from ...sources.base import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
+from ...tracking.source import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
 from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, read_event_records
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
@@ -315,6 +315,7 @@ class TensorBoardSource(Source):
     ``verify=0`` (skip data CRC checks)."""
 
     kind = "tensorboard"
+    option_names = ("run", "verify")
 
     def __init__(self, location: str, **options: str) -> None:
         super().__init__(location, **options)

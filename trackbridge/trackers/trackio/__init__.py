@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...sources._files import sqlite_tables
+from ...tracking.textfiles import sqlite_tables
 
 TABLES = ("metrics", "configs")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, encode_value
-from ...sinks.base import SinkError
+from ...tracking.sink import SinkError
 
 SCHEMA_VERSION = 2          # trackio 0.43.0's PRAGMA user_version
 CONFIG_KEY = "_trackbridge"

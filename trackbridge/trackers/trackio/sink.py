@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Record, RunInfo
-from ...sinks._sanitize import NameCache
-from ...sinks.base import Capabilities, Sink, SinkError, step_ok
+from ...tracking.names import NameCache
+from ...tracking.sink import Capabilities, Sink, SinkError, step_ok
 from ...values import printable
 from .schema import CONFIG_KEY, connect, encode, init_db, iso, process_lock, trackio_key, trackio_unkey
 
@@ -53,7 +53,9 @@ class TrackioSink(Sink):
     """Writes records to one run of a local Trackio project (see the module docstring)."""
 
     kind = "trackio"
-    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+    option_names = ("project", "run")
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
+        "wall times to the microsecond", "raw histogram samples as 64 buckets"))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Record, RunInfo
-from ...sources.base import RunReader, Source, SourceError, mark_derived
+from ...tracking.source import RunReader, Source, SourceError, mark_derived
 from .schema import CONFIG_KEY, HIST_TYPE, canonical_project_name, parse_iso, trackio_to_histogram, trackio_unkey
 
 _SPECIAL = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
@@ -118,6 +118,7 @@ class TrackioSource(Source):
     """Every run of every project database in a trackio directory (filtered by ``project``, ``run``, ``name``)."""
 
     kind = "trackio"
+    option_names = ("project", "run", "name")
 
     def _databases(self) -> list[tuple[str, Path]]:
         root = Path(self.location).expanduser()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...sources.base import RunReader
+    from ...tracking.source import RunReader
 
 STEP_KEY = "trackbridge/step"
 META_KEY = "_trackbridge"

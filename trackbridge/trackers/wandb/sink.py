@@ -47,7 +47,7 @@ from typing import Any
 
 from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo
-from ...sinks.base import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, Sink, SinkError
 from ...values import printable, utf8_ok
 from .records import META_KEY, STEP_KEY, has_exit_record, run_files
 
@@ -83,7 +83,9 @@ class WandbSink(Sink):
     ``flush_timeout`` (seconds close() waits for the offline file to be complete)."""
 
     kind = "wandb"
-    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True)
+    option_names = ("mode", "project", "entity", "bins", "flush_timeout")
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
+        "raw histogram samples as 64 buckets (?bins=N)",))
 
     def __init__(self, location: str = "", **options: str) -> None:
         super().__init__(location, **options)

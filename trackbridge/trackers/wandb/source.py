@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
-from ...sources.base import RunReader, Source, SourceError, mark_derived
+from ...tracking.source import RunReader, Source, SourceError, mark_derived
 from .records import META_KEY, STEP_KEY, find_wandb_files, folder_order, read_payloads, run_id_of
 
 
@@ -274,6 +274,7 @@ class WandbSource(Source):
     """wandb runs under a folder (see the module doc). Option: ``run=ID`` (run id or name)."""
 
     kind = "wandb"
+    option_names = ("mode", "run")
 
     def __init__(self, location: str, **options: str) -> None:
         super().__init__(location, **options)

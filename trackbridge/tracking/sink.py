@@ -28,6 +28,9 @@ class Capabilities:
     text: bool = False           # can store strings
     nan: bool = True             # can store NaN / +-inf
     wall_time: bool = True       # keeps the wall time we give it
+    #: what the tracker keeps less exactly than a record holds it, one phrase each ("wall times to the millisecond",
+    #: "values as float32"); ``migrate`` names them in its summary, so no loss goes unsaid
+    resolution: tuple[str, ...] = ()
 
 
 class Unreachable(TrackBridgeError, OSError):
@@ -74,6 +77,9 @@ class Sink(ABC):
 
     kind: str = "sink"
     capabilities = Capabilities()
+    #: the locator options (``?name=value``) this sink reads; any other is refused, naming these (None: not declared,
+    #: anything is taken)
+    option_names: tuple[str, ...] | None = None
 
     #: packages the sink needs (checked at ``init``, before training starts) and the extra that installs them; a sink
     #: made from a locator gets them from its registration (:func:`trackbridge.trackers.register_tracker`)
@@ -139,7 +145,7 @@ class Sink(ABC):
         slime's ``train/step``, ``rollout/step``); True when a name was seen on an axis for the first time. They are
         kept in ``run.extra["axes"]`` (name -> axis), which every sink stores with its run metadata, so that a reader
         of a store that keeps points rather than rows gives each series its own axis again
-        (:func:`~trackbridge.sources.base.mark_derived`); sinks re-save that metadata when this returns True."""
+        (:func:`~trackbridge.tracking.source.mark_derived`); sinks re-save that metadata when this returns True."""
         seen: dict[str, str] = self.__dict__.setdefault("_axes_seen", {})
         new = False
         for r in records:

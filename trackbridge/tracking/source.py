@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from ..errors import TrackBridgeError
 from ..record import Record, RunInfo, split_by_axis
@@ -65,6 +65,28 @@ def same_row(step: int | None, wall_time: float | None, splits: frozenset[str], 
     if wall_time is None or other_wall_time is None:
         return False
     return len(splits | other_splits) <= 1 and abs(other_wall_time - wall_time) <= tolerance
+
+
+def gather(points: Iterable[tuple[int | None, float | None, str, Any]]) -> Iterator[Record]:
+    """Records from points ``(step, wall_time, name, value)`` in the order given, for a reader of a store that keeps
+    points rather than rows: a point joins the record before it when :func:`same_row` allows it and the record does
+    not hold its name yet, else it starts a new record (so a key logged twice at one step stays two records, and a
+    step's training and evaluation rows stay two records, each with its own wall time)."""
+    rec: Record | None = None
+    splits: frozenset[str] = frozenset()
+    for step, wall_time, name, value in points:
+        split = split_of(name)
+        mine = frozenset((split,)) if split is not None else frozenset()
+        if rec is not None and name not in rec.metrics and same_row(rec.step, rec.wall_time, splits, step,
+                                                                    wall_time, mine):
+            rec.metrics[name] = value
+            splits |= mine
+            continue
+        if rec is not None:
+            yield rec
+        rec, splits = Record(step=step, wall_time=wall_time, metrics={name: value}), mine
+    if rec is not None:
+        yield rec
 
 
 @dataclass
@@ -139,6 +161,9 @@ class UnreadableRun(RunReader):
 
 class Source(ABC):
     kind: str = "source"
+    #: the locator options (``?name=value``) this reader reads; any other is refused, naming these (None: not
+    #: declared, anything is taken)
+    option_names: tuple[str, ...] | None = None
 
     def __init__(self, location: str, **options: str) -> None:
         self.location = location

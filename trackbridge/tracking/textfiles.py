@@ -1,152 +1,15 @@
-"""Helpers shared by the plain-file readers (``csv:``, ``trainer-state:``, ``console:``).
-
-Why a separate module: the three readers all face the same small problems -- reading text line by line without
-loading the file, turning a printed number (``0.5``, ``nan``, ``-inf``, ``np.float64(0.5)``, ``tensor(0.5)``) into a
-record value, and evaluating a printed Python dict *without* ``eval`` -- and they should solve them the same way.
-Nothing here imports a tracker or framework.
+"""Text files as the readers meet them, shared by every reader of a text format (the ``jsonl`` tracker, ``csv:``,
+``trainer-state:``, ``console:``) and by the trackers that keep runs in SQLite: lines read as a stream without loading
+the file, a location that must exist, a compact summary of skipped lines, binary junk told from damage
+(:class:`JunkGuard`), and the tables of an SQLite file (:func:`sqlite_tables`). Nothing here imports a tracker or
+framework.
 """
 from __future__ import annotations
 
-import ast
-import math
-import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-from ..errors import TrackBridgeError
-from .base import RunReader, SourceError
-
-# ANSI colour/cursor sequences (Ray prefixes every worker line with "\x1b[36m(TaskRunner pid=N)\x1b[0m ").
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-
-_INT = re.compile(r"[+-]?\d+\Z")
-_FLOAT = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)\Z")
-_SPECIAL = {
-    "nan": math.nan, "+nan": math.nan, "-nan": math.nan,
-    "inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
-    "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
-}
-# numpy / torch scalar reprs around a number: np.float64(0.5), numpy.int64(3), np.True_, tensor(0.5, device='cuda:0')
-_WRAPPED = re.compile(
-    r"(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\(\s*(?P<a>[^(),]+?)\s*\)\Z"
-    r"|(?:torch\.)?tensor\(\s*(?P<b>[^(),]+?)\s*(?:,.*)?\)\Z"
-)
-_BOOLS = {"true": 1, "false": 0, "np.true_": 1, "np.false_": 0}
-
-
-def parse_number(text: str) -> int | float | None:
-    """A printed scalar as a number, or ``None`` if ``text`` is not one.
-
-    Accepts ints, floats (``1e-06``, ``.5``), ``nan``/``inf``/``Infinity`` in any case and sign, booleans (as 1/0,
-    the way trackers store them), and numpy/torch scalar reprs (``np.float64(0.5)``, ``tensor(0.5, device='cuda:0')``).
-    Integers stay ``int``; everything else is ``float``.
-    """
-    t = text.strip()
-    if not t:
-        return None
-    if _INT.match(t):
-        return int(t)
-    if _FLOAT.match(t):
-        return float(t)
-    low = t.lower()
-    if low in _SPECIAL:
-        return _SPECIAL[low]
-    if low in _BOOLS:
-        return _BOOLS[low]
-    m = _WRAPPED.match(t)
-    if m:
-        return parse_number(m.group("a") or m.group("b") or "")
-    return None
-
-
-class LiteralError(TrackBridgeError, ValueError):
-    """A printed dict that is not a plain mapping of names to scalars."""
-
-
-_NAMES = {"nan": math.nan, "inf": math.inf, "NaN": math.nan, "Infinity": math.inf,
-          "True": 1, "False": 0, "None": None}
-# Callables whose single argument is the value: np.float64(x), numpy.int32(x), tensor(x, device=...), float('nan')
-_WRAPPER_CALL = re.compile(r"(?:(?:np|numpy)\.(?:float|int|uint|bool_?)\d*|(?:torch\.)?tensor|float|int)\Z")
-
-
-# tensor(0.5, grad_fn=<MeanBackward0>): the "<...>" part is not Python syntax; it says nothing about the value.
-_GRAD_FN = re.compile(r",\s*grad_fn=<[\w.]+>")
-
-
-def _call_name(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_call_name(node.value)}.{node.attr}"
-    return "?"
-
-
-def _scalar(node: ast.AST, quoted: list[bool] | None = None) -> Any:
-    """Evaluate one value node of a printed dict: constants, signs, nan/inf names and scalar wrappers only.
-
-    ``quoted`` (if given) gets a ``True`` appended when a number had been printed as a string.
-    """
-    if isinstance(node, ast.Constant):
-        v = node.value
-        if isinstance(v, bool):
-            return int(v)
-        if v is None or isinstance(v, (int, float)):
-            return v
-        if isinstance(v, str):
-            n = parse_number(v)          # transformers >= 4.5x prints floats as '0.1234' strings ("{v:.4g}")
-            if n is not None and quoted is not None:
-                quoted.append(True)
-            return n if n is not None else v
-        raise LiteralError(f"unsupported constant {v!r}")
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _scalar(node.operand)
-        if not isinstance(v, (int, float)):
-            raise LiteralError("sign applied to a non-number")
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.Name) and node.id in _NAMES:
-        return _NAMES[node.id]
-    if isinstance(node, ast.Attribute) and _call_name(node) in ("np.nan", "numpy.nan", "math.nan"):
-        return math.nan
-    if isinstance(node, ast.Attribute) and _call_name(node) in ("np.inf", "numpy.inf", "math.inf"):
-        return math.inf
-    if isinstance(node, ast.Call) and _WRAPPER_CALL.match(_call_name(node.func)) and len(node.args) == 1:
-        v = _scalar(node.args[0])
-        if isinstance(v, str):
-            n = parse_number(v)
-            if n is None:
-                raise LiteralError(f"{_call_name(node.func)}({v!r}) is not a number")
-            return n
-        return v
-    raise LiteralError(f"unsupported value {ast.dump(node)[:60]}")
-
-
-def parse_printed_dict(text: str) -> tuple[dict[str, Any], list[str], bool]:
-    """Evaluate a printed Python dict of scalars safely (``ast.parse``, no ``eval``).
-
-    Returns ``(values, dropped, quoted)``: the name -> value mapping, the keys whose values are not scalars (nested
-    dicts, lists, objects), which the caller reports, and whether some numbers were printed as strings (rounded).
-    Raises :class:`LiteralError` if ``text`` is not a dict with
-    string keys at all (syntax error, truncated line, set, ...).
-    """
-    text = _GRAD_FN.sub("", text)
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError) as exc:
-        raise LiteralError(f"not a Python literal ({getattr(exc, 'msg', exc)})") from None
-    node = tree.body
-    if not isinstance(node, ast.Dict):
-        raise LiteralError("not a dict")
-    out: dict[str, Any] = {}
-    dropped: list[str] = []
-    quoted: list[bool] = []
-    for k, v in zip(node.keys, node.values):
-        if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
-            raise LiteralError("a key is not a string")
-        try:
-            out[k.value] = _scalar(v, quoted)
-        except LiteralError:
-            dropped.append(k.value)
-    return out, dropped, bool(quoted)
+from .source import RunReader, SourceError
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str, bool]]:
@@ -168,12 +31,6 @@ def existing_file(location: str, what: str) -> Path:
     if not p.exists():
         raise SourceError(f"{what}: no such file or folder: {location}")
     return p
-
-
-def number_or_text(cell: str) -> Any:
-    """A CSV cell as a record value: a number when it reads as one, else the text itself."""
-    n = parse_number(cell)
-    return cell if n is None else n
 
 
 class LineSummary:

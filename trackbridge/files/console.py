@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Generator, Iterator
 
 from ..record import Record, RunInfo
-from ._files import ANSI, LineSummary, LiteralError, existing_file, iter_lines, parse_number, parse_printed_dict
-from .base import RunReader, Source, SourceError
+from ..tracking.source import RunReader, Source, SourceError
+from ..tracking.textfiles import LineSummary, existing_file, iter_lines
+from .printed import ANSI, LiteralError, parse_number, parse_printed_dict
 
 # "step:12 - a:1 - b:2" at the start of a segment or after a space/bracket (Ray and logging prefixes).
 _STEP_LINE = re.compile(r"(?:^|(?<=[\s\])]))step:(?P<step>-?\d+)(?P<rest>(?: - .*)?)$")
@@ -218,6 +219,7 @@ class ConsoleSource(Source):
     """A console log file, or a folder of them (``*.log``, ``*.txt``, ``*.out``, ``*.err``; one run per file)."""
 
     kind = "console"
+    option_names = ("step",)
 
     def runs(self) -> Iterator[RunReader]:
         p = existing_file(self.location, "console")

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from ..record import Record, RunInfo
-from ._files import existing_file
-from .base import RunReader, Source, SourceError
+from ..tracking.source import RunReader, Source, SourceError
+from ..tracking.textfiles import existing_file
 
 CONFIG_FIELDS = ("logging_steps", "eval_steps", "save_steps", "train_batch_size", "num_train_epochs", "max_steps")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
@@ -267,6 +267,7 @@ class TrainerStateSource(Source):
     """A trainer_state.json file, or a training output folder (its own or its latest checkpoint's state)."""
 
     kind = "trainer-state"
+    option_names = ("key",)
 
     def runs(self) -> Iterator[RunReader]:
         p = existing_file(self.location, "trainer-state")

@@ -22,7 +22,7 @@ with the line it *starts* on, it is the one row lost (the message says so), and 
 as rows; the same for a quoted cell that spans several lines and leaves the row with the wrong number of cells.
 Binary junk (NUL bytes, bytes that are not UTF-8) at the start of the file, or three unreadable rows in a row one
 of which is binary, ends the reading of that file with one fatal problem (see
-:class:`~trackbridge.sources._files.JunkGuard`); what came before is kept.
+:class:`~trackbridge.tracking.textfiles.JunkGuard`); what came before is kept.
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..record import Record, RunInfo
-from ._files import JunkGuard, LineSummary, existing_file, not_text, number_or_text, parse_number, sniff_binary
-from .base import RunReader, Source, SourceError, UnreadableRun
+from ..tracking.source import RunReader, Source, SourceError, UnreadableRun
+from ..tracking.textfiles import JunkGuard, LineSummary, existing_file, not_text, sniff_binary
+from .printed import number_or_text, parse_number
 
 STEP_COLUMNS = ("Step", "train/global_step", "global_step", "_step")
 _PANEL_EXTREME = re.compile(r"__(?:MIN|MAX)$")
@@ -231,6 +232,7 @@ class CsvSource(Source):
     """A W&B CSV export (history or panel layout); a folder means every ``*.csv`` in it."""
 
     kind = "csv"
+    option_names = ("step",)
 
     def runs(self) -> Iterator[RunReader]:
         p = existing_file(self.location, "csv")
