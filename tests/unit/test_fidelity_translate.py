@@ -80,9 +80,11 @@ def test_verl_one_mini_batch_config_is_exact(reg):
 def test_trl_default_logging_window_and_one_step_window(reg):
     tr, res = run(reg, "trl")
     assert res.source.startswith("trl/grpo@v1.14.0..v1.16.0 (detected")
-    for name in ("reward/score/mean", "response/length/mean", "optim/lr"):
+    for name in ("reward/score/mean", "response/length/mean"):
         assert tagged(res.approximate[name]) == {"window"}
         assert "(window = logging_steps = 10 (the default))" in res.approximate[name]
+    # the lr of the row's own step (the window's last): the value the canonical name holds at that step
+    assert "optim/lr" in res.metrics and "optim/lr" not in res.approximate
     assert tagged(res.approximate["kl/ref/k3"]) == {"processes", "window"}
     # logging every step: the gathered per-sequence values and the lr are exact; the token means still average the
     # processes' values unweighted (how many processes is not in the config)

@@ -240,6 +240,32 @@ def test_a_config_entry_needs_canonical_or_default(tmp_path):
     assert any(e.line == _line(text, "{key: actor.epochs}") for e in errs), [str(e) for e in errs]
 
 
+def test_a_default_may_be_another_config_keys_value(tmp_path):
+    """GRPO's steps_per_generation defaults to gradient_accumulation_steps (``default_key:``): the run config's value
+    of that key, else its own default; a count reading it follows it."""
+    from trackbridge.translate.fidelity import resolve
+    text = FW.replace("  - {key: actor.epochs, default: 1}\n",
+                      "  - {key: actor.epochs, default_key: actor.passes}\n  - {key: actor.passes, default: 1}\n")
+    reg = _load(tmp_path, text)
+    fw = reg.frameworks["toy"]
+    assert fw.config_default("actor.epochs", None, 0, 2) == (True, 1)
+    assert fw.config_default("actor.epochs", None, 0, 2, {"actor.passes": 3}) == (True, 3)
+    kl = next(e for e in fw.entries if e.key == "kl")
+    r = resolve(kl, fw, None, 2, 2, {"actor.passes": 2})
+    assert r.counts["mini_batches"].n == 8.0 and dict(r.defaults)["actor.epochs"] == 2, r.counts
+    assert resolve(kl, fw, None, 2, 2, {"actor.passes": 2, "actor.epochs": 1}).counts["mini_batches"].n == 4.0
+    # refused: both, a loop, a key whose chain ends without a default
+    for bad, words in (("{key: actor.epochs, default: 1, default_key: actor.passes}", "not both"),
+                       ("{key: actor.epochs, default_key: actor.epochs}", "another run config key"),
+                       ("{key: actor.epochs, default_key: nowhere}", "has no default of its own")):
+        errs = _errors(tmp_path, FW.replace("{key: actor.epochs, default: 1}", bad))
+        assert any(words in str(e) and e.line == _line(FW, "{key: actor.epochs, default: 1}") for e in errs), \
+            [str(e) for e in errs]
+    loop = FW.replace("  - {key: actor.epochs, default: 1}\n",
+                      "  - {key: actor.epochs, default_key: a.b}\n  - {key: a.b, default_key: actor.epochs}\n")
+    assert any("default_key loops (actor.epochs -> a.b -> actor.epochs)" in str(e) for e in _errors(tmp_path, loop))
+
+
 # ------------------------------------------------------------------------------------------------ counts
 @pytest.mark.parametrize("text, config, want", [
     ("data.batch / actor.mini * actor.epochs", {"data.batch": 1024, "actor.mini": 256, "actor.epochs": 2}, 8.0),

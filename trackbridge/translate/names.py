@@ -106,30 +106,32 @@ class NameMap:
         return name
 
     # ------------------------------------------------------------------------------------------------ fidelity
-    def against_reference(self, e: Entry, canon: str, side: str, label: str | None = None) -> str | None:
+    def against_reference(self, e: Entry, canon: str, side: str, label: str | None = None,
+                          split: str | None = None) -> str | None:
         """Why ``e`` (of the source, or of the target: ``side``) is not the canonical quantity ``canon`` (None:
-        exact). Legacy entries: their hand-written reason."""
-        r = self._resolved(e, side, label)
+        exact); ``split``: the key's split other than train (an evaluation's value). Legacy entries: their
+        hand-written reason."""
+        r = self._resolved(e, side, label, split)
         if r is None:
             return reason_of(e)
         metric = self.registry.canonical.find(canon)
-        ref = F.reference(metric) if metric is not None else None
+        ref = F.reference(metric, split) if metric is not None else None
         if ref is None:
             return f"{r.who}: canonical {canon!r} states no reference reduction to compare with"
         return F.judge(r, ref)
 
     def between(self, a: Entry, a_side: str, b: Entry, b_side: str, canon: str, a_label: str | None = None,
-                b_label: str | None = None) -> str | None:
+                b_label: str | None = None, split: str | None = None) -> str | None:
         """Why source entry ``a`` and target entry ``b`` are not the same quantity (None: exact): their stated
         reductions compared directly, else (either is legacy) both against the canonical reference."""
-        ra, rb = self._resolved(a, a_side, a_label), self._resolved(b, b_side, b_label)
+        ra, rb = self._resolved(a, a_side, a_label, split), self._resolved(b, b_side, b_label, split)
         if ra is not None and rb is not None:
             return F.judge(ra, rb)
-        reasons = [r for r in (self.against_reference(a, canon, a_side, a_label),
-                               self.against_reference(b, canon, b_side, b_label)) if r]
+        reasons = [r for r in (self.against_reference(a, canon, a_side, a_label, split),
+                               self.against_reference(b, canon, b_side, b_label, split)) if r]
         return "; ".join(dict.fromkeys(reasons)) or None
 
-    def _resolved(self, e: Entry, side: str, label: str | None) -> F.Resolved | None:
+    def _resolved(self, e: Entry, side: str, label: str | None, split: str | None = None) -> F.Resolved | None:
         if e.reduce is None:
             return None
         fw = self.registry.frameworks[e.framework]
@@ -141,7 +143,7 @@ class NameMap:
         if trainer == NO_TRAINER:
             trainer = None
         lo, hi = spec.bounds(len(fw.releases)) if spec.framework == fw.name else (0.0, float(len(fw.releases)))
-        r = F.resolve(e, fw, trainer, lo, hi, config, label=label)
+        r = F.resolve(e, fw, trainer, lo, hi, config, label=label, split=split)
         if r is not None and self._used is not None:
             for k, v in r.defaults:
                 self._used.setdefault((fw.name, k), v)
@@ -161,18 +163,18 @@ class NameMap:
         fw = framework_of(self.registry, src)
         if key in fw.internal:
             return None
-        split, hit = None, self._forward(fw, key, src)
+        split, hit = None, self._forward(fw, key, src, None)
         if hit is None:
             split, rest = fw.split_prefix(key)
             if split is not None:
-                hit = self._forward(fw, rest, src)
+                hit = self._forward(fw, rest, src, _other(split))
                 if hit is None:
                     # a trainer that prefixed its own keys (TRL KTO v0.8.2-v0.8.6 wrote `eval/...`), prefixed again by
                     # the tracker integration (`train/eval/...`): the inner prefix is the split
                     inner, rest2 = fw.split_prefix(rest)
                     if inner is not None:
-                        hit = self._forward(fw, rest2, src)
                         split = inner if inner != SPLITS.default else split
+                        hit = self._forward(fw, rest2, src, _other(split))
         if hit is None:
             return None
         entry, caps, note, range_reason, outside, unset = hit
@@ -188,7 +190,7 @@ class NameMap:
             plan = replace(plan, marks=replace(plan.marks or Marks(), outside=True))
         return plan
 
-    def _forward(self, fw: FrameworkMapping, key: str, src: Spec
+    def _forward(self, fw: FrameworkMapping, key: str, src: Spec, split: str | None
                  ) -> tuple[Entry, dict[str, str] | None, str | None, str | None, bool, tuple[str, ...]] | None:
         hits = fw.lookup(key)
         if not hits:
@@ -205,7 +207,7 @@ class NameMap:
         e = chosen[0]
         if lo != hi:
             note = self._meaning_note(fw, key, hits, e, src, lo, hi)
-            range_reason = self._range_reason(fw, key, hits, e, src, lo, hi)
+            range_reason = self._range_reason(fw, key, hits, e, src, lo, hi, split)
         # another meaning under a config the run config does not rule out (it lacks the keys): read as the default
         unset = tuple(dict.fromkeys(k for h, _ in hits if h is not e and h.when and h.canonical != e.canonical
                                     and h.applies(src.trainer, lo, hi) and h.condition_holds(self.config) is None
@@ -213,7 +215,7 @@ class NameMap:
         return e, chosen[1], note, range_reason, False, unset
 
     def _range_reason(self, fw: FrameworkMapping, key: str, hits: list[Hit], e: Entry, src: Spec, lo: float,
-                      hi: float) -> str | None:
+                      hi: float, split: str | None) -> str | None:
         """A range of releases (detected, or FRAMEWORK without a version) may hold the name with another reduction
         (or hand-written fidelity) in some of its releases: then the translation is only as good as the worst."""
         # an entry for a non-default config counts only when the run config confirms it, and the unconditional entry
@@ -223,7 +225,7 @@ class NameMap:
                        not (e.when and e.since <= h.since and h.until <= e.until))]
         for h in others:
             if e.reduce is not None and h.reduce is not None:
-                why = self.between(h, "source", e, "source", e.canonical, key, key)
+                why = self.between(h, "source", e, "source", e.canonical, key, key, split)
             elif e.exact and not h.exact:
                 why = reason_of(h)
             else:
@@ -254,8 +256,9 @@ class NameMap:
 
     def _to_target(self, canon: str, split: str | None, fwd: Entry | None, key: str, note: str | None = None) -> Plan:
         canon_key = f"{split}/{canon}" if split else canon
+        ev = _other(split)
         if fwd is not None:
-            canon_reason = self.against_reference(fwd, canon, "source", key)
+            canon_reason = self.against_reference(fwd, canon, "source", key, ev)
         else:
             canon_reason = self.input_fidelity.get(canon_key)
         fwd_like, like_side, like_key = fwd, "source", key
@@ -276,14 +279,14 @@ class NameMap:
                 self.registry.frameworks[rev.framework].same_quantity(fwd_like, rev):
             # the same entry there and back, or a declared rename: the same quantity. A canonical input keeps a
             # reason that is not the entry's own (the release range it came from held another fidelity)
-            own = self.against_reference(fwd_like, canon, like_side, like_key)
+            own = self.against_reference(fwd_like, canon, like_side, like_key, ev)
             approx = None if fwd is not None or canon_reason == own else canon_reason
         elif fwd_like is not None and (fwd is not None or (fwd_like.reduce is not None and rev.reduce is not None)):
-            approx = self.between(fwd_like, like_side, rev, "target", canon, like_key, out)
+            approx = self.between(fwd_like, like_side, rev, "target", canon, like_key, out, ev)
         else:
             # a canonical input without an origin entry that states its reduction: the reason it came with (judged
             # against the canonical reference where it was written), then the target name's own
-            r2 = self.against_reference(rev, canon, "target", out)
+            r2 = self.against_reference(rev, canon, "target", out, ev)
             approx = "; ".join(r for r in dict.fromkeys((canon_reason, r2)) if r) or None
         return Plan(out, canon_key, fwd, rev, approx, note, canon_reason=canon_reason)
 
@@ -311,3 +314,8 @@ def _reverse_in(registry: Registry, fw: FrameworkMapping, canon: str, trainer: s
             if caps is not None:
                 hits.append((e, caps))
     return choose(hits, trainer, lo, hi, config) if hits else None
+
+
+def _other(split: str | None) -> str | None:
+    """The split a value's fidelity is judged under: None for the training split (canonical.yaml's default)."""
+    return None if split is None or split == SPLITS.default else split
