@@ -72,7 +72,9 @@ def test_openrlhf_kl_is_placed_by_use_loss_and_estimator():
     # OpenRLHF k3 as a loss into GRPO: GRPO's kl (approximate in 0.11.2: the step-normalised sums re-weighted by
     # tokens, mappings/openrlhf.yaml profile ppo_step_norm)
     res = trackbridge.translate({"kl": 0.1}, source="openrlhf@0.11.2", target="trl/grpo@1.16.0", config=ORLHF_LOSS_K3)
-    assert res.metrics == {"kl": 0.1} and "2.375" in res.approximate["kl"]
+    assert res.metrics == {"kl": 0.1}
+    assert "token sum over the optimizer step's tokens per rank and micro-batch (not a token mean)" in \
+        res.approximate["kl"]
 
 
 def test_trl_kls_by_pair():
