@@ -332,6 +332,32 @@ def test_lint_reports_unstated_entries_per_file_and_each_and_fails_when_required
     assert "Traceback" not in out.stderr
 
 
+def test_lint_of_a_shipped_file_named_on_the_command_line_checks_that_file(tmp_path):
+    """``mappings lint --require-reduction mappings/openrlhf.yaml``: the shipped file, loaded once (it overlapped
+    itself entry by entry before), and the requirement applies to the files named (is my file done?); a copy of it
+    elsewhere is another file, which does overlap the shipped one."""
+    from trackbridge.schema.loader import user_files
+    shipped = [str(p) for p in shipped_files()]
+    openrlhf = str(mappings_dir() / "openrlhf.yaml")
+    other_spelling = str(mappings_dir() / ".." / mappings_dir().name / "openrlhf.yaml")
+    assert user_files([openrlhf, other_spelling], shipped) == []
+    assert user_files([str(tmp_path / "a.yaml"), str(tmp_path / "a.yaml")], shipped) == [str(tmp_path / "a.yaml")]
+    run = [sys.executable, "-m", "trackbridge", "mappings", "lint", "--require-reduction", openrlhf]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "overlap" not in out.stderr and "openrlhf.yaml" not in out.stderr, out.stderr[-2000:]
+    # a file of the same framework at another path is a user file: its entries collide with the shipped ones
+    copy = _write(tmp_path, "openrlhf-copy.yaml", Path(openrlhf).read_text())
+    out = subprocess.run([*run[:-1], str(copy)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and str(copy) in out.stderr
+    # the requirement is the named files': another file's unstated entries stay warnings
+    user = _write(tmp_path, "user.yaml", FW.replace("framework: toy", "framework: toyuser").replace(
+        "  - {key: legacy, canonical: policy/entropy, fidelity: exact, source: toy.py@v0.2, since: v0.2, "
+        "reverse: false}\n", ""))
+    out = subprocess.run([*run[:-1], str(user)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_shipped_files_load_with_the_new_format():
     reg = build_registry(shipped_files(), [])
     assert reg.canonical.metrics and all(fw.entries for fw in reg.frameworks.values())
