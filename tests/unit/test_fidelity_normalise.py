@@ -163,3 +163,41 @@ def test_an_evaluations_values_are_taken_at_evaluation_time_once_per_evaluation(
     assert "ga" not in dict(ev.defaults)
     # a value computed over the whole evaluation is exact against the evaluation's reference
     assert judge(res(reg, "score", split="eval"), ref(reg, "toy/score", "eval")) is None
+
+
+# ------------------------------------------------------------------------------------------ `when` and defaults
+EPS = """\
+format: trackbridge.mapping/1
+framework: eps
+releases: [v1.0]
+trainers:
+  grpo: {kind: rl}
+config:
+  - {key: kl_type, default: k1}
+entries:
+  - {key: kl, canonical: kl/ref/k3, trainers: [grpo], reduce: {tokens: token_mean, snapshot: update, estimator: k3},
+     source: eps/loss.py@v1.0}
+  - {key: kl, canonical: kl/ref/k1, trainers: [grpo], when: {config: {kl_type: k1}},
+     reduce: {tokens: token_mean, snapshot: update, estimator: k1}, source: eps/loss.py@v1.0}
+  - {key: kl, canonical: kl/ref/k2, trainers: [grpo], when: {config: {kl_type: k2}},
+     reduce: {tokens: token_mean, snapshot: update, estimator: k2}, source: eps/loss.py@v1.0}
+"""
+
+
+def test_a_when_key_the_run_config_lacks_holds_the_frameworks_default(tmp_path):
+    """A run that does not set kl_type ran with the framework's default (k1): its kl is the k1 entry's, and the
+    translation says which default it assumed (before, the unconditional k3 entry was read, with a note that the
+    config might change it)."""
+    from trackbridge.translate import Translator
+    f = tmp_path / "eps.yaml"
+    f.write_text(EPS)
+    reg = load_registry([str(f)])
+    res = Translator("eps/grpo@1.0", "canonical", registry=reg).translate({"kl": 0.1})
+    assert res.metrics == {"kl/ref/k1": 0.1}, res.metrics
+    tr = Translator("eps/grpo@1.0", "canonical", registry=reg)
+    tr.translate({"kl": 0.1})
+    assert any("kl_type=k1 (eps's default, assumed)" in n for n in tr.notes), tr.notes
+    assert not any("mean another quantity" in n for n in tr.notes), tr.notes
+    for kl_type, want in (("k2", "kl/ref/k2"), ("k3", "kl/ref/k3"), ("k1", "kl/ref/k1")):
+        res = Translator("eps/grpo@1.0", "canonical", registry=reg, config={"kl_type": kl_type}).translate({"kl": 0.1})
+        assert res.metrics == {want: 0.1}, (kl_type, res.metrics)

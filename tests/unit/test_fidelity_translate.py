@@ -103,7 +103,10 @@ def test_openrlhf_kl_is_the_reward_side_k1_by_default_and_the_loss_k3_when_confi
     assert res.source.startswith("openrlhf/ppo@v0.11.0..v0.11.2 (detected")
     assert "kl/old_ref/k1" in res.metrics and tagged(res.approximate["kl/old_ref/k1"]) == {"micro_batches",
                                                                                             "processes"}
-    assert any("kl (algo.kl" in n and "pass the run config" in n for n in tr.notes)
+    # the run config does not set use_loss / the estimator: OpenRLHF's defaults held (said), so the reward-side k1
+    assert any("algo.kl.use_loss=False" in n and "algo.kl.estimator=k1" in n and "(openrlhf's default, assumed)" in n
+               for n in tr.notes), tr.notes
+    assert not any("mean another quantity" in n for n in tr.notes), tr.notes
     _, res = run(reg, "openrlhf", {"algo": {"kl": {"use_loss": True, "estimator": "k3"}}})
     assert "kl/ref/k3" in res.metrics and "kl/old_ref/k1" not in res.metrics
 

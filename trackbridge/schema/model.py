@@ -160,23 +160,26 @@ class Entry:
         return trainer is None or self.trainers is None or trainer in self.trainers
 
     def condition_holds(self, config: Mapping[str, Any] | None) -> bool | None:
-        """True/False when the run config decides the ``when`` condition; None when the config does not say."""
+        """True/False when the run config decides the ``when`` condition; None when the config does not say. One
+        item the config contradicts decides it (False), whatever the config says of the others."""
         if not self.when:
             return True
         if not config:
             return None
+        unknown = False
         for k, want in self.when:
             if k not in config:
-                return None
+                unknown = True
+                continue
             if isinstance(want, Cond):
                 ok = want.test(config[k])
                 if ok is None:
-                    return None
-                if not ok:
+                    unknown = True
+                elif not ok:
                     return False
             elif not config_equal(config[k], want):      # trackers store config values as text at times
                 return False
-        return True
+        return None if unknown else True
 
     def to_canonical(self, value: Any) -> Any:
         return _apply(value, self.scale, self.offset)

@@ -83,6 +83,9 @@ class DeriveStage:
                     value = rev.from_canonical(value)
                     why_target = names.against_reference(rev, base, "target", out,
                                                          None if split == SPLITS.default else split)
+                    unconfirmed = names.unconfirmed(rev, hit[1], out)
+                    if unconfirmed:
+                        why_target = f"{why_target}; {unconfirmed}" if why_target else unconfirmed
             if out in res.metrics:
                 continue                       # logged under the target's name: a derived value never overwrites
             res.metrics[out] = value

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from ..schema.facts import SPLITS
 from ..schema.loader import Registry
-from ..schema.model import Entry, FrameworkMapping
+from ..schema.model import Entry, FrameworkMapping, condition_value_text
 from ..schema.spec import Spec
 from . import fidelity as F
 from .entries import Hit, Marks, Plan, choose, nearest, reason_of, split_canonical, until_name
@@ -196,32 +196,53 @@ class NameMap:
         if not hits:
             return None
         lo, hi = src.bounds(len(fw.releases))
-        chosen = choose(hits, src.trainer, lo, hi, self.config)
+        cfg, assumed = self._when_config(fw, hits, src.trainer, lo, hi)
+        chosen = choose(hits, src.trainer, lo, hi, cfg)
         note = range_reason = None
         if chosen is None:       # logged outside the detected/requested releases or by another trainer: use the
-            chosen = nearest(hits, src.trainer, lo, hi, self.config) \
-                or nearest(hits, None, lo, hi, self.config)         # nearest release's meaning, and say so
+            chosen = nearest(hits, src.trainer, lo, hi, cfg) \
+                or nearest(hits, None, lo, hi, cfg)                 # nearest release's meaning, and say so
             if chosen is None:
                 return None
             return chosen[0], chosen[1], None, None, True, ()
         e = chosen[0]
         if lo != hi:
-            note = self._meaning_note(fw, key, hits, e, src, lo, hi)
-            range_reason = self._range_reason(fw, key, hits, e, src, lo, hi, split)
-        # another meaning under a config the run config does not rule out (it lacks the keys): read as the default
-        unset = tuple(dict.fromkeys(k for h, _ in hits if h is not e and h.when and h.canonical != e.canonical
-                                    and h.applies(src.trainer, lo, hi) and h.condition_holds(self.config) is None
-                                    for k, _ in h.when if k not in self.config))
+            note = self._meaning_note(fw, key, hits, e, src, lo, hi, cfg)
+            range_reason = self._range_reason(fw, key, hits, e, src, lo, hi, split, cfg)
+        # another meaning under a config the run config does not rule out (it lacks the keys, and the framework
+        # declares no default for them): read with the default meaning; a default that decided it is said as such
+        deciding = [h for h, _ in hits if h is not e and h.when and h.canonical != e.canonical
+                    and h.applies(src.trainer, lo, hi) and h.condition_holds(self.config) is None]
+        unset = tuple(dict.fromkeys(k for h in deciding for k, _ in h.when if k not in cfg))
+        if self._used is not None:
+            for h in deciding:
+                for k, _ in h.when:
+                    if k in assumed:
+                        self._used.setdefault((fw.name, k), assumed[k])
         return e, chosen[1], note, range_reason, False, unset
 
+    def _when_config(self, fw: FrameworkMapping, hits: list[Hit], trainer: str | None, lo: float, hi: float
+                     ) -> tuple[Mapping[str, Any], dict[str, Any]]:
+        """The run config as the ``when:`` conditions of ``hits`` read it: a key the run config lacks holds the
+        framework's default (a run that does not set loss_fn.reference_policy_kl_type ran with k3), so an entry for
+        another value does not apply. (config, {key: default assumed})."""
+        assumed: dict[str, Any] = {}
+        for h, _ in hits:
+            for k, _ in h.when:
+                if k not in self.config and k not in assumed:
+                    known, value = fw.config_default(k, trainer, lo, hi, self.config)
+                    if known:
+                        assumed[k] = value
+        return ({**self.config, **assumed} if assumed else self.config), assumed
+
     def _range_reason(self, fw: FrameworkMapping, key: str, hits: list[Hit], e: Entry, src: Spec, lo: float,
-                      hi: float, split: str | None) -> str | None:
+                      hi: float, split: str | None, cfg: Mapping[str, Any]) -> str | None:
         """A range of releases (detected, or FRAMEWORK without a version) may hold the name with another reduction
         (or hand-written fidelity) in some of its releases: then the translation is only as good as the worst."""
         # an entry for a non-default config counts only when the run config confirms it, and the unconditional entry
         # only where no confirmed `when` entry replaces it: `when` entries are alternatives by config, not by release
         others = [h for h, _ in hits if h is not e and h.canonical == e.canonical and h.applies(src.trainer, lo, hi)
-                  and (h.condition_holds(self.config) is True if h.when else
+                  and (h.condition_holds(cfg) is True if h.when else
                        not (e.when and e.since <= h.since and h.until <= e.until))]
         for h in others:
             if e.reduce is not None and h.reduce is not None:
@@ -236,13 +257,13 @@ class NameMap:
         return None
 
     def _meaning_note(self, fw: FrameworkMapping, key: str, hits: list[Hit], chosen: Entry, src: Spec, lo: float,
-                      hi: float) -> str | None:
+                      hi: float, cfg: Mapping[str, Any]) -> str | None:
         """A note when ``key`` means different quantities in different releases of the range in use, and choosing
         the release would settle it: an entry of another canonical name whose releases do not overlap the chosen
         one's. Entries that differ by config (``when``), by trainer or by key pattern (a template beside a literal
         key) are not differences a release resolves, and get no such note."""
         others = [h for h, _ in hits if h is not chosen and h.canonical != chosen.canonical
-                  and h.applies(src.trainer, lo, hi) and h.condition_holds(self.config) is not False
+                  and h.applies(src.trainer, lo, hi) and h.condition_holds(cfg) is not False
                   and h.when == chosen.when and (h.key_template is None) == (chosen.key_template is None)
                   and (h.until < chosen.since or h.since > chosen.until)
                   and (src.trainer is None or h.trainers is None or chosen.trainers is None
@@ -275,6 +296,7 @@ class NameMap:
                         marks=Marks(no_target_name=True))
         rev, caps = hit
         out = self.framework_out(rev, caps, split)
+        unconfirmed = self.unconfirmed(rev, caps, out)
         if fwd_like is not None and rev.framework == fwd_like.framework and \
                 self.registry.frameworks[rev.framework].same_quantity(fwd_like, rev):
             # the same entry there and back, or a declared rename: the same quantity. A canonical input keeps a
@@ -288,7 +310,46 @@ class NameMap:
             # against the canonical reference where it was written), then the target name's own
             r2 = self.against_reference(rev, canon, "target", out, ev)
             approx = "; ".join(r for r in dict.fromkeys((canon_reason, r2)) if r) or None
+        if unconfirmed:
+            approx = f"{approx}; {unconfirmed}" if approx else unconfirmed
         return Plan(out, canon_key, fwd, rev, approx, note, canon_reason=canon_reason)
+
+    def unconfirmed(self, rev: Entry, caps: dict[str, str] | None, out: str) -> str | None:
+        """Why the target name ``out`` holds the quantity of ``rev`` only under a config the target's run config does
+        not confirm (``rev``'s ``when:``): a reader of the target framework's ``kl`` takes it for what that key
+        means under the config it has (OpenRLHF's ``kl`` is the KL loss term only with ``--algo.kl.use_loss``; by
+        default the reward-side KL). None when the entry has no ``when`` or the target config confirms it."""
+        if not rev.when or rev.condition_holds(self.target_config) is True:
+            return None
+        fw = self.registry.frameworks[rev.framework]
+        lo, hi = self.target.bounds(len(fw.releases)) if self.target.framework == fw.name else (0.0, float("inf"))
+        trainer = None if self.target_trainer in (None, NO_TRAINER) else self.target_trainer
+        conds = ", ".join(condition_value_text(k, v) for k, v in rev.when)
+        said = [condition_value_text(k, self.target_config[k]) for k, _ in rev.when if k in self.target_config]
+        assumed = []
+        for k, _ in rev.when:
+            if k not in self.target_config:
+                known, value = fw.config_default(k, trainer, lo, hi, self.target_config)
+                if known:
+                    assumed.append(f"{k}={value}")
+        key = rev.key_template.fill(caps) if rev.key_template is not None and caps is not None else rev.key
+        # what the key means for a run that says nothing more: its config with the framework's defaults of the keys
+        # the key's `when` entries test
+        hits = fw.lookup(key)
+        filled = dict(self.target_config)
+        for e, _ in hits:
+            for k, _ in e.when:
+                if k not in filled:
+                    known, value = fw.config_default(k, trainer, lo, hi, self.target_config)
+                    if known:
+                        filled[k] = value
+        usual = choose(hits, trainer, lo, hi, filled)
+        text = f"{fw.name} {out!r} is {rev.canonical} only when {conds}"
+        text += (f", and the target config says {', '.join(said)}" if said and not assumed else
+                 "; the target config does not say so" + (f" (the defaults: {', '.join(assumed)})" if assumed else ""))
+        if usual is not None and usual[0] is not rev and usual[0].canonical != rev.canonical:
+            text += f"; otherwise {fw.name} {out!r} is {usual[0].canonical}"
+        return text + " [when]"
 
     def _origin_entry(self, canon: str) -> Hit | None:
         org = self.origin
