@@ -201,3 +201,43 @@ def test_a_when_key_the_run_config_lacks_holds_the_frameworks_default(tmp_path):
     for kl_type, want in (("k2", "kl/ref/k2"), ("k3", "kl/ref/k3"), ("k1", "kl/ref/k1")):
         res = Translator("eps/grpo@1.0", "canonical", registry=reg, config={"kl_type": kl_type}).translate({"kl": 0.1})
         assert res.metrics == {want: 0.1}, (kl_type, res.metrics)
+
+
+ZETA = """\
+format: trackbridge.mapping/1
+framework: zeta
+releases: [v1.0]
+trainers:
+  dpo: {kind: preference}
+prefixes:
+  - {prefix: "eval_", split: eval}
+config:
+  - {key: ga, default: 2}
+levels:
+  micro_batches: ga
+entries:
+  - {key: reward, canonical: reward/score/mean, trainers: [dpo],
+     reduce: {tokens: per_seq, micro_batches: mean, processes: gather, snapshot: rollout}, source: zeta/dpo.py@v1.0}
+"""
+
+
+def test_an_eval_key_renamed_back_through_the_canonical_stream_is_the_direct_path(tmp_path):
+    """The logger's path (source -> canonical spool -> the source's names again, the stream remembering its origin)
+    judges an eval key as the direct path does: the same entry there and back is exact (the origin's key was
+    compared without its split prefix, so the stored reason never matched and the eval keys came out approximate)."""
+    from trackbridge.translate import Translator
+    f = tmp_path / "zeta.yaml"
+    f.write_text(ZETA)
+    reg = load_registry([str(f)])
+    row = {"reward": 0.5, "eval_reward": 0.4}
+    to_canon = Translator("zeta/dpo@1.0", "canonical", registry=reg).translate(row)
+    assert set(to_canon.metrics) == {"reward/score/mean", "eval/reward/score/mean"}
+    why = to_canon.approximate["eval/reward/score/mean"]
+    assert "zeta 'eval_reward' averages its micro-batches unweighted (an evaluation's batches are not counted by the " \
+           "run config)" in why, why
+    assert "canonical 'eval/reward/score/mean'" in why and "[micro_batches]" in why
+    direct = Translator("zeta/dpo@1.0", "zeta/dpo@1.0", registry=reg).translate(row)
+    assert direct.approximate == {} and direct.metrics == row
+    back = Translator("canonical", "zeta/dpo@1.0", registry=reg, origin="zeta/dpo@1.0",
+                      fidelity=to_canon.approximate).translate(to_canon.metrics)
+    assert back.metrics == row and back.approximate == direct.approximate, back.approximate

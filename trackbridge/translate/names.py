@@ -286,7 +286,7 @@ class NameMap:
         if fwd is None and self.origin is not None and self.target.kind == "framework":
             found = self._origin_entry(canon)           # the entry the origin wrote this name from, and its key
             if found is not None:
-                fwd_like, like_side, like_key = found[0], "origin", self.framework_out(found[0], found[1], None)
+                fwd_like, like_side, like_key = found[0], "origin", self.framework_out(found[0], found[1], split)
         if self.target.kind == "canonical":
             return Plan(self.canonical_out(canon_key), canon_key, fwd, None, canon_reason, note,
                         canon_reason=canon_reason)
