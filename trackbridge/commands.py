@@ -78,6 +78,29 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--title", default=None, help="report title")
     _HANDLERS["compare"] = _compare
 
+    p = sub.add_parser("doctor", help="read runs like an expert: the symptoms of a sick run, what to check first",
+                       description="Translate each RUN to canonical names and evaluate the diagnostic checks "
+                                   "(mappings/checks.yaml, and check files given with --mappings) over it: KL spikes "
+                                   "and collapses, entropy collapse, clipping, exploding gradients, length hacking, "
+                                   "truncation, overfitting, load imbalance, low MFU. Findings are ordered by what to "
+                                   "look at first, each with its steps, its values, what it means, what to check "
+                                   "first and next, the fidelity caveats of its inputs and its sources. Exit status: "
+                                   "0 no finding at or above --fail-on, 1 findings, 2 bad usage or input.")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run locator or LABEL=LOCATOR (any locator or path the other commands take)")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--fail-on", default="warning", choices=["critical", "warning", "info"],
+                   help="exit 1 when a finding is at least this severe (default: warning)")
+    p.add_argument("--checks", default=None, metavar="IDS", help="comma-separated check ids to run (default: all)")
+    p.add_argument("--from", dest="source", default=None, help="source names: auto (default), canonical or "
+                                                               "FRAMEWORK[/TRAINER][@VERSION]")
+    p.add_argument("--config", metavar="JSON", help="run config as a JSON file, added over the run's own (top_k, "
+                                                    "max_response_length ... for the checks that read the config)")
+    p.add_argument("--verbose", action="store_true", help="also list the checks that could not run, and why")
+    p.add_argument("--mappings", action="append", default=[], metavar="PATH",
+                   help="extra mapping, derived-rule or checks file (repeatable)")
+    _HANDLERS["doctor"] = _doctor
+
 
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
@@ -146,6 +169,8 @@ def _compare(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     for r in result.runs:
         print(f"{r.label}: {len(r.records)} records, translated from {r.source}", file=sys.stderr)
+    for f in result.findings:
+        print(f"finding: {f.run}: {f.severity}: {f.check.title}, {f.where()} [{f.id}]", file=sys.stderr)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if result.html is not None:
@@ -213,3 +238,50 @@ def _replay(args: argparse.Namespace) -> int:
     if done:
         settle_pending(args.spool, done)
     return code
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from .doctor import checks_for, diagnose
+    from .doctor.engine import severity_rank
+    from .doctor.report import text_report
+    from .inputs import open_runs
+    from .schema.loader import load_registry
+    reg = load_registry(args.mappings or None)
+    checks = checks_for(reg, args.mappings)           # a bad checks file: MappingError, exit 2
+    if args.checks:
+        checks = checks.only(c.strip() for c in args.checks.split(",") if c.strip())
+    config = {}
+    if args.config:                                   # a JSON file, as translate's and detect's --config
+        with open(args.config, encoding="utf-8") as fh:
+            config = json.load(fh)
+    runs = []
+    for text in args.runs:
+        found = open_runs(text, config=config, rows=True, allow_label=True)   # unreadable: exit 2
+        if not found:
+            print(f"trackbridge doctor: {text}: no runs found", file=sys.stderr)
+            return ExitCode.USAGE
+        for i, run in enumerate(found):
+            label = run.label or None
+            if label and len(found) > 1:
+                label = f"{label}/{run.info.name or run.info.run_id or i}"
+            runs.append((run, label))
+    results = []
+    for run, label in runs:
+        d = diagnose(run, label=label, source=args.source, mappings=args.mappings or None, checks=checks,
+                     registry=reg)
+        if d.records == 0:
+            print(f"trackbridge doctor: {d.locator}: the run holds no records to diagnose", file=sys.stderr)
+            return ExitCode.USAGE
+        d.problems = [p for p in d.problems if "without metrics" not in p]   # a console log's other lines
+        results.append(d)
+    if args.json:
+        out = [d.to_json() for d in results]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2, default=str))
+    else:
+        sys.stdout.write(text_report(results, verbose=args.verbose))
+    worst = min((severity_rank(f.severity) for d in results for f in d.findings), default=None)
+    if worst is not None and worst <= severity_rank(args.fail_on):
+        return ExitCode.PROBLEMS
+    return ExitCode.OK

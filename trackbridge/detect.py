@@ -7,9 +7,10 @@ with the margin over the runner-up framework.
 
 **"I don't know."** Logs of frameworks trackbridge has no mapping for share a few generic names with the known ones
 (``loss``, ``grad_norm``, ``lr`` under a ``train/`` prefix): a NeMo-RL GRPO record fits OpenRLHF DPO by 3 of 6 keys, a
-slime record OpenRLHF PPO by 3 of 9. Below :data:`MIN_EXPLAINED` of the keys explained by the best framework, or
-below :data:`MIN_CONFIDENCE`, detection answers ``unknown`` and names the nearest guesses; translation then passes
-names through unchanged and says so. Calibrated on the shipped examples and the test logs (tests/data/public-logs:
+slime record OpenRLHF PPO by 3 of 9. Below :data:`MIN_EXPLAINED` of the keys explained by the best framework, or below
+:data:`MIN_CONFIDENCE`, detection answers ``unknown`` and names the nearest guesses; translation then passes names
+through unchanged and says so. Summary keys of a histogram a tracker could not hold (MLflow's ``X/count``, ``X/mean``
+...) count as the one value they are. Calibrated on the shipped examples and the test logs (tests/data/public-logs:
 every log and every single record of them is explained at 0.78 or more of its keys, confidence 0.74 or more) and on
 records of NeMo-RL, slime, AReaL and SkyRL (tests/data/frameworks-next: at most 0.5 of the keys, confidence 0.25 or
 less); tests/unit/test_detect_unknown.py checks both sides.
@@ -114,6 +115,14 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
             continue
         hits = _keys_of(fw, key)
         if not hits:
+            if fw.passthrough and fw.logs_unmapped(key):
+                # logged by the framework without a canonical name: evidence for it at every release it exists in
+                explained_any.add(key)
+                for t in names:
+                    lo_t, hi_t = math.ceil(span[t][0]), int(span[t][1])
+                    row = counts[t]
+                    for r in range(max(0, lo_t), min(hi_t, n_rel - 1) + 1):
+                        row[r] += 1
             continue
         explained_any.add(key)
         for t in names:
@@ -188,6 +197,20 @@ def config_trainers(fw: FrameworkMapping, config: dict[str, Any] | None, within:
     return list(named)
 
 
+SUMMARY_STATS = frozenset({"count", "mean", "std", "min", "max"})   # trackbridge.record.Histogram.summary()
+
+
+def _folded(unexplained: set[str]) -> int:
+    """How many of ``unexplained`` are summary keys of a value counted already: of every group of two or more
+    ``BASE/STAT`` keys (STAT a histogram summary statistic), all but one."""
+    groups: dict[str, int] = {}
+    for k in unexplained:
+        base, _, stat = k.rpartition("/")
+        if base and stat in SUMMARY_STATS:
+            groups[base] = groups.get(base, 0) + 1
+    return sum(c - 1 for c in groups.values() if c > 1)
+
+
 def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
            config: dict[str, Any] | None = None) -> Detection:
     """The framework, trainer and release range that best explain ``keys``. ``within`` (a framework spec, perhaps
@@ -224,6 +247,9 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
         return Detection(None, "unknown", 0.0, n, 0, keys, [], "no key is logged by any framework trackbridge has a "
                          "mapping for")
     second = cands[1][0].explained if len(cands) > 1 else 0
+    # a tracker that holds no histograms stores one as summary keys (MLflow: X/count, X/mean, X/std, X/min, X/max):
+    # one logged value, counted once against the share explained
+    n = n - _folded(set(keys) - cands[0][1])
     conf = top.explained / n * (0.5 + 0.5 * (top.explained - second) / top.explained)
     if top.explained / n < MIN_EXPLAINED or conf < MIN_CONFIDENCE:
         guesses = [f"{c.describe(registry)} ({c.explained} of {n} keys)" for c, _ in cands[:3]]
@@ -331,7 +357,14 @@ def _meanings(fw: FrameworkMapping, key: str, trainer: str, release: int) -> set
     specific = [e for e, _ in hits if e.trainers is not None and trainer in e.trainers
                 and e.applies(trainer, release, release)]
     chosen = specific or [e for e, _ in hits if e.trainers is None and e.applies(trainer, release, release)]
-    return {(e.canonical, e.fidelity, e.differs, e.reason) for e in chosen}
+    return {(e.canonical, e.fidelity, e.differs, e.reason, _stated(e)) for e in chosen}
+
+
+def _stated(e: Entry) -> tuple[tuple[str, Any], ...]:
+    """An entry's stated reduction as compared across trainers (its fidelity is computed from it): the fields, less
+    ``tool_tokens`` (a trainer that cannot call tools and one that leaves tool tokens out agree on every run
+    without tools)."""
+    return tuple((k, v) for k, v in e.reduce.fields if k != "tool_tokens") if e.reduce is not None else ()
 
 
 def _differing(fw: FrameworkMapping, keys: list[str], winner: str, others: list[str],

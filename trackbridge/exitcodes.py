@@ -28,6 +28,9 @@ Per command (what "problems" means where a command's purpose is to find them):
 * ``compare``: differences between runs are the report, not a problem (0). 1 when no metric could be compared
   (nothing to chart) or a tracker of ``--into`` failed (the report is written first). Unreadable runs are 2.
 * ``demo``: 1 when a local tracker could not be written; 2 for an ``--out`` folder that is not the demo's.
+* ``doctor``: finding symptoms is its purpose: 0 when no finding is at or above ``--fail-on`` (default ``warning``),
+  1 when one is, in any run; lines skipped while reading are printed, not a problem. A run that cannot be read or
+  holds no records, an unknown ``--checks`` id or invalid mapping or checks files are 2.
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class Holdings:
         if not any(v is not None for v in keep.values()):
             return None
         return Record(step=rec.step, wall_time=rec.wall_time, metrics=keep,
-                      derived=[d for d in rec.derived if d in keep])
+                      derived=[d for d in rec.derived if d in keep], axis=rec.axis)
 
     def filter(self, records: Iterable[Record], counts: dict[str, int] | None = None) -> Iterator[Record]:
         """The records cut down to what the tracker lacks; ``counts`` (if given) gets ``points_held`` and

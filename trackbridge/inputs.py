@@ -228,7 +228,7 @@ class RowsRun(RunReader):
 
 def _without_wall_time(records: Iterable[Record]) -> Iterator[Record]:
     for r in records:
-        yield Record(r.step, None, r.metrics, r.derived) if r.wall_time is not None else r
+        yield Record(r.step, None, r.metrics, r.derived, r.axis) if r.wall_time is not None else r
 
 
 class InputRun:

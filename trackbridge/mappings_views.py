@@ -50,12 +50,21 @@ def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | 
                 print(str(e), file=sys.stderr)
             print(f"{len(mine)} problem(s)", file=sys.stderr)
             return 2
+    # diagnostic checks (trackbridge doctor): the shipped ones and those among the paths
+    from .doctor import lint_checks
+    try:
+        n_checks = lint_checks(reg, [str(p) for p in paths])
+    except MappingError as exc:            # CheckError (a MappingError), or several at once
+        errs = getattr(exc, "errors", None) or [exc]
+        for e in errs:
+            print(str(e), file=sys.stderr)
+        return 2
     _warn_unstated(reg, each=unstated)
     for said in reg.overrides:
         print(f"note: {said}")
     n = sum(len(f.entries) for f in reg.frameworks.values())
     print(f"ok: {len(reg.canonical.metrics)} canonical metrics, {n} framework entries in "
-          f"{len(reg.frameworks)} frameworks, {n_rules} derived rules ({len(reg.files)} files)")
+          f"{len(reg.frameworks)} frameworks, {n_rules} derived rules, {n_checks} checks ({len(reg.files)} files)")
     return 0
 
 

@@ -137,14 +137,14 @@ class Pipeline:
         st = self.stats
         tr = self.translator if self.translator is not None else self.setup(rec.metrics)
         if tr is None:
-            out = Record(rec.step, rec.wall_time, dict(rec.metrics), list(rec.derived))
+            out = Record(rec.step, rec.wall_time, dict(rec.metrics), list(rec.derived), rec.axis)
         else:
             res = tr.translate(rec.metrics, step=rec.step, wall_time=rec.wall_time)
             derived = [res.renamed.get(d, d) for d in rec.derived if res.renamed.get(d, d) in res.metrics]
             derived += [d for d in res.derived if d not in derived]
             res.notes = []                      # collected once, at the end
             st.merge(res)
-            out = Record(rec.step, rec.wall_time, res.metrics, derived)
+            out = Record(rec.step, rec.wall_time, res.metrics, derived, rec.axis)
         st.records += 1
         st.points += len(out.metrics)
         return out

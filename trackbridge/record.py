@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 STREAM_FORMAT = "trackbridge.stream/1"
 
@@ -112,27 +112,54 @@ class Histogram:
 
 @dataclass
 class Record:
-    """One step of one run."""
+    """One step of one run.
+
+    ``axis`` names the x axis ``step`` counts when the run has several (slime declares ``train/step``,
+    ``rollout/step`` and ``eval/step`` with wandb's ``define_metric``): the record's metrics are that axis's series
+    and ``step`` is the axis's value. ``None`` (every single-axis run) is the run's own step. A record holds the
+    metrics of one axis only; :func:`split_by_axis` makes it so."""
 
     step: int | None
     wall_time: float | None
     metrics: dict[str, Any]
     derived: list[str] = field(default_factory=list)
+    axis: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The stream's JSON form of this record (values through :func:`encode_value`)."""
+        """The stream's JSON form of this record (values through :func:`encode_value`; ``axis`` only when set)."""
         obj: dict[str, Any] = {"step": self.step, "wall_time": self.wall_time,
                                "metrics": {k: encode_value(v) for k, v in self.metrics.items()}}
         if self.derived:
             obj["derived"] = list(self.derived)
+        if self.axis is not None:
+            obj["axis"] = self.axis
         return obj
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Record":
         """Inverse of :meth:`to_json` (values through :func:`decode_value`)."""
+        axis = obj.get("axis")
+        if axis is not None and not isinstance(axis, str):
+            raise ValueError(f"axis {axis!r} is not a string")
         return cls(step=obj.get("step"), wall_time=obj.get("wall_time"),
                    metrics={k: decode_value(v) for k, v in (obj.get("metrics") or {}).items()},
-                   derived=list(obj.get("derived") or []))
+                   derived=list(obj.get("derived") or []), axis=axis)
+
+
+def split_by_axis(rec: Record, axis_of: Callable[[str], str | None]) -> list[Record]:
+    """``rec`` as one record per x axis of its metrics (``axis_of(name)``: the axis a metric is on, None for the
+    run's own step): a store that keeps points, not rows, may have gathered points of two axes at the same step into
+    one record. A record whose metrics are all on one axis comes back as it is (its axis set)."""
+    groups: dict[str | None, dict[str, Any]] = {}
+    for k, v in rec.metrics.items():
+        a = axis_of(k)
+        groups.setdefault(rec.axis if a is None else a, {})[k] = v
+    if len(groups) <= 1:
+        if groups:
+            (only,) = groups
+            rec.axis = only
+        return [rec]
+    return [Record(rec.step, rec.wall_time, ms, [d for d in rec.derived if d in ms], a) for a, ms in groups.items()]
 
 
 @dataclass

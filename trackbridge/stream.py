@@ -4,7 +4,8 @@ One file per run (:func:`stream_file`: ``DIR/<run_id>.jsonl``). The first line i
 :class:`~trackbridge.record.RunInfo` with ``"type": "run"``, the line format (``"format": "trackbridge.stream/1"``)
 and the canonical schema in force when it was written (``"schema": "canonical@1.1.0"``, the ``version:`` of
 ``mappings/canonical.yaml``). Every other line is one :class:`~trackbridge.record.Record` (``step``, ``wall_time``,
-``metrics``, ``derived``), compact JSON with NaN and infinities as strings so that the file stays strict JSON. Why
+``metrics``, ``derived``, and ``axis`` for a record on an x axis of its own), compact JSON with NaN and
+infinities as strings so that the file stays strict JSON. Why
 this shape: anyone with ``json`` can read it, it is appended without rewriting, and it is enough to rebuild the run in
 any tracker.
 
@@ -373,8 +374,8 @@ class StreamWriter:
             keep[k] = v
         derived = [d for d in rec.derived if d in keep]
         try:
-            return (dumps(Record(rec.step, rec.wall_time, keep, derived).to_json()) + "\n").encode("utf-8").decode(
-                "utf-8")
+            line = dumps(Record(rec.step, rec.wall_time, keep, derived, rec.axis).to_json()) + "\n"
+            return line.encode("utf-8").decode("utf-8")
         except (TypeError, ValueError) as exc:
             self._reject("step", rec.step if isinstance(rec.step, int) else None,
                          f"the record is not JSON ({type(exc).__name__}: {printable(str(exc))[:200]})")

@@ -30,9 +30,11 @@ micro-batches held, in which optimizer step, so tests/_support/fingerprint.py ca
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import threading
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,6 +278,40 @@ class PPORun:
     logged: list[dict] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def _seeded_shuffle(seed: int) -> Any:
+    """The calling simulated rank's DataLoaders shuffle with a generator of their own: the ranks are threads sharing
+    torch's global generator, so a global seed would give each run another order (and the proofs report other gaps).
+    RandomSampler is patched once, while any rank is inside, to give a seeded generator to the rank that asked."""
+    import torch
+    import torch.utils.data as tud
+    me = threading.get_ident()
+    with _SAMPLER_LOCK:
+        if not _SAMPLER_SEEDS:
+            real = tud.RandomSampler.__init__
+
+            def init(self: Any, data_source: Any, *a: Any, generator: Any = None, **kw: Any) -> None:
+                own = _SAMPLER_SEEDS.get(threading.get_ident())
+                if generator is None and own is not None:
+                    generator = torch.Generator().manual_seed(own)
+                real(self, data_source, *a, generator=generator, **kw)
+            _SAMPLER_REAL.append(real)
+            tud.RandomSampler.__init__ = init               # type: ignore[method-assign]
+        _SAMPLER_SEEDS[me] = seed
+    try:
+        yield
+    finally:
+        with _SAMPLER_LOCK:
+            _SAMPLER_SEEDS.pop(me, None)
+            if not _SAMPLER_SEEDS:
+                tud.RandomSampler.__init__ = _SAMPLER_REAL.pop()   # type: ignore[method-assign]
+
+
+_SAMPLER_LOCK = threading.Lock()
+_SAMPLER_SEEDS: dict[int, int] = {}
+_SAMPLER_REAL: list[Callable[..., None]] = []
+
+
 def run_ppo(r: Rollout, args: types.SimpleNamespace) -> PPORun:
     """One PPO step of OpenRLHF 0.11 from raw rollouts: samples generator -> experience maker -> dispatch to the
     ranks' replay buffers -> ppo_train on every rank (simulated DeepSpeed) -> the step's status dict."""
@@ -376,8 +412,8 @@ def run_ppo(r: Rollout, args: types.SimpleNamespace) -> PPORun:
                                                     token_level_loss=args.actor.loss_agg_mode == "token-mean"),
                          aux_loss=False, ema_model=None, actor_optim=None, actor_scheduler=engine.scheduler)
             trainer.training_step = types.MethodType(o.training_step, trainer)
-            torch.manual_seed(r.seed)                      # the DataLoader shuffles the replay buffer
-            status = o.ppo_train(trainer, kl_ctl=kl_ctl.value)
+            with _seeded_shuffle(r.seed * 100 + rk):      # the DataLoader shuffles the replay buffer
+                status = o.ppo_train(trainer, kl_ctl=kl_ctl.value)
             if rk == 0:
                 lr_after.extend(BASE_LR * lr_factor(k + 1) for k in range(engine.steps))
             return status
@@ -662,8 +698,8 @@ def run_critic(seed: int = 0) -> CriticRun:
                      max_epochs=CRITIC_EPOCHS, critic=Critic(), critic_loss_fn=c.ValueLoss(CRITIC_CLIP),
                      aux_loss=False, critic_optim=None, critic_scheduler=engine.scheduler)
         trainer.training_step = types.MethodType(c.training_step, trainer)
-        torch.manual_seed(seed)
-        return c.ppo_train(trainer)
+        with _seeded_shuffle(seed * 100 + r):
+            return c.ppo_train(trainer)
 
     real = torch.cuda.current_device
     torch.cuda.current_device = lambda: "cpu"

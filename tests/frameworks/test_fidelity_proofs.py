@@ -130,10 +130,10 @@ def test_derived_rules_listed_and_proven_rules_hold():
 
 def test_table_is_up_to_date():
     """docs/fidelity-proofs.md is generated from the mappings and the proofs; regenerate it with
-    `.venv/bin/python tests/_support/fidelity_proofs.py > docs/fidelity-proofs.md` after changing either."""
+    `.venv/bin/python tests/_support/fidelity_proofs.py` after changing either."""
     assert P.DOC.read_text(encoding="utf-8") == P.table(), \
         "docs/fidelity-proofs.md is stale: run " \
-        ".venv/bin/python tests/_support/fidelity_proofs.py > docs/fidelity-proofs.md"
+        ".venv/bin/python tests/_support/fidelity_proofs.py"
 
 
 def test_reward_fn_std_differs_by_bessels_correction():

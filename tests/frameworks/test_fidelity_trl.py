@@ -35,23 +35,33 @@ DPO_KEYS = ["rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/ac
             "logps/rejected"]
 
 
+ONE_STEP = {"logging_steps": 1, "gradient_accumulation_steps": 1}     # one micro-batch per step, one step per row
+
+
 @pytest.mark.parametrize("release, exact", [("0.5.0", False), ("0.11.4", False), ("0.13.0", False),
                                             ("0.14.0", True), ("0.28.0", True), ("1.16.0", True)])
 def test_dpo_rewards_gathered_only_from_0_14(reg, release, exact):
     """dpo_trainer.py@v0.13.0 get_batch_loss_metrics: chosen_rewards.mean().cpu() (the logging process's batch);
-    @v0.14.0: self.accelerator.gather_for_metrics(chosen_rewards).mean().item()."""
-    res = _canon(reg, f"trl/dpo@{release}", {k: 0.5 for k in DPO_KEYS})
+    @v0.14.0: self.accelerator.gather_for_metrics(chosen_rewards).mean().item(). One step per row, one
+    micro-batch per step: only the process reduction is left to differ."""
+    res = _canon(reg, f"trl/dpo@{release}", {k: 0.5 for k in DPO_KEYS}, ONE_STEP)
     approx = {k for k in res.approximate if k.startswith("preference/")}
     if exact:
         assert not approx, res.approximate
     else:
         assert approx == {res.renamed[k] for k in DPO_KEYS}, res.approximate
-        assert all("[population]" in res.approximate[a] and "v0.14.0" in res.approximate[a] for a in approx)
+        assert all("rank 0" in res.approximate[a] and "[processes]" in res.approximate[a] for a in approx)
 
 
 def test_dpo_range_spanning_the_gather_is_approximate(reg):
-    res = _canon(reg, "trl/dpo@0.12.0..0.14.0", {"rewards/chosen": 0.1})
-    assert "preference/reward/chosen" in res.approximate
+    res = _canon(reg, "trl/dpo@0.12.0..0.14.0", {"rewards/chosen": 0.1}, ONE_STEP)
+    assert "release matters" in res.approximate["preference/reward/chosen"], res.approximate
+
+
+def test_dpo_rewards_of_the_default_window_are_approximate(reg):
+    """TRL's default logging_steps (10 from v0.19.0) averages 10 steps in every row."""
+    res = _canon(reg, "trl/dpo@1.16.0", {"rewards/chosen": 0.1})
+    assert "logging_steps = 10 (the default)" in res.approximate["preference/reward/chosen"], res.approximate
 
 
 # ------------------------------------------------------------------------------- item 9: RLOO frac_reward_zero_std
@@ -66,15 +76,15 @@ def test_rloo_zero_std_fraction_of_penalised_rewards(reg, config, exact):
     """rloo_trainer.py@v1.16.0: rewards = rewards - self.beta * kl (beta != 0) and clamp(reward_clip_range)
     before std_rewards; is_std_zero = isclose(std_rewards, 0) is what frac_reward_zero_std averages."""
     for release in ("0.22.0", "1.16.0"):
-        res = _canon(reg, f"trl/rloo@{release}", {"frac_reward_zero_std": 0.25}, config)
+        res = _canon(reg, f"trl/rloo@{release}", {"frac_reward_zero_std": 0.25}, {**(config or {}), **ONE_STEP})
         assert ("reward/group_zero_std_frac" not in res.approximate) == exact, (release, config, res.approximate)
-    res = _canon(reg, "trl/grpo@1.16.0", {"frac_reward_zero_std": 0.25})
+    res = _canon(reg, "trl/grpo@1.16.0", {"frac_reward_zero_std": 0.25}, ONE_STEP)
     assert "reward/group_zero_std_frac" not in res.approximate
 
 
 def test_rloo_zero_std_exact_over_a_range_when_the_config_says_so(reg):
     res = _canon(reg, "trl/rloo@0.26.0..1.16.0", {"frac_reward_zero_std": 0.25},
-                 {"beta": 0.0, "reward_clip_range": None})
+                 {"beta": 0.0, "reward_clip_range": None, **ONE_STEP})
     assert "reward/group_zero_std_frac" not in res.approximate, res.approximate
 
 
@@ -103,8 +113,8 @@ def test_legacy_mean_scores_is_config_not_population(reg, release, config, exact
     if exact:
         assert not res.approximate
     else:
-        assert "[config]" in res.approximate["reward/score/mean"] and "population" not in \
-            res.approximate["reward/score/mean"]
+        why = res.approximate["reward/score/mean"]
+        assert "use_score_scaling" in why and "[deviation]" in why and "[processes]" not in why, why
 
 
 @pytest.mark.parametrize("order", [("ppo/mean_scores", "env/reward_mean"), ("env/reward_mean", "ppo/mean_scores")])
@@ -163,7 +173,6 @@ def test_minimal_dpo_dict_is_dpo(reg, keys):
 # ------------------------------------------------------------------------------- item 7: gradient accumulation
 GA_CASES = [("trl/grpo@1.16.0", "entropy", "policy/entropy"), ("trl/grpo@1.16.0", "kl", "kl/ref/k3"),
             ("trl/grpo@1.16.0", "clip_ratio/region_mean", "policy/clip_frac"),
-            ("trl/grpo@1.16.0", "clip_ratio/low_min", "policy/clip_frac_low_min"),
             ("trl/rloo@1.9.0", "entropy", "policy/entropy"), ("trl/dpo@1.16.0", "entropy", "policy/entropy"),
             ("trl/dpo@1.16.0", "mean_token_accuracy", "policy/token_accuracy"),
             ("trl/dpo@0.20.0", "logits/chosen", "preference/logits/chosen"),
@@ -173,24 +182,33 @@ GA_CASES = [("trl/grpo@1.16.0", "entropy", "policy/entropy"), ("trl/grpo@1.16.0"
 
 
 @pytest.mark.parametrize("spec, key, canon", GA_CASES)
-@pytest.mark.parametrize("config, exact", [(None, True), ({"gradient_accumulation_steps": 1}, True),
-                                           ({"gradient_accumulation_steps": 4}, False),
-                                           ({"gradient_accumulation_steps": "2"}, False)])
+@pytest.mark.parametrize("config, exact", [({"logging_steps": 1}, True),
+                                           ({"logging_steps": 1, "gradient_accumulation_steps": 1}, True),
+                                           ({"logging_steps": 1, "gradient_accumulation_steps": 4}, False),
+                                           ({"logging_steps": "1", "gradient_accumulation_steps": "2"}, False)])
 def test_token_means_under_gradient_accumulation(reg, spec, key, canon, config, exact):
     """grpo_trainer.py@v1.16.0: every _compute_loss call appends a (globally reduced) token mean; log() averages
     the list, sum(val) / len(val): with gradient_accumulation_steps > 1, an unweighted mean of micro-batch means,
-    which the fidelity policy calls approximate [weighting] (as for veRL). The default (1) is exact; a config that
-    does not say is read as the default."""
+    not the step's token mean (as for veRL). gradient_accumulation_steps left out is read as its default (1);
+    config values given as text (as trackers store them) count."""
     res = _canon(reg, spec, {key: 0.5}, config)
     assert res.metrics == {canon: 0.5}
     if exact:
         assert canon not in res.approximate, res.approximate
     else:
-        assert "gradient_accumulation_steps > 1" in res.approximate[canon], res.approximate
+        assert "micro_batches = gradient_accumulation_steps" in res.approximate[canon], res.approximate
+
+
+@pytest.mark.parametrize("spec, key, canon", GA_CASES)
+def test_token_means_under_the_default_logging_window(reg, spec, key, canon):
+    """No config: logging_steps is read as TRL's default (10 from v0.19.0, 500 before), and a row averages that many
+    steps."""
+    res = _canon(reg, spec, {key: 0.5})
+    assert "logging_steps" in res.approximate[canon] and "[window]" in res.approximate[canon], res.approximate
 
 
 def test_gradient_accumulation_follows_to_verl(reg):
-    cfg = {"gradient_accumulation_steps": 2}
+    cfg = {"gradient_accumulation_steps": 2, "logging_steps": 1}
     res = Translator("trl/grpo@1.16.0", "verl@0.4.1", registry=reg, config=cfg).translate({"entropy": 1.0})
     assert res.metrics == {"actor/entropy": 1.0}
     assert "gradient_accumulation_steps" in res.approximate["actor/entropy"]
@@ -248,7 +266,7 @@ def test_real_sft_logs_the_unweighted_mean_of_micro_batch_means(tmp_path):
         for k in ("mean_token_accuracy", "entropy"):
             assert row[k] == pytest.approx(sum(w[k] for w in window) / 2, rel=1e-6), (k, row, window)
     res = Translator("trl/sft@1.16.0", "canonical", config=args.to_dict()).translate(rows[0])
-    assert "gradient_accumulation_steps > 1" in res.approximate["policy/token_accuracy"]
+    assert "micro_batches = gradient_accumulation_steps = 2" in res.approximate["policy/token_accuracy"]
 
 
 # ------------------------------------------------------------------------------- item 8: throughput per split

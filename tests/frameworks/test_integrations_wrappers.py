@@ -160,9 +160,16 @@ def test_wandb_run_openrlhf_style_define_metric_commit_and_translated_names(tmp_
     _wait_wandb_file(tmp_path / "orig")
     _, orig = _read(f"wandb:{tmp_path}/orig")
     names = set().union(*(r.metrics for r in orig))
-    assert {"loss/policy", "kl/old_ref/k1", "train/global_step", "eval/global_step"} <= names
+    assert {"loss/policy", "kl/old_ref/k1"} <= names
     assert "train/policy_loss" not in names
-    assert sorted(v for v in _by_step(orig, "train/global_step").values()) == [10, 20, 30, 40, 50, 60]
+    # the declared step metrics are x axes: the reader gives them back as the records' axis and step, not as
+    # metrics; eval/* still covers the renamed eval key, train/* no longer covers loss/policy (the module doc)
+    assert "train/global_step" not in names and "eval/global_step" not in names
+    ev = [r for r in orig if "eval/loss/total" in r.metrics]
+    assert [(r.axis, r.step) for r in ev] == [("eval/global_step", s) for s in (20, 40, 55)]
+    assert {r.axis for r in orig if "loss/policy" in r.metrics} == {None}
+    # trackbridge's own records: each at its step metric's value, on that axis
+    assert {r.axis for r in train} == {"train/global_step"} and {r.axis for r in evals} == {"eval/global_step"}
 
 
 def test_wandb_wrapped_before_init_and_context_manager(tmp_path):

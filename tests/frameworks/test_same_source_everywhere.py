@@ -128,7 +128,7 @@ def test_the_four_commands_resolve_one_source_from_keys_and_config(folders, case
     assert specs["detect"].startswith(f"trl/{trainer}@"), specs
     release = case.split("@")[1]
     from trackbridge.schema.loader import load_registry
-    from trackbridge.spec import parse_spec
+    from trackbridge.schema.spec import parse_spec
     reg = load_registry()
     sp = parse_spec(specs["detect"], reg)
     rel = reg.frameworks["trl"].release_index(release)

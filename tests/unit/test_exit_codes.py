@@ -79,12 +79,14 @@ def code(*argv) -> int:
 # -- bad usage: argparse, every command -------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [[], ["nosuchcommand"], ["translate", "--nosuch"], ["detect"], ["mappings", "show"],
                                   ["mappings"], ["migrate", "jsonl:x"], ["replay"], ["compare"],
-                                  ["demo", "--nosuch"], ["compare", "jsonl:x", "--x", "furlongs"]])
+                                  ["demo", "--nosuch"], ["compare", "jsonl:x", "--x", "furlongs"], ["doctor"],
+                                  ["doctor", "jsonl:x", "--fail-on", "never"]])
 def test_bad_usage_is_2(argv, capsys):
     assert code(*argv) == USAGE
 
 
-@pytest.mark.parametrize("command", ["translate", "detect", "mappings", "migrate", "replay", "compare", "demo"])
+@pytest.mark.parametrize("command", ["translate", "detect", "mappings", "migrate", "replay", "compare", "demo",
+                                     "doctor"])
 def test_interrupted_is_130(command, monkeypatch, tmp_path, capsys):
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
@@ -94,7 +96,7 @@ def test_interrupted_is_130(command, monkeypatch, tmp_path, capsys):
         monkeypatch.setattr(cli, f"cmd_{command}", interrupted)
     argv = {"translate": ["translate", "-"], "detect": ["detect", "x"], "mappings": ["mappings", "list"],
             "migrate": ["migrate", "jsonl:a", "jsonl:b"], "replay": ["replay", "x"], "compare": ["compare", "x"],
-            "demo": ["demo", "--out", tmp_path]}[command]
+            "demo": ["demo", "--out", tmp_path], "doctor": ["doctor", "x"]}[command]
     assert code(*argv) == INTERRUPTED
     assert "interrupted" in capsys.readouterr().err
 

@@ -35,7 +35,11 @@ def cross(reg, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str | None]
 SAME = [
     # --- KL to the reference as a reward penalty, per-token means (veRL rename at v0.4.0; OpenRLHF's default kl)
     (("verl@v0.3.0.post1", "critic/kl"), ("verl@v0.4.1", "actor/reward_kl_penalty"), "exact"),
-    (("verl@v0.4.1", "actor/reward_kl_penalty"), ("openrlhf/ppo@v0.9.8", "kl"), "approximate"),
+    # both the mean over the whole batch's sequences of each sequence's token-mean k1 (old vs reference, at rollout):
+    # veRL's apply_kl_penalty runs on the driver (ray_trainer.py@v0.4.1), OpenRLHF >= 0.9.8 merges per-sequence
+    # means by samples over ranks (computed from the stated reductions; was hand-written approximate [population],
+    # a worker-metric rule that does not apply to this driver-side key)
+    (("verl@v0.4.1", "actor/reward_kl_penalty"), ("openrlhf/ppo@v0.9.8", "kl"), "exact"),
     (("verl@v0.3.0.post1", "critic/kl_coeff"), ("verl@v0.4.1", "actor/reward_kl_penalty_coeff"), "exact"),
     # --- KL between the old and the current policy (PPO diagnostic), k1 token means
     # Same definition (section 4), but was "exact": veRL up to v0.5.0 reports only the first DP worker (section 1.0)
@@ -58,10 +62,13 @@ SAME = [
     (("verl@v0.4.1", "actor/pg_clipfrac"), ("trl-legacy@v0.11.4", "ppo/policy/clipfrac"), "approximate"),
     # Same formula (trl-metrics 0b), but was "exact": legacy averages per-mini-batch masked means (2.1) and PPOv2
     # per-micro-batch masked means (2.2), both unweighted, so neither is the token-weighted canonical mean: weighting.
-    (("trl-legacy@v0.11.4", "ppo/policy/clipfrac"), ("trl/ppo@v0.12.0", "policy/clipfrac_avg"), "approximate"),
+    # both: masked token means per (mini-/micro-)batch, averaged over 4 optimizer steps (legacy batch_size /
+    # mini_batch_size x ppo_epochs = 128 / 128 x 4; PPOv2 num_mini_batches x num_ppo_epochs = 1 x 4) and processes
+    (("trl-legacy@v0.11.4", "ppo/policy/clipfrac"), ("trl/ppo@v0.12.0", "policy/clipfrac_avg"), "exact"),
     # both token-weighted over all ranks: OpenRLHF from v0.9.8 (3.1), TRL GRPO global_masked_mean from v1.9.0 (trl 2.5);
     # pg_losses2 > pg_losses1 and the region-clipped condition are the same per-token event (section 4)
-    (("openrlhf/ppo@v0.9.8", "ppo_clip_ratio"), ("trl/grpo@v1.9.0", "clip_ratio/region_mean"), "exact"),
+    # TRL's default logging_steps (10) averages 10 steps in a row (issue 20)
+    (("openrlhf/ppo@v0.9.8", "ppo_clip_ratio"), ("trl/grpo@v1.9.0", "clip_ratio/region_mean"), "approximate"),
     (("openrlhf/ppo@v0.9.7", "ppo_clip_ratio"), ("openrlhf/ppo@v0.9.8", "ppo_clip_ratio"), "approximate"),  # 3.1
     (("verl@v0.5.0", "actor/pg_clipfrac"), ("verl@v0.6.0", "actor/pg_clipfrac"), "approximate"),  # 1.0
     (("verl@v0.4.1", "actor/pg_clipfrac"), ("trl/grpo@v0.17.0", "clip_ratio/region_mean"), "approximate"),
@@ -82,12 +89,14 @@ SAME = [
     (("trl-legacy@v0.11.4", "ppo/loss/value"), ("trl/ppo@v0.12.0", "loss/value_avg"), "exact"),
     # Was "approximate": section 4 (Response length row) gives the same quantity, tokens per sequence, mean over the
     # batch (only the clip-ratio definitions differ); trl-metrics 2.5: global mean over gathered completions.
-    (("verl@v0.4.1", "response_length/mean"), ("trl/grpo@v0.17.0", "completions/mean_length"), "exact"),
+    # TRL v0.17's default logging_steps (HF's 500) averages the generations of 500 steps in a row (issue 20)
+    (("verl@v0.4.1", "response_length/mean"), ("trl/grpo@v0.17.0", "completions/mean_length"), "approximate"),
     (("trl/grpo@v0.14.0", "completion_length"), ("trl/grpo@v0.17.0", "completions/mean_length"), "exact"),
     (("trl-legacy@v0.11.4", "tokens/responses_len_mean"), ("trl/grpo@v0.17.0", "completions/mean_length"), None),
     (("verl@v0.4.1", "actor/lr"), ("trl/grpo@v1.16.0", "learning_rate"), None),
     (("openrlhf/ppo@v0.9.8", "actor_lr"), ("trl/grpo@v1.16.0", "learning_rate"), None),
-    (("trl/ppo@v0.12.0", "lr"), ("trl/grpo@v1.16.0", "learning_rate"), "exact"),
+    # both the rate before the scheduler steps; HF logs the last step of its logging window (fidelity computed)
+    (("trl/ppo@v0.12.0", "lr"), ("trl/grpo@v1.16.0", "learning_rate"), None),
     (("verl@v0.4.1", "actor/grad_norm"), ("trl/grpo@v1.16.0", "grad_norm"), None),
     # --- renames inside one framework
     (("trl/grpo@v0.16.0", "rewards/accuracy_reward"), ("trl/grpo@v0.17.0", "rewards/accuracy_reward/mean"), "exact"),

@@ -42,7 +42,8 @@ def _heavy(modules: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["translate", "--help"], ["detect", "--help"],
                                   ["mappings", "--help"], ["mappings", "lint", "--help"], ["migrate", "--help"],
-                                  ["replay", "--help"], ["compare", "--help"], ["demo", "--help"]])
+                                  ["replay", "--help"], ["compare", "--help"], ["demo", "--help"],
+                                  ["doctor", "--help"]])
 def test_help_imports_no_logger_translator_or_tracker(argv):
     modules = _modules(*argv)
     assert "trackbridge.cli" in modules            # the wrapper did run the command line

@@ -29,7 +29,7 @@ from _support import ROOT
 PKG = ROOT / "trackbridge"
 TRACKERS = sorted(p.name for p in (PKG / "trackers").iterdir() if (p / "__init__.py").is_file())
 CORE = ["trackbridge.schema", "trackbridge.translate", "trackbridge.derive", "trackbridge.record",
-        "trackbridge.pipeline", "trackbridge.holdings", "trackbridge.logger"]
+        "trackbridge.pipeline", "trackbridge.holdings", "trackbridge.logger", "trackbridge.doctor"]
 TRACKER_NAMES = ["jsonl", "tensorboard", "tfevents", "mlflow", "wandb", "trackio"]
 FRAMEWORK_NAMES = ["trl", "verl", "openrlhf", "transformers", "accelerate", "deepspeed"]
 # Names the core still uses, each with the reason; the test fails for any other. None left: the spool is written by
@@ -153,7 +153,8 @@ LAYERS: list[set[str]] = [
     {"schema"},                                                 # the facts: load, check, compile; specs
     {"detect", "derive"},                                       # detection, the derived-rule engine
     {"translate"},                                              # the translation stages
-    {"pipeline", "stream", "holdings"},                         # records through the stages; the canonical stream
+    {"pipeline", "stream", "holdings", "doctor"},               # records through the stages; the canonical stream;
+                                                                # diagnostics over canonical records
     {"sinks", "sources", "trackers", "locators", "catchup", "ledger"},   # trackers and readers
     {"logger"},                                                 # the logger
     {"integrations"},                                           # trainers' callbacks

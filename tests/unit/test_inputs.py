@@ -120,16 +120,17 @@ def test_the_run_config_names_the_trainer_for_detect_and_translate_alike(tmp_pat
 
 def test_when_conditions_see_a_config_nested_under_args():
     """A transformers TensorBoard folder's config is ``{"args": {...}}``: ``gradient_accumulation_steps > 1`` makes
-    GRPO's token means approximate [weighting] whether the setting is at the top or under ``args``."""
+    GRPO's token means approximate [micro_batches] whether the setting is at the top or under ``args``, and one
+    micro-batch with one step per logged row makes them exact."""
     row = {"entropy": 1.0}
     flat = Translator("trl/grpo@1.16.0", "canonical", config={"gradient_accumulation_steps": 4}).translate(row)
     nested = Translator("trl/grpo@1.16.0", "canonical",
                         config={"args": {"gradient_accumulation_steps": 4}}).translate(row)
-    default = Translator("trl/grpo@1.16.0", "canonical", config={"args": {"gradient_accumulation_steps": 1}}
-                         ).translate(row)
-    assert "weighting" in flat.approximate.get("policy/entropy", ""), flat.approximate
+    single = Translator("trl/grpo@1.16.0", "canonical",
+                        config={"args": {"gradient_accumulation_steps": 1, "logging_steps": 1}}).translate(row)
+    assert "gradient_accumulation_steps = 4" in flat.approximate.get("policy/entropy", ""), flat.approximate
     assert nested.approximate == flat.approximate
-    assert "policy/entropy" not in default.approximate or "weighting" not in default.approximate["policy/entropy"]
+    assert "policy/entropy" not in single.approximate, single.approximate
 
 
 # ------------------------------------------------------------------------------------------------ rates

@@ -24,10 +24,10 @@ REF = DATA
 SPANS = REF / "frameworks" / "trl-metric-spans.csv"
 LOGS = REF / "public-logs"
 
-ALLOWED_ENTRY_FIELDS = {"key", "canonical", "since", "until", "trainers", "fidelity", "differs", "reason",
-                        "transform", "when", "reverse", "source", "note", "renamed_from"}
+ALLOWED_ENTRY_FIELDS = {"key", "canonical", "since", "until", "trainers", "reduce", "transform", "when", "reverse",
+                        "source", "note", "renamed_from"}
 ALLOWED_TOP = {"format", "framework", "description", "repository", "releases", "aliases", "trainers", "prefixes",
-               "config", "internal", "entries"}
+               "config", "levels", "reductions", "internal", "entries", "passthrough"}
 _PH = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path))?\}")
 
 
@@ -300,9 +300,7 @@ def test_top_level_and_fields():
     assert d["aliases"]["trl"] == {}
     for e in d["entries"]:
         assert set(e) <= ALLOWED_ENTRY_FIELDS, e
-        assert e["fidelity"] in ("exact", "approximate"), e
-        if e["fidelity"] == "approximate":
-            assert e.get("reason"), e
+        assert isinstance(e.get("reduce"), dict) and e["reduce"], e      # fidelity is computed from it (issue 20)
         assert "@" in e["source"] or "transformers" in e["source"], e
         for t in e.get("trainers", []):
             assert t in d["trainers"], (t, e["key"])
@@ -343,6 +341,9 @@ def test_histograms_are_histograms():
 def test_config_targets_exist():
     cfg = canonical()["config"]
     for c in trl()["config"]:
+        assert "canonical" in c or "default" in c, c
+        if "canonical" not in c:
+            continue        # a default only: read by level counts and config switches
         assert c["canonical"] in cfg, c
         for t in c.get("trainers", []):
             assert t in trl()["trainers"], c

@@ -105,6 +105,10 @@ def lookup(framework, key, release, trainer=None, config=None):
 
 
 PASSTHROUGH: set = set()   # inventory rows deliberately left unmapped (filled while reading the inventories)
+# inventory rows only some trainer of a release logs: the run config that selects it, from the release on
+# (veRL 0.9.x logs gdpo/* and perf/mfu/actor_infer only with the legacy trainer, trainer.use_v1=false)
+ROW_CONFIG = {("verl", "gdpo/{key}"): ("v0.9.0", {"trainer": {"use_v1": False}}),
+              ("verl", "perf/mfu/actor_infer"): ("v0.9.0", {"trainer": {"use_v1": False}})}
 
 
 def canonical_names():
@@ -349,8 +353,8 @@ def test_file_shape(framework):
         if e.get("transform"):
             assert e["transform"].get("scale", 1.0) != 0, where
     for c in fw.get("config") or []:
-        assert "canonical" in c or "default" in c, (framework, c)      # a config entry may give a default only
-        assert c.get("canonical", "seed") in CANONICAL["config"], (framework, c)
+        assert "canonical" in c or "default" in c, (framework, c)     # a config default may have no name
+        assert "canonical" not in c or c["canonical"] in CANONICAL["config"], (framework, c)
 
 
 def test_canonical_shape():
@@ -407,8 +411,12 @@ def test_inventory_key_covered(framework, label, key, first, last, trainer):
             assert _engine(framework, trainer, release).translate({key: 1.0}).unmapped == [key]
         return
     for release in (first, last):
-        hit = lookup(framework, key, release, trainer=trainer)
+        since, cfg = ROW_CONFIG.get((framework, label), (None, None))
+        config = cfg if since and _index(framework, release) >= _index(framework, since) else None
+        hit = lookup(framework, key, release, trainer=trainer, config=config)
         assert hit is not None, f"{framework} {key!r} ({label}) has no entry at {release}"
+        if config:      # and without that config, no entry claims it there
+            assert lookup(framework, key, release, trainer=trainer) is None, (framework, key, release)
         # and the real engine translates it there with an entry of that release (no out-of-range fallback)
         tr = _engine(framework, trainer, release)
         before = len(tr.notes)
@@ -418,6 +426,10 @@ def test_inventory_key_covered(framework, label, key, first, last, trainer):
 
 
 _ENGINES: dict = {}
+
+
+def _index(framework, release):
+    return FILES[framework]["releases"].index(release)
 
 
 def _engine(framework, trainer, release):
@@ -439,18 +451,21 @@ def test_special_cases():
     e, b = lookup("verl", "val-core/openai/gsm8k/acc/best@8/mean", "v0.5.0")
     assert e["canonical"] == "val/{data_source:path}/{var}/best@{n}/mean"
     assert b == {"data_source": "openai/gsm8k", "var": "acc", "n": "8"}
-    # pg_loss changes meaning
-    assert lookup("verl", "actor/pg_loss", "v0.5.0")[0]["differs"] == ["population"]   # first DP worker only
-    assert lookup("verl", "actor/pg_loss", "v0.6.1")[0]["fidelity"] == "approximate"
-    assert lookup("verl", "actor/kl_loss", "v0.4.1")[0]["differs"] == ["snapshot", "population"]
+    # pg_loss changes its reduction with the workers
+    assert lookup("verl", "actor/pg_loss", "v0.5.0")[0]["reduce"] == {"like": "legacy_loss", "processes": "rank0"}
+    assert "loss_scale_factor" in lookup("verl", "actor/pg_loss", "v0.6.1")[0]["reduce"]["deviation"]
+    assert lookup("verl", "actor/kl_loss", "v0.4.1")[0]["reduce"] == {"like": "legacy_last", "estimator": "k3"}
     # renames
     assert lookup("verl", "critic/kl", "v0.3.0.post1")[0]["canonical"] == "kl/old_ref/k1"
     assert lookup("verl", "critic/kl", "v0.4.0") is None
     assert lookup("verl", "actor/ppo_kl", "v0.7.0")[0]["canonical"] == "kl/old_policy/k1"
-    # entropy depends on loss_agg_mode
+    # entropy's token reduction follows loss_agg_mode (a switch of the one entry), seq-mean-token-sum another name
     cfg = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}}
-    assert lookup("verl", "actor/entropy", "v0.6.0", config=cfg)[0]["fidelity"] == "exact"
-    assert lookup("verl", "actor/entropy", "v0.6.0")[0]["fidelity"] == "approximate"
+    e = lookup("verl", "actor/entropy", "v0.6.0", config=cfg)[0]
+    assert e is lookup("verl", "actor/entropy", "v0.6.0")[0]
+    assert e["reduce"]["tokens"]["config"] == "actor_rollout_ref.actor.loss_agg_mode"
+    cfg = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-sum"}}}
+    assert lookup("verl", "actor/entropy", "v0.6.0", config=cfg)[0]["canonical"] == "policy/entropy_seq_sum"
     # OpenRLHF kl depends on the KL-loss flag
     assert lookup("openrlhf", "kl", "v0.11.0", trainer="ppo")[0]["canonical"] == "kl/old_ref/k1"
     on = {"algo": {"kl": {"use_loss": True}}}
@@ -484,22 +499,34 @@ def test_new_release_facts():
     from trackbridge.translate import Translator
     res = Translator("verl/ppo@0.1", "canonical").translate({"actor/lr(1e-4)": 0.1, "critic/lr(1e-4)": 0.5})
     assert res.metrics == pytest.approx({"optim/lr": 1e-5, "optim/critic_lr": 5e-5})
-    # v0.8.0: legacy workers gone; the engine path's lr is read after the scheduler step
-    assert lookup("verl", "actor/lr", "v0.7.1")[0]["fidelity"] == "exact"
-    assert lookup("verl", "actor/lr", "v0.8.0")[0]["differs"] == ["snapshot"]
-    assert lookup("verl", "critic/lr", "v0.9.1")[0]["differs"] == ["snapshot"]
-    assert lookup("verl", "actor/pg_loss", "v0.7.1")[0]["fidelity"] == "approximate"
-    assert lookup("verl", "actor/pg_loss", "v0.8.0")[0]["fidelity"] == "exact"
+    # the learning rate: after the scheduler step up to v0.3.0.post1 (critic: v0.4.1), before it in the legacy
+    # workers of v0.4.0 (critic: v0.5.0) .. v0.7.1, after it again in the engine workers from v0.8.0
+    snap = {(k, r): lookup("verl", k, r)[0]["reduce"]["snapshot"]
+            for k in ("actor/lr", "critic/lr") for r in ("v0.3.0.post1", "v0.4.1", "v0.7.1", "v0.8.0", "v0.9.1")}
+    after, before = "after_scheduler_step", "before_scheduler_step"
+    assert snap == {("actor/lr", "v0.3.0.post1"): after, ("actor/lr", "v0.4.1"): before,
+                    ("actor/lr", "v0.7.1"): before, ("actor/lr", "v0.8.0"): after, ("actor/lr", "v0.9.1"): after,
+                    ("critic/lr", "v0.3.0.post1"): after, ("critic/lr", "v0.4.1"): after,
+                    ("critic/lr", "v0.7.1"): before, ("critic/lr", "v0.8.0"): after, ("critic/lr", "v0.9.1"): after}
+    # the policy loss: summed over mini-batches in the legacy actor of v0.7.x, averaged over them from v0.8.0
+    assert lookup("verl", "actor/pg_loss", "v0.7.1")[0]["reduce"] == {"like": "legacy_loss", "mini_batches": "sum"}
+    assert lookup("verl", "actor/pg_loss", "v0.8.0")[0]["reduce"] == {"like": "engine_loss"}
     assert lookup("verl", "actor/kl_loss", "v0.9.1")[0]["source"].endswith("losses.py@v0.9.1")
+    # the critic's value loss: per micro-batch floats in v0.8.0, globally normalised Metric(SUM) from v0.9.0
+    assert lookup("verl", "critic/vf_loss", "v0.8.0")[0]["reduce"] == {"like": "legacy_critic_loss"}
+    assert lookup("verl", "critic/vf_loss", "v0.9.0")[0]["reduce"] == {"like": "critic_engine_loss"}
     # memory readings move under actor/ and critic/ with the engine workers
     assert lookup("verl", "perf/max_memory_allocated_gb", "v0.8.0", trainer="ppo") is None
     assert lookup("verl", "actor/perf/max_memory_allocated_gb", "v0.8.0")[0]["canonical"] \
         == "perf/memory/max_allocated_gb"
     assert lookup("verl", "timing_s/generation_timing/max", "v0.8.0") is None
     # update-time entropy is not the pre-update entropy
-    cfg = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}}
-    assert lookup("verl", "actor/entropy", "v0.9.1", config=cfg)[0]["fidelity"] == "exact"
-    assert lookup("verl", "actor/entropy_loss", "v0.9.1")[0]["differs"] == ["snapshot"]
+    assert lookup("verl", "actor/entropy", "v0.9.1")[0]["reduce"]["like"] == "batch_token"     # snapshot: rollout
+    assert lookup("verl", "actor/entropy_loss", "v0.9.1")[0]["reduce"]["like"] == "engine_loss"  # snapshot: update
+    # the V1 trainer (default from v0.9.0) measures clip ratios against the batch's longest sequence
+    assert lookup("verl", "response_length/clip_ratio", "v0.8.0")[0]["reduce"]["clip_length"] == "max_length"
+    assert lookup("verl", "response_length/clip_ratio", "v0.9.1")[0]["reduce"]["clip_length"]["config"] \
+        == "trainer.use_v1"
     assert lookup("verl", "train/lr(1e-3)", "v0.7.1", trainer="sft") is None
     # OpenRLHF v0.11.2
     assert lookup("openrlhf", "is_filter_ratio", "v0.11.1", trainer="ppo") is None

@@ -1,8 +1,8 @@
 """The report opens on its key charts, groups its warnings and shows nothing of the author's file system (issue
 18, item 7). The browser check that a chart is on the first screen is tests/unit/test_compare_browser.py.
 
-* Order: title, one line of context, the (reserved) findings section, the key charts, then the warnings, the runs,
-  the metrics of one run, the contents and the other metrics.
+* Order: title, one line of context, the findings section (trackbridge doctor's, per run, linked to the charts), the
+  key charts, then the warnings, the runs, the metrics of one run, the contents and the other metrics.
 * Warnings: one ``<details>`` per kind with its count; every warning the command printed is in the HTML in full.
 * Chart footnotes (the PNG) are short and whole: no text is cut with an ellipsis; the full reasons are in the HTML.
 * No absolute path: not the report folder, not the checkout, not the home folder, not any ``/...`` path outside
@@ -52,18 +52,27 @@ def test_the_report_opens_on_its_key_charts(report):
     assert len(sections) == len(report.metrics) == len(set(sections))
     from trackbridge.compare import slug
     assert sections[:4] == [f"m-{slug(m.name)}" for m in key]
-    assert text.index("<!-- findings") < text.index('id="key"') and 'id="findings"' not in text
+    assert text.index("<!-- findings") < text.index('<section id="findings">') < text.index('id="key"')
 
 
 def test_the_findings_section_sits_above_the_charts(report, tmp_path):
-    res = compare_runs([GRPO, VERL], metrics="stability", out=None)
-    res.out = tmp_path / "with-findings"
-    res.findings = ["verl: the reward is flat after step 150 (see reward/score/mean)"]
+    # the examples' real symptoms (tests/unit/test_doctor_quiet.py): grpo's groups mostly give no learning signal,
+    # verl's MFU is under 30%; each finding links to its chart, which the report has
+    assert [(f.run, f.id) for f in report.findings] == [("grpo", "no-learning-signal"), ("verl", "mfu-low")]
+    text = report.html.read_text()
+    assert text.index('<section id="findings">') < text.index('id="key"') < text.index("<img")
+    section = text[text.index('<section id="findings">'):text.index('id="key"')]
+    links = re.findall(r'href="#(m-[^"]+)"', section)
+    assert links == ["m-reward_group_zero_std_frac", "m-perf_mfu_policy_update"]
+    for anchor in links:
+        assert f'<section class="metric" id="{anchor}">' in text
+    # no findings at all: no section, the comment stays
+    res = compare_runs([GRPO, VERL], metrics="stability", out=None, doctor=False)
+    res.out = tmp_path / "without-findings"
     from trackbridge.compare.align import run_axis
     write_report(res, {r.label: run_axis(r, res.x) for r in res.runs})
     text = res.html.read_text()
-    assert text.index('<section id="findings">') < text.index('id="key"') < text.index("<img")
-    assert "the reward is flat after step 150" in text
+    assert "<!-- findings" in text and 'id="findings"' not in text
 
 
 def test_warnings_are_grouped_counted_and_whole(report):

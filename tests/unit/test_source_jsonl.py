@@ -64,3 +64,23 @@ def test_missing_and_empty(tmp_path):
         open_source(f"jsonl:{tmp_path}/nope")
     with pytest.raises(SourceError, match="no \\*.jsonl"):
         list(open_source(f"jsonl:{tmp_path}").runs())
+
+
+def test_prime_rl_file_monitor_time_is_the_wall_time(tmp_path):
+    """prime-rl's `file` monitor writes {"step", "time": time.time(), ...metrics} (src/prime_rl/utils/monitor/file.py
+    @v0.8.0): `time` is the record's wall time, not a metric; a `timestamp` column is read the same way. A `time`
+    that is not Unix seconds (a step duration) stays a metric, and `wall_time` / `_timestamp` keep precedence."""
+    p = tmp_path / "metrics.jsonl"
+    _write(p, [json.dumps({"step": 1, "time": 1767225600.25, "loss/mean": 0.5}),
+               json.dumps({"step": 2, "timestamp": 1767225660, "loss/mean": 0.25}),
+               json.dumps({"step": 3, "time": 12.5, "loss/mean": 0.125}),
+               json.dumps({"step": 4, "_timestamp": 1767225700.0, "time": 1767225799.0, "loss/mean": 0.0625}),
+               json.dumps({"step": 5, "time": True, "loss/mean": 0.0})])
+    (reader,) = open_source(f"jsonl:{p}").runs()
+    got = [(r.step, r.wall_time, r.metrics) for r in reader.records()]
+    assert got == [(1, 1767225600.25, {"loss/mean": 0.5}),
+                   (2, 1767225660, {"loss/mean": 0.25}),
+                   (3, None, {"time": 12.5, "loss/mean": 0.125}),
+                   (4, 1767225700.0, {"time": 1767225799.0, "loss/mean": 0.0625}),
+                   (5, None, {"time": True, "loss/mean": 0.0})]
+    assert reader.problems == []

@@ -4,8 +4,9 @@
 reads every run through the same readers as migration, translates it to canonical names with derived metrics filled
 in (:mod:`.load`), aligns the runs on steps, samples, tokens or wall time (:mod:`.align`), and writes to ``out``:
 
-* ``report.html``: self-contained (charts embedded as data URIs, no external CSS/JS). It opens on its key charts
-  (the first four metrics, those of every run first, under a reserved findings section), then the warnings grouped
+* ``report.html``: self-contained (charts embedded as data URIs, no external CSS/JS). It opens with the findings of
+  :mod:`trackbridge.doctor`'s checks per run (each linked to the charts of the metrics it read), then its key charts
+  (the first four metrics, those of every run first), then the warnings grouped
   by kind (counted, each group an expandable list with every warning in full), each run's source and detected
   framework, the metrics found in only one run, and one section per metric: a chart of all runs overlaid, the
   warning in full when the quantity is not the same in every run (approximate translation, with the mapping's
@@ -35,6 +36,7 @@ from .presets import LOOK_ALIKES, PRESETS, preset_of, select
 from .stats import MetricStats
 
 if TYPE_CHECKING:       # pragma: no cover
+    from ..doctor import Finding
     from ..schema.model import CanonicalSchema
 
 __all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS", "WARNING_GROUPS"]
@@ -74,9 +76,9 @@ class CompareResult:
     smooth: int = 0
     # the same warnings by kind (WARNING_GROUPS, in that order): (metric the warning is about or None, full text)
     warning_groups: dict[str, list[tuple[str | None, str]]] = field(default_factory=dict)
-    # one short sentence per finding, shown above the key charts (issue 23 fills it: findings per run, linked to
-    # the charts); empty: no findings section
-    findings: list[str] = field(default_factory=list)
+    # trackbridge doctor's findings, per run (in run order, each run's ordered by what to look at first), shown
+    # above the key charts, each linked to the charts of the metrics it read; empty: no findings section
+    findings: list[Finding] = field(default_factory=list)
 
     def metric(self, name: str) -> MetricReport | None:
         return next((m for m in self.metrics if m.name == name), None)
@@ -108,13 +110,14 @@ WARNING_GROUPS = {
 def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]" = None, x: str = "step",
                  smooth: int = 0, smooth_kind: str = "ema", out: "Path | str | None" = Path("compare-report"),
                  into: str | None = None, mappings: "list[str] | None" = None, source: str = "auto",
-                 title: str | None = None) -> CompareResult:
+                 title: str | None = None, doctor: bool = True) -> CompareResult:
     """Compare runs (locators, optionally ``LABEL=LOCATOR``) and write the report to ``out`` (None: no report).
 
     ``metrics``: None (all), a preset (``effectiveness``, ``stability``, ``efficiency``, ``data``), canonical names
     or patterns, comma-separated or as a list. ``x``: step, samples, tokens or time. ``smooth``: N > 1 draws an
     EMA of span N (``smooth_kind="mean"``: a trailing mean of N points) over the faint raw line; the tables always
-    use the raw values. ``into``: a sink locator to write every run into as well."""
+    use the raw values. ``into``: a sink locator to write every run into as well. ``doctor``: run the diagnostic
+    checks (:mod:`trackbridge.doctor`) over each run as it is read; the report opens with their findings."""
     if x not in X_KINDS:
         raise ValueError(f"unknown x axis {x!r}; expected one of {', '.join(X_KINDS)}")
     if smooth_kind not in SMOOTH_KINDS:
@@ -122,7 +125,7 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     smooth = int(smooth or 0)
     if smooth < 0:
         raise ValueError("smooth must be >= 0")
-    runs = load_runs(list(locators), mappings=mappings, source=source)
+    runs = load_runs(list(locators), mappings=mappings, source=source, doctor=doctor)
     result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
                            summary_md=None, runs=runs, x=x, smooth=smooth)
     schema = _schema(mappings)
@@ -137,6 +140,13 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     renamed: dict[str, str] = {}
     chosen, missing = select(metrics, available, is_axis=is_axis, upgrade=schema.upgrade, renamed=renamed)
     result.missing = missing
+    # the findings of trackbridge doctor open the report; the metrics they read are charted, so each links to its
+    # charts (added after the ones asked for when --metrics left them out)
+    result.findings = [f for r in runs for f in r.findings]
+    for f in result.findings:
+        for name in f.metrics():
+            if name in available and name not in chosen:
+                chosen.append(name)
     for old, new in renamed.items():
         result.warn("names", f"{old} is an older canonical name of {new} (canonical.yaml versions:); "
                              f"compared as {new}")

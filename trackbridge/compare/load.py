@@ -21,6 +21,7 @@ from ..locators import Locator, parse_many
 from ..record import Histogram, Record, RunInfo
 
 if TYPE_CHECKING:       # pragma: no cover
+    from ..doctor import Finding
     from ..inputs import InputRun
     from .stats import MetricStats
 
@@ -184,6 +185,7 @@ class RunData:
         self.non_scalar: set[str] = set()    # names with a distribution or a text
         self.stats: dict[str, _Stats] = {}
         self.series: dict[str, _Series] = {}
+        self.axes: dict[str, dict[str, None]] = {}   # a run with several x axes: axis -> the metrics on it
         self.cap = cap
 
     def add(self, rec: Record) -> None:
@@ -195,6 +197,10 @@ class RunData:
             self.any_wall = True
         self.walls.append(float(w) if is_finite_number(w) else _NAN)
         m = rec.metrics
+        if rec.axis is not None:
+            on = self.axes.setdefault(rec.axis, {})
+            for k in m:
+                on[k] = None
         for name in AXIS_METRICS:
             v = m.get(name)
             col = self.axis.get(name)
@@ -240,6 +246,7 @@ class LoadedRun:
     problems: list[str] = field(default_factory=list)
     has_wall_time: bool = True
     data: "RunData | None" = None        # folded from the records (computed from ``records`` when not given)
+    findings: list[Finding] = field(default_factory=list)     # trackbridge doctor's, ordered by what to see first
 
     def __post_init__(self) -> None:
         if self.data is None:
@@ -285,7 +292,7 @@ class LoadedRun:
 
 
 def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None = None,
-              source: str = "auto", derive: bool = True) -> list[LoadedRun]:
+              source: str = "auto", derive: bool = True, doctor: bool = True) -> list[LoadedRun]:
     """Open every locator (``LOCATOR`` or ``LABEL=LOCATOR``) and read all its runs as canonical records.
 
     Runs are opened as every command opens them (:func:`trackbridge.inputs.open_runs`: the same config, the same
@@ -310,26 +317,37 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
             label = loc.label or "run"
             if len(found) > 1:
                 label = f"{label}/{info.name or info.run_id or i}"
-            runs.append(load_one(label, plain, run, mappings=mappings, source=run.source or source, derive=derive))
+            runs.append(load_one(label, plain, run, mappings=mappings, source=run.source or source, derive=derive,
+                                 doctor=doctor))
     return runs
 
 
 def load_one(label: str, locator: str, run: InputRun, *, mappings: list[str] | None = None, source: str = "auto",
-             derive: bool = True) -> LoadedRun:
+             derive: bool = True, doctor: bool = True) -> LoadedRun:
     """Read one run through a pipeline, record by record, keeping only :class:`RunData` (see the module
-    docstring); ``records`` of the result reads the run again when iterated."""
+    docstring) and, with ``doctor``, the diagnostic checks' state (:mod:`trackbridge.doctor`: bounded too);
+    ``records`` of the result reads the run again when iterated."""
     info = run.info
     pipe = run.pipeline("canonical", source=source, mappings=mappings, derive=derive)
     data = RunData()
+    doc = None
     for rec in pipe.process(run.records()):
+        if doctor and doc is None:          # the source is resolved by now: the config's canonical names are known
+            doc = _doctor(pipe, info, label, mappings)
         data.add(rec)
+        if doc is not None:
+            doc.feed(rec)
     pipe.finish_notes()
     st = pipe.stats
     approx = dict(st.approximate)
     approx.update({k: v for k, v in (info.approximate or {}).items() if k not in approx})
+    findings = doc.finish(approx) if doc is not None else []
     notes = list(st.notes)
     if data.non_scalar:
         notes.append("not charted (distributions or text, not numbers): " + ", ".join(sorted(data.non_scalar)))
+    for axis, names in data.axes.items():
+        shown = list(names)
+        notes.append(f"on x axis {axis} (step = its value): {', '.join(shown[:8])}{' ...' if len(shown) > 8 else ''}")
 
     def reread() -> Iterator[Record]:
         again = run.pipeline("canonical", source=source, mappings=mappings, derive=derive)
@@ -339,4 +357,14 @@ def load_one(label: str, locator: str, run: InputRun, *, mappings: list[str] | N
                      source=st.source or str(info.source), approximate=approx, derived=list(st.derived),
                      unmapped=list(st.unmapped), renamed=dict(st.renamed), notes=notes,
                      problems=[str(p) for p in run.problems],
-                     has_wall_time=run.has_wall_time and data.any_wall, data=data)
+                     has_wall_time=run.has_wall_time and data.any_wall, data=data, findings=findings)
+
+
+def _doctor(pipe: Any, info: RunInfo, label: str, mappings: list[str] | None) -> Any:
+    """The diagnostic checks for one run (the shipped ones plus the check files among ``mappings``), with the
+    run config's canonical names."""
+    from ..doctor import Doctor, checks_for
+    from ..schema.loader import load_registry
+    reg = pipe.registry or load_registry(mappings or None)
+    config = {**dict((info.extra or {}).get("canonical_config") or {}), **pipe.canonical_config()}
+    return Doctor(checks_for(reg, mappings), config=config, label=label)

@@ -56,6 +56,10 @@ code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.95em;overflow-
 .note{color:#555}
 details{margin:.3em 0} details summary{cursor:pointer} details li{margin:.25em 0}
 .warngroup{background:#fff8ef;border-left:4px solid #e67700;padding:4px 10px}
+#findings ul{margin:.2em 0 .6em 0;padding-left:1.2em} #findings li{margin:.25em 0}
+#findings h3{font-family:inherit;font-size:1em;margin:.4em 0 0 0}
+.sev{display:inline-block;min-width:4.5em;font-size:.8em;font-weight:bold;text-transform:uppercase}
+.sev-critical .sev{color:#b00020} .sev-warning .sev{color:#b35c00} .sev-info .sev{color:#1f5fa8}
 """
 
 
@@ -251,6 +255,14 @@ def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
     for r in result.runs:
         lines.append(f"| {_md_cell(r.label)} | `{_md_cell(r.locator)}` | {_md_cell(r.source)} |")
     lines.append("")
+    if result.findings:
+        lines.append("## Findings")
+        lines.append("")
+        for f in result.findings:
+            lines.append(f"- {_md_cell(f.run)}: {_md_cell(f.severity)}: {_md_cell(f.check.title)} "
+                         f"(`{f.id}`), {_md_cell(f.where())}: {_md_cell(f.stretches[0].text)}. Check first: "
+                         f"{_md_cell(f.check.check_first)}")
+        lines.append("")
     if result.warnings:
         lines.append("## Warnings")
         lines.append("")
@@ -349,11 +361,11 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
     """The report: title, the findings (when any), the key charts, the warnings grouped, the runs, every metric.
 
     Layout, top to bottom: the title and one line of context (runs, axis, files); ``<section id="findings">``,
-    reserved for a short list of findings linked to the charts below (:attr:`CompareResult.findings`; nothing
-    when empty); the key charts (:func:`key_metrics`) so that the first screen shows a chart; the warnings, one
-    ``<details>`` per kind with its count and every warning in full; the runs; the metrics of one run; the contents
-    and every other metric's section. No absolute local path appears (:class:`_Paths`); links are relative to the
-    report folder."""
+    the diagnostic checks' findings per run, each linked to the charts it read (:attr:`CompareResult.findings`;
+    nothing when there are none); the key charts (:func:`key_metrics`) so that the first screen shows a chart; the
+    warnings, one ``<details>`` per kind with its count and every warning in full; the runs; the metrics of one run;
+    the contents and every other metric's section. No absolute local path appears (:class:`_Paths`); links are
+    relative to the report folder."""
     from . import WARNING_GROUPS
     paths = _Paths(path.parent)
 
@@ -379,11 +391,10 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
              "<a href=\"summary.csv\">summary.csv</a> &middot; <a href=\"summary.md\">summary.md</a> &middot; "
              f"trackbridge {e(_tb_version)} &middot; {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>")
 
-    # findings: a short list above the charts (filled by later analyses; see CompareResult.findings)
-    h.append("<!-- findings: one short sentence each, linked to the charts below -->")
+    # findings: trackbridge doctor's, per run, above the charts, each linked to the charts it concerns
+    h.append("<!-- findings: per run, ordered by what to look at first, each linked to the charts below -->")
     if result.findings:
-        h.append("<section id=\"findings\"><h2>Findings</h2><ul>"
-                 + "".join(f"<li>{e(f)}</li>" for f in result.findings) + "</ul></section>")
+        h.append(_findings(result, e))
 
     # the key charts
     key = key_metrics(result)
@@ -473,6 +484,42 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
     h.append("</body></html>\n")
     path.write_text("\n".join(h), encoding="utf-8")
     return path
+
+
+def _findings(result: CompareResult, e: Callable[[object], str]) -> str:
+    """The findings section: per run, one line per finding (severity, what, where, links to its charts), its
+    evidence, meaning, what to check and its caveats folded under it."""
+    charted = {m.name for m in result.metrics}
+    by_run: dict[str, list] = {}
+    for f in result.findings:
+        by_run.setdefault(f.run, []).append(f)
+    h = ["<section id=\"findings\"><h2>Findings</h2>",
+         "<p class=\"meta\">What the diagnostic checks (<code>trackbridge doctor</code>, mappings/checks.yaml) found "
+         "in each run, ordered by what to look at first; each links to the charts it read.</p>"]
+    for run in result.runs:
+        items = by_run.get(run.label)
+        if not items:
+            if len(result.runs) > 1:
+                h.append(f"<h3>{e(run.label)}</h3><p class=\"note\">No findings.</p>")
+            continue
+        h.append(f"<h3>{e(run.label)}</h3><ul>")
+        for f in items:
+            links = ", ".join(f"<a href=\"#{_anchor(m)}\"><code>{e(m)}</code></a>" if m in charted else
+                              f"<code>{e(m)}</code>" for m in f.metrics())
+            more = [f"<p>{e(st.steps())}: {e(st.text)}</p>" for st in f.stretches[:3]]
+            more.append(f"<p><b>Means:</b> {e(f.check.means)}</p>")
+            more += [f"<p><b>Note:</b> {e(n)}</p>" for n in f.notes]
+            more.append(f"<p><b>Check first:</b> {e(f.check.check_first)}</p>")
+            if f.check.then_check:
+                more.append(f"<p><b>Then check:</b> {e(f.check.then_check)}</p>")
+            more += [f"<p><b>Caveat:</b> {e(c)}</p>" for c in f.caveats]
+            more.append("<p class=\"meta\">Source: " + "; ".join(e(c) for c in f.check.cites) + "</p>")
+            h.append(f"<li class=\"sev-{e(f.severity)}\" id=\"f-{_anchor(run.label)[2:]}-{e(f.id)}\">"
+                     f"<span class=\"sev\">{e(f.severity)}</span> <b>{e(f.check.title)}</b>, {e(f.where())}: "
+                     f"{links}<details><summary>why, and what to check</summary>{''.join(more)}</details></li>")
+        h.append("</ul>")
+    h.append("</section>")
+    return "\n".join(h)
 
 
 def _section(mr: MetricReport, e: Callable[[object], str]) -> str:

@@ -24,7 +24,7 @@ class RunLike(Protocol):
     @property
     def status(self) -> dict[str, Any]: ...
 
-    def log(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
+    def log(self, metrics: dict[str, Any], step: int | None = None, *, axis: str | None = None) -> None: ...
 
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]: ...
 
@@ -81,12 +81,13 @@ class Tee:
         """Whether the trackbridge run was opened (or given as ``run=``)."""
         return self._run is not None
 
-    def emit(self, metrics: dict[str, Any], step: Any = None) -> None:
-        """Log one record through trackbridge; problems become one warning each, never an exception."""
+    def emit(self, metrics: dict[str, Any], step: Any = None, *, axis: str | None = None) -> None:
+        """Log one record through trackbridge (``axis``: the step metric ``step`` is the value of, for a run with
+        several x axes); problems become one warning each, never an exception."""
         if not metrics:
             return
         try:
-            self._live_run().log(metrics, step=as_step(step))
+            self._live_run().log(metrics, step=as_step(step), axis=axis)
         except Exception as exc:   # the wrapped logger already did its job: never break training
             self.warn_once(type(exc).__name__, f"trackbridge: the {self.kind} wrapper could not log a record "
                                                f"({type(exc).__name__}: {exc}); the original logger is unaffected")

@@ -25,9 +25,11 @@ How it works (wandb 0.31):
   flush the last one. A ``step=`` lower than wandb's current step is dropped by wandb (with a warning); trackbridge
   still records it at that step (it handles non-monotonic steps).
 * **Steps**: the record's step is the wandb row's step, unless ``define_metric(glob, step_metric=M)`` covers the keys:
-  then it is the value of ``M`` in the row (or the last value seen, as wandb's ``step_sync``). Keys governed by
-  different step metrics in one row (``train/*`` and ``eval/*``) become separate records. Rules declared before the
-  wrapper was installed are not seen: pass them as ``step_metrics={"train/*": "train/global_step"}``.
+  then it is the value of ``M`` in the row (or the last value seen, as wandb's ``step_sync``), and ``M`` is the
+  record's x axis (``Record.axis``: every tracker charts those keys on it). Keys governed by different step
+  metrics in one row (``train/*`` and ``eval/*``, slime's ``train/step`` and ``rollout/step``) become separate
+  records. Rules declared before the wrapper was installed are not seen: pass them as
+  ``step_metrics={"train/*": "train/global_step"}``.
 * **Values**: numbers, strings, tensors/arrays (as histograms) and ``wandb.Histogram`` go through; other wandb media
   (``Table``, ``Image`` ...) stay in wandb only (listed in ``handle.skipped``); ``_step``/``_runtime``/``_timestamp``
   are wandb's.
@@ -252,15 +254,16 @@ class WandbWrapper(Tee):
         for key, val in values.items():
             groups.setdefault(self._step_metric_for(key), {})[key] = val
         for metric, part in groups.items():
-            step = row
+            step, axis = row, None
             if metric is not None:
                 val = values.get(metric)
                 num = _number(val)
                 if num is not None:
                     self._last_step_value[metric] = num
-                step = self._last_step_value.get(metric, row)
+                if metric in self._last_step_value:       # else: no value of it yet, the row's step
+                    step, axis = self._last_step_value[metric], metric
             self.rows += 1
-            self.emit(part, step)
+            self.emit(part, step, axis=axis)
 
     def _values(self, data: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -65,7 +65,7 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
          backoff: float | None = None, retry_interval: float | None = None, stall_timeout: float | None = None,
          finish_timeout: float | None = None, resume_wait: float | None = None, writer: str | None = None,
          tags: dict[str, str] | None = None,
-         rank_zero_only: bool = True, rank: int | None = None) -> Run | NoOpRun:
+         rank_zero_only: bool = True, rank: int | None = None, doctor: bool = False) -> Run | NoOpRun:
     """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
 
     ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
@@ -73,7 +73,10 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     ``canonical`` or ``FRAMEWORK[@VERSION]``); ``names``: naming written to the trackers (``canonical`` or
     ``FRAMEWORK[@VERSION]``; the spool always holds canonical names). ``options``: the tuning knobs
     (:class:`LoggerOptions`: flush interval, queue and batch sizes, retries, timeouts); each is also a keyword here,
-    which wins over ``options``. ``rank``: override the rank taken from the environment.
+    which wins over ``options``. ``rank``: override the rank taken from the environment. ``doctor``: run the
+    diagnostic checks (:mod:`trackbridge.doctor`) on the records as they are logged, in the dispatcher thread; a
+    finding is logged once, as the text metric ``doctor/<check id>`` to every tracker and as a
+    :class:`~trackbridge.doctor.DoctorWarning`, the first time its check holds (``run.findings`` lists them).
 
     Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder.
     """
@@ -88,7 +91,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     if not rank_zero_only and _rank.world_size() > 1 and run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + f"-rank{r}"
     return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
-               run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags)
+               run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags,
+               doctor=doctor)
 
 
 __all__ = ["init", "Run", "NoOpRun", "LoggerOptions", "LoggerWarning", "STEP_AXIS"]

@@ -35,9 +35,14 @@ def derive_hook(translator: Translator) -> DeriveHook:
     return translator.apply_derive
 
 
-def validate_call(metrics: object, step: object) -> tuple[dict[str, Any], list[str], int | None]:
-    """What ``log(metrics, step)`` checks on every rank: the values normalised (with the problems of the ones left
-    out) and the step as an int. Raises as :meth:`Run.log` documents (the arguments are the caller's, unchecked)."""
+def validate_call(metrics: object, step: object, axis: object = None) -> tuple[dict[str, Any], list[str], int | None]:
+    """What ``log(metrics, step, axis=)`` checks on every rank: the values normalised (with the problems of the ones
+    left out) and the step as an int. Raises as :meth:`Run.log` documents (the arguments are the caller's,
+    unchecked)."""
+    if axis is not None and (not isinstance(axis, str) or not axis):
+        raise TypeError(f"log(axis=...) must be the name of the step metric (a non-empty string), got {axis!r}")
+    if axis is not None and step is None:
+        raise TypeError(f"log(axis={axis!r}) needs step=: the value of {axis!r} for these metrics")
     values, problems = normalize_metrics(metrics)
     as_int = None
     if step is not None:

@@ -18,7 +18,7 @@ class Dispatcher:
     def __init__(self, *, translator: Any, derive_fn: Callable[..., None] | None, info: RunInfo,
                  rename: Callable[[Record], Record] | None, names: str, spool: Any, trackers: list[Any],
                  seq_base: int, next_step: int, inbox_size: int, resume_wait: float | None,
-                 warn_once: Callable[[str, str], None]) -> None:
+                 warn_once: Callable[[str, str], None], doctor: Any = None) -> None:
         self.translator = translator
         self.derive_fn = derive_fn
         self.info = info
@@ -30,6 +30,7 @@ class Dispatcher:
         self.next_step = next_step
         self.resume_wait = resume_wait          # None: not resuming
         self.warn_once = warn_once
+        self.doctor = doctor                    # trackbridge.doctor.Doctor with init(doctor=True), else None
         self.inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
         self.thread = threading.Thread(target=self._main, name="trackbridge-dispatch", daemon=True)
 
@@ -57,18 +58,10 @@ class Dispatcher:
                 if item is STOP:
                     break
                 rec = self.build(*item)
-                seq = self.seq
-                self.seq += 1
-                self.spool.put(seq, rec)
-                out = rec
-                if self.rename is not None and self.trackers:
-                    try:
-                        out = self.rename(rec)      # once for all trackers; the spool stays canonical
-                    except Exception as exc:
-                        self.warn_once("names", f"renaming to {self.names!r} failed ({type(exc).__name__}: "
-                                                f"{exc}); trackers get canonical names")
-                for w in self.trackers:
-                    w.put(seq, out)
+                self.emit(rec)
+                if self.doctor is not None:
+                    for note in self.diagnose(rec):
+                        self.emit(note)
         except BaseException as exc:
             warn(f"trackbridge: the dispatcher crashed ({type(exc).__name__}: {exc}); logging stopped")
         finally:
@@ -78,8 +71,42 @@ class Dispatcher:
             for w in self.trackers:
                 w.stop()
 
-    def build(self, wall_time: float, step: int | None, values: dict[str, Any]) -> Record:
-        """The record for one ``log()`` call: canonical names, its step, derived values."""
+    def emit(self, rec: Record) -> None:
+        """Number a record, hand it to the spool, rename it once for the trackers and offer it to each."""
+        seq = self.seq
+        self.seq += 1
+        self.spool.put(seq, rec)
+        out = rec
+        if self.rename is not None and self.trackers:
+            try:
+                out = self.rename(rec)      # once for all trackers; the spool stays canonical
+            except Exception as exc:
+                self.warn_once("names", f"renaming to {self.names!r} failed ({type(exc).__name__}: "
+                                        f"{exc}); trackers get canonical names")
+        for w in self.trackers:
+            w.put(seq, out)
+
+    def diagnose(self, rec: Record) -> list[Record]:
+        """The live checks (``init(doctor=True)``) fed one record: a text record per finding that holds for the
+        first time (logged at the record's step, after it), each also said as a warning. A check that fails turns
+        the checks off with one warning; logging goes on."""
+        from ..doctor import warn_finding
+        try:
+            found = self.doctor.feed(rec, approximate=self.info.approximate)
+        except Exception as exc:
+            self.warn_once("doctor", f"the diagnostic checks failed ({type(exc).__name__}: {exc}); they are off "
+                                     f"for this run")
+            self.doctor = None
+            return []
+        out = []
+        for f in found:
+            text = warn_finding(f)
+            out.append(Record(step=rec.step, wall_time=rec.wall_time, metrics={f"doctor/{f.id}": text}, axis=rec.axis))
+        return out
+
+    def build(self, wall_time: float, step: int | None, values: dict[str, Any], axis: str | None = None) -> Record:
+        """The record for one ``log()`` call: canonical names, its step, derived values. A record on an x axis of
+        its own (``axis``) keeps its step and leaves the run's step counter alone."""
         res = None
         try:
             res = self.translator.translate(values)
@@ -92,17 +119,19 @@ class Dispatcher:
         except Exception as exc:
             self.warn_once("translate", f"translation failed ({type(exc).__name__}: {exc}); names logged as given")
             metrics, derived = dict(values), []
-        if step is None:
-            axis = metrics.get(STEP_AXIS)
-            if isinstance(axis, (int, float)) and not isinstance(axis, bool) and math.isfinite(axis):
-                step = int(axis)
+        if step is None and axis is None:
+            counter = metrics.get(STEP_AXIS)
+            if isinstance(counter, (int, float)) and not isinstance(counter, bool) and math.isfinite(counter):
+                step = int(counter)
                 if not 0 <= step <= STEP_MAX:
-                    self.warn_once("step-axis", f"{STEP_AXIS} = {axis!r} is outside 0 .. 2**53 - 1 (what every "
+                    self.warn_once("step-axis", f"{STEP_AXIS} = {counter!r} is outside 0 .. 2**53 - 1 (what every "
                                                 f"tracker stores); the record is logged at the next step instead")
                     step = self.next_step
             else:
                 step = self.next_step
-        self.next_step = max(self.next_step, step + 1)
+        if axis is None:
+            assert step is not None
+            self.next_step = max(self.next_step, step + 1)
         if self.derive_fn is not None and res is not None:
             try:
                 self.derive_fn(res, step, wall_time)
@@ -112,4 +141,22 @@ class Dispatcher:
                 self.warn_once("derive", f"deriving metrics failed ({type(exc).__name__}: {exc}); "
                                          f"derivation is off for this run")
                 self.derive_fn = None
-        return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived)
+        return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived, axis=axis)
+
+
+def live_doctor(translator: Any, mappings: list[str] | None, config: dict[str, Any], info: RunInfo,
+                resume_from: Any = None) -> Any:
+    """The diagnostic checks of ``init(doctor=True)`` (the shipped ones plus the check files among ``mappings``),
+    with the run config's canonical names; a resumed run's spool is fed first, so that a finding the run already
+    logged is not logged again. A checks file that cannot be used is an error at ``init``."""
+    from ..doctor import Doctor, checks_for
+    from ..errors import UsageError
+    from ..schema.yamlfile import MappingError
+    try:
+        doc = Doctor(checks_for(translator.registry, mappings), config=config, label=info.name or "run")
+    except MappingError as exc:             # CheckError, or several problems of one file at once
+        raise UsageError(f"init(doctor=True): {exc}") from None
+    if resume_from is not None:
+        from ..stream import read_stream
+        doc.warm(rec for _seq, rec in read_stream(resume_from))
+    return doc

@@ -28,10 +28,10 @@ class NoOpRun(RunView):
         self.options = options
         self.info: RunInfo = RunInfo(name=name, project=project, run_id=run_id, config=dict(config or {}))
 
-    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None = None, *, axis: str | None = None) -> None:
         """Check the call as :meth:`Run.log <trackbridge.logger.Run.log>` does (and raise the same errors), then
         discard it."""
-        validate_call(metrics, step)      # refuses what rank 0 refuses, then discards
+        validate_call(metrics, step, axis)      # refuses what rank 0 refuses, then discards
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         """The run info ``init`` was given (no tracker is opened on this rank)."""
@@ -44,6 +44,11 @@ class NoOpRun(RunView):
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Nothing to flush; returns :attr:`status`."""
         return self.status
+
+    @property
+    def findings(self) -> list[Any]:
+        """The live checks run on rank 0 only: ``[]``."""
+        return []
 
     @property
     def status(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from .checks import (
     validate_call,
 )
 from .common import STOP, RunView, warn
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, live_doctor
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
 from .spool import SpoolFile, SpoolWorker, spool_place
@@ -59,7 +59,7 @@ class Run(RunView):
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
-                 tags: dict[str, str] | None) -> None:
+                 tags: dict[str, str] | None, doctor: bool = False) -> None:
         from ..locators import LocatorError
         from ..sinks import make_sink
 
@@ -98,6 +98,10 @@ class Run(RunView):
         if derive_fn is not None and self.resume and scan.records:
             # stateful derived rules (delta, rate, ema ...) continue from the history kept in the spool
             translator.warm_derive(rec for _seq, rec in read_stream(self.spool_path))
+
+        # init(doctor=True): the live checks, before any sink or thread (a bad checks file fails init here)
+        self._doctor = live_doctor(translator, mappings, cfg, self.info, self.spool_path if self.resume else None) \
+            if doctor else None
 
         # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
         spool_sink = SpoolFile(self.spool_path, fsync=spool_fsync)
@@ -159,7 +163,8 @@ class Run(RunView):
             rename=None if self._writer_spec_given() else self._rename, names=self.names,
             spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
-            resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once)
+            resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
+            doctor=self._doctor)
         self._inbox = self._dispatcher.inbox
         self._spool_worker.thread.start()
         if self._writer_spec_given():
@@ -179,21 +184,24 @@ class Run(RunView):
     def _seq(self) -> int:
         return self._dispatcher.seq
 
-    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None = None, *, axis: str | None = None) -> None:
         """Log one step's metrics. Returns as soon as the values are validated and queued.
 
-        Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step``, ``ValueError`` for a step
-        outside 0 .. 2**53 - 1 (nothing is logged for that call), ``RuntimeError`` after ``finish()``. A value or
-        name no tracker can store (an empty name, a lone surrogate, ...) is left out with a one-time warning naming
-        it (see ``run.problems``); the other values of the call are logged.
+        ``axis``: the name of the x axis ``step`` counts, for a run with several (slime's ``train/step`` and
+        ``rollout/step``): the metrics are charted on that axis in every tracker, and the run's own step counter
+        is not advanced. Raises ``TypeError`` for a non-dict, a non-string key or a non-integer ``step`` (or a
+        non-string ``axis``), ``ValueError`` for a step outside 0 .. 2**53 - 1 (nothing is logged for that call),
+        ``RuntimeError`` after ``finish()``. A value or name no tracker can store (an empty name, a lone surrogate,
+        ...) is left out with a one-time warning naming it (see ``run.problems``); the other values of the call are
+        logged.
         """
         wall_time = time.time()
-        values, problems, step = validate_call(metrics, step)
+        values, problems, step = validate_call(metrics, step, axis)
         if problems:
             self._report_values(problems)
         if self._finished:
             raise RuntimeError(f"run {self.run_id!r}: log() after finish()")
-        self._inbox.put((wall_time, step, values))
+        self._inbox.put((wall_time, step, values, axis))
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
         """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
@@ -261,6 +269,12 @@ class Run(RunView):
             self._stop_writer(end)
         self._write_pending()
         return self.status
+
+    @property
+    def findings(self) -> list[Any]:
+        """With ``init(doctor=True)``: every finding of the diagnostic checks so far, ordered by what to look at
+        first (complete after :meth:`finish`); ``[]`` otherwise."""
+        return self._doctor.finish(dict(self.info.approximate)) if self._doctor is not None else []
 
     @property
     def status(self) -> dict[str, Any]:

@@ -238,7 +238,7 @@ class Worker:
         def sub(rec: Record, items: list[tuple[str, Any]]) -> Record:
             keys = {k for k, _ in items}
             return Record(step=rec.step, wall_time=rec.wall_time, metrics=dict(items),
-                          derived=[d for d in rec.derived if d in keys])
+                          derived=[d for d in rec.derived if d in keys], axis=rec.axis)
 
         def split(rec: Record, items: list[tuple[str, Any]]) -> None:
             if len(items) <= 1:

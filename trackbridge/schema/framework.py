@@ -116,6 +116,10 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
         fw.declared_prefixes.append((str(p["prefix"]), p["split"]))
     fw.prefixes.sort(key=lambda ps: -len(ps[0]))
     fw.internal.update(str(k) for k in (doc.get("internal") or []))
+    for item in doc.get("passthrough") or []:
+        if isinstance(item, dict) and isinstance(item.get("key"), str):
+            k = item["key"]
+            fw.passthrough.append((k, compile_template(k) if is_template(k) else None))
     for c in doc.get("config") or []:
         line = line_of(c)
         if not isinstance(c, dict) or "key" not in c or not ({"canonical", "default", "default_key"} & set(c)):
@@ -387,6 +391,13 @@ def _overlap(a: Entry, b: Entry) -> bool:
 
 
 def check_framework(fw: FrameworkMapping, errors: list[MappingError]) -> None:
+    for text, tpl in fw.passthrough:          # a key is either translated or declared without a canonical name
+        if tpl is None:
+            mapped_by = [e.key for e in fw.entries if (e.key_template.match(text) is not None if e.key_template
+                                                      else e.key == text)]
+            if mapped_by:
+                errors.append(MappingError(f"passthrough key {text!r} is also mapped (entry {mapped_by[0]!r}): a key "
+                                           "is either an entry or passed through", file=fw.file, entry=fw.name))
     for name, spec in fw.trainers.items():
         for bound in ("since", "until"):
             if spec.get(bound) is not None:

@@ -3,8 +3,8 @@
 The shipped files live in ``mappings/`` (inside the wheel as ``trackbridge/mappings``). User files given with
 ``mappings=[PATH]`` / ``--mappings PATH`` are classified by their ``format`` line: a canonical extension, a
 framework mapping (new, or extending a shipped framework of the same name; an entry colliding with a shipped one
-needs ``override: true``, :mod:`.overrides`) or derived rules. Each canonical and
-framework file is first checked against its JSON Schema (``mappings/schemas/canonical.schema.json``,
+needs ``override: true``, :mod:`.overrides`), derived rules or diagnostic checks (:mod:`trackbridge.doctor`).
+Each canonical and framework file is first checked against its JSON Schema (``mappings/schemas/canonical.schema.json``,
 ``framework.schema.json``: fields, types, allowed values), then parsed by :mod:`.canonical` and :mod:`.framework`
 (what needs the other files: canonical names that exist, releases, overlaps, renames). Every problem found is
 collected and raised together as :class:`MappingErrors`, each naming file, line and entry. The compiled registry is
@@ -30,7 +30,8 @@ from .yamlfile import MappingError, MappingErrors, line_of, load_yaml
 CANONICAL_FORMAT = "trackbridge.canonical/1"
 MAPPING_FORMAT = "trackbridge.mapping/1"
 DERIVED_FORMAT = "trackbridge.derived/1"
-KNOWN_FORMATS = (CANONICAL_FORMAT, MAPPING_FORMAT, DERIVED_FORMAT)
+CHECKS_FORMAT = "trackbridge.checks/1"           # diagnostic checks (trackbridge/doctor/checks.py loads them)
+KNOWN_FORMATS = (CANONICAL_FORMAT, MAPPING_FORMAT, DERIVED_FORMAT, CHECKS_FORMAT)
 SCHEMAS = {CANONICAL_FORMAT: "canonical", MAPPING_FORMAT: "framework"}     # format -> mappings/schemas/<name>
 
 __all__ = ["Registry", "load_registry", "build_registry", "shipped_files", "user_files", "mappings_dir",
@@ -43,6 +44,7 @@ class Registry:
     frameworks: dict[str, FrameworkMapping]
     derived_files: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    check_files: list[str] = field(default_factory=list)  # trackbridge.checks/1 files (shipped and the user's)
     overrides: list[str] = field(default_factory=list)    # what user entries override (schema/overrides.py)
     warnings: list[MappingError] = field(default_factory=list)    # what `mappings lint` reports without failing
 
@@ -125,6 +127,7 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
     canon_docs: list[tuple[str, Any]] = []
     fw_docs: list[tuple[str, Any]] = []
     derived: list[str] = []
+    checks: list[str] = []
     for f, doc in docs:
         if not isinstance(doc, dict):
             errors.append(MappingError("expected a mapping at the top level", file=f, line=1))
@@ -136,6 +139,8 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
             fw_docs.append((f, doc))
         elif fmt == DERIVED_FORMAT:
             derived.append(f)
+        elif fmt == CHECKS_FORMAT:
+            checks.append(f)
         else:
             errors.append(MappingError(
                 f"unknown format {fmt!r}; this trackbridge reads {', '.join(KNOWN_FORMATS)} "
@@ -172,7 +177,7 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
     assert canonical is not None            # no canonical file, or one that failed to parse, is an error above
     warnings.sort(key=lambda e: (e.file or "", e.line or 0))
     return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs],
-                    overrides=overrides, warnings=warnings)
+                    overrides=overrides, check_files=checks, warnings=warnings)
 
 
 def _said(e: Any, errors: list[MappingError]) -> bool:

@@ -258,6 +258,7 @@ class FrameworkMapping:
     template_entries: list[Entry] = field(default_factory=list)
     _lineage: dict[int, int] = field(default_factory=dict)
     declared_prefixes: list[tuple[str, str]] = field(default_factory=list)   # as declared: the first is native
+    passthrough: list[tuple[str, Any]] = field(default_factory=list)   # `passthrough:` (key, Template or None)
     profiles: dict[str, Reduce] = field(default_factory=dict)        # `reductions:` (named reduce profiles)
     levels: dict[str, list[LevelCount]] = field(default_factory=dict)   # `levels:`: level -> counts (first applies)
 
@@ -394,6 +395,13 @@ class FrameworkMapping:
                 if caps is not None:
                     out.append((e, caps))
         return out
+
+    def logs_unmapped(self, key: str) -> bool:
+        """Whether ``key`` is one the framework logs without a canonical name (``passthrough:``)."""
+        for text, tpl in self.passthrough:
+            if (tpl.match(key) is not None) if tpl is not None else key == text:
+                return True
+        return False
 
     def split_prefix(self, key: str) -> tuple[str | None, str]:
         """(split, rest) for a key that starts with one of this framework's tracker prefixes, else (None, key)."""

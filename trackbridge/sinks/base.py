@@ -128,6 +128,26 @@ class Sink(ABC):
                                   "derived": sorted(set((self.run.extra or {}).get("derived") or ()) | seen)}
         return new
 
+    def note_axes(self, records: list[Record]) -> bool:
+        """Remember the x axis of each metric name in ``records`` that is on an axis of its own (``Record.axis``:
+        slime's ``train/step``, ``rollout/step``); True when a name was seen on an axis for the first time. They are
+        kept in ``run.extra["axes"]`` (name -> axis), which every sink stores with its run metadata, so that a reader
+        of a store that keeps points rather than rows gives each series its own axis again
+        (:func:`~trackbridge.sources.base.mark_derived`); sinks re-save that metadata when this returns True."""
+        seen: dict[str, str] = self.__dict__.setdefault("_axes_seen", {})
+        new = False
+        for r in records:
+            axis = r.axis
+            if axis is None:
+                continue
+            for k in r.metrics:
+                if seen.get(k) != axis:
+                    seen[k] = axis
+                    new = True
+        if new and self.run is not None:
+            self.run.extra = {**(self.run.extra or {}), "axes": {**((self.run.extra or {}).get("axes") or {}), **seen}}
+        return new
+
     def reject(self, key: str, step: int | None, why: str) -> None:
         """Note that this sink left ``key`` out of the record at ``step`` because its tracker cannot take the value
         (``key`` is ``"step"`` when the whole record was left out for its step). The other keys are written; the

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from ..errors import TrackBridgeError
-from ..record import Record, RunInfo
+from ..record import Record, RunInfo, split_by_axis
 from ..schema.facts import SPLITS
 
 TIME_AXIS = "time_axis"        # RunInfo.extra key: "missing" when the run's source held no wall times
@@ -151,11 +151,15 @@ class Source(ABC):
 
 def mark_derived(info: RunInfo, records: Iterator[Record]) -> Iterator[Record]:
     """Restore what a store keeps per run rather than per point: the ``derived`` marks (``info.extra["derived"]``),
-    and the absence of a time axis (``info.extra["time_axis"] == "missing"``: the write-time timestamps the tracker
-    had to store are dropped, never passed off as the run's wall times)."""
+    the x axis of each series of a run with several (``info.extra["axes"]``, metric name -> axis, recorded by the
+    sinks: a record that gathered points of two axes at one step becomes one record per axis, each with its
+    ``axis``), and the absence of a time axis (``info.extra["time_axis"] == "missing"``: the write-time timestamps
+    the tracker had to store are dropped, never passed off as the run's wall times)."""
     extra_info = info.extra if isinstance(info.extra, dict) else {}
     derived = set(extra_info.get("derived") or ())
     no_time = extra_info.get(TIME_AXIS) == "missing"
+    axes = extra_info.get("axes")
+    axis_of = axes.get if isinstance(axes, dict) and axes else None
     for rec in records:
         if derived:
             extra = [k for k in rec.metrics if k in derived and k not in rec.derived]
@@ -163,4 +167,7 @@ def mark_derived(info: RunInfo, records: Iterator[Record]) -> Iterator[Record]:
                 rec.derived = [*rec.derived, *extra]
         if no_time and rec.wall_time is not None:
             rec.wall_time = None
-        yield rec
+        if axis_of is None:
+            yield rec
+        else:
+            yield from split_by_axis(rec, axis_of)

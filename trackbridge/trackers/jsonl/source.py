@@ -3,7 +3,10 @@
 The stream's format is :mod:`trackbridge.stream`'s (header line, then one record per line; names of a stream
 stamped with an older canonical schema are upgraded there); this reader adds its damage policy (below) and two other
 shapes of JSON lines: veRL's ``file`` logger backend (``{"step": N, "data": {...}}``, the same idea without the
-header) and plain logged dicts (what ``trackbridge translate`` reads).
+header) and plain logged dicts (what ``trackbridge translate`` reads). A plain dict's wall time is ``wall_time`` or
+``_timestamp``, else ``timestamp`` or ``time`` when it holds Unix seconds (prime-rl's ``file`` monitor writes
+``{"step": N, "time": time.time(), ...}``); a ``time`` that is not a plausible Unix time (a duration in seconds) stays
+a metric.
 
 Streaming and damage: the file is read line by line as bytes, so offsets are exact. A line that is not JSON (for
 example the partial last line a crash leaves) is skipped and reported as ``file:line N (offset X)``; the lines
@@ -83,15 +86,28 @@ class JsonlRunReader(RunReader):
         if "metrics" not in obj:
             # a plain logged dict per line (what `trackbridge translate` reads): numbers and strings are metrics;
             # `step` / `_step` / `global_step` give the step and `_timestamp` / `wall_time` the wall time
-            metrics = {k: decode_value(v) for k, v in obj.items()
-                       if k not in _PLAIN_AXES and (isinstance(v, (int, float, str)) or v is None)}
             step = next((obj[k] for k in ("step", "_step", "global_step") if isinstance(obj.get(k), int)), None)
             wall = next((obj[k] for k in ("wall_time", "_timestamp") if isinstance(obj.get(k), (int, float))), None)
+            taken = _PLAIN_AXES
+            if wall is None:
+                # `timestamp` / `time` (prime-rl's file monitor): the wall time only when it reads as Unix seconds
+                wall_key = next((k for k in _WALL_COLUMNS if _is_unix_seconds(obj.get(k))), None)
+                if wall_key is not None:
+                    wall, taken = obj[wall_key], _PLAIN_AXES | {wall_key}
+            metrics = {k: decode_value(v) for k, v in obj.items()
+                       if k not in taken and (isinstance(v, (int, float, str)) or v is None)}
             return Record(step=step, wall_time=wall, metrics=metrics)
         return decoder.record(obj)
 
 
 _PLAIN_AXES = {"step", "_step", "global_step", "wall_time", "_timestamp", "_runtime"}
+_WALL_COLUMNS = ("timestamp", "time")
+# Unix seconds from 2001-09-09 (1e9) to 2100-01-01: a `time` column outside it is some other quantity (a duration)
+_UNIX_SECONDS = (1e9, 4102444800.0)
+
+
+def _is_unix_seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and _UNIX_SECONDS[0] <= v <= _UNIX_SECONDS[1]
 
 
 class JsonlSource(Source):

@@ -307,7 +307,8 @@ class MlflowSink(Sink):
         if new:
             self.record_sanitized(new)
         derived = self.note_derived(records)
-        if new or derived or len(self._hist) != hist_before:
+        axes = self.note_axes(records)
+        if new or derived or axes or len(self._hist) != hist_before:
             self._put_tags(self._run_tags())
 
     def _add(self, point: Any, metrics: list[Any], texts: list[dict[str, Any]], name: str, value: Any, ts: int,

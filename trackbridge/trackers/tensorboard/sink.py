@@ -290,6 +290,7 @@ class TensorBoardSink(Sink):
                 self._max_step = step
         self._fh.write(b"".join(out))
         self._fh.flush()
+        self.note_axes(records)          # saved with the run info at close (trackbridge-run.json)
 
     def _event(self, Event: Any, summary_pb2: Any, rec: Record, step: int, only: Any = None) -> Any:
         """One Event holding every value of ``rec`` (or of the keys in ``only``)."""
@@ -338,7 +339,7 @@ class TensorBoardSink(Sink):
                 continue
             good.append((tag, v))
         sub = Record(step=rec.step, wall_time=rec.wall_time, metrics=dict(good),
-                     derived=[d for d in rec.derived if any(d == t for t, _ in good)])
+                     derived=[d for d in rec.derived if any(d == t for t, _ in good)], axis=rec.axis)
         return frame(self._event(Event, summary_pb2, sub, step).SerializeToString())
 
     def close(self) -> None:

@@ -164,7 +164,8 @@ class TrackioSink(Sink):
         new = self._names.take_new()
         if new:
             self.record_sanitized(new)
-        if self.note_derived(records) or new:
+        axes = self.note_axes(records)
+        if self.note_derived(records) or new or axes:
             self._write_config()
 
     def _careful_blob(self, metrics: dict[str, Any], step: int) -> str:

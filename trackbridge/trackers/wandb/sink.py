@@ -247,6 +247,8 @@ class WandbSink(Sink):
                 self._partial_done = i + 1
                 continue
             row = self._row(rec)
+            if rec.axis is not None:
+                self._on_axis(rec, row)
             row[STEP_KEY] = rec.step
             if rec.wall_time is not None:
                 row["_timestamp"] = float(rec.wall_time)
@@ -260,10 +262,30 @@ class WandbSink(Sink):
             if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
                 self._max_step = rec.step
         self._partial_batch, self._partial_done = None, 0
+        axes = self.note_axes(records)
         if self.note_derived(records) and self.run is not None:
             # derived (not logged) metrics are marked in the run's config, beside trackbridge's run metadata
             self._run.config.update({META_KEY: self._meta(self.run),
                                      "trackbridge_derived": list(self.run.extra["derived"])}, allow_val_change=True)
+        elif axes and self.run is not None:
+            self._run.config.update({META_KEY: self._meta(self.run)}, allow_val_change=True)
+
+    def _on_axis(self, rec: Record, row: dict[str, Any]) -> None:
+        """A record on an x axis of its own (``Record.axis``): the axis's value goes into the row under the axis's
+        name, and each metric is declared on that axis (``define_metric(name, step_metric=axis)``, as slime declares
+        ``train/*`` on ``train/step``), so wandb charts every series on its own axis and the reader gives the
+        record its axis back."""
+        assert rec.axis is not None
+        axis = self._key(rec.axis)
+        defined = self.__dict__.setdefault("_axis_defined", {})
+        if axis not in defined:
+            self._run.define_metric(axis)
+            defined[axis] = axis
+        for name in row:
+            if defined.get(name) != axis and name != axis:
+                self._run.define_metric(name, step_metric=axis)
+                defined[name] = axis
+        row[axis] = rec.step
 
     def written_of(self, records: list[Record]) -> int:
         return self._partial_done if records is self._partial_batch else 0

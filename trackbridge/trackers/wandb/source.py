@@ -12,10 +12,18 @@ rows (0.31 writes ``nested_key`` paths; older files ``key``). A row becomes one 
 ``_timestamp``; ``_``-keys are dropped; ``{"_type": "histogram"}`` values become :class:`Histogram`; other wandb
 media types are skipped and reported. A ``_trackbridge`` config entry restores the :class:`RunInfo` and its recorded
 name sanitization. Damage (bad CRC, a truncated tail) is skipped and reported as ``file:offset``.
+
+Several x axes: a run that declares its own step metrics with ``define_metric`` (slime: ``train/*`` on
+``train/step``, ``rollout/*`` and ``perf/*`` on ``rollout/step``, ``eval/*`` on ``eval/step``) gives, for each
+row, one record per axis: the metrics on that axis, ``axis`` its step metric's name and ``step`` the step metric's
+value in the row (or its last value: wandb's ``step_sync``); the step metrics themselves are axes, not metrics.
+Exact-name definitions win over globs, globs are tried in the order declared (``fnmatch``), and metrics on no axis
+(or on ``trackbridge/step``, what this package's sink declares for ``*``) keep the row's step.
 """
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -66,6 +74,10 @@ class WandbRunReader(RunReader):
         self.files = list(files)
         self.run_id = run_id or run_id_of(self.files[0])
         self._info: RunInfo | None = None
+        # define_metric declarations: exact name -> step metric, (glob, step metric) in order, the step metrics
+        self._exact_axes: dict[str, str] = {}
+        self._glob_axes: list[tuple[str, str]] = []
+        self._axis_cache: dict[str, str | None] = {}
 
     # -- run info --------------------------------------------------------------------------------------------
     @property
@@ -98,6 +110,8 @@ class WandbRunReader(RunReader):
                     self._apply_config(config, r.config)
                 elif kind == "config":
                     self._apply_config(config, rec.config)
+                elif kind == "metric":
+                    self._define(rec.metric)
         config.pop("_wandb", None)
         meta = config.pop(META_KEY, None)
         if isinstance(meta, dict):
@@ -111,6 +125,30 @@ class WandbRunReader(RunReader):
         extra = {"wandb_entity": entity} if entity else {}
         return RunInfo(name=name or self.run_id, project=project, run_id=self.run_id, config=config,
                        tags=tag_map, extra=extra)
+
+    def _define(self, metric: Any) -> None:
+        """One ``define_metric`` record: a name or glob declared on a step metric (anything else is no axis)."""
+        step_metric = metric.step_metric
+        if not step_metric:
+            return
+        if metric.glob_name:
+            self._glob_axes.append((metric.glob_name, step_metric))
+        elif metric.name:
+            self._exact_axes[metric.name] = step_metric
+
+    def _axis_of(self, key: str) -> str | None:
+        """The step metric ``key`` is declared on (None: the row's own step)."""
+        try:
+            return self._axis_cache[key]
+        except KeyError:
+            pass
+        axis = self._exact_axes.get(key)
+        if axis is None:
+            axis = next((a for g, a in self._glob_axes if fnmatchcase(key, g)), None)
+        if axis == STEP_KEY:
+            axis = None
+        self._axis_cache[key] = axis
+        return axis
 
     @staticmethod
     def _apply_config(config: dict[str, Any], record: Any) -> None:
@@ -172,20 +210,42 @@ class WandbRunReader(RunReader):
         return mark_derived(self.info, self._stored_records())
 
     def _stored_records(self) -> Iterator[Record]:
-        rename = self.info.sanitized
+        rename = self.info.sanitized          # reading the info also reads the define_metric declarations
+        axis_names = {a for a in (*self._exact_axes.values(), *(a for _, a in self._glob_axes)) if a != STEP_KEY}
+        last_axis_step: dict[str, int] = {}
         skipped_types: dict[str, int] = {}
         for path, offset, row in self._rows():
             step = row.pop(STEP_KEY) if STEP_KEY in row else row.get("_step")
+            step = step if isinstance(step, int) or step is None else int(step)
             wall = row.get("_timestamp")
-            metrics: dict[str, Any] = {}
+            wall_time = float(wall) if isinstance(wall, (int, float)) else None
+            if not axis_names:
+                metrics: dict[str, Any] = {}
+                for key, value in row.items():
+                    if key.startswith("_"):
+                        continue
+                    self._add(metrics, key, value, skipped_types)
+                if rename:
+                    metrics = {rename.get(k, k): v for k, v in metrics.items()}
+                yield Record(step=step, wall_time=wall_time, metrics=metrics)
+                continue
+            groups: dict[str | None, dict[str, Any]] = {}
             for key, value in row.items():
-                if key.startswith("_"):
+                if key.startswith("_") or key in axis_names:
                     continue
-                self._add(metrics, key, value, skipped_types)
-            if rename:
-                metrics = {rename.get(k, k): v for k, v in metrics.items()}
-            yield Record(step=step if isinstance(step, int) or step is None else int(step),
-                         wall_time=float(wall) if isinstance(wall, (int, float)) else None, metrics=metrics)
+                self._add(groups.setdefault(self._axis_of(key), {}), key, value, skipped_types)
+            for axis, metrics in groups.items():
+                at = step
+                if axis is not None:
+                    v = row.get(axis)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        at = last_axis_step[axis] = int(v)
+                    else:                                    # not in this row: its last value (step_sync)
+                        at = last_axis_step.get(axis)
+                if rename:
+                    metrics = {rename.get(k, k): v for k, v in metrics.items()}
+                yield Record(step=at, wall_time=wall_time, metrics=metrics,
+                             axis=None if axis is None else rename.get(axis, axis))
         for t, n in skipped_types.items():
             self.skip(f"{self.files[0]}", f"{n} value(s) of wandb type {t!r} skipped (not a number, text or "
                                           f"histogram)")

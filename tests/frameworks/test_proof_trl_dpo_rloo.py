@@ -1,0 +1,112 @@
+"""Fingerprint proofs of mappings/trl.yaml for TRL's DPOTrainer and RLOOTrainer (issue 20), the other TRL trainers
+whose keys share canonical names with veRL and OpenRLHF (preference/reward/*, preference/accuracy, kl/old_ref/k1,
+policy/entropy, loss/total). As in test_proof_trl_grpo.py: the installed TRL trains a tiny model on CPU, the logged
+rows are matched against every candidate reduction of the values TRL computed (the locals of the function that
+appended them), and the match must be the entry's stated reduction for the run's config.
+
+* DPO: 7 preference pairs, per_device_train_batch_size 2, gradient_accumulation_steps 2: micro-batches of 2 and 1
+  pairs (the epoch's last batch), logging_steps 3, 9 steps: every key is a value per micro-batch (gathered over
+  processes: a global mean of pairs, or a global token mean) averaged over the row's micro-batches and steps.
+* RLOO: gradient_accumulation_steps 2, logging_steps 3, num_iterations 2, beta 0.05: the KL of the sampling-time
+  policy is one global token mean per generation batch, averaged over the row's generations; entropy per micro-batch.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("datasets")
+
+from _support.proofs_trl import TRLRun, masked, per_seq, run_dpo, run_rloo  # noqa: E402
+from _support.proven import proof  # noqa: E402
+
+RELEASE = "1.16.0"
+WINDOWS = ("mean", "last", "sum", "none")
+DPO = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, logging_steps=3, max_steps=9, beta=0.1)
+RLOO = dict(gradient_accumulation_steps=2, logging_steps=3, max_steps=6, num_iterations=2, beta=0.05,
+            per_device_train_batch_size=2, num_generations=2, epsilon=1e-3, epsilon_high=1e-3)
+N_PAIRS = 7
+
+_WORK = Path(tempfile.mkdtemp(prefix="trl-proofs-"))
+atexit.register(shutil.rmtree, _WORK, True)
+
+
+@functools.lru_cache(maxsize=None)
+def _dpo() -> TRLRun:
+    return run_dpo(_WORK / "dpo", n_pairs=N_PAIRS, **DPO)
+
+
+@functools.lru_cache(maxsize=None)
+def _rloo() -> TRLRun:
+    return run_rloo(_WORK / "rloo", **RLOO)
+
+
+def _obs(run: TRLRun, key: str, fn: str, values) -> list:
+    out = [(row[key], run.steps(i, fn, values)) for i, (_s, row) in enumerate(run.train_rows()) if key in row]
+    assert out, f"no train row logged {key!r}"
+    return out
+
+
+def _half(values, first: bool = True):
+    """The chosen (first half) or rejected (second half) sequences of a DPO batch ([chosen; rejected])."""
+    def fn(loc):
+        seqs = values(loc)
+        n = len(seqs) // 2
+        return seqs[:n] if first else seqs[n:]
+    return fn
+
+
+@proof("trl", trainer="dpo", release=RELEASE, config={k: DPO[k] for k in ("gradient_accumulation_steps",
+                                                                            "logging_steps", "beta")})
+def test_dpo_pair_means_average_micro_batches_and_logged_steps(p):
+    """rewards/*, logps/*: the mean over the micro-batch's pairs gathered from every process; entropy, logits/chosen
+    and mean_token_accuracy: the micro-batch's token mean over every process (summed token counts); then log()
+    averages the row's micro-batches (2 and 1 pairs) unweighted. HF's loss: the mean over pairs per micro-batch,
+    divided by gradient_accumulation_steps and summed, averaged over the row's steps."""
+    run = _dpo()
+    sizes = [len(c.locals["chosen_rewards"]) for c in run.calls if c.name == "_compute_loss"]
+    p.check(set(sizes) == {1, 2}, f"micro-batches of 2 and 1 pairs: {sizes}")
+    per_pair = (("rewards/chosen", per_seq("chosen_rewards")), ("rewards/rejected", per_seq("rejected_rewards")),
+                ("rewards/margins", per_seq("margins")), ("rewards/accuracies", per_seq("reward_accuracies")))
+    for key, values in per_pair:
+        p.assert_stated(key, _obs(run, key, "_compute_loss", values), tokens=("per_seq",), mini=("none",),
+                        window=WINDOWS, levels=("micro_batches", "window"))
+    for key, first in (("logps/chosen", True), ("logps/rejected", False)):
+        p.assert_stated(key, _obs(run, key, "_compute_loss",
+                                  _half(masked("per_token_logps", "shift_completion_mask"), first)),
+                        tokens=("seq_mean_token_sum", "token_mean"), mini=("none",), window=WINDOWS,
+                        levels=("micro_batches", "window"))
+    for key, values in (("entropy", masked("per_token_entropy", "mask")),
+                        ("logits/chosen", masked("chosen_mean_logits", "chosen_mask")),
+                        ("logits/rejected", masked("rejected_mean_logits", "rejected_mask")),
+                        ("mean_token_accuracy", masked("chosen_is_top1", "chosen_mask"))):
+        p.assert_stated(key, _obs(run, key, "_compute_loss", values), tokens=("token_mean", "seq_mean_token_mean"),
+                        mini=("none",), window=WINDOWS, levels=("micro_batches", "window"))
+    p.assert_stated("loss", _obs(run, "loss", "_compute_loss", per_seq("per_sequence_loss")), tokens=("per_seq",),
+                    mini=("none",), window=WINDOWS, levels=("micro_batches", "window"), rel=1e-5)
+
+
+@proof("trl", trainer="rloo", release=RELEASE, config={k: RLOO[k] for k in ("gradient_accumulation_steps",
+                                                                              "logging_steps", "num_iterations",
+                                                                              "beta")})
+def test_rloo_kl_per_generation_and_entropy_per_micro_batch(p):
+    """kl: k1 of the sampling-time policy against the reference, one global token mean per generation batch
+    (accelerator.reduce of sums and counts), averaged over the row's generations; entropy: per micro-batch, averaged
+    over micro-batches and steps."""
+    run = _rloo()
+    gens = [c.step for c in run.calls if c.name == "_generate_and_score_completions"]
+    p.check(gens == [1, 3, 5], f"a generation every num_iterations steps: {gens}")
+    p.assert_stated("kl", _obs(run, "kl", "_generate_and_score_completions",
+                               masked("per_token_kl", "completion_mask")),
+                    tokens=("token_mean", "seq_mean_token_mean"), mini=("none",), window=WINDOWS, levels=())
+    p.assert_stated("entropy", _obs(run, "entropy", "_compute_loss", masked("entropies", "completion_mask")),
+                    tokens=("token_mean", "seq_mean_token_mean"), mini=("none",), window=WINDOWS,
+                    levels=("micro_batches", "window"))
+    _entry, res = p.entry("kl")
+    p.check(res.fields["snapshot"] == "rollout" and res.fields["estimator"] == "k1", res.fields)

@@ -1,0 +1,304 @@
+"""Every diagnostic check on synthetic runs with its pathology injected at a known step, written under TRL, veRL and
+OpenRLHF names (tests/_support/doctor_runs.py) and read as ``trackbridge doctor`` reads a file: through
+``open_runs`` and the run's translation pipeline. So each check is proven to work through translation, in canonical
+names, for every framework that logs its series. Healthy runs (several seeds) must stay quiet.
+
+Each test asserts the finding's check id and where it holds (first and last step), not just that something was
+found. The frameworks of a pathology are those that log its series (veRL alone logs the aborted ratio, the
+sequence-length balance and MFU; TRL's DPO and reward trainers and OpenRLHF's DPO the preference metrics).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trackbridge.doctor import diagnose
+from trackbridge.inputs import open_runs
+
+from _support import doctor_runs as R
+
+N = R.N
+RL = R.RL_SPECS                               # trl/grpo@1.16.0, verl/ppo@0.7.0, openrlhf/ppo@0.11.2
+assert len(RL) == 3
+
+
+def doctor(tmp_path: Path, spec: str, series: dict, config: dict | None = None):
+    path = R.write(tmp_path / "run.jsonl", spec, series)
+    runs = open_runs(str(path), rows=True, config=config)
+    assert len(runs) == 1
+    d = diagnose(runs[0], source=spec)
+    assert d.records >= N
+    return d
+
+
+def only(d, check_id: str):
+    """The finding of ``check_id`` (exactly one), and the ids of all findings."""
+    ids = [f.id for f in d.findings]
+    hits = [f for f in d.findings if f.id == check_id]
+    assert len(hits) == 1, (check_id, ids)
+    return hits[0]
+
+
+def kl_name(series: dict) -> str:
+    return "kl/ref/k3" if "kl/ref/k3" in series else "kl/old_ref/k1"
+
+
+# ------------------------------------------------------------------------------------------------------ healthy
+@pytest.mark.parametrize("spec", sorted(R.RAW))
+def test_healthy_runs_stay_quiet(tmp_path, spec):
+    for seed in range(4):
+        d = doctor(tmp_path, spec, R.healthy(spec, seed=seed))
+        assert d.findings == [], (spec, seed, [f.summary() for f in d.findings])
+        assert len(d.ran) >= 3, (spec, d.ran)           # the checks did look at the run
+
+
+# ------------------------------------------------------------------------------------------------------ KL
+@pytest.mark.parametrize("spec", RL)
+def test_kl_spike_before_reward_collapse(tmp_path, spec):
+    s = R.healthy(spec)
+    kl = kl_name(s)
+    for t in (80, 81, 82):
+        s[kl][t] = 0.5                                   # 25x the KL of a healthy run
+    for t in range(82, N):
+        s["reward/score/mean"][t] = 0.1 + 0.01 * (t % 3)   # the reward collapses two steps later
+    d = doctor(tmp_path, spec, s)
+    crit = only(d, "kl-spike-then-reward-collapse")
+    assert crit.severity == "critical" and crit.series == {"kl": kl, "reward": "reward/score/mean"}
+    assert (crit.first_step, crit.last_step) == (80, N - 1)      # from the spike, as long as the collapse lasts
+    spike = only(d, "kl-spike")
+    assert (spike.first_step, spike.last_step) == (80, 80)
+    assert [f.id for f in d.findings] == ["kl-spike-then-reward-collapse", "kl-spike"]   # critical first
+    assert "0.5" in crit.stretches[0].text and "reward/score/mean fell" in crit.stretches[0].text
+
+
+def test_a_kl_spike_after_the_reward_collapsed_did_not_cause_it(tmp_path):
+    spec = "verl/ppo@0.7.0"
+    s = R.healthy(spec)
+    for t in range(60, N):
+        s["reward/score/mean"][t] = 0.1 + 0.01 * (t % 3)   # the reward collapses at step 60 ...
+    for t in (80, 81, 82):
+        s["kl/ref/k3"][t] = 0.5                          # ... the KL spikes 20 steps later
+    d = doctor(tmp_path, spec, s)
+    assert [(f.id, f.first_step, f.last_step) for f in d.findings] == [("kl-spike", 80, 80)]
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_kl_near_zero_for_long(tmp_path, spec):
+    s = R.healthy(spec)
+    kl = kl_name(s)
+    for t in range(N):
+        s[kl][t] = 1e-6 * (1 + 0.1 * (t % 5))
+        s["reward/score/mean"][t] = 0.3 + 0.02 * ((t * 7) % 5 - 2)     # flat
+    f = only(doctor(tmp_path, spec, s), "kl-near-zero")
+    assert f.severity == "warning" and f.series["kl"] == kl
+    # the KL is below 1e-4 from step 0; the reward shows no gain from its 21st point: the two meet at step 22
+    assert (f.first_step, f.last_step) == (22, N - 1)
+
+
+def test_kl_logged_as_exactly_zero_is_not_a_measurement(tmp_path):
+    # Unsloth's GRPO logs kl = 0.0 when beta is 0 (the KL is not computed): not "the policy does not move"
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    for t in range(N):
+        s["kl/ref/k3"][t] = 0.0
+        s["reward/score/mean"][t] = 0.3 + 0.02 * ((t * 7) % 5 - 2)
+    d = doctor(tmp_path, spec, s)
+    assert "kl-near-zero" in d.ran and d.findings == []
+
+
+@pytest.mark.parametrize("spec, config, severity", [
+    ("trl/rloo@1.16.0", {"top_k": 50}, "critical"),                                    # RLOOConfig.top_k
+    ("verl/ppo@0.7.0", {"actor_rollout_ref": {"rollout": {"top_k": 50}}}, "critical"),   # rollout.top_k
+    ("trl/rloo@1.16.0", {}, "warning"),                                                # top-k off: no cause known
+    ("openrlhf/ppo@0.11.2", {}, "warning"),                                            # kl without use_loss: k1
+])
+def test_negative_kl_and_top_k(tmp_path, spec, config, severity):
+    s = R.healthy(spec)
+    for t in range(40, N):
+        s["kl/old_ref/k1"][t] = -0.01 * (1 + 0.1 * (t % 3))
+    f = only(doctor(tmp_path, spec, s, config), "kl-negative")
+    assert f.series == {"kl": "kl/old_ref/k1"} and f.severity == severity
+    assert (f.first_step, f.last_step) == (40, N - 1)
+    if config:
+        assert len(f.notes) == 1 and "top_k=50" in f.notes[0] and "top-k sampling" in f.notes[0]
+    else:
+        assert f.notes == []
+
+
+def test_negative_sequence_kl_above_range_and_near_zero_legacy_ppo_names(tmp_path):
+    spec = "trl/ppo@0.12.0"                               # objective/kl: the per-sequence sum (k1)
+    s = R.healthy(spec)
+    for t in range(40, N):
+        s["kl/old_ref/k1_seq_sum"][t] = -2.0
+    f = only(doctor(tmp_path, spec, s), "kl-negative-sequence")
+    assert (f.first_step, f.last_step, f.series["kl"]) == (40, N - 1, "kl/old_ref/k1_seq_sum")
+    s = R.healthy(spec)
+    for t in range(40, N):
+        s["kl/old_ref/k1_seq_sum"][t] = 15.0 + t % 3     # above TRL's 0..10
+    f = only(doctor(tmp_path, spec, s), "kl-above-range")
+    assert (f.first_step, f.last_step) == (40, N - 1)
+    s = R.healthy(spec)
+    for t in range(N):
+        s["kl/old_ref/k1_seq_sum"][t] = 0.001
+        s["reward/score/mean"][t] = 0.3 + 0.02 * ((t * 7) % 5 - 2)
+    f = only(doctor(tmp_path, spec, s), "kl-near-zero-sequence")
+    assert (f.first_step, f.last_step) == (22, N - 1)
+
+
+# ------------------------------------------------------------------------------------------------------ policy
+@pytest.mark.parametrize("spec", RL)
+def test_entropy_collapse(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(50, N):
+        s["policy/entropy"][t] = 0.05                    # a twentieth of its early level (~0.9)
+    f = only(doctor(tmp_path, spec, s), "entropy-collapse")
+    assert (f.first_step, f.last_step, f.series["entropy"]) == (50, N - 1, "policy/entropy")
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_sustained_high_clip_fraction(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(60, 91):
+        s["policy/clip_frac"][t] = 0.35
+    f = only(doctor(tmp_path, spec, s), "clip-fraction-high")
+    assert (f.first_step, f.last_step, f.count) == (60, 90, 1)
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_grad_norm_explosion(tmp_path, spec):
+    s = R.healthy(spec)
+    s["optim/grad_norm"][70] = 5.0                       # 10x the usual 0.5
+    d = doctor(tmp_path, spec, s)
+    f = only(d, "grad-norm-explosion")
+    assert (f.severity, f.first_step, f.last_step) == ("critical", 70, 70)
+    assert [x.id for x in d.findings] == ["grad-norm-explosion"]
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_loss_kl_and_grad_norm_spike_together(tmp_path, spec):
+    s = R.healthy(spec)
+    loss = "loss/total" if "loss/total" in s else "loss/policy"
+    s[loss][90] = 0.5
+    s[kl_name(s)][90] *= 10
+    s["optim/grad_norm"][90] = 3.0                       # 6x: not an explosion by itself
+    d = doctor(tmp_path, spec, s)
+    f = only(d, "loss-kl-grad-spike-together")
+    assert (f.first_step, f.last_step) == (90, 90)
+    assert "grad-norm-explosion" not in [x.id for x in d.findings]
+    assert "learning rate schedule" in f.check.check_first
+
+
+# ------------------------------------------------------------------------------------------------------ lengths
+@pytest.mark.parametrize("spec", RL)
+def test_reward_up_while_response_length_collapses(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(N):
+        s["reward/score/mean"][t] = 0.2 + 0.6 * t / N
+        if t >= 50:
+            s["response/length/mean"][t] = max(20.0, 200 - 8 * (t - 50))
+    f = only(doctor(tmp_path, spec, s), "length-collapse-reward-up")
+    # the length falls below half its early level (~200) at step 63, and stays there 5 points
+    assert (f.first_step, f.last_step) == (63, N - 1)
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_response_clip_ratio_high(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(60, N):
+        s["response/clip_ratio"][t] = 0.3
+    f = only(doctor(tmp_path, spec, s), "responses-truncated")
+    assert (f.first_step, f.last_step, f.series["clipped"]) == (60, N - 1, "response/clip_ratio")
+
+
+def test_high_aborted_ratio_verl(tmp_path):
+    spec = "verl/ppo@0.7.0"                              # response/aborted_ratio: veRL only
+    s = R.healthy(spec)
+    for t in range(30, N):
+        s["response/aborted_ratio"][t] = 0.2
+    f = only(doctor(tmp_path, spec, s), "aborted-ratio-high")
+    assert (f.first_step, f.last_step) == (30, N - 1)
+
+
+# ------------------------------------------------------------------------------------------------------ preference
+@pytest.mark.parametrize("spec", R.PREFERENCE_SPECS)
+def test_dpo_accuracy_99_with_no_eval_gain(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(60, N):
+        s["preference/accuracy"][t] = 1.0
+    ev = s["eval/preference/accuracy"]
+    for t in range(N):
+        if ev[t] is not None and t >= 60:
+            ev[t] = 0.66 - 0.01 * (t - 60) / 10          # eval accuracy slips after step 60
+    f = only(doctor(tmp_path, spec, s), "preference-overfit")
+    assert f.series == {"accuracy": "preference/accuracy", "eval": "eval/preference/accuracy"}
+    # train accuracy >= 0.99 from step 60 (5 points: 64); eval no better than before its last two points at 79
+    assert (f.first_step, f.last_step) == (79, N - 1)
+
+
+def test_reward_model_margin_near_zero_trl_reward_trainer(tmp_path):
+    spec = "trl/reward@1.16.0"
+    s = R.healthy(spec)
+    for t in range(80, N):
+        s["preference/score/margin"][t] = max(0.05, 1.95 - 0.1 * (t - 80))
+    f = only(doctor(tmp_path, spec, s), "reward-model-margin-collapse")
+    assert (f.first_step, f.last_step) == (98, N - 1)
+
+
+def test_no_learning_signal_trl_grpo(tmp_path):
+    spec = "trl/grpo@1.16.0"                             # frac_reward_zero_std
+    s = R.healthy(spec)
+    for t in range(30, N):
+        s["reward/group_zero_std_frac"][t] = 0.8
+    f = only(doctor(tmp_path, spec, s), "no-learning-signal")
+    assert (f.first_step, f.last_step) == (30, N - 1)
+
+
+def test_nonfinite_loss(tmp_path):
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    s["loss/total"][50] = float("nan")
+    f = only(doctor(tmp_path, spec, s), "nonfinite-values")
+    assert (f.severity, f.first_step, f.last_step) == ("critical", 50, 50)
+
+
+def test_validation_drop_verl(tmp_path):
+    spec = "verl/ppo@0.7.0"
+    s = R.healthy(spec)
+    v = s["val/gsm8k/acc/mean@1"]
+    for t in range(100, N):
+        if v[t] is not None:
+            v[t] = 0.2                                   # validation every 10 steps: 109, 119, ...
+    f = only(doctor(tmp_path, spec, s), "validation-drop")
+    assert f.series == {"val": "val/gsm8k/acc/mean@1"}
+    assert (f.first_step, f.last_step) == (109, 149)
+
+
+# ------------------------------------------------------------------------------------------------------ efficiency
+def test_large_global_seqlen_gap_verl(tmp_path):
+    spec = "verl/ppo@0.7.0"
+    s = R.healthy(spec)
+    for t in range(40, N):
+        s["perf/global_seqlen/balanced_min"][t] = 0.6 * s["perf/global_seqlen/balanced_max"][t]
+    f = only(doctor(tmp_path, spec, s), "seqlen-imbalance")
+    assert (f.severity, f.first_step, f.last_step) == ("info", 40, N - 1)
+    assert f.series == {"lightest": "perf/global_seqlen/balanced_min", "heaviest": "perf/global_seqlen/balanced_max"}
+
+
+def test_mfu_under_30_percent_verl(tmp_path):
+    spec = "verl/ppo@0.7.0"
+    s = R.healthy(spec)
+    for t in range(N):
+        s["perf/mfu/policy_update"][t] = 0.15
+    f = only(doctor(tmp_path, spec, s), "mfu-low")
+    assert (f.severity, f.first_step, f.last_step) == ("info", 0, N - 1)
+
+
+@pytest.mark.parametrize("spec", ["verl/ppo@0.7.0", "openrlhf/ppo@0.11.2"])     # TRL logs no generation time
+def test_generation_dominates_timing(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(N):
+        s["time/generation"][t] = 80 + (t % 3)          # of a ~100 s step
+    f = only(doctor(tmp_path, spec, s), "generation-dominates")
+    assert (f.first_step, f.last_step) == (0, N - 1)
+    assert f.series == {"generation": "time/generation", "step": "time/step"}

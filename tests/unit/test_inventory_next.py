@@ -1,0 +1,103 @@
+"""Inventory tests of the frameworks mapped after TRL, veRL and OpenRLHF (issue 21): every key each framework's
+source logs at each mapped release (tests/data/frameworks/<framework>-keys.tsv, read from the source at the release
+tags; provenance in each file's header and tests/data/README.md) is translated by an entry of the shipped mapping
+at exactly the releases that log it, or deliberately left to pass through (a `passthrough: why` row, which no entry
+may claim); and every literal entry of the mapping is a key of the inventory, logged in every release the entry
+claims. The lookups are the registry's own (the engine translation uses)."""
+from __future__ import annotations
+
+import pytest
+
+from trackbridge.schema.loader import load_registry
+
+from _support import DATA
+
+INVENTORIES = {          # framework -> (inventory file, trainer whose keys it lists)
+    "nemo_rl": ("nemo-rl-keys.tsv", "grpo"),
+    "areal": ("areal-keys.tsv", "ppo"),
+    "slime": ("slime-keys.tsv", "rl"),
+    "skyrl": ("skyrl-keys.tsv", "ppo"),
+    "prime_rl": ("prime-rl-keys.tsv", "rl"),
+    "roll": ("roll-keys.tsv", "rlvr"),
+}
+
+
+def read_inventory(name: str) -> list[dict[str, str]]:
+    rows = []
+    lines = [ln for ln in (DATA / "frameworks" / name).read_text().splitlines() if ln and not ln.startswith("#")]
+    header = lines[0].split("\t")
+    for ln in lines[1:]:
+        cells = ln.split("\t")
+        assert len(cells) == len(header), f"{name}: {ln!r}"
+        rows.append(dict(zip(header, cells)))
+    assert rows, f"{name}: no rows"
+    return rows
+
+
+def present_at(fw, row) -> list[int]:
+    marks = row["presence"].split()
+    assert len(marks) == len(fw.releases), f"{row['key']}: presence {row['presence']!r} vs releases {fw.releases}"
+    return [i for i, m in enumerate(marks) if m != "."]
+
+
+@pytest.mark.parametrize("framework", sorted(INVENTORIES))
+def test_every_logged_key_is_mapped_or_deliberately_passed_through(framework):
+    reg = load_registry()
+    fw = reg.frameworks[framework]
+    file, trainer = INVENTORIES[framework]
+    rows = read_inventory(file)
+    checked = 0
+    for row in rows:
+        key = row["key"]
+        releases = present_at(fw, row)
+        assert releases, f"{key}: logged by no mapped release"
+        assert fw.release_name(releases[0]) == row["first"] and fw.release_name(releases[-1]) == row["last"], key
+        hits = [e for e, _ in fw.lookup(key)]
+        if row["status"].startswith("passthrough:"):
+            assert row["status"][len("passthrough:"):].strip(), f"{key}: a passthrough row says why"
+            assert not hits, f"{key} is marked passthrough but {framework} maps it: {[e.key for e in hits]}"
+            checked += 1
+            continue
+        assert row["status"] == "mapped", f"{key}: status {row['status']!r}"
+        for i in releases:
+            plain = [e for e in hits if e.applies(trainer, i, i) and not e.when]
+            assert plain, f"{key} is logged at {fw.release_name(i)} but no unconditional {framework} entry applies"
+            checked += 1
+    assert checked >= len(rows)
+
+
+@pytest.mark.parametrize("framework", sorted(INVENTORIES))
+def test_every_entry_is_a_logged_key_in_every_release_it_claims(framework):
+    reg = load_registry()
+    fw = reg.frameworks[framework]
+    file, trainer = INVENTORIES[framework]
+    rows = read_inventory(file)
+    logged = {r["key"]: set(present_at(fw, r)) for r in rows if r["status"] == "mapped"}
+    assert fw.entries
+    for e in fw.entries:
+        claimed = [i for i in range(len(fw.releases)) if e.applies(trainer, i, i)]
+        assert claimed, f"{e.key}: applies to no release of trainer {trainer}"
+        if e.key_template is None:
+            assert e.key in logged, f"entry {e.key!r} is no key of the inventory ({file})"
+            missing = [fw.release_name(i) for i in claimed if i not in logged[e.key]]
+            assert not missing, f"entry {e.key!r} claims releases that do not log it: {missing}"
+        else:
+            matched = [k for k in logged if any(h is e for h, _ in fw.lookup(k))]
+            assert matched, f"template entry {e.key!r} matches no key of the inventory"
+
+
+@pytest.mark.parametrize("framework", sorted(INVENTORIES))
+def test_passthrough_keys_are_declared_in_the_mapping(framework):
+    """The keys the inventory leaves unmapped are the mapping's `passthrough:` declarations (detection counts them
+    as the framework's), and every declaration stands for an inventory row: the facts live in the YAML."""
+    reg = load_registry()
+    fw = reg.frameworks[framework]
+    file, _ = INVENTORIES[framework]
+    rows = read_inventory(file)
+    passed = [r["key"] for r in rows if r["status"].startswith("passthrough:")]
+    assert passed and fw.passthrough
+    for key in passed:
+        assert fw.logs_unmapped(key), f"{key}: a passthrough row the mapping does not declare"
+    for text, tpl in fw.passthrough:
+        matched = [k for k in passed if (tpl.match(k) is not None if tpl is not None else k == text)]
+        assert matched, f"passthrough {text!r} stands for no passthrough row of {file}"

@@ -1,0 +1,118 @@
+"""Read a run like an expert: diagnostic checks written once, in canonical names, for a run from any framework.
+
+The checks are facts, declared in YAML (``mappings/checks.yaml``, format ``trackbridge.checks/1``; users add or
+override checks with files of their own, :mod:`.checks`); each names the canonical series it reads, a condition over
+them (:mod:`.conditions`: a spike against a rolling baseline, a collapse against the early level, a bound held for
+N points, a sign, two series together, a relation to the run config), a severity, what the symptom means, what to
+check first and next, and where that advice comes from. One engine (:mod:`.engine`) evaluates them over a run's
+canonical records in one pass with bounded state, so the same checks run
+
+* on any stored run: ``trackbridge doctor RUN...`` (:func:`diagnose`, read through
+  :func:`trackbridge.inputs.open_runs` and translated by the run's one :class:`~trackbridge.pipeline.Pipeline`),
+* in the comparison report (its findings section, each finding linked to the chart it concerns),
+* live in the logger (``trackbridge.init(..., doctor=True)``): a finding is logged once, as a text record and a
+  warning, the first time its check holds.
+
+Pure Python: the core needs only PyYAML.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from .checks import FORMAT, SEVERITIES, Check, CheckError, CheckSet, checks_for, lint_checks, load_checks
+from .engine import Doctor, Finding, Stretch, sort_findings
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ..inputs import InputRun
+    from ..record import Record
+    from ..schema.loader import Registry
+
+__all__ = ["FORMAT", "SEVERITIES", "Check", "CheckError", "CheckSet", "Diagnosis", "Doctor", "DoctorWarning",
+           "Finding", "Stretch", "checks_for", "diagnose", "diagnose_records", "lint_checks", "load_checks",
+           "sort_findings", "warn_finding", "TEXT_METRIC"]
+
+TEXT_METRIC = "doctor/{check}"      # the canonical text metric a live finding is logged under (canonical.yaml)
+
+
+class DoctorWarning(UserWarning):
+    """A finding of the live checks (``trackbridge.init(..., doctor=True)``), said once when its check first holds."""
+
+
+def warn_finding(finding: Finding) -> str:
+    """Say a live finding once: as a :class:`DoctorWarning` and on the ``trackbridge`` logger when the application
+    configured logging; returns the text (what the logger writes as ``doctor/<id>``)."""
+    import logging
+    import warnings
+
+    from .report import live_text
+    text = live_text(finding)
+    log = logging.getLogger("trackbridge")
+    if log.hasHandlers():
+        log.warning("trackbridge doctor: %s", text)
+    try:
+        warnings.warn(f"trackbridge doctor: {text}", DoctorWarning, stacklevel=2)
+    except Exception:       # warnings turned into errors (-W error): said by the text record, never a crash
+        pass
+    return text
+
+
+@dataclass
+class Diagnosis:
+    """The findings of one run, with what was read and how."""
+
+    label: str
+    locator: str
+    source: str                                    # what the names were translated from
+    findings: list[Finding]
+    records: int = 0
+    ran: list[str] = field(default_factory=list)   # check ids that could be judged
+    not_run: dict[str, str] = field(default_factory=dict)   # check id -> why not
+    problems: list[str] = field(default_factory=list)       # lines skipped while reading
+    approximate: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.label, "locator": self.locator, "source": self.source, "records": self.records,
+                "findings": [f.to_json() for f in self.findings], "checks_run": self.ran,
+                "checks_not_run": self.not_run, "problems": self.problems}
+
+
+def diagnose_records(records: Iterable[Record], *, config: Mapping[str, Any] | None = None,
+                     checks: CheckSet | Iterable[Check] | None = None, label: str = "run",
+                     approximate: Mapping[str, str] | None = None) -> list[Finding]:
+    """The findings of canonical ``records`` (``config``: canonical config names), ordered by what to look at
+    first."""
+    if checks is None:
+        checks = load_checks()
+    doc = Doctor(checks, config=config, label=label)
+    for rec in records:
+        doc.feed(rec)
+    return doc.finish(approximate)
+
+
+def diagnose(run: InputRun, *, label: str | None = None, source: str | None = None,
+             mappings: list[str] | None = None, checks: CheckSet | None = None,
+             registry: Registry | None = None) -> Diagnosis:
+    """Translate one run (as every command reads it: :func:`trackbridge.inputs.open_runs`) to canonical names, with
+    derived metrics, and evaluate the checks over it. ``checks``: default the shipped checks plus the check files
+    among ``mappings``."""
+    from ..schema.loader import load_registry
+    reg = registry or load_registry(mappings or None)
+    pipe = run.pipeline("canonical", source=source, mappings=mappings, registry=reg)
+    it = pipe.process(run.records())
+    first = next(it, None)                  # the source is resolved: the config's canonical names are known
+    if checks is None:
+        checks = checks_for(reg, mappings)
+    config = {**dict(run.info.extra.get("canonical_config") or {}), **pipe.canonical_config()}
+    name = label or run.label or run.info.name or run.info.run_id or "run"
+    doc = Doctor(checks, config=config, label=name)
+    if first is not None:
+        doc.feed(first)
+        for rec in it:
+            doc.feed(rec)
+    pipe.finish_notes()
+    approx = {**dict(run.info.approximate or {}), **pipe.stats.approximate}
+    cov = doc.coverage()
+    return Diagnosis(label=name, locator=run.locator, source=pipe.stats.source or str(run.info.source or ""),
+                     findings=doc.finish(approx), records=doc.records, ran=cov["ran"], not_run=cov["not_run"],
+                     problems=[str(p) for p in run.problems], approximate=approx)

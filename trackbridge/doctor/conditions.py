@@ -1,0 +1,134 @@
+"""The conditions a check tests, evaluated point by point over a run's series (pure Python, bounded state).
+
+A condition is a tree (:class:`Spec`, parsed by :mod:`.checks`); :func:`build` turns it into nodes that are fed the
+points of their series in log order. Each node keeps a fixed amount of state (a window of the last points, a few
+running numbers), so a run of any length is diagnosed in constant memory, live in the logger as well as from a file.
+
+Primitive conditions read one series (``of``; ``ratio`` reads two logged in the same record):
+
+============  ==================================================================================================
+``above``     the value (``abs``: its absolute value) is above ``value``, or above ``times`` x the run config's
+              ``config`` value, for ``for`` consecutive points (``ignore_zero``: values exactly 0 are not points,
+              as a KL logged as 0.0 when it is not computed)
+``below``     the same, below
+``sign``      the value is below ``-tolerance`` (``is: negative``) or above ``tolerance``, for ``for`` points
+``spike``     the value jumps above a baseline of the ``window`` points before it (at least ``min_points``):
+              at least ``factor`` x the baseline (the median, or the maximum with ``baseline: max``) and/or at least
+              ``mads`` robust standard deviations (1.4826 x the median absolute deviation) above the median; always
+              by at least ``floor``
+``collapse``  the value is below ``to`` x its early level (the mean of ``early`` points after ``skip``), for
+              ``for`` points (a positive quantity: entropy, length)
+``drop``      the mean of the last ``window`` points is below its running peak by more than ``by`` x the peak
+              (and by at least ``min``), for ``for`` points
+``rise``      the mean of the last ``window`` points is above the early level (the first such mean) by more than
+              ``by`` x that level (and by at least ``min``), for ``for`` points
+``no_gain``   the last ``window`` points are no better than the best point before them (by more than ``by``); the
+              direction is canonical.yaml's ``better:`` of the metric
+``ratio``     ``of / to``, logged in the same record, is above (or below) a bound for ``for`` points
+``nonfinite`` the value is NaN or infinite (every other condition skips such points)
+============  ==================================================================================================
+
+Composite conditions: ``all`` (every part holds at its latest point, or, with ``within: N``, held at a step at
+most N steps back and one of them holds now), ``any`` (at least one part holds at its latest point), ``then`` (the
+second part holds now, in a stretch that began at most ``within`` steps after the first part held: the first came
+first; it holds as long as that stretch lasts).
+
+The nodes: :mod:`.nodes` (what every node has), :mod:`.primitives` (the primitive conditions), the composites and
+:func:`build` here; :mod:`.words` says a node's numbers in words.
+
+Each node has, after every record: ``fresh`` (it got a point in this record), ``holds`` (at its latest point),
+``last_true`` (the step it last held at), ``since`` (the step the current stretch of holding began at: a
+sustained condition's first point, the spike's step for ``then``) and ``detail`` (the numbers behind it, for the
+finding's text).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Mapping
+
+from .nodes import COMPOSITES, PRIMITIVES, Node, Spec
+from .primitives import Bound, Collapse, Drop, NoGain, NonFinite, Primitive, Ratio, Rise, Sign, Spike
+
+__all__ = ["Spec", "Node", "Primitive", "Composite", "build", "primitives", "PRIMITIVES", "COMPOSITES"]
+
+
+class Composite(Node):
+    def __init__(self, spec: Spec, parts: list[Node]) -> None:
+        super().__init__()
+        self.kind = spec.kind
+        self.parts = parts
+        self.within: int | None = spec.params.get("within")
+        self._events: deque[float] = deque(maxlen=64)      # `then`: the steps the first condition held at, lately
+        if self.kind == "any":
+            usable = [p for p in parts if p.applicable]
+            self.parts = usable or parts
+            self.applicable = bool(usable)
+        else:
+            self.applicable = all(p.applicable for p in parts)
+
+    def roles(self) -> set[str]:
+        return set().union(*(p.roles() for p in self.parts))
+
+    def start_record(self) -> None:
+        self.fresh = False
+        for p in self.parts:
+            p.start_record()
+
+    def update(self, step: float) -> None:
+        for p in self.parts:
+            p.update(step)
+        self.fresh = any(p.fresh for p in self.parts)
+        if not self.fresh:
+            return
+        if self.kind == "then":
+            # the second condition's current stretch began at most `within` steps after the first held (at or
+            # before that beginning): the cause came first; it holds as long as that stretch lasts
+            first, second = self.parts
+            if first.fresh and first.holds:
+                self._events.append(step)
+            ok, since = False, None
+            if second.fresh and second.holds:
+                start = second.since if second.since is not None else step
+                causes = [e for e in self._events if start - (self.within or 0) <= e <= start]
+                if causes:
+                    ok, since = True, causes[-1]
+        elif self.kind == "all":
+            # with `within`, the parts meet at the record where the last of them holds (not at the records after it,
+            # while the earlier ones are still in the window)
+            ok = all(p.active(step, self.within) for p in self.parts) and (
+                self.within is None or any(p.fresh and p.holds for p in self.parts))
+            since = max((p.since if p.since is not None else step) for p in self.parts) if ok else None
+        else:
+            held = [p for p in self.parts if p.holds]
+            ok = bool(held)
+            since = min((p.since if p.since is not None else step) for p in held) if ok else None
+        self.holds = ok
+        if ok:
+            self.last_true = step
+            self.since = since
+            self.detail = {"parts": [dict(p.detail or {}) if p.last_true is not None else {} for p in self.parts]}
+
+
+def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str]) -> Node:
+    """The node tree of ``spec``; ``config``: canonical config values (bounds from the config); ``better``: role ->
+    the bound metric's direction (``no_gain``)."""
+    if spec.parts:
+        return Composite(spec, [build(p, config, better) for p in spec.parts])
+    kind = spec.kind
+    if kind in ("above", "below"):
+        return Bound(spec, config)
+    cls = {"sign": Sign, "spike": Spike, "collapse": Collapse, "drop": Drop, "rise": Rise, "ratio": Ratio,
+           "nonfinite": NonFinite}.get(kind)
+    if cls is not None:
+        return cls(spec)
+    if kind == "no_gain":
+        return NoGain(spec, better.get(spec.params["of"], "higher"))
+    raise ValueError(f"unknown condition {kind!r}")
+
+
+def primitives(node: Node) -> list[Primitive]:
+    """The primitive nodes of a tree, in order."""
+    if isinstance(node, Composite):
+        return [q for p in node.parts for q in primitives(p)]
+    assert isinstance(node, Primitive)
+    return [node]

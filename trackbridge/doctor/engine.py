@@ -1,0 +1,392 @@
+"""The engine: every check of a :class:`~.checks.CheckSet` evaluated over one run's canonical records, in one pass.
+
+``Doctor(checks, config=canonical_config)`` is fed canonical records in log order (``feed(record)``, which returns
+the findings that hold for the first time at that record: what the logger says live) and ``finish()`` returns every
+finding, ordered by what to look at first. State per check is bounded (:mod:`.conditions`), so memory does not grow
+with the run.
+
+**Series.** A check's role reads the first of its canonical names present in the first record that has any of them
+(the order of ``reads`` is the preference); from then on that name. The step is the record's step (its position in
+the run when it has none). A value that is not a number is not a point; NaN and infinities are points only for
+``nonfinite``.
+
+**Findings.** A check holds at a record when its condition does (see :mod:`.conditions`); consecutive records where
+it holds are one stretch, reported with its first and last step and the numbers behind it. The stretch starts where
+the condition's evidence starts (the first of the N points of a sustained bound, the KL spike of "spike then
+collapse"). At most :data:`MAX_STRETCHES` stretches are kept per check; ``count`` says how many there were.
+
+**Order** (what to look at first): severity (critical, warning, info), then the order of the checks file (written in
+the order an expert reads a run: validation, reward, KL, entropy, clipping, gradients, lengths, preference, the
+reward model, load balance, time), then the first step.
+
+**Fidelity.** A finding says when a series it read is approximate in this run (the translation's ``approximate``
+reason) or was derived by trackbridge, and when a bound came from the run config.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from ..schema.model import Cond
+from ..schema.templates import is_template, template_regex
+from .checks import SEVERITIES, Check, CheckSet
+from .conditions import Node, build, primitives
+from .primitives import Bound, Primitive, Ratio
+from .words import describe, fmt, step_text
+
+if TYPE_CHECKING:       # pragma: no cover
+    from ..record import Record
+
+__all__ = ["Doctor", "Finding", "Stretch", "MAX_STRETCHES", "severity_rank"]
+
+MAX_STRETCHES = 20
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+
+
+@dataclass
+class Stretch:
+    """Consecutive records where a check held: first and last step, how many judged records, and the numbers."""
+
+    first: float
+    last: float
+    records: int = 1
+    detail: dict[str, Any] | None = None
+    text: str = ""
+
+    def steps(self) -> str:
+        return f"step {step_text(self.first)}" if self.first == self.last else \
+            f"steps {step_text(self.first)}-{step_text(self.last)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first_step": _num(self.first), "last_step": _num(self.last), "records": self.records,
+                "evidence": self.text, "values": _jsonable(self.detail)}
+
+
+@dataclass
+class Finding:
+    """One check that held in one run."""
+
+    check: Check
+    run: str
+    severity: str
+    series: dict[str, str]                  # role -> canonical name read
+    stretches: list[Stretch] = field(default_factory=list)
+    count: int = 0                          # stretches in all (only MAX_STRETCHES are kept)
+    notes: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+    order: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.check.id
+
+    @property
+    def first_step(self) -> float:
+        return self.stretches[0].first
+
+    @property
+    def last_step(self) -> float:
+        return self.stretches[-1].last
+
+    def metrics(self) -> list[str]:
+        """The canonical names the finding is about (its charts), in the order of ``reads``."""
+        return list(dict.fromkeys(self.series.values()))
+
+    def where(self) -> str:
+        """Where it held, in words: ``steps 60-80`` or ``steps 60-80 (and 2 more stretches, up to step 140)``."""
+        head = self.stretches[0].steps()
+        more = self.count - 1
+        if more > 0:
+            head += f" (and {more} more time{'s' if more > 1 else ''}, the last at step {step_text(self.last_step)})"
+        return head
+
+    def summary(self) -> str:
+        """One sentence: severity, title, where, and the evidence of its first stretch."""
+        return f"{self.severity}: {self.check.title}: {self.where()}: {self.stretches[0].text}"
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.check
+        return {"check": c.id, "title": c.title, "severity": self.severity, "run": self.run,
+                "series": dict(self.series), "first_step": _num(self.first_step), "last_step": _num(self.last_step),
+                "count": self.count, "stretches": [s.to_json() for s in self.stretches],
+                "condition": c.when.text(), "means": c.means, "check_first": c.check_first,
+                "then_check": c.then_check, "notes": list(self.notes), "caveats": list(self.caveats),
+                "cites": [x.to_json() for x in c.cites], "defined_at": c.where()}
+
+
+def _num(v: Any) -> Any:
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items() if k != "score"}
+    if isinstance(obj, list):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            return str(obj)
+        return _num(obj)
+    return obj
+
+
+def _test(have: Any, want: Any) -> bool:
+    if isinstance(want, Cond):
+        return have is not None and bool(want.test(have))
+    if isinstance(have, str) and isinstance(want, (int, float)) and not isinstance(want, bool):
+        try:
+            return float(have) == want
+        except ValueError:
+            return False
+    return bool(have == want)
+
+
+class _Instance:
+    """One check being evaluated on one run."""
+
+    def __init__(self, check: Check, config: Mapping[str, Any], order: int) -> None:
+        self.check = check
+        self.order = order
+        self.config = config
+        self.bound: dict[str, str] = {}                 # role -> canonical name read
+        self.node: Node | None = None
+        self.prims: list[Primitive] = []
+        self.stretches: list[Stretch] = []
+        self.count = 0
+        self.open = False
+        self.fired = False
+        self.why_not: str | None = None
+        self.severity = check.severity
+        self.notes: list[str] = []
+        self._feeds: list[tuple[Primitive, str, str | None, bool]] = []
+        self._feeds_for = -1
+        unmet = [f"{k}{v}" if isinstance(v, Cond) else f"{k}={v!r}" for k, v in check.requires
+                 if not _test(config.get(k), v)]
+        if unmet:
+            self.why_not = f"the run config does not have {', '.join(unmet)}"
+            return
+        for note in check.notes:
+            if all(_test(config.get(k), v) for k, v in note.when):
+                self.notes.append(_fill(note.say, config))
+                if note.severity and severity_rank(note.severity) < severity_rank(self.severity):
+                    self.severity = note.severity
+        self._patterns = {role: [(n, None if not is_template(n) else template_regex(n)) for n in names]
+                          for role, names in check.reads.items()}
+
+    def bind(self, metrics: Mapping[str, Any], new_keys: list[str]) -> bool:
+        """Bind unbound roles to names in this record; True when every role is bound (the node is then built)."""
+        for role, pats in self._patterns.items():
+            if role in self.bound:
+                continue
+            for name, rx in pats:
+                if rx is None:
+                    if name in metrics:
+                        self.bound[role] = name
+                        break
+                else:
+                    hit = next((k for k in sorted(new_keys) if rx.match(k)), None)
+                    if hit is not None:
+                        self.bound[role] = hit
+                        break
+        if len(self.bound) < len(self._patterns) and not self._partial_ok():
+            return False
+        if self.node is None:
+            better = {role: self.check.better.get(role, {}).get(self._pattern_of(role, name), "higher")
+                      for role, name in self.bound.items()}
+            self.node = build(self.check.when, self.config, better)
+            self.prims = primitives(self.node)
+            if not self.node.applicable:
+                need = sorted(p.p["config"] for p in self.prims if isinstance(p, Bound) and not p.applicable)
+                self.why_not = f"the run config has no usable {', '.join(need)}"
+        return True
+
+    def _pattern_of(self, role: str, name: str) -> str:
+        for n, rx in self._patterns[role]:
+            if n == name or (rx is not None and rx.match(name)):
+                return n
+        return name
+
+    def _partial_ok(self) -> bool:
+        """An ``any`` at the top may run on the roles it has (its other parts never hold)."""
+        return self.check.when.kind == "any" and bool(self.bound)
+
+    def feeds(self) -> list[tuple[Primitive, str, str | None, bool]]:
+        """(primitive, name read, the other name of a ratio, takes NaN/inf) for every bound primitive: what
+        :meth:`feed` does per record, worked out once per binding."""
+        if self._feeds_for != len(self.bound):      # roles are only ever added
+            self._feeds_for = len(self.bound)
+            self._feeds = [(p, self.bound[p.role], self.bound.get(p.other) if isinstance(p, Ratio) else None,
+                            p.kind == "nonfinite") for p in self.prims if p.role in self.bound]
+        return self._feeds
+
+    def feed(self, step: float, metrics: Mapping[str, Any]) -> bool:
+        """Feed one record; True when the check held at it for the first time in the run."""
+        node = self.node
+        assert node is not None
+        touched = False
+        for p, name, other, nonfinite in self.feeds():
+            p.fresh = False
+            v = metrics.get(name)
+            if v is None or (v.__class__ not in _NUMBER and not _number(v)):
+                continue
+            v = float(v)
+            if other is not None:
+                o = metrics.get(other)
+                if o is None or (o.__class__ not in _NUMBER and not _number(o)) or not o or not math.isfinite(o) \
+                        or not math.isfinite(v):
+                    continue
+                p.point(step, v / float(o))
+            elif nonfinite or math.isfinite(v):
+                p.point(step, v)
+            else:
+                continue
+            touched = True
+        if not touched:
+            return False            # none of its series in this record: nothing to judge (state unchanged)
+        node.update(step)
+        if not node.fresh:
+            return False
+        if not node.holds:
+            self.open = False
+            return False
+        first = node.since if node.since is not None else step
+        if self.open and self.stretches:
+            st = self.stretches[-1]
+            st.last, st.records, st.detail = step, st.records + 1, node.detail
+        else:
+            self.count += 1
+            self.open = True
+            if len(self.stretches) < MAX_STRETCHES:
+                self.stretches.append(Stretch(first=min(first, step), last=step, detail=node.detail))
+            else:
+                self.open = False           # counted, not kept
+        if not self.fired:
+            self.fired = True
+            return True
+        return False
+
+    def finding(self, run: str, approximate: Mapping[str, str], derived: set[str]) -> Finding:
+        node = self.node
+        assert node is not None
+        for st in self.stretches:
+            st.text = describe(node, self.bound, st.detail)
+        caveats = []
+        for role, name in self.bound.items():
+            if name in approximate:
+                caveats.append(f"{name} is approximate in this run: {approximate[name]}")
+            if name in derived:
+                caveats.append(f"{name} was derived by trackbridge from other logged metrics (not logged by the "
+                               f"run)")
+        for p in self.prims:
+            if isinstance(p, Bound) and "config" in p.p:
+                caveats.append(f"the bound of {self.bound.get(p.role, p.role)} is {fmt(p.p.get('times', 1))} x the "
+                               f"run config's {p.p['config']} = {fmt(self.config.get(p.p['config']))}")
+        return Finding(check=self.check, run=run, severity=self.severity, series=dict(self.bound),
+                       stretches=list(self.stretches), count=self.count, notes=list(self.notes), caveats=caveats,
+                       order=self.order)
+
+
+_PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+_NUMBER = (int, float)      # the exact classes, the fast path; a bool is never a number here
+
+
+def _number(v: Any) -> bool:
+    """A number of another class (numpy's float64 is a float; a bool is not a number)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fill(text: str, config: Mapping[str, Any]) -> str:
+    return _PLACEHOLDER.sub(lambda m: fmt(config[m.group(1)]) if m.group(1) in config else m.group(0), text)
+
+
+class Doctor:
+    """Evaluate ``checks`` over one run's canonical records (see the module docstring).
+
+    ``config``: the run config with canonical config names (``top_k``, ``max_response_length`` ...), as
+    :meth:`~trackbridge.pipeline.Pipeline.canonical_config` gives it. ``label``: the run's name in findings."""
+
+    def __init__(self, checks: CheckSet | Iterable[Check], *, config: Mapping[str, Any] | None = None,
+                 label: str = "run") -> None:
+        self.label = label
+        self.config = dict(config or {})
+        self.instances = [_Instance(c, self.config, i) for i, c in enumerate(checks)]
+        self._waiting = [i for i in self.instances if i.why_not is None]     # roles not all bound yet
+        self._running: list[_Instance] = []
+        self._seen: set[str] = set()
+        self._index = 0
+        self.derived: set[str] = set()
+        self.records = 0
+
+    def feed(self, rec: Record, approximate: Mapping[str, str] | None = None) -> list[Finding]:
+        """Feed one canonical record; returns the findings that hold for the first time at it (``approximate``: the
+        approximations known so far, for their caveats)."""
+        metrics = rec.metrics
+        step = float(rec.step) if rec.step is not None else float(self._index)
+        self._index += 1
+        self.records += 1
+        if rec.derived:
+            self.derived.update(rec.derived)
+        if self._waiting and not metrics.keys() <= self._seen:     # only a record with new names can bind a role
+            new = [k for k in metrics if k not in self._seen]
+            self._seen.update(new)
+            still = []
+            for inst in self._waiting:
+                started = inst.node is not None
+                if inst.bind(metrics, new):
+                    if inst.why_not is None and not started:
+                        self._running.append(inst)
+                    if len(inst.bound) < len(inst.check.reads) and inst.why_not is None:
+                        still.append(inst)          # an `any` running on some roles: the others may come
+                else:
+                    still.append(inst)
+            self._waiting = still
+        fired = []
+        for inst in self._running:
+            if inst.feed(step, metrics):
+                fired.append(inst.finding(self.label, approximate or {}, self.derived))
+        return fired
+
+    def warm(self, records: Iterable[Record], prefix: str = "doctor/") -> None:
+        """Feed a resumed run's earlier records without reporting: a check that held then counts as reported only
+        when the records hold its text record (``doctor/<id>``), so each finding is logged once across restarts."""
+        logged: set[str] = set()
+        for rec in records:
+            logged.update(k[len(prefix):] for k in rec.metrics if k.startswith(prefix))
+            self.feed(rec)
+        for inst in self._running:
+            if inst.fired and inst.check.id not in logged:
+                inst.fired = False
+
+    def finish(self, approximate: Mapping[str, str] | None = None) -> list[Finding]:
+        """Every finding of the run, ordered by what to look at first. ``approximate``: canonical name -> why its
+        value is approximate in this run (the translation's bookkeeping)."""
+        found = [inst.finding(self.label, approximate or {}, self.derived) for inst in self._running
+                 if inst.stretches]
+        return sort_findings(found)
+
+    def coverage(self) -> dict[str, Any]:
+        """Which checks ran, and why the others could not (no series, or the run config lacks what they need)."""
+        ran = [i.check.id for i in self._running]
+        skipped = {}
+        for inst in self.instances:
+            if inst.check.id in ran:
+                continue
+            if inst.why_not is not None:
+                skipped[inst.check.id] = inst.why_not
+            else:
+                missing = [role for role in inst.check.reads if role not in inst.bound]
+                skipped[inst.check.id] = "the run logs none of " + "; ".join(
+                    " / ".join(inst.check.reads[r]) for r in missing)
+        return {"ran": ran, "not_run": skipped}
+
+
+def sort_findings(found: list[Finding]) -> list[Finding]:
+    return sorted(found, key=lambda f: (severity_rank(f.severity), f.order, f.first_step))
+

@@ -1,0 +1,74 @@
+"""Findings in words: the text ``trackbridge doctor`` prints, the one-line text record the logger writes, and the
+short sentences of the comparison report."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from .checks import SEVERITIES
+
+if TYPE_CHECKING:       # pragma: no cover
+    from . import Diagnosis
+    from .engine import Finding
+
+__all__ = ["text_report", "finding_text", "live_text", "counts"]
+
+
+def counts(findings: Iterable[Finding]) -> str:
+    """``2 findings (1 critical, 1 warning)`` / ``no findings``."""
+    found = list(findings)
+    if not found:
+        return "no findings"
+    per = [f"{sum(1 for f in found if f.severity == s)} {s}" for s in SEVERITIES
+           if any(f.severity == s for f in found)]
+    return f"{len(found)} finding{'s' if len(found) != 1 else ''} ({', '.join(per)})"
+
+
+def finding_text(f: Finding, number: int | None = None, *, indent: str = "   ") -> list[str]:
+    """One finding as ``trackbridge doctor`` prints it: the headline, where and what, the meaning, what to check,
+    the notes and caveats, the sources."""
+    head = f"{number}. " if number is not None else ""
+    out = [f"{head}{f.severity.upper()}  {f.check.title}  [{f.check.id}]"]
+    for st in f.stretches[:3]:
+        out.append(f"{indent}{st.steps()}: {st.text}")
+    if f.count > 3:
+        out.append(f"{indent}... {f.count - 3} more time{'s' if f.count - 3 > 1 else ''}, the last at "
+                   f"{f.stretches[-1].steps()}")
+    out.append(f"{indent}means: {f.check.means}")
+    for n in f.notes:
+        out.append(f"{indent}note: {n}")
+    out.append(f"{indent}check first: {f.check.check_first}")
+    if f.check.then_check:
+        out.append(f"{indent}then check: {f.check.then_check}")
+    for c in f.caveats:
+        out.append(f"{indent}caveat: {c}")
+    out.append(f"{indent}source: " + "; ".join(str(c) for c in f.check.cites))
+    return out
+
+
+def text_report(diagnoses: list[Diagnosis], *, verbose: bool = False) -> str:
+    """The findings of every run, each run's ordered by what to look at first."""
+    lines: list[str] = []
+    for d in diagnoses:
+        lines.append(f"run {d.label} ({d.locator}): {d.records} records, translated from {d.source or '?'}: "
+                     f"{counts(d.findings)}; {len(d.ran)} of {len(d.ran) + len(d.not_run)} checks apply")
+        for p in d.problems:
+            lines.append(f"   skipped while reading: {p}")
+        for i, f in enumerate(d.findings, 1):
+            lines.extend(finding_text(f, i))
+        if verbose and d.not_run:
+            lines.append("   checks that could not run:")
+            for cid, why in d.not_run.items():
+                lines.append(f"     {cid}: {why}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def live_text(f: Finding) -> str:
+    """The text record and warning the logger writes when a check first holds: one paragraph, self-contained."""
+    parts = [f"{f.severity}: {f.check.title} [{f.check.id}] at {f.stretches[0].steps()}: {f.stretches[0].text}.",
+             f"Means: {f.check.means}", *(f"Note: {n}" for n in f.notes),
+             f"Check first: {f.check.check_first}"]
+    if f.check.then_check:
+        parts.append(f"Then check: {f.check.then_check}")
+    parts += [f"Caveat: {c}" for c in f.caveats]
+    return " ".join(parts)
