@@ -241,3 +241,8 @@ def test_an_eval_key_renamed_back_through_the_canonical_stream_is_the_direct_pat
     back = Translator("canonical", "zeta/dpo@1.0", registry=reg, origin="zeta/dpo@1.0",
                       fidelity=to_canon.approximate).translate(to_canon.metrics)
     assert back.metrics == row and back.approximate == direct.approximate, back.approximate
+
+
+def test_judge_against_a_missing_reference_is_never_exact(reg):
+    r = res(reg, "score")
+    assert judge(r, None) == "delta 'score': the canonical name states no reference reduction to compare with"

@@ -269,8 +269,11 @@ def differing(a: Resolved, b: Resolved) -> list[str]:
     return out
 
 
-def judge(a: Resolved, b: Resolved) -> str | None:
-    """None when ``a`` and ``b`` are the same quantity (exact); else the reason, one clause per differing field."""
+def judge(a: Resolved, b: Resolved | None) -> str | None:
+    """None when ``a`` and ``b`` are the same quantity (exact); else the reason, one clause per differing field. ``b``
+    None (a canonical metric that states no reference: :func:`reference` returned None) is never exact."""
+    if b is None:
+        return f"{a.who}: the canonical name states no reference reduction to compare with"
     diff = differing(a, b)
     if not diff:
         return None
