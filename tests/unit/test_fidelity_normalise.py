@@ -211,6 +211,7 @@ trainers:
   dpo: {kind: preference}
 prefixes:
   - {prefix: "eval_", split: eval}
+  - {prefix: "train/", split: train}
 config:
   - {key: ga, default: 2}
 levels:
@@ -241,6 +242,13 @@ def test_an_eval_key_renamed_back_through_the_canonical_stream_is_the_direct_pat
     back = Translator("canonical", "zeta/dpo@1.0", registry=reg, origin="zeta/dpo@1.0",
                       fidelity=to_canon.approximate).translate(to_canon.metrics)
     assert back.metrics == row and back.approximate == direct.approximate, back.approximate
+    # a train key logged with a tracker's prefix (wandb's train/...) is named as the framework names it in the
+    # reasons, on every path, so that a stored reason is recognised when the stream is renamed back
+    prefixed = Translator("zeta/dpo@1.0", "canonical", registry=reg).translate({"train/reward": 0.5})
+    assert "zeta 'reward' averages its 2 micro-batches unweighted" in prefixed.approximate["reward/score/mean"]
+    back = Translator("canonical", "zeta/dpo@1.0", registry=reg, origin="zeta/dpo@1.0",
+                      fidelity=prefixed.approximate).translate(prefixed.metrics)
+    assert back.metrics == {"reward": 0.5} and back.approximate == {}, back.approximate
 
 
 def test_judge_against_a_missing_reference_is_never_exact(reg):

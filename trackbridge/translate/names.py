@@ -12,6 +12,7 @@ is what derived values inherit; ``approx`` (against the target) is what the tran
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Mapping
 
@@ -179,7 +180,11 @@ class NameMap:
             return None
         entry, caps, note, range_reason, outside, unset = hit
         canon = entry.canonical_template.fill(caps) if entry.canonical_template and caps else entry.canonical
-        plan = self._to_target(canon, None if split == SPLITS.default else split, entry, key, note)
+        split = None if split == SPLITS.default else split
+        # the key as the framework names it (the split's native prefix, none for train): every path, a stream renamed
+        # back from its canonical names included, names it so in its reasons
+        label = self.framework_out(entry, caps, split)
+        plan = self._to_target(canon, split, entry, label, note)
         if unset:
             plan = replace(plan, marks=replace(plan.marks or Marks(), unset=unset))
         if range_reason and plan.approx is None:
@@ -236,7 +241,7 @@ class NameMap:
         return ({**self.config, **assumed} if assumed else self.config), assumed
 
     def _range_reason(self, fw: FrameworkMapping, key: str, hits: list[Hit], e: Entry, src: Spec, lo: float,
-                      hi: float, split: str | None, cfg: Mapping[str, Any]) -> str | None:
+                      hi: float, split: str | None, cfg: Mapping[str, Any], side: str = "source") -> str | None:
         """A range of releases (detected, or FRAMEWORK without a version) may hold the name with another reduction
         (or hand-written fidelity) in some of its releases: then the translation is only as good as the worst."""
         # an entry for a non-default config counts only when the run config confirms it, and the unconditional entry
@@ -246,7 +251,7 @@ class NameMap:
                        not (e.when and e.since <= h.since and h.until <= e.until))]
         for h in others:
             if e.reduce is not None and h.reduce is not None:
-                why = self.between(h, "source", e, "source", e.canonical, key, key, split)
+                why = self.between(h, side, e, side, e.canonical, key, key, split)
             elif e.exact and not h.exact:
                 why = reason_of(h)
             else:
@@ -283,6 +288,7 @@ class NameMap:
         else:
             canon_reason = self.input_fidelity.get(canon_key)
         fwd_like, like_side, like_key = fwd, "source", key
+        found = None
         if fwd is None and self.origin is not None and self.target.kind == "framework":
             found = self._origin_entry(canon)           # the entry the origin wrote this name from, and its key
             if found is not None:
@@ -301,8 +307,11 @@ class NameMap:
                 self.registry.frameworks[rev.framework].same_quantity(fwd_like, rev):
             # the same entry there and back, or a declared rename: the same quantity. A canonical input keeps a
             # reason that is not the entry's own (the release range it came from held another fidelity)
-            own = self.against_reference(fwd_like, canon, like_side, like_key, ev)
-            approx = None if fwd is not None or canon_reason == own else canon_reason
+            approx = None if fwd is not None or self._own_reason(canon_reason, fwd_like, canon, like_side, ev) \
+                else canon_reason
+            if approx is None and found is not None:
+                # the direct path says when the origin's release range holds the name with another reduction
+                approx = self._origin_range_reason(found, ev)
         elif fwd_like is not None and (fwd is not None or (fwd_like.reduce is not None and rev.reduce is not None)):
             approx = self.between(fwd_like, like_side, rev, "target", canon, like_key, out, ev)
         else:
@@ -313,6 +322,33 @@ class NameMap:
         if unconfirmed:
             approx = f"{approx}; {unconfirmed}" if approx else unconfirmed
         return Plan(out, canon_key, fwd, rev, approx, note, canon_reason=canon_reason)
+
+    def _origin_range_reason(self, found: Hit, split: str | None) -> str | None:
+        """The release-range reason of the origin's key (what translating from the origin directly adds)."""
+        org = self.origin
+        assert org is not None
+        fw = framework_of(self.registry, org)
+        lo, hi = org.bounds(len(fw.releases))
+        if lo == hi:
+            return None
+        e, caps = found
+        key = e.key_template.fill(caps) if e.key_template is not None and caps is not None else e.key
+        hits = fw.lookup(key)
+        cfg, _ = self._when_config(fw, hits, org.trainer, lo, hi)
+        return self._range_reason(fw, key, hits, e, org, lo, hi, split, cfg, side="origin")
+
+    def _own_reason(self, reason: str | None, e: Entry, canon: str, side: str, split: str | None) -> bool:
+        """Whether ``reason`` (a canonical input's, stored where it was written) is ``e``'s own judgement against the
+        canonical reference, whatever the key it was written under (``train/entropy`` logged, ``entropy`` rebuilt
+        from the entry): then renaming back to ``e`` is the same quantity, exact."""
+        if reason is None:
+            return self.against_reference(e, canon, side, None, split) is None
+        mark = "\x00"
+        template = self.against_reference(e, canon, side, mark, split)
+        if template is None:
+            return False
+        pattern = re.escape(template).replace(re.escape(repr(mark)), r"'[^']*'")
+        return re.fullmatch(pattern, reason) is not None
 
     def unconfirmed(self, rev: Entry, caps: dict[str, str] | None, out: str) -> str | None:
         """Why the target name ``out`` holds the quantity of ``rev`` only under a config the target's run config does
