@@ -48,7 +48,7 @@ docs: $(VENV)/.demo-installed
 	$(BIN)/python -m trackbridge mappings docs --out docs/metrics.md
 
 lint: $(VENV)/.test-installed
-	$(BIN)/python -m trackbridge mappings lint
+	$(BIN)/python -m trackbridge mappings lint --require-reduction     # every shipped entry states its reduction (issue 20)
 	$(BIN)/ruff check trackbridge benchmarks tests
 	$(BIN)/mypy
 

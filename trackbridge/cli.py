@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "line per file)")
     q.add_argument("--require-reduction", action="store_true",
                    help="an entry whose reduction is unstated is an error (exit 2), as it will be once every shipped "
-                        "entry states one")
+                        "entry states one: in the files named (a shipped file named is checked once), else in all")
     q = msub.add_parser("docs", help="generate the metric reference (Markdown) from the YAML")
     q.add_argument("--out", metavar="PATH", help="write here instead of stdout")
     _add_mappings(q)

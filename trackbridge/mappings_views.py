@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from .schema.loader import Registry, build_registry, shipped_files
+from .schema.loader import Registry, build_registry, shipped_files, user_files
 from .schema.model import Entry, FrameworkMapping, condition_value_text
 from .schema.yamlfile import MappingError, MappingErrors
 
@@ -14,9 +14,16 @@ from .schema.yamlfile import MappingError, MappingErrors
 def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | None = None) -> int:
     """Check the shipped mappings plus ``paths``; print every problem as ``file:line: entry: message``. Entries whose
     reduction is unstated are warnings (one line per file, or each with ``unstated``), errors with
-    ``require_reduction`` (default: :data:`~trackbridge.schema.reductions.REQUIRE_REDUCTION`)."""
+    ``require_reduction`` (default: :data:`~trackbridge.schema.reductions.REQUIRE_REDUCTION`): of the files named in
+    ``paths`` when any are (shipped or not: "is my file done?"), else of every file."""
+    from pathlib import Path
+
+    from .schema import reductions
+    named = {str(Path(p).resolve()) for p in paths}
+    paths = user_files(paths, shipped_files())       # a shipped file named on the command line is the shipped file
+    require = require_reduction if require_reduction is not None else reductions.REQUIRE_REDUCTION
     try:
-        reg = build_registry(shipped_files(), [str(p) for p in paths], require_reduction=require_reduction)
+        reg = build_registry(shipped_files(), paths, require_reduction=require and not named)
     except MappingErrors as exc:
         for e in exc.errors:
             print(str(e), file=sys.stderr)
@@ -36,6 +43,13 @@ def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | 
         if len(errs) > 1:
             print(f"{len(errs)} problem(s)", file=sys.stderr)
         return 2
+    if require and named:
+        mine = [w for w in reg.warnings if w.file and str(Path(w.file).resolve()) in named]
+        if mine:
+            for e in mine:
+                print(str(e), file=sys.stderr)
+            print(f"{len(mine)} problem(s)", file=sys.stderr)
+            return 2
     # diagnostic checks (trackbridge doctor): the shipped ones and those among the paths
     from .doctor import lint_checks
     try:

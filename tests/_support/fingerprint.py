@@ -10,8 +10,13 @@ entry states, and no other:
 The batch is nested from the outermost level in: ``steps[w][m][r][u]`` is micro-batch ``u`` of rank ``r`` in
 optimizer step (mini-batch) ``m`` of logged step ``w``. A micro-batch is a list of sequences, each the list of its
 valid tokens' values (ragged: padding already removed) for token quantities, or a one-element list holding the
-sequence's own value for per-sequence quantities (``tokens="per_seq"``). A level reduced ``none`` pools its items
-(computed once over all of them).
+sequence's own value for per-sequence quantities (``tokens="per_seq"``; a scalar such as the lr or a grad norm,
+``tokens="none"``, is one such value per micro-batch). A level reduced ``none`` pools its items (computed once over
+all of them).
+
+The levels are reduced as docs/reductions.md nests them: each micro-batch over the ranks first (an all-reduce or a
+gather per micro-batch), then the micro-batches, the optimizer steps and the logged steps. Ranks that hold different
+numbers of micro-batches cannot be reduced per micro-batch: each rank then combines its own micro-batches first.
 
 Two candidates that give the logged value are one computation when they agree on several other batches of the same
 shape (:func:`equivalent`: a level holding one item makes all its reductions equal; a token mean pooled over
@@ -35,8 +40,9 @@ TOKENS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_t
           "per_seq", "token_sum_step_norm", "token_sum_dp_norm")
 TOKEN_WEIGHTED = ("token_mean", "token_sum_step_norm", "token_sum_dp_norm")   # all_reduce_weighted weighs by tokens
 COMBINE = ("none", "token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min")
-PROCESSES = ("none", "all_reduce_weighted", "all_reduce_mean", "sum", "max", "min", "rank0")
-WINDOW = ("step", "mean", "last", "sum", "none")
+PROCESSES = ("none", "all_reduce_weighted", "all_reduce_mean", "token_weighted", "seq_weighted", "sum", "max", "min",
+             "rank0")
+WINDOW = ("step", "mean", "last", "sum", "none")       # none: the logged steps' items pooled (the format's `pooled`)
 LEVELS = ("micro_batches", "mini_batches", "processes", "window")
 
 
@@ -140,7 +146,11 @@ def value_of(steps: Steps, red: Reduction, norm_len: int = 0) -> float:
             norms = [toks(r[u] for r in ranks if u < len(r)) / len(ranks) for u in range(n_micro)]
         else:
             norms = [norm_len] * n_micro
-        return _combine([rank_value(r, norms) for r in ranks], red.processes, red)
+        if red.micro_batches == "none" or len({len(r) for r in ranks}) > 1:
+            return _combine([rank_value(r, norms) for r in ranks], red.processes, red)
+        # each micro-batch reduced over the ranks, then the micro-batches
+        return _combine([_combine([reduce_population(r[u], red, norms[u]) for r in ranks], red.processes, red)
+                         for u in range(n_micro)], red.micro_batches, red)
 
     def step_value(minis: Sequence[Sequence[Sequence[Micro]]]) -> tuple[float, int, int]:
         if red.mini_batches == "none":         # the optimizer steps' data pooled, rank by rank
@@ -148,7 +158,7 @@ def value_of(steps: Steps, red: Reduction, norm_len: int = 0) -> float:
             return mini_value(merged)
         return _combine([mini_value(mini) for mini in minis], red.mini_batches, red)
 
-    if red.window == "none":                   # the logged steps' data pooled
+    if red.window in ("none", "pooled"):       # the logged steps' data pooled
         return step_value([mini for step in steps for mini in step])[0]
     if red.window == "step":
         assert len(steps) == 1, "window 'step' logs one row per step: give one step"
@@ -217,6 +227,9 @@ def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = N
     obs: list[Observation] = ([(float(observed), steps)] if steps is not None    # type: ignore[arg-type]
                               else list(observed))                              # type: ignore[arg-type]
     assert obs, "no observation"
+    if kw.get("window") is None and any(len(batch) > 1 for _, batch in obs):
+        # rows of several steps beside a row of one (a window that ends early): the window candidates of them all
+        kw["window"] = tuple(w for w in WINDOW if w != "step")
     hits = None
     for logged, batch in obs:
         fit = {red for v, red in candidates(batch, norm_len=norm_len, **kw)
@@ -224,8 +237,8 @@ def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = N
         hits = fit if hits is None else hits & fit
     assert hits, f"no candidate reduction gives the logged value(s) {[o[0] for o in obs]!r}"
     ordered = sorted(hits, key=str)
-    first, shape = ordered[0], obs[0][1]
-    other = [h for h in ordered[1:] if not equivalent(first, h, shape, norm_len)]
+    first = ordered[0]
+    other = [h for h in ordered[1:] if not all(equivalent(first, h, batch, norm_len) for _, batch in obs)]
     assert not other, (f"the logged value(s) fit different reductions (make the batch more uneven, or observe more "
                        f"batches): {first} and {other[0]}" + (f" (+{len(other) - 1} more)" if len(other) > 1 else ""))
     return first
@@ -255,11 +268,16 @@ def assert_stated(observed: float | Sequence[Observation], steps: Steps | None, 
     batches (arguments as :func:`fingerprint`); returns the fingerprinted reduction. ``levels``: the levels the batch
     must tell apart (all four by default; leave out one the framework does not have for this key, such as the
     logging window of a framework that logs every step)."""
-    shape = steps if steps is not None else observed[0][1]      # type: ignore[index]
+    batches = [steps] if steps is not None else [b for _, b in observed]     # type: ignore[union-attr]
+    shape = max(batches, key=len)                                # the observation of the most logged steps
     check_uneven(shape, levels)
-    found = fingerprint(observed, steps, rel=rel, norm_len=norm_len, **kw)
     want = stated(entry_reduce, shape)
-    assert equivalent(found, want, shape, norm_len), (
+    for name, default in (("tokens", TOKENS), ("processes", PROCESSES)):   # the stated value is always a candidate
+        offered = tuple(kw.get(name) or default)
+        if getattr(want, name) not in offered:
+            kw[name] = (*offered, getattr(want, name))
+    found = fingerprint(observed, steps, rel=rel, norm_len=norm_len, **kw)
+    assert all(equivalent(found, want, b, norm_len) for b in batches), (
         f"the logged value was computed as {found}; the entry states {want} "
         f"(differs in {', '.join(found.differs(want))})")
     return found

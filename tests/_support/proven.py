@@ -154,14 +154,17 @@ class Proving:
 
 def to_fingerprint(fields: Mapping[str, str]) -> FP.Reduction:
     """A resolved reduction (trackbridge's fields) as the fingerprint's candidate: ``gather`` (values pooled before
-    the statistic) is the reduction that equals pooling for the statistic, ``fraction`` a mean of 0/1 values."""
-    stat = {"fraction": "mean"}.get(fields["stat"], fields["stat"])
+    the statistic) is the reduction that equals pooling for the statistic, ``fraction`` a mean of 0/1 values,
+    ``value`` (a scalar such as the lr: ``tokens: none``, one value per micro-batch) its mean, ``window: pooled`` the
+    fingerprint's pooled window (``none``)."""
+    stat = {"fraction": "mean", "value": "mean"}.get(fields["stat"], fields["stat"])
     processes = fields["processes"]
     if processes == "gather":
         processes = {"max": "max", "min": "min", "sum": "sum", "count": "sum"}.get(stat, "all_reduce_weighted")
     std = fields.get("std")
+    window = {"pooled": "none"}.get(fields["window"], fields["window"])
     return FP.Reduction(fields["tokens"], stat, fields["micro_batches"], fields["mini_batches"], processes,
-                        fields["window"], None if std in (None, "none") else std)
+                        window, None if std in (None, "none") else std)
 
 
 def as_fields(red: FP.Reduction) -> dict[str, Any]:

@@ -194,16 +194,22 @@ def _flag(release: str) -> dict:
 @pytest.mark.parametrize("release, exact", [("0.9.8", True), ("0.10.2", True), ("0.10.3", False),
                                             ("0.10.4", False), ("0.11.0", False), ("0.11.2", False)])
 def test_ppo_entropy_and_kl_loss_mapping(reg, release, exact):
-    """Up to v0.10.2 the token mean merged by tokens (exact); from v0.10.3 the aggregate_loss arithmetic, a
-    deviation the reason spells out (with the 2.375 vs 1.750 example from v0.10.4)."""
+    """Up to v0.10.2 the token mean merged by tokens (exact); from v0.10.3 aggregate_loss's globally normalised token
+    sums (v0.10.3: over the micro-batch's tokens per rank, token_sum_dp_norm; v0.10.4+: over the optimizer step's per
+    rank and micro-batch, token_sum_step_norm) merged by tokens: not a token mean, and every level that merges them
+    says so; with one micro-batch on one GPU, the token mean (exact)."""
     for key in ("entropy_loss", "kl"):
         entry, res, why, name = judged(reg, key, _flag(release), trainer="ppo", release=release)
         assert name == ("policy/entropy" if key == "entropy_loss" else "kl/ref/k1"), name   # the loss term, k1
         if exact:
             assert why is None, why
         else:
-            assert tags(why) == {"deviation"} and "masked token sum" in why and "ppo_train merges" in why, why
-            assert ("2.375" in why and "1.750" in why) == (release != "0.10.3"), why
+            norm = "token_sum_dp_norm" if release == "0.10.3" else "token_sum_step_norm"
+            assert res.fields["tokens"] == norm and res.stated["deviation"] == "none", res.fields
+            assert tags(why) == {"tokens", "micro_batches", "mini_batches", "processes"}, why
+            assert "is each micro-batch's token sum over " in why, why
+        _, res, why, _ = judged(reg, key, {**_flag(release), **ONE_GPU}, trainer="ppo", release=release)
+        assert why is None and res.fields["tokens"] == "token_mean", (release, why)
 
 
 def test_ppo_entry_sources_cite_the_releases(reg):
@@ -222,7 +228,7 @@ def test_ppo_translation_to_verl_is_approximate(reg):
     assert out in res.approximate
     # the OpenRLHF side alone already differs from the token mean over the step, whatever veRL states
     _, _, why, _ = judged(reg, "entropy_loss", {}, trainer="ppo", release="0.11.2")
-    assert "2.375" in why, why
+    assert "token sum over the optimizer step's tokens per rank and micro-batch (not a token mean)" in why, why
 
 
 # =============================================================================================== item 1: DPO / RM
@@ -450,8 +456,11 @@ def test_critic_loss_is_the_token_mean(o):
     assert close(_critic_run(o, [[short, long_]], gas=1)["critic_loss"], 1.25)
 
 
-@pytest.mark.parametrize("release, fields", [("0.9.8", set()), ("0.10.2", set()), ("0.10.3", {"deviation"}),
-                                             ("0.10.4", {"deviation"}), ("0.11.2", {"deviation"}),
+NORMED = {"tokens", "micro_batches", "mini_batches", "processes"}
+
+
+@pytest.mark.parametrize("release, fields", [("0.9.8", set()), ("0.10.2", set()), ("0.10.3", NORMED),
+                                             ("0.10.4", NORMED), ("0.11.2", NORMED),
                                              ("0.9.7", {"micro_batches", "mini_batches", "processes"})])
 def test_policy_loss_mapping(reg, release, fields):
     """Defaults: up to v0.9.7 unweighted means over micro-batches, optimizer steps and ranks; v0.9.8 - v0.10.2 the

@@ -9,13 +9,15 @@ fields the mark must name for each key (an empty set: exact):
 * the defaults (train.batch_size 128 / micro_batch_size 1 on 8 GPUs: 16 micro-batches; rollout 1024 samples / 128:
   8 optimizer steps; logging_steps 1): token means merged by tokens and sample means are exact; the actor's lr and
   grad norm keep the last of 8 optimizer steps; the critic averages them; the reward-side kl is a mean of
-  per-sequence means; the step-normalised losses carry their deviation;
+  per-sequence means; the step-normalised losses (token sums over the optimizer step's tokens per rank and
+  micro-batch, merged by tokens) are not token means, at every level that merges them;
 * use_kl_loss with k3: kl becomes the update-time loss term (kl/ref/k3), logprobs_diff the update-time token mean;
 * kl estimator k3 without use_kl_loss: the reward-side kl/old_ref/k3;
-* logging_steps 10: every per-step value keeps the last of 10 steps;
+* logging_steps 10: a row every 10 steps holds that step's own value: the marks of the defaults;
 * one optimizer step of one micro-batch per rank: the last-of / mean-of levels hold one item and become exact
   (the critic's only when the release is given: with it left out the detected range holds releases whose config
-  keys were flat, and the translation says the release matters).
+  keys were flat, and the translation says the release matters); the step-normalised losses are then one
+  micro-batch per rank merged by tokens over 8 ranks: still not a token mean.
 
 Each case is checked twice: the mark computed from the entry the translator picks (tests/_support/openrlhf_marks.py),
 and the mark the translator itself puts on the translated row (source "openrlhf", or "auto": detected).
@@ -35,8 +37,9 @@ torch = pytest.importorskip("torch")
 P = pytest.importorskip("_support.proofs_openrlhf")
 
 EXACT: set = set()
+NORMED = {"tokens", "micro_batches", "mini_batches", "processes"}     # token_sum_step_norm merged by tokens
 DEFAULT = {
-    "global_step": EXACT, "policy_loss": {"deviation"}, "entropy_loss": {"deviation"}, "ppo_clip_ratio": EXACT,
+    "global_step": EXACT, "policy_loss": NORMED, "entropy_loss": NORMED, "ppo_clip_ratio": EXACT,
     "ppo_kl": EXACT, "kl": {"tokens"}, "logprobs_diff": {"tokens"}, "reward": EXACT, "score": EXACT, "return": EXACT,
     "group_reward_std": EXACT, "response_length": EXACT, "total_length": EXACT, "truncated": EXACT,
     "response_clip_ratio": EXACT, "actor_lr": {"mini_batches"}, "actor_grad_norm": {"mini_batches"},
@@ -54,17 +57,18 @@ ONE_STEP = {"rollout.batch_size": 16, "rollout.n_samples_per_prompt": 8, "train.
 CASES = {
     "defaults": ({}, DEFAULT, CANONICAL),
     "use_kl_loss k3": ({"algo": {"kl": {"use_loss": True, "estimator": "k3"}}},
-                       {**DEFAULT, "kl": {"deviation"}, "logprobs_diff": {"snapshot"}},
+                       {**DEFAULT, "kl": NORMED, "logprobs_diff": {"snapshot"}},
                        {**CANONICAL, "kl": "kl/ref/k3"}),
     "use_kl_loss k1": ({"algo.kl.use_loss": "True"},                 # as a tracker stores it: text
-                       {**DEFAULT, "kl": {"deviation"}, "logprobs_diff": {"snapshot"}},
+                       {**DEFAULT, "kl": NORMED, "logprobs_diff": {"snapshot"}},
                        {**CANONICAL, "kl": "kl/ref/k1"}),
     "estimator k3": ({"algo.kl.estimator": "k3"}, DEFAULT, {**CANONICAL, "kl": "kl/old_ref/k3"}),
-    "logging_steps 10": ({"logger": {"logging_steps": 10}},
-                         {k: (v | {"window"}) if k != "global_step" else v for k, v in DEFAULT.items()}, CANONICAL),
+    "logging_steps 10": ({"logger": {"logging_steps": 10}}, DEFAULT, CANONICAL),
     "one optimizer step": (ONE_STEP,
                            {**DEFAULT, "actor_lr": EXACT, "actor_grad_norm": EXACT, "critic_loss": EXACT,
-                            "values": {"processes"}, "critic_lr": EXACT, "critic_grad_norm": EXACT}, CANONICAL),
+                            "values": {"processes"}, "critic_lr": EXACT, "critic_grad_norm": EXACT,
+                            "policy_loss": {"tokens", "processes"}, "entropy_loss": {"tokens", "processes"}},
+                           CANONICAL),
 }
 
 
@@ -115,12 +119,14 @@ def test_default_reasons_say_the_counts_and_the_defaults(reg):
     assert dict(res.defaults)["train.batch_size"] == 128
     _, _, why, _ = judged(reg, "values", {})
     assert "averages its 16 micro-batches unweighted" in why and "critic.num_gpus_per_node=8 (default)" in why, why
-    _, _, why, _ = judged(reg, "ppo_kl", {"logger.logging_steps": 10})
-    assert "keeps the last of the 10 steps since the last log" in why, why
+    # a row every 10 steps holds its own step's value: what the canonical name holds at that step
+    _, res, why, _ = judged(reg, "ppo_kl", {"logger.logging_steps": 10})
+    assert why is None and res.counts["window"].n == 10 and res.stated["window"] == "last", why
     _, _, why, _ = judged(reg, "kl", {})
     assert "mean of per-sequence token means" in why and "[tokens]" in why, why
     _, _, why, _ = judged(reg, "policy_loss", {})
-    assert "2.375" in why and "[deviation]" in why, why
+    assert "is each micro-batch's token sum over the optimizer step's tokens per rank and micro-batch (not a token " \
+           "mean) (actor.loss_agg_mode=token-mean, the default)" in why and "[tokens]" in why, why
 
 
 @pytest.mark.parametrize("source", ["openrlhf", "auto"])

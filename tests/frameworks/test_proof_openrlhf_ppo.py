@@ -9,8 +9,9 @@ back and asserts, through :class:`_support.proven.Proving`, that it is the reduc
 for the proof's config (resolved by trackbridge's loader), and no other on these batches.
 
 The losses that OpenRLHF >= 0.10.4 normalises by the optimizer step's tokens (policy_loss, entropy_loss, kl as a
-loss) are fingerprinted as ``token_sum_step_norm`` here; the mapping format has no ``tokens:`` value for that yet, so
-their entries state the token mean with a ``deviation`` and these proofs check that statement field by field.
+loss) are ``tokens: token_sum_step_norm`` merged by tokens, as their entries state; with ``--actor.loss_agg_mode
+seq-mean-token-mean`` the policy loss is a mean of per-sequence token means merged by tokens over the ranks too
+(``processes: token_weighted``).
 """
 from __future__ import annotations
 
@@ -95,18 +96,16 @@ def stated(key: str, config: dict) -> dict:
     return dict(res.stated)
 
 
-def assert_step_norm(key: str, observations, config: dict) -> None:
-    """The step-normalised losses: the fingerprint is ``token_sum_step_norm`` merged as the entry states, and the
-    entry (which cannot name that tokens value yet: no fingerprint proof to register) says so in its ``deviation``."""
-    red = stated(key, config)
-    assert red["tokens"] == "token_mean", f"{key}: the entry states tokens {red['tokens']}"
-    assert "optimizer step's response tokens" in red["deviation"], f"{key}: no deviation: {red['deviation']}"
-    found = FP.assert_stated(observations, None, {**red, "tokens": "token_sum_step_norm"}, rel=REL, levels=LEVELS)
-    assert found.tokens == "token_sum_step_norm", found
-    # and it is not what the entry would mean without the deviation: the token mean pooled over the step
+def assert_step_norm(p, key: str, observations) -> None:
+    """The step-normalised losses: the entry states ``token_sum_step_norm`` merged by tokens, the fingerprint finds
+    it, and it is not the token mean pooled over the step."""
+    _, res = p.entry(key)
+    p.check(res.stated["tokens"] == "token_sum_step_norm" and res.stated["deviation"] == "none", res.stated)
+    found = p.assert_stated(key, observations, rel=REL, levels=LEVELS)
+    p.check(found.tokens == "token_sum_step_norm", found)
     logged, batch = observations[0]
     pooled = FP.value_of(batch, FP.Reduction("token_mean", "mean", "none", "none", "all_reduce_weighted", "step"))
-    assert not math.isclose(logged, pooled, rel_tol=1e-3), (logged, pooled)
+    p.check(not math.isclose(logged, pooled, rel_tol=1e-3), (logged, pooled))
 
 
 # ============================================================================================ default config
@@ -170,8 +169,9 @@ def test_ppo_sample_fields_are_sample_means(p):
                  "group_reward_std": run.experiences[i].info["group_reward_std"]}[key]
             return tokens_of(run, i, v)
         # group_reward_std is one value per prompt group, so a micro-batch's sequences often share it: its max, min
-        # and mean then coincide; the selections are fingerprinted on the other keys
-        kw = {"micro": ("seq_weighted", "token_weighted", "mean", "last", "none")} if key == "group_reward_std" else {}
+        # and mean then coincide, and (the ranks' shuffles vary from run to run) at times its last and mean; the
+        # selections are fingerprinted on the other keys
+        kw = {"micro": ("seq_weighted", "token_weighted", "mean", "none")} if key == "group_reward_std" else {}
         p.assert_stated(key, obs(runs, key, value), rel=REL, levels=LEVELS, tokens=("per_seq",), **kw)
 
 
@@ -191,19 +191,23 @@ def test_ppo_return_is_the_mean_of_per_sequence_reward_sums(p):
     p.assert_stated("return", obs(runs, "return", shaped), rel=REL, levels=LEVELS)
 
 
-# ---- not fingerprint proofs of a stated entry (the format cannot state these yet, or the fingerprint does not
-# compute scalars): plain tests of the shipped statements against the wheel's values
-
-def test_ppo_losses_are_step_normalised_sums_merged_by_tokens():
+@proof("openrlhf", trainer="ppo", release="0.11.2", config=RUN)
+def test_ppo_losses_are_step_normalised_sums_merged_by_tokens(p):
     """policy_loss / entropy_loss: aggregate_loss divides a micro-batch's masked sum by the optimizer step's tokens
     per (rank, micro-batch) (iter_grad_accum_global_norm) and ppo_train merges those by tokens: not a token mean."""
     runs = default_runs()
-    assert_step_norm("policy_loss", obs(runs, "policy_loss", lambda run, i, s: policy(run, i, s, 0)), RUN)
-    assert_step_norm("entropy_loss", obs(runs, "entropy_loss", lambda run, i, s: run.rollout.entropy(
-        i, version(run, s))), RUN)
-    red = stated("entropy_loss", RUN)
-    assert red["estimator"] == "exact" and red["snapshot"] == "update", red
+    assert_step_norm(p, "policy_loss", obs(runs, "policy_loss", lambda run, i, s: policy(run, i, s, 0)))
+    assert_step_norm(p, "entropy_loss", obs(runs, "entropy_loss", lambda run, i, s: run.rollout.entropy(
+        i, version(run, s))))
+    _, res = p.entry("entropy_loss")
+    p.check(res.fields["estimator"] == "exact" and res.fields["snapshot"] == "update", res.fields)
+    # 2 micro-batches on 2 ranks merged by tokens: not the token mean, computed so
+    p.check(res.fields["tokens"] == "token_sum_step_norm", res.fields)
 
+
+# ---- plain tests of the shipped statements against the wheel's values: the gradient norm and the LR of every
+# optimizer step follow one schedule in every run, so the last one is also the largest: a fingerprint cannot tell
+# `last` from `max` on them
 
 def test_ppo_actor_grad_norm_and_lr_are_the_last_optimizer_steps():
     """actor_grad_norm and actor_lr are taken from the last micro-batch of the PPO step (ppo_train: vals[-1]): the
@@ -243,7 +247,9 @@ def test_ppo_logging_steps_log_the_step_not_the_window(p):
     p.assert_stated("reward", observations, rel=REL, levels=("window",), tokens=("per_seq",),
                     micro=("seq_weighted",), mini=("seq_weighted",), processes=("all_reduce_weighted",))
     _, res = p.entry("reward")
-    p.check(res.counts["window"].n == 2 and res.fields["window"] == "last", res.counts)
+    # the row's own step's value: the identity (the steps between rows are not logged)
+    p.check(res.counts["window"].n == 2 and res.stated["window"] == "last" and res.fields["window"] == "step",
+            res.counts)
 
 
 # ============================================================================================ non-default configs
@@ -256,8 +262,8 @@ def test_ppo_kl_as_a_loss_is_the_update_time_loss_term(p):
     entry, res = p.entry("kl")
     p.check(entry.canonical == "kl/ref/k3" and res.fields["estimator"] == "k3" and res.fields["snapshot"] == "update",
             (entry.canonical, res.fields))
-    assert_step_norm("kl", obs(runs, "kl", lambda run, i, s: P.approx_kl(run.rollout.logp(i, version(run, s)),
-                                                                         run.rollout.ref[i], "k3")), KL_LOSS)
+    assert_step_norm(p, "kl", obs(runs, "kl", lambda run, i, s: P.approx_kl(run.rollout.logp(i, version(run, s)),
+                                                                            run.rollout.ref[i], "k3")))
     p.assert_stated("logprobs_diff", obs(runs, "logprobs_diff", lambda run, i, s: [
         a - b for a, b in zip(run.rollout.logp(i, version(run, s)), run.rollout.ref[i])]), rel=REL, levels=LEVELS)
     _, res = p.entry("logprobs_diff")
@@ -265,15 +271,15 @@ def test_ppo_kl_as_a_loss_is_the_update_time_loss_term(p):
             res.switched)
 
 
-def test_ppo_seq_mean_token_mean_policy_loss_is_merged_by_tokens():
+@proof("openrlhf", trainer="ppo", release="0.11.2", config=SEQ_MODE)
+def test_ppo_seq_mean_token_mean_policy_loss_is_merged_by_tokens(p):
     """--actor.loss_agg_mode seq-mean-token-mean (v0.11.2): aggregate_loss sums per-sequence token means over the
     step's sequences per (rank, micro-batch), the micro-batch's own mean of per-sequence token means (every
-    micro-batch holds micro_train_batch_size sequences); ppo_train still merges it by tokens, over ranks too (the
-    entry says so in its deviation: the format has no processes value for it yet)."""
+    micro-batch holds micro_train_batch_size sequences); ppo_train still merges it by tokens, over the ranks too
+    (``processes: token_weighted``, not by sequences)."""
     runs = seq_mode_runs()
-    red = stated("policy_loss", SEQ_MODE)
-    assert red["tokens"] == "seq_mean_token_mean" and "by their response tokens" in red["deviation"], red
-    found = FP.assert_stated(obs(runs, "policy_loss", lambda run, i, s: policy(run, i, s, 0)), None,
-                             {**red, "processes": "token_weighted"}, rel=REL, levels=LEVELS,
-                             processes=FP.PROCESSES + ("token_weighted", "seq_weighted"))
-    assert found.processes == "token_weighted" and found.micro_batches == "token_weighted", found
+    _, res = p.entry("policy_loss")
+    p.check(res.stated["tokens"] == "seq_mean_token_mean" and res.stated["processes"] == "token_weighted", res.stated)
+    found = p.assert_stated("policy_loss", obs(runs, "policy_loss", lambda run, i, s: policy(run, i, s, 0)), rel=REL,
+                            levels=LEVELS)
+    p.check(found.processes == "token_weighted" and found.micro_batches == "token_weighted", found)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+import trackbridge
+
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
@@ -330,13 +332,19 @@ def test_a_real_grpo_log_carries_the_marks_of_its_config():
     assert "release matters" in own["kl"] and "logging_steps" not in own["kl"] and "micro" not in own["kl"], own
     assert "tool" in own["completions/mean_length"] and "scheduler" in own["learning_rate"], own
     assert "scale_rewards" in own["frac_reward_zero_std"], own
-    assert "per-sequence token means" in own["loss"], own                       # loss_type 'grpo'
+    # canonical loss/total leaves tokens to the framework (a DPO loss is over pairs, an LM loss over tokens): the
+    # loss_type 'grpo' token reduction is said framework to framework (below), against canonical the processes
+    assert "processes" in own["loss"] and "per-sequence token means" not in own["loss"], own
+    to_verl = trackbridge.translate({"loss": 0.1}, source="trl/grpo@1.16.0", target="verl", config=step.config)
+    assert "per-sequence token means" in to_verl.approximate["actor/loss"], to_verl.approximate
     released = _marks(step, step.config, "trl@1.16.0")
     assert released["kl"] is None and released["entropy"] is None and released["reward"] is None, released
 
     defaults = _marks(step, {})                                                  # logging_steps 10, GA 1
-    for key in ("kl", "entropy", "reward", "grad_norm", "loss"):
+    for key in ("kl", "entropy", "reward", "loss"):
         assert "logging_steps" in (defaults[key] or ""), (key, defaults[key])
+    # the Trainer logs the last step's grad_norm (window: last): a row holds its own step's value, whatever the window
+    assert defaults["grad_norm"] is None, defaults["grad_norm"]
     ga2 = _marks(step, {"logging_steps": 1, "gradient_accumulation_steps": 2}, "trl@1.16.0")
     for key in ("kl", "entropy"):
         assert "gradient_accumulation_steps" in (ga2[key] or ""), (key, ga2[key])

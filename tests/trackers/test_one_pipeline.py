@@ -38,6 +38,12 @@ def _raw_records(loc):
     return [rec for run in open_source(loc).runs() for rec in run.records()]
 
 
+def _stored_config(loc):
+    """The run config the stored run holds (trainer_state.json's logging_steps ...): what every path that reads the
+    stored run (CLI translate, migrate, compare) judges fidelity with."""
+    return next((dict(run.info.config) for run in open_source(loc).runs()), {})
+
+
 def _points(loc):
     """(step, name) -> value, the set of derived (step, name), and the run info, read back with trackbridge."""
     values, derived, info = {}, set(), None
@@ -98,7 +104,7 @@ def reference():
     for name, (loc, source) in SOURCES.items():
         raw = _raw_records(loc)
         for target in TARGETS:
-            out[(name, target)] = reference_for(raw, source, target)
+            out[(name, target)] = reference_for(raw, source, target, _stored_config(loc))
     return out
 
 
@@ -157,8 +163,8 @@ def check_logger_replay_migrate(tmp_path, loc, source, target, raw, ref):
     assert minfo.approximate == ref_approx
 
 
-def reference_for(raw, source, target):
-    tr = trackbridge.Translator(source, target, derive=True)
+def reference_for(raw, source, target, config=None):
+    tr = trackbridge.Translator(source, target, derive=True, config=config)
     vals, der, approx = {}, set(), {}
     for rec in raw:
         res = tr.translate(rec.metrics, step=rec.step, wall_time=rec.wall_time)

@@ -108,13 +108,34 @@ def test_tool_tokens_none_matches_either_and_a_config_turns_tools_on(reg):
                            "'completions/mean_length' leaves tool-output tokens out (tools=['search']) [tool_tokens]")
 
 
-def test_a_window_of_one_step_is_the_identity(reg):
+def test_a_window_of_one_step_is_the_identity_and_the_last_step_of_a_window_is_that_steps_value(reg):
     b = res(reg, "beta", "learning_rate", {"logging_steps": 1})
     assert judge(b, ref(reg, "toy/lr")) is None
+    # one row every 10 steps holding the row's own step's value: what the reference logs at that step (the steps
+    # between rows are not logged, which no logged value suffers from)
     b = res(reg, "beta", "learning_rate")
-    assert judge(b, ref(reg, "toy/lr")) == ("beta 'learning_rate' keeps the last of the 10 steps since the last log "
-                                            "(window = logging_steps = 10 (the default)); canonical 'toy/lr' logs "
-                                            "every step [window]")
+    assert b.stated["window"] == "last" and b.fields["window"] == "step" and b.counts["window"].n == 10
+    assert judge(b, ref(reg, "toy/lr")) is None
+    # an average over the window is not one step's value
+    k = res(reg, "beta", "kl", {"num_iterations": 1})
+    assert k.fields["window"] == "mean"
+    assert "beta 'kl' averages the 10 steps since the last log unweighted (window = logging_steps = 10 (the " \
+           "default)); canonical 'toy/kl' logs every step [window]" in judge(k, ref(reg, "toy/kl"))
+    # and where the other side averages, the reason says what the last-step row is
+    lr_mean = resolve_with(reg, "beta", "learning_rate", window="mean")
+    assert judge(b, lr_mean) == ("beta 'learning_rate' logs the value of the step it is logged at (one row every 10 "
+                                 "steps); beta 'learning_rate' averages the 10 steps since the last log unweighted "
+                                 "(window = logging_steps = 10 (the default)) [window]")
+
+
+def resolve_with(reg, fw_name, key, config=None, **fields):
+    """The entry's reduction with some fields replaced (a made-up variant of a real entry)."""
+    from dataclasses import replace as dc_replace
+    fw = reg.frameworks[fw_name]
+    entry = next(e for e in fw.entries if e.key == key)
+    entry = dc_replace(entry, reduce=entry.reduce.with_fields(**fields))
+    n = len(fw.releases) - 1
+    return resolve(entry, fw, None, n, n, config or {})
 
 
 def test_an_unknown_count_is_never_one(reg):

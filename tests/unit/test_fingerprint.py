@@ -101,3 +101,94 @@ def test_names_openrlhf_step_normalised_token_sum():
     assert_stated(want, steps, red, levels=("micro_batches", "mini_batches"))
     with pytest.raises(AssertionError, match="computed as"):
         assert_stated(want, steps, {**red, "tokens": "token_mean"}, levels=("micro_batches", "mini_batches"))
+
+
+# ------------------------------------------------------------------------------------------ the nesting of the levels
+def _even(seed: int):
+    """1 logged step x 1 optimizer step x 2 ranks x 2 micro-batches each (ranks can reduce each micro-batch together
+    only when they hold as many), uneven token counts everywhere."""
+    rng = random.Random(seed)
+    ranks = [[(3, 1), (2,)], [(1, 2, 2), (4, 1)]]
+    mini = [[[[round(rng.uniform(0, 1), 6) for _ in range(n)] for n in micro] for micro in rank] for rank in ranks]
+    return [[mini]]
+
+
+def per_micro_batch_global_token_means(steps):
+    """TRL-like: each micro-batch's token mean over every rank's tokens, then the micro-batches averaged."""
+    (mini,) = steps[0]
+    means = []
+    for u in range(len(mini[0])):
+        toks = [v for rank in mini for s in rank[u] for v in s]
+        means.append(sum(toks) / len(toks))
+    return sum(means) / len(means)
+
+
+def per_rank_means_weighted_by_tokens(steps):
+    """Each rank's unweighted mean of its micro-batches' token means, the ranks weighted by their tokens."""
+    (mini,) = steps[0]
+    vals, toks = [], []
+    for rank in mini:
+        vals.append(sum(token_mean(m) for m in rank) / len(rank))
+        toks.append(sum(len(s) for m in rank for s in m))
+    return sum(v * t for v, t in zip(vals, toks)) / sum(toks)
+
+
+def test_the_ranks_are_reduced_inside_each_micro_batch():
+    batches = [_even(s) for s in (1, 2, 3)]
+    red = {"tokens": "token_mean", "micro_batches": "mean", "processes": "all_reduce_weighted"}
+    found = assert_stated([(per_micro_batch_global_token_means(b), b) for b in batches], None, red,
+                          levels=("micro_batches", "processes"), tokens=("token_mean", "seq_mean_token_mean"))
+    assert (found.micro_batches, found.processes) in (("mean", "all_reduce_weighted"), ("mean", "token_weighted"))
+    # the other nesting (each rank's micro-batches first, then the ranks by tokens) is another number: no candidate
+    # states it, so a framework that computed it would fail its proof instead of passing as the stated reduction
+    with pytest.raises(AssertionError):
+        assert_stated([(per_rank_means_weighted_by_tokens(b), b) for b in batches], None, red,
+                      levels=("micro_batches", "processes"), tokens=("token_mean", "seq_mean_token_mean"))
+
+
+def test_processes_weighted_by_tokens_differ_from_by_sequences_for_sequence_means():
+    batches = [_even(s) for s in (4, 5, 6)]
+
+    def seq_means_merged_by_tokens(steps):
+        (mini,) = steps[0]
+        num = den = 0.0
+        for rank in mini:
+            for m in rank:
+                n = sum(len(s) for s in m)
+                num += n * sum(sum(s) / len(s) for s in m) / len(m)
+                den += n
+        return num / den
+    red = {"tokens": "seq_mean_token_mean", "micro_batches": "token_weighted", "processes": "token_weighted"}
+    found = assert_stated([(seq_means_merged_by_tokens(b), b) for b in batches], None, red,
+                          levels=("micro_batches", "processes"))
+    assert found.processes == "token_weighted"
+    with pytest.raises(AssertionError, match="computed as"):
+        assert_stated([(seq_means_merged_by_tokens(b), b) for b in batches], None,
+                      {**red, "processes": "seq_weighted"}, levels=("micro_batches", "processes"))
+
+
+# ------------------------------------------------------------------------------------------ scalars and windows
+def test_a_scalar_per_optimizer_step_and_the_window_that_keeps_its_last():
+    # the lr of each optimizer step, one value per micro-batch ('tokens: none'); rows of 3, 3 and 1 steps (the last
+    # window ends early): the row holds the last step's value, not the mean
+    rng = random.Random(9)
+
+    def row(n):
+        return [[[[[[round(rng.uniform(1e-6, 1e-5), 12)]]]]] for _ in range(n)]
+    rows = [row(3), row(3), row(1)]
+    obs = [(b[-1][0][0][0][0][0], b) for b in rows]
+    red = {"tokens": "none", "stat": "mean", "micro_batches": "none", "mini_batches": "none", "processes": "none",
+           "window": "last"}
+    # one value per step: the values tell the window's reductions apart, not token counts (levels: none to check)
+    found = assert_stated(obs, None, red, levels=(), rel=1e-9)
+    assert (found.tokens, found.window) == ("none", "last")
+    with pytest.raises(AssertionError, match="computed as"):
+        assert_stated(obs, None, {**red, "window": "mean"}, levels=(), rel=1e-9)
+
+
+def test_the_stated_reduction_through_proven_reads_value_and_pooled():
+    from _support.proven import to_fingerprint
+    base = {"tokens": "none", "stat": "value", "std": "none", "micro_batches": "none", "mini_batches": "none",
+            "processes": "none", "window": "pooled"}
+    red = to_fingerprint(base)
+    assert (red.stat, red.window) == ("mean", "none")

@@ -84,7 +84,9 @@ def test_openrlhf_kl_is_placed_by_use_loss_and_estimator():
     # OpenRLHF k3 as a loss into GRPO: GRPO's kl (approximate in 0.11.2: the step-normalised sums re-weighted by
     # tokens, mappings/openrlhf.yaml profile ppo_step_norm)
     res = trackbridge.translate({"kl": 0.1}, source="openrlhf@0.11.2", target="trl/grpo@1.16.0", config=ORLHF_LOSS_K3)
-    assert res.metrics == {"kl": 0.1} and "2.375" in res.approximate["kl"]
+    assert res.metrics == {"kl": 0.1}
+    assert "token sum over the optimizer step's tokens per rank and micro-batch (not a token mean)" in \
+        res.approximate["kl"]
 
 
 def test_trl_kls_by_pair():
@@ -170,3 +172,27 @@ def test_role_is_checked_by_the_loader(tmp_path):
                    "  kl/x/k1: {description: d, unit: nats/token, estimator: k1, role: penalty}\n")
     with pytest.raises(MappingError, match="role 'penalty' is not one of"):
         build_registry([bad], [])
+
+
+def test_a_target_name_whose_meaning_needs_a_config_the_target_does_not_confirm_says_so():
+    """TRL GRPO's kl (the KL loss term, k3) has OpenRLHF's `kl` as its name only under --algo.kl.use_loss and
+    --algo.kl.estimator k3 (mappings/openrlhf.yaml `when:`): without a target config confirming them, the translation
+    is approximate and says which config it needs and what OpenRLHF's kl is otherwise."""
+    res = trackbridge.translate({"kl": 0.1}, source="trl/grpo@1.16.0", target="openrlhf@0.11.2")
+    assert res.metrics == {"kl": 0.1}
+    why = res.approximate["kl"]
+    assert "openrlhf 'kl' is kl/ref/k3 only when algo.kl.estimator=k3, algo.kl.use_loss=True; the target config " \
+           "does not say so (the defaults: algo.kl.estimator=k1, algo.kl.use_loss=False); otherwise openrlhf 'kl' " \
+           "is kl/old_ref/k1 [when]" in why, why
+    # half confirmed: the estimator's default still makes it the k1 loss term
+    why = trackbridge.translate({"kl": 0.1}, source="trl/grpo@1.16.0", target="openrlhf@0.11.2",
+                                config={"use_kl_loss": True}).approximate["kl"]
+    assert "(the defaults: algo.kl.estimator=k1); otherwise openrlhf 'kl' is kl/ref/k1 [when]" in why, why
+    # confirmed: no such clause
+    res = trackbridge.translate({"kl": 0.1}, source="trl/grpo@1.16.0", target="openrlhf@0.11.2",
+                                config={"use_kl_loss": True, "kl_estimator": "k3"})
+    assert "[when]" not in res.approximate.get("kl", ""), res.approximate
+    # a target whose config contradicts the when has no name for it: the canonical name is kept
+    res = trackbridge.translate({"kl": 0.1}, source="trl/grpo@1.16.0", target="openrlhf@0.11.2",
+                                config={"use_kl_loss": False})
+    assert res.metrics == {"kl/ref/k3": 0.1}, res.metrics

@@ -86,23 +86,24 @@ def test_a_proof_without_assertions_fails_and_an_unstated_entry_is_refused():
 
 
 def betas_logging_loop(steps):
-    """What beta's trainer does: per rank, the unweighted mean of its micro-batches' token means; ranks weighted by
-    their tokens; the logging window's steps averaged unweighted."""
+    """What beta's trainer does: each micro-batch's token mean over every rank's tokens (reduced across the ranks as
+    it is computed, like TRL's per-micro-batch gathers), the unweighted mean of the micro-batches, the logging
+    window's steps averaged unweighted."""
     out = []
     for step in steps:
         (mini,) = step
-        vals, toks = [], []
-        for rank in mini:
-            means = [sum(v for s in micro for v in s) / sum(len(s) for s in micro) for micro in rank]
-            vals.append(sum(means) / len(means))
-            toks.append(sum(len(s) for micro in rank for s in micro))
-        out.append(sum(v * t for v, t in zip(vals, toks)) / sum(toks))
+        means = []
+        for u in range(len(mini[0])):
+            toks = [v for rank in mini for s in rank[u] for v in s]
+            means.append(sum(toks) / len(toks))
+        out.append(sum(means) / len(means))
     return sum(out) / len(out)
 
 
 def _window_batch(seed: int):
+    """2 logged steps x 2 ranks x 2 micro-batches each (ranks reduce every micro-batch together: as many on each)."""
     rng = random.Random(seed)
-    shape = [[[[(3, 1), (2,)], [(1, 2, 2), (4,), (1,)]]], [[[(2,), (1, 1, 2)], [(3, 3), (1,)]]]]
+    shape = [[[[(3, 1), (2,)], [(1, 2, 2), (4, 1)]]], [[[(2,), (1, 1, 2)], [(3, 3), (1,)]]]]
     return [[[[[[round(rng.uniform(0, 1), 6) for _ in range(n)] for n in micro] for micro in rank] for rank in mini]
              for mini in step] for step in shape]
 

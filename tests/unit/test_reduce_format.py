@@ -240,6 +240,32 @@ def test_a_config_entry_needs_canonical_or_default(tmp_path):
     assert any(e.line == _line(text, "{key: actor.epochs}") for e in errs), [str(e) for e in errs]
 
 
+def test_a_default_may_be_another_config_keys_value(tmp_path):
+    """GRPO's steps_per_generation defaults to gradient_accumulation_steps (``default_key:``): the run config's value
+    of that key, else its own default; a count reading it follows it."""
+    from trackbridge.translate.fidelity import resolve
+    text = FW.replace("  - {key: actor.epochs, default: 1}\n",
+                      "  - {key: actor.epochs, default_key: actor.passes}\n  - {key: actor.passes, default: 1}\n")
+    reg = _load(tmp_path, text)
+    fw = reg.frameworks["toy"]
+    assert fw.config_default("actor.epochs", None, 0, 2) == (True, 1)
+    assert fw.config_default("actor.epochs", None, 0, 2, {"actor.passes": 3}) == (True, 3)
+    kl = next(e for e in fw.entries if e.key == "kl")
+    r = resolve(kl, fw, None, 2, 2, {"actor.passes": 2})
+    assert r.counts["mini_batches"].n == 8.0 and dict(r.defaults)["actor.epochs"] == 2, r.counts
+    assert resolve(kl, fw, None, 2, 2, {"actor.passes": 2, "actor.epochs": 1}).counts["mini_batches"].n == 4.0
+    # refused: both, a loop, a key whose chain ends without a default
+    for bad, words in (("{key: actor.epochs, default: 1, default_key: actor.passes}", "not both"),
+                       ("{key: actor.epochs, default_key: actor.epochs}", "another run config key"),
+                       ("{key: actor.epochs, default_key: nowhere}", "has no default of its own")):
+        errs = _errors(tmp_path, FW.replace("{key: actor.epochs, default: 1}", bad))
+        assert any(words in str(e) and e.line == _line(FW, "{key: actor.epochs, default: 1}") for e in errs), \
+            [str(e) for e in errs]
+    loop = FW.replace("  - {key: actor.epochs, default: 1}\n",
+                      "  - {key: actor.epochs, default_key: a.b}\n  - {key: a.b, default_key: actor.epochs}\n")
+    assert any("default_key loops (actor.epochs -> a.b -> actor.epochs)" in str(e) for e in _errors(tmp_path, loop))
+
+
 # ------------------------------------------------------------------------------------------------ counts
 @pytest.mark.parametrize("text, config, want", [
     ("data.batch / actor.mini * actor.epochs", {"data.batch": 1024, "actor.mini": 256, "actor.epochs": 2}, 8.0),
@@ -304,6 +330,32 @@ def test_lint_reports_unstated_entries_per_file_and_each_and_fails_when_required
     out = subprocess.run([*run, "--require-reduction"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and f"{user}:{_line(FW, 'key: legacy')}: legacy: reduction unstated" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_lint_of_a_shipped_file_named_on_the_command_line_checks_that_file(tmp_path):
+    """``mappings lint --require-reduction mappings/openrlhf.yaml``: the shipped file, loaded once (it overlapped
+    itself entry by entry before), and the requirement applies to the files named (is my file done?); a copy of it
+    elsewhere is another file, which does overlap the shipped one."""
+    from trackbridge.schema.loader import user_files
+    shipped = [str(p) for p in shipped_files()]
+    openrlhf = str(mappings_dir() / "openrlhf.yaml")
+    other_spelling = str(mappings_dir() / ".." / mappings_dir().name / "openrlhf.yaml")
+    assert user_files([openrlhf, other_spelling], shipped) == []
+    assert user_files([str(tmp_path / "a.yaml"), str(tmp_path / "a.yaml")], shipped) == [str(tmp_path / "a.yaml")]
+    run = [sys.executable, "-m", "trackbridge", "mappings", "lint", "--require-reduction", openrlhf]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "overlap" not in out.stderr and "openrlhf.yaml" not in out.stderr, out.stderr[-2000:]
+    # a file of the same framework at another path is a user file: its entries collide with the shipped ones
+    copy = _write(tmp_path, "openrlhf-copy.yaml", Path(openrlhf).read_text())
+    out = subprocess.run([*run[:-1], str(copy)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and str(copy) in out.stderr
+    # the requirement is the named files': another file's unstated entries stay warnings
+    user = _write(tmp_path, "user.yaml", FW.replace("framework: toy", "framework: toyuser").replace(
+        "  - {key: legacy, canonical: policy/entropy, fidelity: exact, source: toy.py@v0.2, since: v0.2, "
+        "reverse: false}\n", ""))
+    out = subprocess.run([*run[:-1], str(user)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_shipped_files_load_with_the_new_format():

@@ -53,7 +53,10 @@ def test_nemo_rl_default_config(reg):
 def test_nemo_rl_several_global_batches_token_level_off_and_multi_turn(reg):
     cfg = {"grpo.num_prompts_per_step": 64, "loss_fn.token_level_loss": False, "grpo.max_rollout_turns": 4}
     v = verdicts(reg, "nemo_rl", "grpo", "v0.7.0", cfg)
-    assert "averages its 2 mini-batches" in v["train/loss"] and "[tokens]" in v["train/loss"]
+    # the loss is what the trainer optimises, whatever its population (loss/total leaves tokens to the framework);
+    # the KL penalty is a token mean by definition: a mean of per-sequence token means is another quantity
+    assert "averages its 2 mini-batches" in v["train/loss"] and "[tokens]" not in v["train/loss"]
+    assert "[tokens]" in v["train/kl_penalty"] and "loss_fn.token_level_loss=False" in v["train/kl_penalty"]
     assert "[mini_batches]" in v["train/gen_kl_error"] and "[tokens]" not in v["train/gen_kl_error"]
     assert "keeps the last of its 2 mini-batches" in v["train/grad_norm"]
     assert "[tool_tokens]" in v["train/mean_gen_tokens_per_sample"]

@@ -35,6 +35,10 @@ class WriterLink:
         self.ending = False         # the run lets it end (or ends it): no restart
         self.stop_msg: tuple[Any, ...] | None = None
         self.trackers: list[RemoteTracker] = []
+        self.learnt: Callable[[], Any] = lambda: None
+        self.finished: Callable[[], bool] = lambda: False
+        self.sent: Any = None
+        self._learnt_lock = threading.Lock()
         self.proc, self.conn = start({**spec, "info": info()}, lock_fd)
 
     def attach(self, trackers: list["RemoteTracker"], *, learnt: Callable[[], Any],
@@ -43,10 +47,25 @@ class WriterLink:
         store (source, approximations), which is then sent; ``finished()``: the run is finishing."""
         self.trackers = trackers
         self.learnt, self.finished = learnt, finished
-        self.sent: Any = None
         self.feed.start(self.conn)
         self.monitor = threading.Thread(target=self._monitor, name="trackbridge-writer-monitor", daemon=True)
         self.monitor.start()
+
+    def send_learnt(self, feeding: bool = False) -> None:
+        """Send the run info when the run learnt something since it was last sent (its source, an approximation).
+        The spool worker calls it before it feeds a batch (``feeding``; also while finish() waits for it: the stop
+        message comes after the spool's last batch), so the writer process judges the batch's names with what the
+        run knew when the batch was logged (the child renames with the origin and its reasons)."""
+        with self._learnt_lock:
+            now = self.learnt()
+            if now != self.sent and (feeding or not self.finished()):
+                self.sent = now
+                self.feed.control(("info", self.info()))
+
+    def records(self, first: int, last: int, data: bytes) -> None:
+        """The spool worker's feed: what the run learnt first, then the batch."""
+        self.send_learnt(feeding=True)
+        self.feed.records(first, last, data)
 
     def status(self) -> dict[str, Any]:
         return {"pid": self.proc.pid, "restarts": self.restarts, "queued_messages": self.feed.pending(),
@@ -110,10 +129,7 @@ class WriterLink:
                         t.changed.set()
                     return
                 continue
-            now = self.learnt()
-            if now != self.sent and not self.finished():
-                self.sent = now
-                self.feed.control(("info", self.info()))
+            self.send_learnt()
 
     def _restart(self) -> bool:
         """The process died before the run was over (the OOM killer, a crash): start another one, which reopens

@@ -189,7 +189,7 @@ class Run(RunView):
                 writer = "thread"
         if writer == "process":
             trackers: list[Any] = [RemoteTracker(loc, s) for loc, s in by_locator.items()]
-            self._spool_worker.feed = self._link.feed
+            self._spool_worker.feed = self._link        # what the run learnt goes before each batch
         else:
             if options.writer != "thread":          # imported now, in this thread (see check_packages)
                 for s in built:

@@ -122,16 +122,26 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
             fw.passthrough.append((k, compile_template(k) if is_template(k) else None))
     for c in doc.get("config") or []:
         line = line_of(c)
-        if not isinstance(c, dict) or "key" not in c or ("canonical" not in c and "default" not in c):
+        if not isinstance(c, dict) or "key" not in c or not ({"canonical", "default", "default_key"} & set(c)):
             errors.append(MappingError("config entry needs key and canonical (its canonical config name), or key and "
-                                       "default (the framework's default, for level counts and config switches)",
+                                       "default (the framework's default, for level counts and config switches; or "
+                                       "default_key: another config key whose value it defaults to)",
                                        file=f, line=line, entry=name))
             continue
+        if "default" in c and "default_key" in c:
+            errors.append(MappingError("config entry: `default` or `default_key` (another key's value), not both",
+                                       file=f, line=line, entry=f"config {c['key']}"))
+        dkey = c.get("default_key")
+        if dkey is not None and (not isinstance(dkey, str) or not dkey.strip() or dkey == c["key"]):
+            errors.append(MappingError(f"config entry: default_key {dkey!r} must name another run config key",
+                                       file=f, line=line, entry=f"config {c['key']}"))
+            dkey = None
         if "canonical" in c and c["canonical"] not in canonical.config:
             errors.append(MappingError(f"unknown canonical config name {c['canonical']!r} (add it to the `config:` "
                                        "section of canonical.yaml)", file=f, line=line, entry=f"config {c['key']}"))
         fw.config.append(ConfigEntry(key=str(c["key"]), canonical=str(c.get("canonical") or ""),
                                      default=c["default"] if "default" in c else NO_DEFAULT,
+                                     default_key=str(dkey).strip() if dkey is not None else None,
                                      trainers=_trainers(c.get("trainers"), f, line, str(c["key"]), fw.trainers, errors),
                                      since=_release(fw.releases, c.get("since"), f, line, str(c["key"]), errors, 0),
                                      until=_release(fw.releases, c.get("until"), f, line, str(c["key"]), errors, OPEN),
@@ -288,6 +298,27 @@ def _check_defaults(fw: FrameworkMapping, stated: list[tuple[Reduce, int | None,
     config that lacks the key is then read as the framework's default, and the translation says so."""
     def has_default(key: str) -> bool:
         return any(c.key == key and c.has_default for c in fw.config)
+
+    for c in fw.config:
+        if c.default_key is None or c.file != f:
+            continue
+        chain, key = [c.key], c.default_key
+        while True:
+            if key in chain:
+                errors.append(MappingError(f"config {c.key!r}: default_key loops ({' -> '.join([*chain, key])})",
+                                           file=f, line=c.line or None, entry=f"config {c.key}"))
+                break
+            nxt = [d for d in fw.config if d.key == key and d.has_default]
+            if not nxt:
+                errors.append(MappingError(f"config {c.key!r}: default_key {key!r} has no default of its own (add a "
+                                           f"`config:` entry {{key: {key}, default: ...}})", file=f,
+                                           line=c.line or None, entry=f"config {c.key}"))
+                break
+            step = next((d.default_key for d in nxt if d.default_key is not None), None)
+            if step is None:
+                break
+            chain.append(key)
+            key = step
 
     for red, line, where in stated:
         for sw in red.switches:

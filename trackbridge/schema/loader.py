@@ -34,7 +34,8 @@ CHECKS_FORMAT = "trackbridge.checks/1"           # diagnostic checks (trackbridg
 KNOWN_FORMATS = (CANONICAL_FORMAT, MAPPING_FORMAT, DERIVED_FORMAT, CHECKS_FORMAT)
 SCHEMAS = {CANONICAL_FORMAT: "canonical", MAPPING_FORMAT: "framework"}     # format -> mappings/schemas/<name>
 
-__all__ = ["Registry", "load_registry", "build_registry", "shipped_files", "mappings_dir", "KNOWN_FORMATS"]
+__all__ = ["Registry", "load_registry", "build_registry", "shipped_files", "user_files", "mappings_dir",
+           "KNOWN_FORMATS"]
 
 
 @dataclass
@@ -89,6 +90,27 @@ def shipped_files() -> list[Path]:
     return sorted(p for p in d.glob("*.yaml"))
 
 
+def user_files(extra: Iterable[str | os.PathLike], shipped: Iterable[str | os.PathLike]) -> list[str]:
+    """The user's files among ``extra``, each once: a path that is one of the ``shipped`` files (``trackbridge mappings
+    lint mappings/openrlhf.yaml`` in a checkout) is the shipped file, loaded once, not a second copy that overlaps
+    it entry by entry."""
+    seen = {_same(p) for p in shipped}
+    out = []
+    for p in extra:
+        key = _same(p)
+        if key not in seen:
+            seen.add(key)
+            out.append(str(p))
+    return out
+
+
+def _same(p: str | os.PathLike) -> str:
+    try:
+        return str(Path(p).resolve())
+    except OSError:
+        return str(p)
+
+
 def build_registry(files: list[Path], extra: list[str], *, require_reduction: bool | None = None) -> Registry:
     """Load and check ``files`` (the shipped ones) and ``extra`` (a user's); raise :class:`MappingErrors` naming every
     problem. ``require_reduction``: an entry without ``reduce:`` is an error (default:
@@ -96,6 +118,7 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
     errors: list[MappingError] = []
     warnings: list[MappingError] = []
     docs: list[tuple[str, Any]] = []
+    extra = user_files(extra, files)
     for f in [*map(str, files), *extra]:
         try:
             docs.append((f, load_yaml(f)))

@@ -160,23 +160,26 @@ class Entry:
         return trainer is None or self.trainers is None or trainer in self.trainers
 
     def condition_holds(self, config: Mapping[str, Any] | None) -> bool | None:
-        """True/False when the run config decides the ``when`` condition; None when the config does not say."""
+        """True/False when the run config decides the ``when`` condition; None when the config does not say. One
+        item the config contradicts decides it (False), whatever the config says of the others."""
         if not self.when:
             return True
         if not config:
             return None
+        unknown = False
         for k, want in self.when:
             if k not in config:
-                return None
+                unknown = True
+                continue
             if isinstance(want, Cond):
                 ok = want.test(config[k])
                 if ok is None:
-                    return None
-                if not ok:
+                    unknown = True
+                elif not ok:
                     return False
             elif not config_equal(config[k], want):      # trackers store config values as text at times
                 return False
-        return True
+        return None if unknown else True
 
     def to_canonical(self, value: Any) -> Any:
         return _apply(value, self.scale, self.offset)
@@ -226,10 +229,11 @@ class ConfigEntry:
     file: str = ""
     line: int = 0
     default: Any = NO_DEFAULT        # the framework's default value when the run config lacks the key
+    default_key: str | None = None   # or: the default is another config key's value (GRPO's steps_per_generation)
 
     @property
     def has_default(self) -> bool:
-        return self.default is not NO_DEFAULT
+        return self.default is not NO_DEFAULT or self.default_key is not None
 
     def applies(self, trainer: str | None, lo: float, hi: float) -> bool:
         if self.until < lo or self.since > hi:
@@ -282,14 +286,23 @@ class FrameworkMapping:
             x = self._lineage[x]
         return x
 
-    def config_default(self, key: str, trainer: str | None, lo: float, hi: float) -> tuple[bool, Any]:
+    def config_default(self, key: str, trainer: str | None, lo: float, hi: float,
+                       config: Mapping[str, Any] | None = None, _seen: tuple[str, ...] = ()) -> tuple[bool, Any]:
         """(known, value): the framework's default of a run config key (a ``config:`` entry's ``default:``) for the
-        trainer and releases lo..hi; of several, the one covering the newest release of the range."""
+        trainer and releases lo..hi; of several, the one covering the newest release of the range. A ``default_key:``
+        default is that key's value in the run ``config``, else its own default."""
         found = [c for c in self.config if c.key == key and c.has_default and c.applies(trainer, lo, hi)]
         if not found:
             return False, None
         best = max(found, key=lambda c: (min(c.until, hi), 1 if (trainer and c.trainers) else 0, c.since))
-        return True, best.default
+        other = best.default_key
+        if other is None:
+            return True, best.default
+        if other in _seen:                    # a cycle of default_key (the loader refuses them): unknown
+            return False, None
+        if config is not None and other in config:
+            return True, config[other]
+        return self.config_default(other, trainer, lo, hi, config, (*_seen, key))
 
     def level_count(self, level: str, trainer: str | None, lo: float, hi: float) -> tuple[bool, str | None, Any]:
         """(declared, expression or None for unknown, the ``levels:`` item) of a level's count for the trainer

@@ -35,13 +35,14 @@ _COMBINE = ("token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min
 #: field -> its literals (docs/reductions.md, "The levels"). ``deviation`` is free text besides ``none``.
 FIELDS: dict[str, tuple[str, ...]] = {
     "tokens": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum",
-               "per_seq", "none"),
+               "token_sum_step_norm", "token_sum_dp_norm", "per_seq", "none"),
     "stat": ("mean", "max", "min", "std", "sum", "fraction", "count", "value", "dist"),
     "std": ("sample", "population"),
     "micro_batches": _COMBINE,
     "mini_batches": _COMBINE,
-    "processes": ("all_reduce_weighted", "all_reduce_mean", "gather", "sum", "max", "min", "rank0", "none"),
-    "window": ("step", "mean", "last", "sum"),
+    "processes": ("all_reduce_weighted", "all_reduce_mean", "token_weighted", "seq_weighted", "gather", "sum", "max",
+                  "min", "rank0", "none"),
+    "window": ("step", "mean", "last", "sum", "pooled"),
     "snapshot": ("rollout", "update", "after_update", "before_scheduler_step", "after_scheduler_step", "none"),
     "estimator": ("k1", "k2", "k3", "abs", "exact", "sampled", "none"),
     "padding": ("excluded", "included"),
@@ -55,6 +56,10 @@ DEFAULTS: dict[str, str] = {"tokens": "none", "stat": "mean", "std": "none", "mi
                             "estimator": "none", "padding": "excluded", "tool_tokens": "none", "clip_length": "none",
                             "deviation": "none"}
 FREE_TEXT = ("deviation",)      # fields whose value may be any sentence (a difference the other fields cannot state)
+#: a canonical reference's value for a field the name leaves to each framework (``loss/total``'s tokens: a language
+#: model's loss is a token mean, a preference loss a mean over pairs); it compares equal to any value
+ANY = "any"
+REFERENCE_ANY = ("tokens",)     # the fields a reference may leave to the framework
 _KEYWORDS = ("like", "counts")
 
 
@@ -414,6 +419,8 @@ def parse_reduce(raw: Any, profiles: Mapping[str, Reduce], *, literal_only: bool
                 fields[name] = sw
         elif _allowed(name, value):
             fields[name] = str(value)
+        elif literal_only and value == ANY and name in REFERENCE_ANY:
+            fields[name] = ANY
         else:
             problems.append(f"{at}: {value!r} is not a {name} value ({_choices(name)}), nor a config switch "
                             "{config: KEY, map: {...}}")

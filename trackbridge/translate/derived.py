@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping
 
 from ..record import Record
+from ..schema.facts import SPLITS
 from ..schema.loader import Registry
 from .entries import split_canonical
 from .names import NameMap
@@ -80,7 +81,11 @@ class DeriveStage:
                     rev = hit[0]
                     out = names.framework_out(rev, hit[1], split)
                     value = rev.from_canonical(value)
-                    why_target = names.against_reference(rev, base, "target", out)
+                    why_target = names.against_reference(rev, base, "target", out,
+                                                         None if split == SPLITS.default else split)
+                    unconfirmed = names.unconfirmed(rev, hit[1], out)
+                    if unconfirmed:
+                        why_target = f"{why_target}; {unconfirmed}" if why_target else unconfirmed
             if out in res.metrics:
                 continue                       # logged under the target's name: a derived value never overwrites
             res.metrics[out] = value

@@ -17,10 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..schema.model import CanonicalMetric, Entry, FrameworkMapping
-from ..schema.reductions import FIELDS, LEVELS, NO_DEFAULT, Reduce, Switch, parse_count
+from ..schema.reductions import ANY, FIELDS, LEVELS, NO_DEFAULT, Reduce, Switch, parse_count
 
 UNKNOWN = "?"                  # a field a switch cannot resolve under the run config
+EVAL = "eval"                  # the snapshot of every value of an evaluation (a key under a split other than train)
 _IDENTITY = {"micro_batches": "none", "mini_batches": "none", "processes": "none", "window": "step"}
+#: the levels as a value is built, innermost first: each micro-batch is reduced over the processes as it is computed
+#: (an all-reduce or gather per micro-batch or per optimizer step), then the micro-batches of an optimizer step, the
+#: optimizer steps of a logged step, the logged steps of a row (docs/reductions.md, "The levels")
+NESTING = ("processes", "micro_batches", "mini_batches", "window")
+_STEP_NORMED = ("token_sum_step_norm", "token_sum_dp_norm")
 _ITEMS = {"micro_batches": "micro-batches", "mini_batches": "mini-batches (optimizer steps)",
           "processes": "processes", "window": "logged steps"}
 
@@ -34,6 +40,7 @@ class Count:
     expr: str | None = None
     keys: tuple[tuple[str, Any, bool], ...] = ()
     declared: bool = False          # False: the framework declares no count for this level
+    why: str | None = None          # why the count is unknown, when the run config is not the reason
 
     @property
     def one(self) -> bool:
@@ -41,6 +48,8 @@ class Count:
 
     def text(self, level: str) -> str:
         """``mini_batches = data.train_batch_size / ... = 4, with data.train_batch_size=1024 (default), ...``."""
+        if self.why:
+            return self.why
         if not self.declared:
             return f"the mapping gives no count for {level}"
         if self.expr is None:
@@ -84,7 +93,7 @@ def _read(key: str, config: Mapping[str, Any], fw: FrameworkMapping | None, trai
     if fallback is not NO_DEFAULT:
         return True, fallback, True
     if fw is not None:
-        known, value = fw.config_default(key, trainer, lo, hi)
+        known, value = fw.config_default(key, trainer, lo, hi, config)
         if known:
             return True, value, True
     return False, None, False
@@ -105,7 +114,8 @@ def _number(v: Any) -> float | None:
 
 def pools(level: str, value: str, tokens: str, stat: str) -> bool:
     """Whether combining a level's items with ``value`` gives what one computation over their pooled population
-    gives (then the level is the identity, whatever its count)."""
+    gives, when each item is itself computed over its pooled population (then the level is the identity, whatever
+    its count). A logging window never pools: a row over several steps is not one step's value."""
     if level == "window":
         return False
     mean_like = stat in ("mean", "fraction")
@@ -121,31 +131,75 @@ def pools(level: str, value: str, tokens: str, stat: str) -> bool:
     return value in ("max", "min") and stat == value
 
 
+def _one(out: Mapping[str, str], counts: Mapping[str, Count], level: str) -> bool:
+    """Whether a level holds one item (or is not reduced at all)."""
+    c = counts.get(level)
+    return out[level] == _IDENTITY[level] or (c is not None and c.one)
+
+
+def _step_normed(out: dict[str, str], counts: Mapping[str, Count]) -> None:
+    """OpenRLHF's globally normalised token sums (``aggregate_loss``) where they are a token mean after all:
+    ``token_sum_step_norm`` (each micro-batch's token sum over the optimizer step's tokens per rank and micro-batch,
+    G x D x S_ur / T) is the step's token mean once averaged unweighted over the micro-batches and the ranks (or with
+    one of each); ``token_sum_dp_norm`` (D x S_ur / T_u) is micro-batch u's token mean over the ranks once averaged
+    unweighted over the ranks (or on one rank). Anything else (merged by tokens over several micro-batches or ranks)
+    stays what it is: not a token mean."""
+    if out["tokens"] not in _STEP_NORMED or out["stat"] != "mean":
+        return
+    if not (_one(out, counts, "processes") or out["processes"] == "all_reduce_mean"):
+        return
+    # every rank divides by the same normaliser: their unweighted mean is the ranks' pooled sum over it
+    out["processes"] = "none"
+    if out["tokens"] == "token_sum_dp_norm":
+        out["tokens"] = "token_mean"
+    elif _one(out, counts, "micro_batches") or out["micro_batches"] == "mean":
+        out.update(tokens="token_mean", micro_batches="none")
+
+
 def _normalise(stated: dict[str, str], counts: Mapping[str, Count]) -> dict[str, str]:
+    """Each level that holds one item, or pools items that are each pooled themselves, becomes the identity, from
+    the innermost level out (:data:`NESTING`): a token mean weighted by tokens over micro-batches pools them only
+    if each micro-batch was pooled over the processes. ``window: last`` is the identity: the row holds its own
+    step's value (the steps between rows are not logged, which no logged value suffers from)."""
     out = dict(stated)
-    for level in LEVELS:
+    _step_normed(out, counts)
+    for i, level in enumerate(NESTING):
         v = out[level]
         ident = _IDENTITY[level]
         if v in (ident, UNKNOWN):
             continue
         c = counts.get(level)
-        if (c is not None and c.one) or pools(level, v, out["tokens"], out["stat"]):
+        if (c is not None and c.one) or (level == "window" and v == "last"):
+            out[level] = ident
+        elif pools(level, v, out["tokens"], out["stat"]) and \
+                all(out[inner] == _IDENTITY[inner] or (v in ("max", "min", "sum") and out[inner] == v)
+                    for inner in NESTING[:i]):
             out[level] = ident
     return out
 
 
 def resolve(entry: Entry, fw: FrameworkMapping, trainer: str | None, lo: float, hi: float,
-            config: Mapping[str, Any] | None, *, label: str | None = None) -> Resolved | None:
+            config: Mapping[str, Any] | None, *, label: str | None = None, split: str | None = None
+            ) -> Resolved | None:
     """The entry's reduction under the run ``config`` (flattened), for ``trainer`` and releases lo..hi; None when the
-    entry states none (legacy)."""
+    entry states none (legacy). ``split``: the key's split when it is not the training split (``eval``, ``test``):
+    see :data:`_EVAL_BATCHES`."""
     red = entry.reduce
     if red is None:
         return None
-    return _resolve(red, f"{fw.name} {(label or entry.key)!r}", fw, trainer, lo, hi, config or {})
+    return _resolve(red, f"{fw.name} {(label or entry.key)!r}", fw, trainer, lo, hi, config or {}, split=split)
+
+
+#: A value of an evaluation (a key under the eval or test split) is taken with the policy as it is when the
+#: evaluation runs and logged once per evaluation, whatever the entry says of its training rows (one entry serves both
+#: when the split is a prefix): snapshot ``eval``, window ``step``. The training run's micro-batch and optimizer-step
+#: counts (the file's ``levels:``) do not count an evaluation's batches: unknown, unless the entry states its own
+#: ``counts:``.
+_EVAL_BATCHES = "an evaluation's batches are not counted by the run config"
 
 
 def _resolve(red: Reduce, who: str, fw: FrameworkMapping | None, trainer: str | None, lo: float, hi: float,
-             config: Mapping[str, Any], reference: bool = False) -> Resolved:
+             config: Mapping[str, Any], reference: bool = False, split: str | None = None) -> Resolved:
     defaults: dict[str, Any] = {}
     stated: dict[str, str] = {}
     switched: dict[str, tuple[str, Any, bool]] = {}
@@ -161,10 +215,15 @@ def _resolve(red: Reduce, who: str, fw: FrameworkMapping | None, trainer: str | 
         else:
             stated[name] = str(v)
     counts: dict[str, Count] = {}
+    if split:
+        stated.update(snapshot=EVAL, window="step")
     for level in LEVELS:
         if stated[level] == _IDENTITY[level]:
             continue
         here, expr = red.count_expr(level)
+        if split and not here and level in ("micro_batches", "mini_batches"):
+            counts[level] = Count(None, None, (), True, _EVAL_BATCHES)
+            continue
         declared = here
         if not here and fw is not None:
             declared, expr, _ = fw.level_count(level, trainer, lo, hi)
@@ -184,11 +243,13 @@ def _resolve(red: Reduce, who: str, fw: FrameworkMapping | None, trainer: str | 
     return Resolved(who, _normalise(stated, counts), stated, counts, switched, tuple(defaults.items()), reference)
 
 
-def reference(metric: CanonicalMetric) -> Resolved | None:
-    """The canonical reference of a metric (None when canonical.yaml states none)."""
+def reference(metric: CanonicalMetric, split: str | None = None) -> Resolved | None:
+    """The canonical reference of a metric (None when canonical.yaml states none); under the eval or test ``split``
+    the quantity an evaluation takes (snapshot ``eval``)."""
     if metric.reduce is None:
         return None
-    return _resolve(metric.reduce, f"canonical {metric.name!r}", None, None, 0, 0, {}, reference=True)
+    name = f"{split}/{metric.name}" if split else metric.name
+    return _resolve(metric.reduce, f"canonical {name!r}", None, None, 0, 0, {}, reference=True, split=split)
 
 
 # ------------------------------------------------------------------------------------------------ comparing
@@ -199,6 +260,8 @@ def differing(a: Resolved, b: Resolved) -> list[str]:
         x, y = a.fields[name], b.fields[name]
         if name == "tool_tokens" and "none" in (x, y) and UNKNOWN not in (x, y):
             continue
+        if ANY in (x, y) and UNKNOWN not in (x, y):        # a reference that leaves the field to the framework
+            continue
         if name == "deviation" and x == y == "none":
             continue
         if x != y or x == UNKNOWN or name == "deviation":
@@ -206,8 +269,11 @@ def differing(a: Resolved, b: Resolved) -> list[str]:
     return out
 
 
-def judge(a: Resolved, b: Resolved) -> str | None:
-    """None when ``a`` and ``b`` are the same quantity (exact); else the reason, one clause per differing field."""
+def judge(a: Resolved, b: Resolved | None) -> str | None:
+    """None when ``a`` and ``b`` are the same quantity (exact); else the reason, one clause per differing field. ``b``
+    None (a canonical metric that states no reference: :func:`reference` returned None) is never exact."""
+    if b is None:
+        return f"{a.who}: the canonical name states no reference reduction to compare with"
     diff = differing(a, b)
     if not diff:
         return None
@@ -224,14 +290,20 @@ def _clause(a: Resolved, b: Resolved, name: str) -> str:
 _TOKENS = {"token_mean": "is the token mean", "seq_mean_token_mean": "is the mean of per-sequence token means",
            "seq_mean_token_sum": "is the mean of per-sequence token sums",
            "seq_mean_token_sum_norm": "is the token sum divided by sequences x a constant length",
-           "token_sum": "is the token sum", "per_seq": "is over per-sequence values",
+           "token_sum": "is the token sum",
+           "token_sum_step_norm": "is each micro-batch's token sum over the optimizer step's tokens per rank and "
+                                  "micro-batch (not a token mean)",
+           "token_sum_dp_norm": "is each micro-batch's token sum over that micro-batch's tokens per rank (not a token "
+                                "mean)",
+           "per_seq": "is over per-sequence values",
            "none": "is not a per-token or per-sequence quantity"}
 _STAT = {"mean": "the mean", "max": "the maximum", "min": "the minimum", "sum": "the sum", "fraction": "a fraction",
          "count": "a count", "value": "a single value", "dist": "the distribution (a histogram)", "std": "a std"}
 _SNAPSHOT = {"rollout": "is taken before the update (the rollout's policy and scores)",
              "update": "is taken during the update (the policy being updated)",
              "after_update": "is taken after the update", "before_scheduler_step": "is read before the scheduler steps",
-             "after_scheduler_step": "is read after the scheduler stepped", "none": "states no snapshot"}
+             "after_scheduler_step": "is read after the scheduler stepped", "none": "states no snapshot",
+             EVAL: "is taken by an evaluation (the policy as it is when the evaluation runs)"}
 _OTHER = {("padding", "included"): "includes padding tokens", ("padding", "excluded"): "excludes padding tokens",
           ("tool_tokens", "included"): "counts tool-output tokens",
           ("tool_tokens", "excluded"): "leaves tool-output tokens out",
@@ -245,6 +317,7 @@ _COMBINE = {"mean": "averages its {n}{items} unweighted", "token_weighted": "wei
             "min": "takes the smallest of its {n}{items}", "rank0": "keeps rank 0's value of its {n}{items}",
             "all_reduce_mean": "averages its {n}{items}' values unweighted",
             "all_reduce_weighted": "weights its {n}{items}' values by their populations",
+            "pooled": "pools the items of its {n}{items}",
             "gather": "pools its {n}{items}"}
 
 
@@ -259,6 +332,8 @@ def describe(r: Resolved, name: str) -> str:
             f" ({key} not set and no default)"
     if value == UNKNOWN:
         return f"cannot be placed: the mapping does not say what {name} is for this config{origin}"
+    if value == ANY:
+        return f"leaves {name} to each framework"
     if name in LEVELS:
         return _describe_level(r, name) + origin
     if name == "tokens":
@@ -278,7 +353,8 @@ def describe(r: Resolved, name: str) -> str:
 
 _WHAT = {"token_mean": "token mean", "seq_mean_token_mean": "mean of per-sequence token means",
          "seq_mean_token_sum": "mean of per-sequence token sums", "token_sum": "token sum",
-         "seq_mean_token_sum_norm": "normalised token sum"}
+         "seq_mean_token_sum_norm": "normalised token sum", "token_sum_step_norm": "step-normalised token sum",
+         "token_sum_dp_norm": "rank-normalised token sum"}
 
 
 def _what(r: Resolved) -> str:
@@ -297,6 +373,9 @@ def _describe_level(r: Resolved, level: str) -> str:
     count = r.counts.get(level)
     if value == _IDENTITY[level]:
         if level == "window":
+            if stated == "last":
+                return "logs the value of the step it is logged at" + (
+                    f" (one row every {_num(count.n)} steps)" if count is not None and count.n is not None else "")
             if stated == value or count is None:
                 return "logs every step"
             return f"logs every step ({count.text(level)})"
@@ -312,8 +391,9 @@ def _describe_level(r: Resolved, level: str) -> str:
     if level == "window" and value == "mean":
         text = f"averages the {n}steps since the last log unweighted"
     elif level == "window":
-        text = {"last": "keeps the last of the {n}steps since the last log",
-                "sum": "sums the {n}steps since the last log"}.get(value, value).format(n=n)
+        text = {"sum": "sums the {n}steps since the last log",
+                "pooled": "pools what the {n}steps since the last log computed (weighted by their items)"
+                }.get(value, value).format(n=n)
     else:
         text = _COMBINE.get(value, f"combines its {{n}}{{items}} by {value}").format(n=n, items=items)
     if count is not None:

@@ -244,7 +244,7 @@ class Translator:
                 by_fw.setdefault(fw, []).append(f"{key}={value}")
             out.append("the run config does not set " + "; ".join(
                 f"{', '.join(v)} ({fw}'s default, assumed)" for fw, v in by_fw.items())
-                + ": approximate or exact marks were judged with these")
+                + ": the keys' meanings and their exact or approximate marks were judged with these")
         return list(dict.fromkeys(out))
 
     def translate(self, metrics: Mapping[str, Any], *, step: int | None = None,
