@@ -209,3 +209,12 @@ def pytest_sessionfinish(session, exitstatus):
     for _order, cell, tracker, written, read_back in cells:
         lines.append(f"| {cell} | {tracker} | {written:,} | {read_back:,} |")
     Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_wandb_service():
+    """wandb.init in this process puts its service's address in ``WANDB_SERVICE``; a child process a later test
+    starts (the CLI, a training script, the writer process) would then use this process's wandb-core instead of its
+    own, as no user's process does, and hang when that service ends. Each test starts without it."""
+    os.environ.pop("WANDB_SERVICE", None)
+    yield

@@ -625,3 +625,19 @@ def test_a_long_finish_says_what_it_waits_for(tmp_path, silent, caplog, writer):
     said = [r.getMessage() for r in caplog.records if "finish(): waiting" in r.getMessage()]
     assert said and url in said[0] and "no progress for 8 s is left behind" in said[0], said
     assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == ["slow.jsonl", "slow.jsonl.pending.json"]
+
+
+def test_the_writer_process_starts_its_own_wandb_service(tmp_path, monkeypatch):
+    """A training script that used wandb itself has WANDB_SERVICE set (wandb.init puts its wandb-core's address
+    there, for the processes it starts). The writer process must not use that service: it outlives a killed
+    training process, whose wandb-core ends with it. An address of a service that is gone stands for that here."""
+    monkeypatch.setenv("WANDB_SERVICE", "3-1-unix-/nonexistent/wandb-gone/socket")
+    wb = tmp_path / "wb"
+    run = trackbridge.init(project="p", name="svc", run_id="svc", spool=str(tmp_path / "spool"), source="canonical",
+                           sinks=[f"wandb:{wb}?mode=offline"], writer="process")
+    for i in range(30):
+        run.log({"loss": float(i)}, step=i)
+    st = run.finish()
+    assert [s["state"] for s in st["sinks"]] == ["closed", "closed"], run.summary()
+    points = wandb_points(wb, "svc")
+    assert exact(points, ["loss"], range(30)) is None, exact(points, ["loss"], range(30))

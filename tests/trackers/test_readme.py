@@ -129,6 +129,7 @@ def test_every_readme_block_runs_as_written(tmp_path, env):
     run_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "TRACKBRIDGE_STATE_DIR": str(tmp_path / "state")}
     run_env.pop("PYTHONPATH", None)
+    run_env.pop("WANDB_SERVICE", None)      # a user's shell: not this test process's wandb-core (wandb.init sets it)
     _write_fixtures(work, run_env)
     all_blocks = blocks()
     ran, skipped, files = [], [], []

@@ -312,9 +312,14 @@ def start(spec: dict[str, Any], lock_fd: int | None = None) -> tuple[Any, FdConn
     c2p_r, c2p_w = os.pipe()
     fds = (p2c_r, c2p_w) + ((lock_fd,) if lock_fd is not None else ())
     try:
+        # not the training process's own tracker services (a sink's ``process_env``, such as the address of a
+        # tracker's background service that its client put in the environment): the writer outlives a killed
+        # training process, whose services end with it and would take the writer's runs along
+        drop = set(spec.get("drop_env") or ())
+        env = {k: v for k, v in os.environ.items() if k not in drop}
         proc = subprocess.Popen([sys.executable, "-m", "trackbridge.logger.writer", str(p2c_r), str(c2p_w)],
                                 pass_fds=fds, close_fds=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, env=env)
     finally:
         os.close(p2c_r)
         os.close(c2p_w)

@@ -177,7 +177,8 @@ class Run(RunView):
             spec = {"sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
                     "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
                     "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options),
-                    "run_id": self.run_id, "lock_path": str(self._runlock.path)}
+                    "run_id": self.run_id, "lock_path": str(self._runlock.path),
+                    "drop_env": sorted({v for s in built for v in getattr(s, "process_env", ())})}
             try:
                 self._link = WriterLink(spec, spool=self._spool_worker, lock_fd=self._runlock.fd,
                                         info=lambda: self._clean_info().to_json(), problems=self.problems)

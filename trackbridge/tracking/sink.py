@@ -94,6 +94,9 @@ class Sink(ABC):
     #: set by a sink that found its tracker's store gone (a run folder deleted while it was written): everything
     #: it held is lost, so the logger gives it every record of the spool again (less what it holds) when it recovers
     store_lost: bool = False
+    #: environment variables this tracker's client sets for its own process only (the address of a background
+    #: service it started): not passed on to the logger's writer process, which must start its own
+    process_env: tuple[str, ...] = ()
 
     def __init__(self, location: str = "", **options: str) -> None:
         self.location = location
@@ -206,3 +209,23 @@ class Sink(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
+
+
+class PointStoreSink(Sink):
+    """A sink whose tracker keeps points (key, step) it can list back, as the offline formats some trackers write
+    do (a JSON lines file of events, a run file of records, Parquet parts): it implements :meth:`stored_points` and
+    gets :meth:`last_step` and :meth:`held` from it."""
+
+    @abstractmethod
+    def stored_points(self, since: int | None) -> list[tuple[str, int]] | None:
+        """``(key, step)`` of every point of the open run the tracker holds (steps ``>= since``), under the names
+        this sink was given; None when no run is open."""
+
+    def last_step(self) -> int | None:
+        points = self.stored_points(None)
+        return max((s for _k, s in points), default=None) if points else None
+
+    def held(self, since: int | None = None) -> "Holdings | None":
+        from ..holdings import Holdings
+        points = self.stored_points(since)
+        return None if points is None else Holdings.from_pairs(points)

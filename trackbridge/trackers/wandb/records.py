@@ -141,15 +141,16 @@ def read_payloads(path: Path, reader: "RunReader | None" = None, *, start: int =
             report(pending_at, "truncated record (its last chunk is missing); skipped")
 
 
-def has_exit_record(path: Path) -> bool:
-    """Whether the file's last blocks hold the run's ``exit`` record (the run was finished and flushed)."""
+def has_exit_record(path: Path, *, whole: bool = False) -> bool:
+    """Whether the file's last blocks (``whole``: the whole file, for a file whose end is zero padding wandb-core
+    made ahead of its records) hold the run's ``exit`` record (the run was finished and flushed)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return False
-    start = max(0, (size // BLOCK - 1) * BLOCK)
+    start = 0 if whole else max(0, (size // BLOCK - 1) * BLOCK)
     for _, data in read_payloads(path, None, start=start):
         rec = pb.Record()
         try:

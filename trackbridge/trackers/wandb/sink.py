@@ -30,7 +30,8 @@ What wandb 0.31 does, and what this sink does about it (verified against the off
   wandb tags (a list) are set to ``key=value`` strings (64 characters at most) for the UI.
 * **finish() can return before the file is flushed** (seen: a 7-byte ``.wandb`` right after ``finish()``, more
   often when wandb-core starts slowly). :meth:`WandbSink.close` therefore waits until the run's ``exit`` record is
-  in the file (option ``flush_timeout``, default 60 s), so a reader right after ``close()`` sees everything.
+  in the file (option ``flush_timeout``, default 300 s: wandb-core on a loaded machine), so a reader right after
+  ``close()`` sees everything.
 * **Resume**: offline wandb ignores ``resume``. With ``resume=True`` this sink finds the run's earlier offline
   folders under ``DIR/wandb`` (by run id), reads their last wandb step and last true step with the wandb reader,
   and starts a *new* offline run with the same id (wandb names its folder ``...-<id>-1`` when the second matches),
@@ -84,6 +85,7 @@ class WandbSink(Sink):
 
     kind = "wandb"
     option_names = ("mode", "project", "entity", "bins", "flush_timeout")
+    process_env = ("WANDB_SERVICE",)    # wandb.init's wandb-core address, for this process and the ones it starts
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
         "raw histogram samples as 64 buckets (?bins=N)",))
 
@@ -107,7 +109,7 @@ class WandbSink(Sink):
         self._partial_batch: list[Record] | None = None
         self._partial_done = 0
         try:
-            self.flush_timeout = float(options.get("flush_timeout", 60))
+            self.flush_timeout = float(options.get("flush_timeout", 300))
         except ValueError:
             raise SinkError(f"wandb sink: flush_timeout={options.get('flush_timeout')!r} is not a number") from None
 
@@ -140,13 +142,24 @@ class WandbSink(Sink):
         kwargs: dict[str, Any] = {}
         if self.mode == "online" and resume:
             kwargs["resume"] = "allow"
-        try:
-            self._run = wandb.init(
-                mode=self.mode, dir=str(folder), project=self.options.get("project") or run.project or "trackbridge",
-                entity=self.options.get("entity"), name=run.name, id=run.run_id, config=self._config(run),
-                tags=tags or None, reinit="create_new", settings=settings, **kwargs)
-        except Exception as exc:
-            raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") from exc
+        project = self.options.get("project") or run.project or "trackbridge"
+        for attempt in (1, 2):
+            try:
+                self._run = wandb.init(
+                    mode=self.mode, dir=str(folder), project=project,
+                    entity=self.options.get("entity"), name=run.name, id=run.run_id, config=self._config(run),
+                    tags=tags or None, reinit="create_new", settings=settings, **kwargs)
+                break
+            except FileNotFoundError as exc:
+                # reopened after its run folder was deleted: wandb's own log of the earlier run still points into
+                # the deleted folder; made again (empty), wandb.init goes through and the run is written anew
+                missing = Path(str(exc.filename or "")).parent
+                if attempt == 2 or not exc.filename or folder.resolve() not in missing.resolve().parents:
+                    raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") \
+                        from exc
+                missing.mkdir(parents=True, exist_ok=True)
+            except Exception as exc:
+                raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") from exc
         if self.mode == "online" and resume:
             self._wstep = max(self._wstep, int(getattr(self._run, "step", 0) or 0) - 1)
         self._run.define_metric(STEP_KEY)
@@ -345,9 +358,13 @@ class WandbSink(Sink):
         """Wait until wandb-core has written the run's ``exit`` record: in 0.31 offline, ``finish()`` can return
         before the transaction log is flushed (seen: a 7-byte file right after ``finish()``)."""
 
-        deadline = time.monotonic() + self.flush_timeout
+        start = time.monotonic()
+        deadline = start + self.flush_timeout
         delay = 0.01
-        while not has_exit_record(path):
+        whole_at = start + 2.0          # then now and then the whole file (its end may be padding made ahead)
+        while not has_exit_record(path, whole=time.monotonic() >= whole_at):
+            if time.monotonic() >= whole_at:
+                whole_at = time.monotonic() + 5.0
             if time.monotonic() > deadline:
                 raise SinkError(f"wandb sink: {path} still has no exit record {self.flush_timeout:g} s after "
                                 f"finish(); wandb-core may still be writing it")
