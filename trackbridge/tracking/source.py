@@ -196,3 +196,19 @@ def mark_derived(info: RunInfo, records: Iterator[Record]) -> Iterator[Record]:
             yield rec
         else:
             yield from split_by_axis(rec, axis_of)
+
+
+def nest_config(flat: dict[str, Any], sep: str = "/") -> dict[str, Any]:
+    """A config stored flat (``{"a/b": 1}``, as some trackers keep hyperparameters or attributes)
+    made nested again (``{"a": {"b": 1}}``); a key that is both a value and a prefix keeps the nested one."""
+    out: dict[str, Any] = {}
+    for path, v in flat.items():
+        parts = path.split(sep)
+        d = out
+        for p in parts[:-1]:
+            nxt = d.get(p)
+            if not isinstance(nxt, dict):
+                nxt = d[p] = {}
+            d = nxt
+        d[parts[-1]] = v
+    return out

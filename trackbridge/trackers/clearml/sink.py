@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.names import NameCache
-from ...tracking.sink import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import printable
 from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Session, split_key, stored
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    pass
 
 HIST_BINS = 64
 STEP_LIMIT = 2 ** 63 - 1
@@ -81,7 +81,7 @@ def bar_chart(title: str, series: str, h: Histogram) -> str | None:
                                   "meta": {"trackbridge": {"histogram": True, **stats}}}}, allow_nan=False)
 
 
-class ClearmlSink(Sink):
+class ClearmlSink(PointStoreSink):
     """Writes one ClearML offline session (see the module docstring)."""
 
     kind = "clearml"
@@ -256,9 +256,10 @@ class ClearmlSink(Sink):
             raise SinkError(f"clearml:{self.location}: cannot write {target}: {exc}") from None
 
     # -- what the session holds ----------------------------------------------------------------------------
-    def _points(self, since: int | None) -> list[tuple[str, int]]:
+    def stored_points(self, since: int | None) -> list[tuple[str, int]] | None:
+        """The scalar and histogram events of the session, per key and iteration (None before open)."""
         if self.folder is None:
-            return []
+            return None
         if self._fh is not None:
             self._fh.flush()
         restore = dict(self._names.changed)
@@ -277,17 +278,6 @@ class ClearmlSink(Sink):
                         raw = stored(str(ev.get("metric")), str(ev.get("variant")))
                         out.append((restore.get(raw, raw), step))
         return out
-
-    def last_step(self) -> int | None:
-        steps = [s for _k, s in self._points(None)]
-        return max(steps) if steps else None
-
-    def held(self, since: int | None = None) -> Holdings | None:
-        """The scalar and histogram events of the session, per key and iteration."""
-        from ...holdings import Holdings
-        if self.folder is None:
-            return None
-        return Holdings.from_pairs(self._points(since))
 
     def describe(self) -> str:
         return f"clearml:{self.location}" + (f" ({self.task_id})" if self.task_id else "")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
-from ...tracking.source import RunReader, Source, SourceError, gather, mark_derived
+from ...tracking.source import RunReader, Source, SourceError, gather, mark_derived, nest_config
 from .session import CONFIG_NAME, KNOWN_EVENTS, PLOT, SCALAR, Session, join_key, sessions, stored
 
 
@@ -38,20 +38,6 @@ def _typed(value: Any, typ: str | None) -> Any:
     except (ValueError, json.JSONDecodeError):
         return value
     return value
-
-
-def _nest(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for path, v in flat.items():
-        parts = path.split("/")
-        d = out
-        for p in parts[:-1]:
-            nxt = d.get(p)
-            if not isinstance(nxt, dict):
-                nxt = d[p] = {}
-            d = nxt
-        d[parts[-1]] = v
-    return out
 
 
 class ClearmlRunReader(RunReader):
@@ -85,7 +71,7 @@ class ClearmlRunReader(RunReader):
                     flat[name if section == "General" else f"{section}/{name}"] = _typed(p.get("value"), p.get("type"))
         tags = {t.split("=", 1)[0]: (t.split("=", 1)[1] if "=" in t else "") for t in self.task.get("tags") or []}
         return RunInfo(name=self.task.get("name"), project=self.task.get("project_name"), run_id=self.task_id,
-                       config=_nest(flat), tags=tags, extra=extra)
+                       config=nest_config(flat), tags=tags, extra=extra)
 
     @property
     def info(self) -> RunInfo:

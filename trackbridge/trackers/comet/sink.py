@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
-from ...tracking.sink import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import printable
 from .archive import (
     EXPERIMENT,
@@ -40,7 +40,7 @@ from .archive import (
 )
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    pass
 
 SUMMARY = ("mean", "std", "min", "max", "count")
 STEP_LIMIT = 2 ** 53 - 1        # Comet's steps are JSON numbers
@@ -57,7 +57,7 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class CometSink(Sink):
+class CometSink(PointStoreSink):
     """Writes one Comet offline experiment (see the module docstring)."""
 
     kind = "comet"
@@ -253,9 +253,11 @@ class CometSink(Sink):
             raise SinkError(f"comet:{self.location}: cannot write {target}: {exc}") from None
 
     # -- what the archive holds --------------------------------------------------------------------------
-    def _points(self, since: int | None) -> list[tuple[str, int]]:
+    def stored_points(self, since: int | None) -> list[tuple[str, int]] | None:
+        """The metric messages of the run, per name and step (a histogram's summaries count as the histogram;
+        None before open)."""
         if self.work is None:
-            return []
+            return None
         if self._fh is not None:
             self._fh.flush()
         src = self.work if (self.work / MESSAGES).exists() else self.root / f"{self.key}.zip"
@@ -285,17 +287,6 @@ class CometSink(Sink):
                 continue
             out.append((name, step))
         return out
-
-    def last_step(self) -> int | None:
-        steps = [s for _k, s in self._points(None)]
-        return max(steps) if steps else None
-
-    def held(self, since: int | None = None) -> Holdings | None:
-        """The metric messages of the run, per name and step (a histogram's summaries count as the histogram)."""
-        from ...holdings import Holdings
-        if self.work is None:
-            return None
-        return Holdings.from_pairs(self._points(since))
 
     def describe(self) -> str:
         return f"comet:{self.location}" + (f" ({self.key})" if self.key else "")

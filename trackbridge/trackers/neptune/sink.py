@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
-from ...tracking.sink import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import printable
 from .format import CONFIG_PREFIX, PART, RUN_ATTRIBUTE, STEP_MAX, part_files, sanitize_path_part, schema, step_of
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    pass
 
 PART_ROWS = 100_000          # rows per part before the next part begins (a part is rewritten whole on each write)
 HIST_BINS = 64
@@ -82,7 +82,7 @@ def histogram_value(h: Histogram) -> dict[str, Any] | None:
     return {"type": "COUNTING", "edges": [lo + i * width for i in range(HIST_BINS)] + [hi], "values": counts}
 
 
-class NeptuneSink(Sink):
+class NeptuneSink(PointStoreSink):
     """Writes one run in neptune-exporter's Parquet layout (see the module docstring)."""
 
     kind = "neptune"
@@ -244,11 +244,12 @@ class NeptuneSink(Sink):
         self.folder = None
 
     # -- what the run holds ------------------------------------------------------------------------------
-    def _series(self, since: int | None = None) -> list[tuple[str, int]]:
+    def stored_points(self, since: int | None) -> list[tuple[str, int]] | None:
+        """The series points of the run's parts, per attribute and step (None before open)."""
+        if self.folder is None:
+            return None
         import pyarrow.parquet as pq
         out: list[tuple[str, int]] = []
-        if self.folder is None:
-            return out
         for part in part_files(self.folder, self._prefix):
             try:
                 t = pq.read_table(part, columns=["attribute_path", "attribute_type", "step"])
@@ -260,17 +261,6 @@ class NeptuneSink(Sink):
                     if step is not None and (since is None or step >= since):
                         out.append((path, step))
         return out
-
-    def last_step(self) -> int | None:
-        steps = [s for _k, s in self._series()]
-        return max(steps) if steps else None
-
-    def held(self, since: int | None = None) -> Holdings | None:
-        """The series points of the run's parts, per attribute and step."""
-        from ...holdings import Holdings
-        if self.folder is None:
-            return None
-        return Holdings.from_pairs(self._series(since))
 
     def describe(self) -> str:
         return f"neptune:{self.location}" + (f" (project {self.project_id}, run {self.run_id})" if self.run_id else "")

@@ -25,25 +25,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
-from ...tracking.source import RunReader, Source, SourceError, gather, mark_derived
+from ...tracking.source import RunReader, Source, SourceError, gather, mark_derived, nest_config
 from .format import CONFIG_PREFIX, FILE_TYPES, PART, RUN_ATTRIBUTE, SERIES_TYPES, check_schema, part_files, step_of
 
 _COLS = ["project_id", "run_id", "attribute_path", "attribute_type", "step", "timestamp", "int_value", "float_value",
          "string_value", "bool_value", "datetime_value", "string_set_value", "histogram_value"]
-
-
-def _nest(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for path, v in flat.items():
-        parts = path.split("/")
-        d = out
-        for p in parts[:-1]:
-            nxt = d.get(p)
-            if not isinstance(nxt, dict):
-                nxt = d[p] = {}
-            d = nxt
-        d[parts[-1]] = v
-    return out
 
 
 class NeptuneRunReader(RunReader):
@@ -110,7 +96,7 @@ class NeptuneRunReader(RunReader):
         sys_attrs = {k: single.pop(k) for k in [k for k in single if k.startswith("sys/")]}
         config = {k[len(CONFIG_PREFIX):] if k.startswith(CONFIG_PREFIX) else k: v for k, v in single.items()}
         return RunInfo(name=name or custom or run_id, project=project, run_id=custom or run_id,
-                       config=_nest(config), tags=tags,
+                       config=nest_config(config), tags=tags,
                        extra={"neptune": {"project_id": project, "run_id": run_id, **sys_attrs}})
 
     def records(self) -> Iterator[Record]:

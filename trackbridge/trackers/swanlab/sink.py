@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.names import NameCache, escape, shorten
-from ...tracking.sink import Capabilities, Sink, SinkError
+from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import printable
 from . import store
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    pass
 
 KEY_MAX = 512                   # swanlab's METRIC_KEY_MAX_LENGTH
 _STRIPPED = " \t\n\r./"         # what swanlab strips from both ends of a key (run/fmt.py validate_key)
@@ -73,7 +73,7 @@ def _timestamp(seconds: float) -> Any:
     return ts
 
 
-class SwanlabSink(Sink):
+class SwanlabSink(PointStoreSink):
     """Writes one SwanLab offline run (see the module docstring)."""
 
     kind = "swanlab"
@@ -276,8 +276,12 @@ class SwanlabSink(Sink):
             self._log = None
 
     # -- what the run holds ------------------------------------------------------------------------------
-    def _points(self, since: int | None) -> list[tuple[str, int]]:
-        if self.path is None or self._pb is None:
+    def stored_points(self, since: int | None) -> list[tuple[str, int]] | None:
+        """The scalar points of the run file, per key and step (a histogram's summaries count as the histogram;
+        None before open)."""
+        if self.path is None:
+            return None
+        if self._pb is None:
             return []
         record_pb2 = self._pb[0]
         if self._log is not None:
@@ -299,17 +303,6 @@ class SwanlabSink(Sink):
                 continue
             out.append((name, rec.scalar.step))
         return out
-
-    def last_step(self) -> int | None:
-        steps = [s for _k, s in self._points(None)]
-        return max(steps) if steps else None
-
-    def held(self, since: int | None = None) -> Holdings | None:
-        """The scalar points of the run file, per key and step (a histogram's summaries count as the histogram)."""
-        from ...holdings import Holdings
-        if self.path is None:
-            return None
-        return Holdings.from_pairs(self._points(since))
 
     def describe(self) -> str:
         return f"swanlab:{self.location}" + (f" (run {self.run_id})" if self.run_id else "")
