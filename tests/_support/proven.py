@@ -216,7 +216,10 @@ def run_all() -> tuple[list[Proof], dict[str, str]]:
                 failed[path.name] = f"skipped: {exc}"
     ran = []
     RECORDS.clear()
-    for pr in list(PROOFS.values()):
+    # only the proofs of the proof modules: a test elsewhere (tests/unit/test_proven_registry.py) registers proofs
+    # of a made-up framework in this process, and the report must not depend on which tests ran before it
+    files = {path.name for pattern in PROOF_MODULES for path in (ROOT / "tests").glob(pattern)}
+    for pr in [p for p in PROOFS.values() if p.name.split("::")[0] in files]:
         wanted = [p for p in inspect.signature(pr.fn).parameters][1:]
         try:
             with tempfile.TemporaryDirectory() as tmp:

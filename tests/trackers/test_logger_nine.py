@@ -249,7 +249,7 @@ import trackbridge
 try:
     trackbridge.init(sinks=[sys.argv[2]], spool=sys.argv[3], source="canonical")
 except Exception as exc:
-    print(type(exc).__name__, exc)
+    print(type(exc).__name__, isinstance(exc, trackbridge.UsageError), exc)
 """
 
 
@@ -260,6 +260,7 @@ def test_a_missing_package_fails_init_naming_the_extra(tmp_path, kind, package, 
     out = subprocess.run([sys.executable, str(script), package, f"{kind}:{tmp_path / 'x'}", str(tmp_path / "spool")],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert f"pip install 'trackbridge[{extra}]'" in out.stdout, out.stdout + out.stderr
-    assert out.stdout.startswith("UsageError"), out.stdout
+    # one line: trackbridge.extras.MissingExtra, a UsageError (and an ImportError), naming the sink and the extra
+    assert out.stdout.startswith(f"MissingExtra True sink '{kind}:"), out.stdout
     assert not (tmp_path / "x").exists()
     fault_cell(f"{package} not installed: init fails naming trackbridge[{extra}]", kind, 0, 0)
