@@ -156,7 +156,7 @@ class Killer(threading.Thread):
 def test_200_runs_with_workers_killed_mid_run(cluster, env):
     src = _source(env / "src", runs=200, steps=60)
     dst = env / "tb"
-    killer = Killer(env / "state", times=3, every=0.5)
+    killer = Killer(env / "state", times=3, every=0.1)   # three kills before an idle machine is done
     killer.start()
     try:
         res = migrate(src, f"tensorboard:{dst}", engine="ray", progress=False, batch_runs=10)
@@ -220,8 +220,9 @@ def test_one_rate_limit_shared_by_every_task(cluster, env):
     assert sum(h[1] for h in history) == 24 * 2
     # the bucket lets ``burst`` (1 s) worth go at once, then ``rate`` per second, whatever the number of tasks
     assert max_in_window(history, 1.0) <= 2 * rate + 1
-    assert max(h[0] for h in history) - min(h[0] for h in history) >= (48 - rate - 1) / rate
-    assert took >= (48 - rate - 1) / rate
+    least = (48 - rate - 1) / rate - 1e-3         # the bucket's own arithmetic lands on the bound (2.91666 s)
+    assert max(h[0] for h in history) - min(h[0] for h in history) >= least
+    assert took >= least
     got = {p.stem for p in (env / "dst").glob("*.jsonl")}
     assert len(got) == 24
 
