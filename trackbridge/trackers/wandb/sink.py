@@ -41,6 +41,7 @@ What wandb 0.31 does, and what this sink does about it (verified against the off
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -142,24 +143,13 @@ class WandbSink(Sink):
         kwargs: dict[str, Any] = {}
         if self.mode == "online" and resume:
             kwargs["resume"] = "allow"
-        project = self.options.get("project") or run.project or "trackbridge"
-        for attempt in (1, 2):
-            try:
-                self._run = wandb.init(
-                    mode=self.mode, dir=str(folder), project=project,
-                    entity=self.options.get("entity"), name=run.name, id=run.run_id, config=self._config(run),
-                    tags=tags or None, reinit="create_new", settings=settings, **kwargs)
-                break
-            except FileNotFoundError as exc:
-                # reopened after its run folder was deleted: wandb's own log of the earlier run still points into
-                # the deleted folder; made again (empty), wandb.init goes through and the run is written anew
-                missing = Path(str(exc.filename or "")).parent
-                if attempt == 2 or not exc.filename or folder.resolve() not in missing.resolve().parents:
-                    raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") \
-                        from exc
-                missing.mkdir(parents=True, exist_ok=True)
-            except Exception as exc:
-                raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") from exc
+        try:
+            self._run = wandb.init(
+                mode=self.mode, dir=str(folder), project=self.options.get("project") or run.project or "trackbridge",
+                entity=self.options.get("entity"), name=run.name, id=run.run_id, config=self._config(run),
+                tags=tags or None, reinit="create_new", settings=settings, **kwargs)
+        except Exception as exc:
+            raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") from exc
         if self.mode == "online" and resume:
             self._wstep = max(self._wstep, int(getattr(self._run, "step", 0) or 0) - 1)
         self._run.define_metric(STEP_KEY)
@@ -346,13 +336,28 @@ class WandbSink(Sink):
             code = 1 if self.outcome == "failed" else 0
             if self.outcome == "killed":
                 code = self.exit_code if self.exit_code is not None else 137
-            run.finish(exit_code=code)
+            self._finish(run, code)
         if self.mode == "offline" and self._file is not None:
             if self._gone():
                 self.store_lost = True
                 raise SinkError(f"wandb sink: the offline run file {self._file} was deleted before the run was "
                                 f"closed; what it held is gone")
             self._wait_for_file(self._file)
+
+    def _finish(self, run: Any, code: int) -> None:
+        """``run.finish()``; for an offline run whose folder was deleted, with its folders made again for the
+        while (wandb writes its logs there as it finishes; without them the run stays open in wandb-core and its id
+        "in use", so the logger could not start it again), then removed: what they would hold is not the run."""
+        folder = self._file.parent if self.mode == "offline" and self._file is not None and self._gone() else None
+        if folder is None:
+            run.finish(exit_code=code)
+            return
+        for sub in ("files", "logs", "tmp"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            run.finish(exit_code=code)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _wait_for_file(self, path: Path) -> None:
         """Wait until wandb-core has written the run's ``exit`` record: in 0.31 offline, ``finish()`` can return
