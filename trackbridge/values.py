@@ -427,3 +427,16 @@ def sanitize_config(config: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]
                                               f"{where}; only the last one is kept there (the spool, wandb and "
                                               f"Trackio keep the nested config)"))
     return clean, notes
+
+
+def flat_config(config: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a<sep>b": 1}``, as trackers that keep a config flat store it (with ``.`` or
+    ``/``, depending on the tracker); lists, scalars and empty dicts are leaves."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, sep, key + sep))
+        else:
+            out[key] = v
+    return out

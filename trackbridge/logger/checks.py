@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
 from ..tracking.sink import Sink, Unreachable, check_reachable
-from ..values import STEP_MAX, as_step, check_step, normalize_metrics
+from ..values import STEP_MAX, as_step, check_step, flat_config, normalize_metrics
 from .common import warn
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -154,8 +154,8 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], skip: "set[str] | f
     """What differs between two run configs (plain JSON), flattened with dots: ``{"changed": {key: [old, new]},
     "added": {key: new}, "removed": [key]}``, each present only when not empty. Top-level keys in ``skip`` are left
     out."""
-    a = {k: v for k, v in _flat(old).items() if k.split(".", 1)[0] not in skip}
-    b = {k: v for k, v in _flat(new).items() if k.split(".", 1)[0] not in skip}
+    a = {k: v for k, v in flat_config(old).items() if k.split(".", 1)[0] not in skip}
+    b = {k: v for k, v in flat_config(new).items() if k.split(".", 1)[0] not in skip}
     out: dict[str, Any] = {}
     changed = {k: [a[k], b[k]] for k in a if k in b and a[k] != b[k]}
     added = {k: b[k] for k in b if k not in a}
@@ -169,12 +169,3 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], skip: "set[str] | f
     return out
 
 
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ...record import Histogram, Record, RunInfo
 from ...tracking.names import NameCache
 from ...tracking.sink import Capabilities, PointStoreSink, SinkError
-from ...values import printable
+from ...values import flat_config, printable
 from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Session, split_key, stored
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -38,15 +38,6 @@ HIST_BINS = 64
 STEP_LIMIT = 2 ** 63 - 1
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, path + "/"))
-        else:
-            out[path] = v
-    return out
 
 
 def _type(v: Any) -> str:
@@ -151,7 +142,7 @@ class ClearmlSink(PointStoreSink):
         info["sanitized"] = dict(self._names.changed)
         general = {k: {"description": "", "name": k, "section": "General", "type": _type(v),
                        "value": v if isinstance(v, str) else json.dumps(v, default=str)}
-                   for k, v in _flatten(self.run.config or {}).items()}
+                   for k, v in flat_config(self.run.config or {}, "/").items()}
         task = {"id": self.task_id, "name": self.run.name or self.task_id,
                 "project_name": self.options.get("project") or self.run.project or "trackbridge",
                 "type": "training", "comment": "written by trackbridge",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.sink import Capabilities, PointStoreSink, SinkError
-from ...values import printable
+from ...values import flat_config, printable
 from .archive import (
     EXPERIMENT,
     INFO_KEY,
@@ -46,15 +46,6 @@ SUMMARY = ("mean", "std", "min", "max", "count")
 STEP_LIMIT = 2 ** 53 - 1        # Comet's steps are JSON numbers
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, path + "|"))
-        else:
-            out[path] = v
-    return out
 
 
 class CometSink(PointStoreSink):
@@ -142,7 +133,7 @@ class CometSink(PointStoreSink):
         lines = [self._send(OTHER, {"key": "offline_experiment", "value": True}),
                  self._send(OTHER, {"key": "Name", "value": self.run.name or self.key}),
                  self._send(OTHER, {"key": "hasNestedParams", "value": True})]
-        for name, value in _flatten(self.run.config or {}).items():
+        for name, value in flat_config(self.run.config or {}, "|").items():
             if not (value is None or isinstance(value, (str, bool, int, float))):
                 value = json.dumps(value, default=str)
             elif isinstance(value, float):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import SQLITE_SUFFIXES
 
@@ -75,16 +75,6 @@ def read_chunked(tags: dict[str, str], prefix: str) -> str | None:
     return "".join(parts)  # type: ignore[arg-type]
 
 
-def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten_config(v, key))
-        else:
-            out[key] = v
-    return out
 
 
 def restore_inf(value: float) -> float:

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ...record import Histogram, Record, RunInfo
 from ...tracking import names as _sanitize
 from ...tracking.sink import Capabilities, Sink, SinkError, Unreachable, check_reachable, step_ok
-from ...values import printable, utf8_ok
+from ...values import flat_config, printable, utf8_ok
 from .bulk import BulkWriter
 from .client import (
     TAG_DERIVED,
@@ -64,7 +64,6 @@ from .client import (
     TAG_RUN_ID,
     TEXT_DIR,
     chunk_tags,
-    flatten_config,
     make_client,
     read_chunked,
     tracking_uri,
@@ -242,7 +241,7 @@ class MlflowSink(Sink):
     def _log_params(self, run: RunInfo) -> None:
         from mlflow.entities import Param
         params = []
-        for key, value in flatten_config(run.config or {}).items():
+        for key, value in flat_config(run.config or {}).items():
             stored = self._names(key)
             if stored in self._existing_params:
                 continue   # params are immutable: a resumed run keeps what it has

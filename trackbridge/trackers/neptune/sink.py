@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.sink import Capabilities, PointStoreSink, SinkError
-from ...values import printable
+from ...values import flat_config, printable
 from .format import CONFIG_PREFIX, PART, RUN_ATTRIBUTE, STEP_MAX, part_files, sanitize_path_part, schema, step_of
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -46,15 +46,6 @@ _COLUMNS = ("project_id", "run_id", "attribute_path", "attribute_type", "step", 
             "histogram_value")
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, path + "/"))
-        else:
-            out[path] = v
-    return out
 
 
 def histogram_value(h: Histogram) -> dict[str, Any] | None:
@@ -152,7 +143,7 @@ class NeptuneSink(PointStoreSink):
         if self.run.tags:
             rows.append(self._row("sys/tags", "string_set",
                                   string_set_value=[f"{k}={v}" for k, v in sorted(self.run.tags.items())]))
-        for path, v in _flatten(self.run.config or {}).items():
+        for path, v in flat_config(self.run.config or {}, "/").items():
             path = CONFIG_PREFIX + path
             if isinstance(v, bool):
                 rows.append(self._row(path, "bool", bool_value=v))
