@@ -174,3 +174,25 @@ def test_modules_import_no_tracker():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_header_left_half_written_by_a_killed_attempt_is_removed_by_the_next(tmp_path):
+    """An attempt SIGKILLed while writing its event file's header leaves only a temporary file (never a half
+    header); the next attempt at the run, which holds the run's claim, removes it when it writes its own header."""
+    import copy
+    sink = TensorBoardSink(str(tmp_path))
+    sink.open(copy.deepcopy(RUN))
+    sink.write([Record(1, 1700000000.0, {"loss": 0.5})])
+    sink.close()
+    folder = sink.folder
+    stale = folder / ".trackbridge-new-999999-1.tmp"
+    stale.write_bytes(b"\x00" * 7)              # cut off mid-header
+    again = TensorBoardSink(str(tmp_path))
+    again.open(copy.deepcopy(RUN), resume=True)
+    again.write([Record(2, 1700000001.0, {"loss": 0.25})])
+    again.close()
+    assert again.folder == folder and not stale.exists()
+    assert len(event_files(folder)) == 2
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2]

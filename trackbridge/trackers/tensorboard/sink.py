@@ -247,7 +247,11 @@ class TensorBoardSink(Sink):
             info.summary.value.append(hp)
         # the file appears with its whole header or not at all: an attempt killed while writing it leaves a
         # temporary file (no "tfevents" in its name: no reader takes it), never an event file without the run id,
-        # which would make the next attempt take the folder for someone else's and open NAME-2
+        # which would make the next attempt take the folder for someone else's and open NAME-2. That next attempt
+        # removes what a killed one left: one writer holds a run's folder at a time (the logger's and migrate's
+        # run claims), so another header being written here is a dead attempt's
+        for stale in self.folder.glob(".trackbridge-new-*.tmp"):
+            stale.unlink(missing_ok=True)
         tmp = self.folder / f".trackbridge-new-{os.getpid()}-{threading.get_ident()}.tmp"
         try:
             with open(tmp, "wb") as fh:
