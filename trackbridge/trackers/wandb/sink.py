@@ -41,7 +41,6 @@ What wandb 0.31 does, and what this sink does about it (verified against the off
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -345,19 +344,15 @@ class WandbSink(Sink):
             self._wait_for_file(self._file)
 
     def _finish(self, run: Any, code: int) -> None:
-        """``run.finish()``; for an offline run whose folder was deleted, with its folders made again for the
-        while (wandb writes its logs there as it finishes; without them the run stays open in wandb-core and its id
-        "in use", so the logger could not start it again), then removed: what they would hold is not the run."""
-        folder = self._file.parent if self.mode == "offline" and self._file is not None and self._gone() else None
-        if folder is None:
-            run.finish(exit_code=code)
-            return
-        for sub in ("files", "logs", "tmp"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
-        try:
-            run.finish(exit_code=code)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        """``run.finish()``; for an offline run whose folder was deleted, with its folders made again first: wandb
+        writes its logs there as it finishes (without them the run stayed open in wandb-core and its id "in use", so
+        the logger could not start it again), and a run started again within the same second gets the same folder
+        name, whose log wandb's logger still writes. They hold wandb's logs only, no run file: no reader takes them
+        for the run."""
+        if self.mode == "offline" and self._file is not None and self._gone():
+            for sub in ("files", "logs", "tmp"):
+                (self._file.parent / sub).mkdir(parents=True, exist_ok=True)
+        run.finish(exit_code=code)
 
     def _wait_for_file(self, path: Path) -> None:
         """Wait until wandb-core has written the run's ``exit`` record: in 0.31 offline, ``finish()`` can return
