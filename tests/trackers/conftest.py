@@ -26,3 +26,12 @@ def mlflow_server(_module_mlflow_server):
     count what you wrote from what the store held before. ``.url``, ``.db``, ``.kill()``, ``.start()``: see
     tests/_support/mlflow_server.py."""
     return _module_mlflow_server.ensure_running()
+
+
+@pytest.fixture(scope="module")
+def mlflow_template(tmp_path_factory):
+    """An empty MLflow SQLite store made once per module: each test copies it (creating one costs seconds)."""
+    from trackbridge.trackers.mlflow.store import create_sqlite_store
+    db = tmp_path_factory.mktemp("mlflow-template") / "ml.db"
+    create_sqlite_store(db)
+    return db

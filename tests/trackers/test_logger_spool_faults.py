@@ -36,14 +36,6 @@ def _row(i: int) -> dict[str, float]:
     return {k: float(i) + j / 100 for j, k in enumerate(KEYS)}
 
 
-@pytest.fixture(scope="module")
-def mlflow_template(tmp_path_factory):
-    """An empty MLflow store made once per module: each cell copies it (creating one costs seconds)."""
-    from trackbridge.trackers.mlflow.store import create_sqlite_store
-    db = tmp_path_factory.mktemp("mlflow-template") / "ml.db"
-    create_sqlite_store(db)
-    return db
-
 
 def _dead_port() -> int:
     import socket
