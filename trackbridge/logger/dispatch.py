@@ -140,6 +140,8 @@ class Dispatcher:
                 self.derive_fn(res, step, wall_time)
                 metrics = dict(res.metrics)
                 derived = list(res.derived or [])
+                if res.approximate:         # a value derived from an approximate input is approximate too
+                    self.info.approximate.update(res.approximate)
             except Exception as exc:
                 self.warn_once("derive", f"deriving metrics failed ({type(exc).__name__}: {exc}); "
                                          f"derivation is off for this run")
