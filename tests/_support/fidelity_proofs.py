@@ -41,6 +41,7 @@ from _support import ROOT  # noqa: E402
 from _support import framework_code as F  # noqa: E402
 
 DOC = ROOT / "docs" / "fidelity-proofs.md"
+PROOFS_FILE = ROOT / "mappings" / "proofs.yaml"     # shipped: the entries proven, read by the engine
 EOS, PAD, WIDTH, GROUP = 3, 0, 8, 4
 MB, GA = 2, 2                                      # sequences per micro-batch, gradient accumulation steps
 TRL_CONFIG = (("gradient_accumulation_steps", GA),)   # the TRL run config the proof's code ran with
@@ -746,13 +747,16 @@ def _resolved(reg, e):
     return resolve(e, fw, None, newest, newest, {})
 
 
-def computed(reg, a, b) -> tuple[bool, str | None]:
-    """(exact?, why not) of a pair: their stated reductions compared directly (each at the newest release it
-    covers, under its framework's defaults); where an entry states none, its hand-written fidelity, and the other's
-    reduction against the canonical reference."""
-    from trackbridge.translate.fidelity import judge, reference
+def computed(reg, a, b, proven=None) -> tuple[bool, str | None]:
+    """(exact?, why not) of a pair, as the engine decides it: their stated reductions compared directly (each at the
+    newest release it covers, under its framework's defaults), and, when equal, exact only if both entries are
+    proven (``proven``: (file, line) -> proofs; default the registry's, mappings/proofs.yaml); where an entry states
+    none, its hand-written fidelity, and the other's reduction against the canonical reference."""
+    from trackbridge.translate.fidelity import judge, reference, unproven
     if a.reduce is not None and b.reduce is not None:
-        why = judge(_resolved(reg, a), _resolved(reg, b))
+        ra, rb = _resolved(reg, a), _resolved(reg, b)
+        why = judge(ra, rb) or unproven([(a, ra), (b, rb)], reg.proven if proven is None else proven,
+                                        "equal reductions")
         return why is None, why
     reasons = []
     for e in (a, b):
@@ -836,20 +840,27 @@ def _fingerprinted(e, records) -> list:
     return records.get(entry_ident(e), [])
 
 
+def proven_map(records: dict) -> dict[tuple[str, int], Any]:
+    """What the engine reads from mappings/proofs.yaml, made from the proofs that ran: (file, line) -> proofs."""
+    return {(rs[0].entry.file, rs[0].entry.line): [r.proof for r in rs] for rs in records.values() if rs}
+
+
 def decide(reg, pair: Pair, records: dict | None = None) -> Outcome:
     """A pair's status. Fingerprint proofs (tests/_support/proven.py) decide pairs whose entries state their
     reductions: proven when both were fingerprinted, equal when the fingerprints are one computation (and the
     stated reductions agree), else different, with the gap measured on a proof's batch. Pairs of legacy entries
     keep the value proofs of issue 11 (both frameworks' code on one batch)."""
     records = records if records is not None else {}
-    exact, why = computed(reg, pair.a, pair.b)
+    exact, why = computed(reg, pair.a, pair.b, proven_map(records))
     if pair.a.reduce is not None and pair.b.reduce is not None:
         ra, rb = _fingerprinted(pair.a, records), _fingerprinted(pair.b, records)
         missing = [e.framework for e, r in ((pair.a, ra), (pair.b, rb)) if not r]
         if missing:
+            stated_equal = computed(reg, pair.a, pair.b, _ALL_PROVEN)[0]
             return Outcome(pair, "unproven", f"no fingerprint proof of the {' and '.join(missing)} "
-                           f"entr{'y' if len(missing) == 1 else 'ies'} yet (stated: "
-                           f"{'exact' if exact else 'approximate'})", exact=exact)
+                           f"entr{'y' if len(missing) == 1 else 'ies'} yet (stated reductions "
+                           f"{'equal: approximate until proven' if stated_equal else 'differ: approximate'})",
+                           exact=exact)
         fa, fb = ra[0], rb[0]            # each proof asserted that its entry's statement is what the code does
         if exact:
             return Outcome(pair, "proven equal", f"equal stated reductions, each fingerprinted ({fa.proof}; "
@@ -898,6 +909,16 @@ def decide(reg, pair: Pair, records: dict | None = None) -> Outcome:
     return Outcome(pair, "unproven", f"{base}; {why_not or 'no proof written yet'}", exact=exact)
 
 
+class _AllProven(dict):
+    """Every entry counted proven: the pair's stated reductions alone."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+_ALL_PROVEN = _AllProven()
+
+
 def outcomes(reg=None, records: dict | None = None) -> list[Outcome]:
     reg = reg or _registry()
     return [decide(reg, p, records) for p in pairs(reg)]
@@ -915,9 +936,36 @@ def fingerprint_proofs() -> tuple[list, dict[str, str], dict]:
     return ran, failed, dict(proven.RECORDS)
 
 
-def table(reg=None) -> str:
+def proofs_yaml(records: dict, reg=None) -> str:
+    """mappings/proofs.yaml: every entry a fingerprint proof saw, as the engine matches it (schema/proofs.py)."""
+    import yaml
+
+    from trackbridge.schema.proofs import PROOFS_FORMAT, identity
     reg = reg or _registry()
-    ran, failed, records = fingerprint_proofs()
+    rows = []
+    for rs in sorted((rs for rs in records.values() if rs), key=lambda rs: (rs[0].entry.framework,
+                                                                          Path(rs[0].entry.file).name,
+                                                                          rs[0].entry.line)):
+        e = rs[0].entry
+        runs = []
+        for r in rs:
+            cfg = ", ".join(f"{k}={v}" for k, v in r.config)
+            runs.append(f"{r.proof} ({r.framework} {r.release}{', ' + cfg if cfg else ''})")
+        rows.append({"entry": identity(e, reg.frameworks[e.framework]), "proofs": list(dict.fromkeys(runs))})
+    head = ("# Generated by `python tests/_support/fidelity_proofs.py` (with docs/fidelity-proofs.md); do not edit:\n"
+            "# tests/frameworks/test_fidelity_proofs.py fails when it is out of date. Each record names a framework\n"
+            "# entry whose stated reduction a fingerprint proof saw by running that framework's own code (the\n"
+            "# installed release and config it ran). The engine (trackbridge/schema/proofs.py) reads it: two entries\n"
+            "# translate as exact only when their stated reductions are equal and both are here; an entry whose\n"
+            "# reduction was edited since (the `reduce` digest) is unproven until the proofs run again.\n")
+    body = yaml.safe_dump({"format": PROOFS_FORMAT, "proven": rows}, sort_keys=False, width=1000,
+                          default_flow_style=None, allow_unicode=True)
+    return head + body
+
+
+def table(reg=None, fingerprints=None) -> str:
+    reg = reg or _registry()
+    ran, failed, records = fingerprints or fingerprint_proofs()
     outs = outcomes(reg, records)
     derived = derived_outcomes()
     counts = {s: sum(o.status == s for o in outs) for s in STATUSES}
@@ -928,9 +976,11 @@ def table(reg=None) -> str:
         "Generated by `python tests/_support/fidelity_proofs.py` from the mappings and from running the frameworks' "
         "own code (tests/frameworks/test_fidelity_proofs.py checks it is up to date). For every canonical name two "
         "or more frameworks map, every pair of entries of two frameworks: *proven equal*, *proven different* (with "
-        "the gap measured) or *unproven* (with why). A pair is **exact** when the two entries' stated reductions "
-        "are equal (docs/reductions.md; under each framework's default config), and **proven** when both entries' "
-        "reductions were fingerprinted by a proof that runs the framework's code (tests/_support/proven.py). Pairs "
+        "the gap measured) or *unproven* (with why). **Proven** means both entries' reductions were fingerprinted "
+        "by a proof that runs the framework's code (tests/_support/proven.py); the entries proven are shipped in "
+        "mappings/proofs.yaml, which the engine reads. A pair is **exact** when the two entries' stated reductions "
+        "are equal (docs/reductions.md; under each framework's default config) and both are proven; stated equal "
+        "but not proven, it translates as approximate (\"stated, not proven\"). Pairs "
         "of entries that state no reduction yet keep their hand-written fidelity and the value proofs of issue 11 "
         "(both frameworks' code on one synthetic batch: 2 simulated data-parallel ranks x gradient accumulation 2 "
         "x micro-batches of 2 sequences of unequal length; *even* gives every micro-batch the same token count).",
@@ -990,6 +1040,7 @@ def table(reg=None) -> str:
 
 if __name__ == "__main__":
     # written here, not through stdout: the frameworks' own code prints (progress bars, banners) while the proofs run
-    text = table()
-    DOC.write_text(text, encoding="utf-8")
-    print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+    found = fingerprint_proofs()
+    PROOFS_FILE.write_text(proofs_yaml(found[2]), encoding="utf-8")
+    DOC.write_text(table(fingerprints=found), encoding="utf-8")
+    print(f"wrote {PROOFS_FILE.relative_to(ROOT)} and {DOC.relative_to(ROOT)}", file=sys.stderr)

@@ -36,6 +36,9 @@ def test_pairs_come_from_the_mappings(outcomes):
         if o.status == "proven different":
             assert o.gap is not None and o.gap > 0, o.pair.ident
     assert sum(o.status != "unproven" for o in outcomes) >= 5, "the proofs stopped matching the mappings"
+    # by construction (the engine reads mappings/proofs.yaml): a pair is exact only when proven equal
+    exact = [o.pair.ident for o in outcomes if o.exact]
+    assert exact and exact == [o.pair.ident for o in outcomes if o.status == "proven equal"]
 
 
 def test_every_fingerprint_proof_ran_and_made_assertions(fingerprints):
@@ -128,12 +131,14 @@ def test_derived_rules_listed_and_proven_rules_hold():
     assert any(r[2] == "proven equal" for r in rows)
 
 
-def test_table_is_up_to_date():
-    """docs/fidelity-proofs.md is generated from the mappings and the proofs; regenerate it with
-    `.venv/bin/python tests/_support/fidelity_proofs.py` after changing either."""
-    assert P.DOC.read_text(encoding="utf-8") == P.table(), \
-        "docs/fidelity-proofs.md is stale: run " \
-        ".venv/bin/python tests/_support/fidelity_proofs.py"
+def test_table_and_shipped_proofs_are_up_to_date(fingerprints):
+    """docs/fidelity-proofs.md and mappings/proofs.yaml (what the engine reads to call a pair exact) are generated
+    from the mappings and the proofs; regenerate them with `.venv/bin/python tests/_support/fidelity_proofs.py` after
+    changing either."""
+    assert P.PROOFS_FILE.read_text(encoding="utf-8") == P.proofs_yaml(fingerprints[2]), \
+        "mappings/proofs.yaml is stale: run .venv/bin/python tests/_support/fidelity_proofs.py"
+    assert P.DOC.read_text(encoding="utf-8") == P.table(fingerprints=fingerprints), \
+        "docs/fidelity-proofs.md is stale: run .venv/bin/python tests/_support/fidelity_proofs.py"
 
 
 def test_reward_fn_std_differs_by_bessels_correction():

@@ -23,7 +23,7 @@ jsonschema = pytest.importorskip("jsonschema")
 Draft = jsonschema.Draft202012Validator
 
 SCHEMAS = {"trackbridge.canonical/1": "canonical", "trackbridge.mapping/1": "framework",
-           "trackbridge.derived/1": "derived", "trackbridge.checks/1": "checks"}
+           "trackbridge.derived/1": "derived", "trackbridge.checks/1": "checks", "trackbridge.proofs/1": "proofs"}
 ROOT = Path(trackbridge.__file__).resolve().parents[1]       # the checkout
 
 

@@ -29,7 +29,8 @@ def cache_key(files: list[str]) -> str | None:
     here = Path(__file__).parent
     try:
         code = ("model.py", "sections.py", "templates.py", "loader.py", "canonical.py", "framework.py", "facts.py",
-                "reductions.py", "versions.py", "yamlfile.py", "jsonschema.py", "paths.py")    # what shapes the pickle
+                "reductions.py", "versions.py", "yamlfile.py", "jsonschema.py", "paths.py",
+                "proofs.py")    # what shapes the pickle
         schemas = sorted(str(p) for p in (mappings_dir() / "schemas").glob("*.schema.json"))
         from .yamlfile import MappingError, check_file
         for f in [*(str(here / m) for m in code), *schemas, *files]:

@@ -25,13 +25,14 @@ from .jsonschema import SchemaError, load_schema, validate
 from .model import CanonicalSchema, FrameworkMapping
 from .overrides import apply_overrides
 from .paths import mappings_dir
+from .proofs import PROOFS_FORMAT, Proven, proven_entries
 from .yamlfile import MappingError, MappingErrors, line_of, load_yaml
 
 CANONICAL_FORMAT = "trackbridge.canonical/1"
 MAPPING_FORMAT = "trackbridge.mapping/1"
 DERIVED_FORMAT = "trackbridge.derived/1"
 CHECKS_FORMAT = "trackbridge.checks/1"           # diagnostic checks (trackbridge/doctor/checks.py loads them)
-KNOWN_FORMATS = (CANONICAL_FORMAT, MAPPING_FORMAT, DERIVED_FORMAT, CHECKS_FORMAT)
+KNOWN_FORMATS = (CANONICAL_FORMAT, MAPPING_FORMAT, DERIVED_FORMAT, CHECKS_FORMAT, PROOFS_FORMAT)
 SCHEMAS = {CANONICAL_FORMAT: "canonical", MAPPING_FORMAT: "framework"}     # format -> mappings/schemas/<name>
 
 __all__ = ["Registry", "load_registry", "build_registry", "shipped_files", "user_files", "mappings_dir",
@@ -47,6 +48,9 @@ class Registry:
     check_files: list[str] = field(default_factory=list)  # trackbridge.checks/1 files (shipped and the user's)
     overrides: list[str] = field(default_factory=list)    # what user entries override (schema/overrides.py)
     warnings: list[MappingError] = field(default_factory=list)    # what `mappings lint` reports without failing
+    #: (entry file, entry line) -> the proofs that ran the framework's code and saw the entry's stated reduction
+    #: (mappings/proofs.yaml, schema/proofs.py); an entry not here is unproven
+    proven: dict[tuple[str, int], Proven] = field(default_factory=dict)
 
     def framework(self, name: str) -> FrameworkMapping:
         try:
@@ -128,6 +132,7 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
     fw_docs: list[tuple[str, Any]] = []
     derived: list[str] = []
     checks: list[str] = []
+    proof_docs: list[tuple[str, Any]] = []
     for f, doc in docs:
         if not isinstance(doc, dict):
             errors.append(MappingError("expected a mapping at the top level", file=f, line=1))
@@ -141,6 +146,8 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
             derived.append(f)
         elif fmt == CHECKS_FORMAT:
             checks.append(f)
+        elif fmt == PROOFS_FORMAT:
+            proof_docs.append((f, doc))
         else:
             errors.append(MappingError(
                 f"unknown format {fmt!r}; this trackbridge reads {', '.join(KNOWN_FORMATS)} "
@@ -167,6 +174,7 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
             overrides += apply_overrides(fw, set(extra), errors)
             _guarded(lambda: check_framework(fw, errors), structural, errors)
             fw.index()
+    proven = proven_entries(proof_docs, frameworks, set(map(str, files)), errors, warnings) if canonical else {}
     if require_reduction if require_reduction is not None else reductions.REQUIRE_REDUCTION:
         errors += warnings           # a reduction unstated (an entry's, or a canonical metric's reference)
         warnings = []
@@ -177,7 +185,7 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
     assert canonical is not None            # no canonical file, or one that failed to parse, is an error above
     warnings.sort(key=lambda e: (e.file or "", e.line or 0))
     return Registry(canonical=canonical, frameworks=frameworks, derived_files=derived, files=[f for f, _ in docs],
-                    overrides=overrides, check_files=checks, warnings=warnings)
+                    overrides=overrides, check_files=checks, warnings=warnings, proven=proven)
 
 
 def _said(e: Any, errors: list[MappingError]) -> bool:
