@@ -91,7 +91,7 @@ def fidelity_text(reg: Registry, e: Entry, sep: str = ": ") -> str:
     says nothing gets; a run's own config may change it)."""
     if e.reduce is None:
         return "exact" if e.exact else f"approximate{sep}{e.reason}"
-    from .translate.fidelity import judge, reference, resolve
+    from .translate.fidelity import UNPROVEN, judge, reference, resolve, unproven
     fw = reg.frameworks[e.framework]
     newest = float(min(e.until, len(fw.releases) - 1))
     r = resolve(e, fw, None, newest, newest, {})
@@ -100,7 +100,9 @@ def fidelity_text(reg: Registry, e: Entry, sep: str = ": ") -> str:
     if r is None or ref is None:
         return "approximate (no reference reduction to compare with)"
     why = judge(r, ref)
-    return "exact (default config)" if why is None else f"approximate (default config){sep}{why}"
+    if why is None and unproven([(e, r)], reg.proven, "the canonical reduction"):
+        return f"approximate (default config){sep}{UNPROVEN} (equal to the reference as stated; no proof ran it yet)"
+    return "exact (default config, proven)" if why is None else f"approximate (default config){sep}{why}"
 
 
 def _range(fw: FrameworkMapping, e: Entry) -> str:

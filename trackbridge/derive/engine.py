@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from ..schema.model import STEP_AXIS
+from ..schema.proofs import only_unproven
 from . import expr as E
 from .rules import Rule, RuleSet, fill, is_template, template_regex
 
@@ -217,7 +218,9 @@ class Deriver:
                     return
         for n in inst.forbid:
             fid = self.fidelity.get(n, "exact")
-            if fid != "exact":
+            # an input stated to be the quantity but not proven yet is used (the value says so, below); one known to
+            # differ is not
+            if fid != "exact" and not only_unproven(fid):
                 self._note(rule, inst.out, f"input {n} is approximate ({fid}); the formula needs it exact")
                 return
         try:

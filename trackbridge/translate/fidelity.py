@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..schema.model import CanonicalMetric, Entry, FrameworkMapping
+from ..schema.proofs import UNPROVEN, only_unproven
 from ..schema.reductions import ANY, FIELDS, LEVELS, NO_DEFAULT, Reduce, Switch, parse_count
+
+__all__ = ["Count", "Resolved", "resolve", "reference", "differing", "judge", "unproven", "describe", "UNPROVEN",
+           "only_unproven"]
 
 UNKNOWN = "?"                  # a field a switch cannot resolve under the run config
 EVAL = "eval"                  # the snapshot of every value of an evaluation (a key under a split other than train)
@@ -278,6 +282,21 @@ def judge(a: Resolved, b: Resolved | None) -> str | None:
     if not diff:
         return None
     return "; ".join(_clause(a, b, f) for f in diff)
+
+
+def unproven(parts: list[tuple[Entry, Resolved]], proven: Mapping[tuple[str, int], Any], what: str) -> str | None:
+    """None when every entry of ``parts`` is proven (a proof ran the framework's code and saw its stated reduction:
+    the registry's ``proven``, mappings/proofs.yaml); else why the equality the stated reductions give is not exact:
+    "stated, not proven: verl 'actor/ppo_kl' and openrlhf 'ppo_kl' state equal reductions (read from the source), but
+    no proof has run the framework's code to confirm openrlhf 'ppo_kl' yet". ``what``: what they agree on."""
+    missing = [r.who for e, r in parts if (e.file, e.line) not in proven]
+    if not missing:
+        return None
+    who = " and ".join(r.who for _, r in parts)
+    verb = "states" if len(parts) == 1 else "state"
+    unseen = "it" if len(parts) == 1 else " and ".join(missing)
+    return (f"{UNPROVEN}: {who} {verb} {what} (read from the source), but no proof has run the framework's code "
+            f"to confirm {unseen} yet (docs/fidelity-proofs.md)")
 
 
 def _clause(a: Resolved, b: Resolved, name: str) -> str:

@@ -119,7 +119,7 @@ class NameMap:
         ref = F.reference(metric, split) if metric is not None else None
         if ref is None:
             return f"{r.who}: canonical {canon!r} states no reference reduction to compare with"
-        return F.judge(r, ref)
+        return F.judge(r, ref) or F.unproven([(e, r)], self.registry.proven, "the canonical reduction")
 
     def between(self, a: Entry, a_side: str, b: Entry, b_side: str, canon: str, a_label: str | None = None,
                 b_label: str | None = None, split: str | None = None) -> str | None:
@@ -127,7 +127,9 @@ class NameMap:
         reductions compared directly, else (either is legacy) both against the canonical reference."""
         ra, rb = self._resolved(a, a_side, a_label, split), self._resolved(b, b_side, b_label, split)
         if ra is not None and rb is not None:
-            return F.judge(ra, rb)
+            if a is b:
+                return None                 # one entry on both sides: the same code, whatever was proven
+            return F.judge(ra, rb) or F.unproven([(a, ra), (b, rb)], self.registry.proven, "equal reductions")
         reasons = [r for r in (self.against_reference(a, canon, a_side, a_label, split),
                                self.against_reference(b, canon, b_side, b_label, split)) if r]
         return "; ".join(dict.fromkeys(reasons)) or None
@@ -187,10 +189,10 @@ class NameMap:
         plan = self._to_target(canon, split, entry, label, note)
         if unset:
             plan = replace(plan, marks=replace(plan.marks or Marks(), unset=unset))
-        if range_reason and plan.approx is None:
-            plan = replace(plan, approx=range_reason)
-        if range_reason and plan.canon_reason is None:
-            plan = replace(plan, canon_reason=range_reason)
+        if range_reason:
+            # the range's reason says more than a missing proof does: it comes first, the proof gate's after it
+            plan = replace(plan, approx=_first(range_reason, plan.approx),
+                           canon_reason=_first(range_reason, plan.canon_reason))
         if outside:
             plan = replace(plan, marks=replace(plan.marks or Marks(), outside=True))
         return plan
@@ -416,3 +418,10 @@ def _reverse_in(registry: Registry, fw: FrameworkMapping, canon: str, trainer: s
 def _other(split: str | None) -> str | None:
     """The split a value's fidelity is judged under: None for the training split (canonical.yaml's default)."""
     return None if split is None or split == SPLITS.default else split
+
+
+def _first(range_reason: str, reason: str | None) -> str:
+    """A plan's reason once the release range says the meaning varies over it: the range's, then a proof gate's."""
+    if reason is None:
+        return range_reason
+    return f"{range_reason}; {reason}" if reason.startswith(F.UNPROVEN) else reason

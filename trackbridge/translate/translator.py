@@ -21,6 +21,7 @@ from ..record import Record
 from ..schema.loader import Registry, load_registry
 from ..schema.model import FrameworkMapping
 from ..schema.spec import Spec, parse_spec
+from . import fidelity as F
 from .derived import DeriveStage
 from .entries import NOT_PLANNED, Marks, Plan, config_view, flatten_config, owner, same_value, split_canonical
 from .names import NameMap
@@ -304,6 +305,9 @@ class Translator:
                     renamed[key] = out
                     if not plan.approx:  # an exact key vouches for the value another key gave approximately
                         approximate.pop(out, None)
+                    elif out in approximate and plan.approx.startswith(F.UNPROVEN) \
+                            and not approximate[out].startswith(F.UNPROVEN):
+                        approximate[out] = plan.approx      # a key stated equal says more than one stated different
                     note = f"{key!r} and another key both give {out!r} with the same value; kept once"
                     if note not in noted:
                         self._note(note)
