@@ -35,6 +35,7 @@ pytest.importorskip("datasets")
 from _support.fingerprint import fingerprint  # noqa: E402
 from _support.proofs_trl import TRLRun, masked, per_seq, run_grpo  # noqa: E402
 from _support.proven import proof  # noqa: E402
+from _support.unproven import only_unproven  # noqa: E402
 
 RELEASE = "1.16.0"
 WINDOWS = ("mean", "last", "sum", "none")     # rows of 1 step keep the window candidates (rows of 3 steps need them)
@@ -328,7 +329,8 @@ def test_a_real_grpo_log_carries_the_marks_of_its_config():
     (trl@1.16.0), the one-step token means are exact."""
     step = _run("step")
     own = _marks(step, step.config)
-    assert own["reward"] is None and own["grad_norm"] is None, own
+    # the reward: equal as stated over the range, but the v0.14.0..v0.26.2 entry was not proven (1.16 was)
+    assert only_unproven(own["reward"]) and "v0.14.0..v0.26.2" in own["reward"] and own["grad_norm"] is None, own
     assert "release matters" in own["kl"] and "logging_steps" not in own["kl"] and "micro" not in own["kl"], own
     assert "tool" in own["completions/mean_length"] and "scheduler" in own["learning_rate"], own
     assert "scale_rewards" in own["frac_reward_zero_std"], own

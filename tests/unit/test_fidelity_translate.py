@@ -2,7 +2,8 @@
 the right marks for their configs, default and non-default (issue 20 "Done when"), through every path's one engine.
 
 The facts come from small fixture mapping files (tests/data/reductions/fixture/*.yaml, loaded with the shipped
-canonical.yaml instead of the shipped framework files), so this tests the engine, not the shipped statements."""
+canonical.yaml instead of the shipped framework files), so this tests the engine, not the shipped statements: every
+fixture entry counts as proven (``assume_proven``), the proof gate has its own tests (test_proofs_gate.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,7 @@ from trackbridge.schema.loader import build_registry
 from trackbridge.translate import Translator
 
 from _support import DATA, ROOT
+from _support.unproven import assume_proven
 
 FIXTURE = DATA / "reductions" / "fixture"
 LOGS = {
@@ -27,8 +29,8 @@ LOGS = {
 
 @pytest.fixture(scope="module")
 def reg():
-    return build_registry([ROOT / "mappings" / "canonical.yaml",
-                           *(FIXTURE / f"{n}.yaml" for n in ("verl", "trl", "openrlhf"))], [])
+    return assume_proven(build_registry([ROOT / "mappings" / "canonical.yaml",
+                                         *(FIXTURE / f"{n}.yaml" for n in ("verl", "trl", "openrlhf"))], []))
 
 
 def tagged(why: str | None) -> set[str]:
@@ -148,8 +150,9 @@ def test_a_value_derived_from_an_approximate_input_is_approximate_with_its_reaso
     rules.write_text("format: trackbridge.derived/1\nrules:\n"
                      "  - name: toy/frac\n    formula: kl/ref/k3 * 2\n    description: a test rule\n"
                      "    citation: tests/unit/test_fidelity_translate.py\n")
-    reg = build_registry([ROOT / "mappings" / "canonical.yaml", DATA / "reductions" / "canonical-extra.yaml",
-                          *(FIXTURE / f"{n}.yaml" for n in ("verl", "trl", "openrlhf"))], [str(rules)])
+    reg = assume_proven(build_registry([ROOT / "mappings" / "canonical.yaml",
+                                        DATA / "reductions" / "canonical-extra.yaml",
+                                        *(FIXTURE / f"{n}.yaml" for n in ("verl", "trl", "openrlhf"))], [str(rules)]))
     tr = Translator("verl", "canonical", registry=reg, derive=True, mappings=[str(rules)])
     res = tr.translate(LOGS["verl"], step=1)
     assert res.metrics["toy/frac"] == pytest.approx(0.2) and "toy/frac" in res.derived

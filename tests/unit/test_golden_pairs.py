@@ -12,6 +12,8 @@ import pytest
 from trackbridge.schema.loader import load_registry
 from trackbridge.translate import Translator
 
+from _support.unproven import only_unproven
+
 
 @pytest.fixture(scope="module")
 def reg():
@@ -145,9 +147,12 @@ def test_pairs_share_a_canonical_name(reg, a, b, fidelity):
     out, approx = cross(reg, a, b)
     assert out == b[1] or out.endswith(b[1]), f"{a} -> {b[0]} gave {out}, expected {b[1]}"
     if fidelity == "exact":
-        assert approx is None, f"{a} -> {b}: expected exact, got approximate: {approx}"
+        # the stated reductions agree: exact when a proof ran both frameworks' code (mappings/proofs.yaml), else
+        # approximate for that reason alone (issue 20)
+        assert approx is None or only_unproven(approx), f"{a} -> {b}: expected exact, got approximate: {approx}"
     elif fidelity == "approximate":
-        assert approx, f"{a} -> {b}: expected the translation to be marked approximate"
+        assert approx and not only_unproven(approx), \
+            f"{a} -> {b}: expected the stated reductions to differ, got {approx!r}"
 
 
 @pytest.mark.parametrize("a, b", DIFFERENT, ids=[f"{a[1]}!={b[1]}" for a, b in DIFFERENT])

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from ..translate.fidelity import only_unproven
 from .align import SMOOTH_KINDS, X_KINDS, Axis, run_axis, series
 from .load import LoadedRun, load_runs
 from .presets import LOOK_ALIKES, PRESETS, preset_of, select
@@ -100,6 +101,7 @@ class CompareResult:
 WARNING_GROUPS = {
     "differs": "Not the same quantity in every run",
     "approximate": "Approximate translations (a metric of one run)",
+    "unproven": "The same quantity as stated, not yet proven by running the framework",
     "look_alike": "Look alike, never overlaid",
     "axis": "The x axis",
     "reading": "Skipped while reading",
@@ -181,7 +183,9 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
                 result.only_one_run[mr.name] = mr.runs[0]
     for mr in result.metrics:
         if mr.warning:
-            group = ("differs" if len(mr.runs) > 1 else "approximate") if mr.approximate else "look_alike"
+            differ = [w for w in mr.approximate.values() if not only_unproven(w)]
+            group = ("differs" if len(mr.runs) > 1 else "approximate") if differ else \
+                "unproven" if mr.approximate else "look_alike"
             result.warn(group, f"{mr.name}: {mr.warning}", mr.name)
 
     if into:
@@ -250,14 +254,22 @@ def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis],
             if others and any(not r.has_metric(other) for r in runs if r.label in mr.runs):
                 mr.look_alikes.append(f"not overlaid with {other} of {', '.join(others)}: {why}.")
     parts = []
-    if mr.approximate:
+    differ = {label: why for label, why in mr.approximate.items() if not only_unproven(why)}
+    unproven = [label for label in mr.approximate if label not in differ]
+    if differ:
         several = len(mr.runs) > 1
         head = "Not the same quantity in every run" if several else "Approximate translation"
         items = []
-        for label, why in mr.approximate.items():
+        for label, why in differ.items():
             src = mr.originals.get(label)
             items.append(f"in {label}" + (f" ({', '.join(src)})" if src else "") + f": {_plain(why)}")
         parts.append(f"{head}: " + "; ".join(items) + ".")
+    if unproven:
+        # the stated reductions are the reference's; no proof has run that framework's code for the key yet
+        items = [label + (f" ({', '.join(mr.originals[label])})" if mr.originals.get(label) else "")
+                 for label in unproven]
+        parts.append("The same quantity as stated in the mappings, not yet proven by running the framework's code, "
+                     f"in {', '.join(items)} (docs/fidelity-proofs.md).")
     parts += [s[0].upper() + s[1:] for s in mr.look_alikes]
     mr.warning = " ".join(parts) or None
     for st in mr.stats:

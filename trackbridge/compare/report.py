@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .._version import __version__ as _tb_version
+from ..translate.fidelity import only_unproven
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
 from .plot import Chart, Line, draw
@@ -359,13 +360,18 @@ def footnote(mr: MetricReport) -> str | None:
     if not mr.warning:
         return None
     parts = []
-    if mr.approximate:
-        per_run = [f"{label}{' ' + tags if tags else ''}" for label, why in mr.approximate.items()
+    differ = {label: why for label, why in mr.approximate.items() if not only_unproven(why)}
+    unproven = [label for label in mr.approximate if label not in differ]
+    if differ:
+        per_run = [f"{label}{' ' + tags if tags else ''}" for label, why in differ.items()
                    for tags in (_tags(why),)]
         if len(", ".join(per_run)) > 200:
             per_run = [f"{len(per_run)} runs"]
         head = "Not the same quantity in every run" if len(mr.runs) > 1 else "Approximate translation"
         parts.append(f"{head}: approximate in {'; '.join(per_run)}.")
+    if unproven:
+        who = ", ".join(unproven) if len(", ".join(unproven)) <= 200 else f"{len(unproven)} runs"
+        parts.append(f"Stated, not proven in {who}.")
     for text in mr.look_alikes:
         what, _, _ = text.partition(": ")
         parts.append(what[0].upper() + what[1:] + ": a different quantity.")
