@@ -295,7 +295,7 @@ def test_out_of_range_steps_refused_at_log(tmp_path):
 class _Picky:
     """A tracker that refuses a whole batch when one value is 'boom' (what the worker's backstop is for)."""
 
-    def __new__(cls, down: bool = False):
+    def __new__(cls, down: bool = False, slow: float = 0.0):
         from trackbridge.tracking.sink import Sink
 
         class Picky(Sink):
@@ -305,12 +305,15 @@ class _Picky:
                 super().__init__("mem")
                 self.points: list[tuple[int, str]] = []
                 self.down = down
+                self.calls = 0
 
             def open(self, run, *, resume=False):
                 self.run = run
 
             def write(self, records):
+                self.calls += 1
                 if self.down:
+                    time.sleep(slow)
                     raise OSError("tracker down")
                 if any(v == "boom" for r in records for v in r.metrics.values()):
                     raise RuntimeError("tracker refused the batch")
@@ -345,3 +348,24 @@ def test_worker_backstop_still_fails_a_tracker_that_is_down(tmp_path):
             run.log(_good(i), step=i)
         st = run.finish()
     assert [s["state"] for s in st["sinks"]] == ["closed", "failed"]
+
+
+@pytest.mark.parametrize("slow, probes", [(0.0, 3), (0.3, 0)])
+def test_a_tracker_that_fails_slowly_is_not_probed_value_by_value(tmp_path, monkeypatch, slow, probes):
+    """A refusal is quick: a batch that failed fast is written again record by record, then in halves, to find a
+    value the tracker refuses (three attempts before it is judged down). A tracker that takes ISOLATE_WITHIN seconds
+    to fail (a timeout, a locked MLflow store: 20 s a call) is down: probing it would multiply the wait (80 s instead
+    of 20 for a locked store)."""
+    from trackbridge.logger import worker
+    monkeypatch.setattr(worker, "ISOLATE_WITHIN", 0.2)
+    sink = _Picky(down=True, slow=slow)
+    with logger_warnings("sink picky", "failed"):
+        run = trackbridge.init(sinks=[sink], source="canonical", spool=str(tmp_path / "spool"), run_id="slow",
+                               retries=0, backoff=0.0, retry_interval=3600, writer="thread")
+        run.log(_good(0), step=0)
+        deadline = time.monotonic() + 30
+        while run.status["sinks"][1]["state"] != "failed":
+            assert time.monotonic() < deadline, run.status
+            time.sleep(0.02)
+        assert sink.calls == 1 + probes, sink.calls
+        run.finish(timeout=5)

@@ -17,6 +17,10 @@ from ..values import printable
 from .common import STOP, log, warn
 from .options import LoggerOptions
 
+#: a failed batch is probed record by record for values the tracker refuses (:meth:`Worker._isolate`) only when its
+#: last attempt failed within this many seconds: a refusal is quick, a tracker that is down fails slowly
+ISOLATE_WITHIN = 5.0
+
 
 @dataclass
 class RunContext:
@@ -61,6 +65,7 @@ class Worker:
     def __init__(self, ctx: RunContext, sink: Sink, *, queue_size: int, batch_size: int) -> None:
         self.ctx = ctx
         self.sink = sink
+        self.last_failure_s = 0.0          # how long the last failed attempt took to fail
         self.name = sink.describe()
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self.batch_size = batch_size
@@ -168,10 +173,12 @@ class Worker:
         opts = self.ctx.options
         delay = opts.backoff
         for attempt in range(opts.retries + 1):
+            started = time.monotonic()
             try:
                 fn()
                 return True
             except Exception as exc:
+                self.last_failure_s = time.monotonic() - started
                 self.failures += 1
                 self.last_error = f"{what}: {type(exc).__name__}: {exc}"
                 log.debug("sink %s: %s failed (attempt %d): %s", self.name, what, attempt + 1, exc)
@@ -231,7 +238,9 @@ class Worker:
         def do_write() -> None:
             self.sink.write(recs)
 
-        if self._retrying("write", do_write) or self._isolate(recs):
+        # a tracker that refuses a value says so at once; one that takes ISOLATE_WITHIN seconds or more to fail (a
+        # timeout, a locked store) is down, and probing it record by record would only multiply the wait
+        if self._retrying("write", do_write) or (self.last_failure_s < ISOLATE_WITHIN and self._isolate(recs)):
             self._report_rejected()
             self.written += len(recs)
             self.acked = batch[-1][0]
