@@ -108,6 +108,7 @@ def pytest_ignore_collect(collection_path, config):
 # the workers in collection order, the ones below first, longest first (measured, README "Tests"): a long module
 # started last would leave one worker running it alone at the end. A module missing here is only scheduled later.
 LONGEST_FIRST = [
+    "trackers/test_logger_writer_faults.py",
     "trackers/test_streaming_memory.py",
     "trackers/test_logger_outages.py",
     "install/test_wheel.py",
@@ -209,6 +210,29 @@ def pytest_sessionfinish(session, exitstatus):
     for _order, cell, tracker, written, read_back in cells:
         lines.append(f"| {cell} | {tracker} | {written:,} | {read_back:,} |")
     Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_a_shell_leaves_them(request):
+    """A child process inherits an ignored SIGINT and a blocked one (its mask), unlike a handler. A test that leaves
+    either in this worker would make every later training script it starts deaf to Ctrl-C, as no user's shell does
+    (CI: the Ctrl-C cells of test_logger_writer_faults.py waited 60 s, twice, only in the full suite). Put back after
+    each test, and said with the test's name, so that the culprit shows."""
+    import signal
+    import warnings
+    yield
+    changed = []
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            changed.append("SIGINT ignored")
+        if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            changed.append("SIGINT blocked")
+    except ValueError:          # not the main thread
+        return
+    if changed:
+        warnings.warn(f"{request.node.nodeid} left {' and '.join(changed)} in the test process (put back)")
 
 
 @pytest.fixture(autouse=True)

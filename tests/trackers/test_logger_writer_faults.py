@@ -320,6 +320,14 @@ def test_two_processes_starting_one_run_at_once(tmp_path, writer):
 
 
 # -- item 9: Ctrl-C or SIGTERM during finish() -----------------------------------------------------------------------
+def _as_from_a_shell() -> None:
+    """The training script starts with Ctrl-C as a shell gives it (default, not blocked), whatever this test process
+    inherited or was left with (an ignored or blocked SIGINT is inherited across exec; see tests/conftest.py)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+
 INTERRUPT = r"""
 import sys, trackbridge
 spool, tb, writer, port = sys.argv[1:5]
@@ -345,7 +353,7 @@ def test_interrupted_finish_writes_the_note_and_leaves_no_process(tmp_path, sile
     spool = tmp_path / "spool"
     proc = subprocess.Popen([sys.executable, str(_script(tmp_path, INTERRUPT)), spool, tmp_path / "tb", writer,
                              str(silent.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_from_a_shell)
     try:
         lines, errors = Lines(proc.stdout), Lines(proc.stderr)
         writer_pid = int(lines.next(300).split()[1])
