@@ -212,23 +212,37 @@ def pytest_sessionfinish(session, exitstatus):
     Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def _default_sigint() -> list[str]:
+    """SIGINT as a user's shell gives it to a training script: handled (KeyboardInterrupt), not blocked."""
+    import signal
+    changed = []
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        changed.append("SIGINT ignored")
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        changed.append("SIGINT blocked")
+    return changed
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sigint_from_the_start():
+    """A command started in the background by a non-interactive shell (``bash .ci/run &``, a CI runner) ignores
+    SIGINT, and a child process inherits that (an ignored or blocked signal survives exec; a handler does not): every
+    training script a test starts would be deaf to Ctrl-C, as no user's is (the Ctrl-C cells of
+    test_logger_writer_faults.py then wait 60 s). Each test process starts with SIGINT as a shell gives it."""
+    _default_sigint()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _signals_as_a_shell_leaves_them(request):
-    """A child process inherits an ignored SIGINT and a blocked one (its mask), unlike a handler. A test that leaves
-    either in this worker would make every later training script it starts deaf to Ctrl-C, as no user's shell does
-    (CI: the Ctrl-C cells of test_logger_writer_faults.py waited 60 s, twice, only in the full suite). Put back after
-    each test, and said with the test's name, so that the culprit shows."""
-    import signal
+    """A test that leaves SIGINT ignored or blocked in this process would do the same to every later child: put
+    back after each test, and said with the test's name, so that the culprit shows."""
     import warnings
     yield
-    changed = []
     try:
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            changed.append("SIGINT ignored")
-        if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-            changed.append("SIGINT blocked")
+        changed = _default_sigint()
     except ValueError:          # not the main thread
         return
     if changed:
