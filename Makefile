@@ -2,7 +2,7 @@
 #   make demo   - create .venv if missing, install, run the demo on the embedded default, print where the output is
 #   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff, mypy), run the
 #                 whole test suite
-#   make test-quick - the unit tests alone (no tracker, no framework, no browser; under a minute)
+#   make test-quick - the unit tests alone (no tracker, no framework, no browser; one process, ~2 min)
 #   make smoke      - build the sdist and the wheel, install the wheel into fresh venvs ([all], and the core alone)
 #                     and run every command from there (tests/install; make test runs it too)
 # Flags: make test PYTEST_ARGS="--skip-integration"   (skip the slow real-TRL tests locally)
