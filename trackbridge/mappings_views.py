@@ -91,7 +91,8 @@ def fidelity_text(reg: Registry, e: Entry, sep: str = ": ") -> str:
     says nothing gets; a run's own config may change it)."""
     if e.reduce is None:
         return "exact" if e.exact else f"approximate{sep}{e.reason}"
-    from .translate.fidelity import UNPROVEN, judge, reference, resolve, unproven
+    from .schema.proofs import UNPROVEN
+    from .translate.fidelity import judge, reference, resolve, unproven
     fw = reg.frameworks[e.framework]
     newest = float(min(e.until, len(fw.releases) - 1))
     r = resolve(e, fw, None, newest, newest, {})

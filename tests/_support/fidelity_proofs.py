@@ -39,6 +39,7 @@ if __name__ == "__main__":      # run as a script (the command above): put tests
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _support import ROOT  # noqa: E402
 from _support import framework_code as F  # noqa: E402
+from _support.unproven import EveryEntryProven  # noqa: E402
 
 DOC = ROOT / "docs" / "fidelity-proofs.md"
 PROOFS_FILE = ROOT / "mappings" / "proofs.yaml"     # shipped: the entries proven, read by the engine
@@ -909,14 +910,7 @@ def decide(reg, pair: Pair, records: dict | None = None) -> Outcome:
     return Outcome(pair, "unproven", f"{base}; {why_not or 'no proof written yet'}", exact=exact)
 
 
-class _AllProven(dict):
-    """Every entry counted proven: the pair's stated reductions alone."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-
-_ALL_PROVEN = _AllProven()
+_ALL_PROVEN = EveryEntryProven()       # every entry counted proven: the pair's stated reductions alone
 
 
 def outcomes(reg=None, records: dict | None = None) -> list[Outcome]:

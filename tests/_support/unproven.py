@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trackbridge.translate.fidelity import only_unproven
+from trackbridge.schema.proofs import only_unproven
 
 __all__ = ["assume_proven", "only_unproven", "agrees", "gate_holds", "EveryEntryProven"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ..translate.fidelity import only_unproven
+from ..schema.proofs import only_unproven
 from .align import SMOOTH_KINDS, X_KINDS, Axis, run_axis, series
 from .load import LoadedRun, load_runs
 from .presets import LOOK_ALIKES, PRESETS, preset_of, select
@@ -58,6 +58,17 @@ class MetricReport:
     warning: str | None = None                                   # what the chart and the report say
     chart: Path | None = None
     axis_notes: list[str] = field(default_factory=list)
+
+    @property
+    def differs(self) -> dict[str, str]:
+        """Run label -> why the metric is another quantity there (the approximations other than "stated, not
+        proven")."""
+        return {label: why for label, why in self.approximate.items() if not only_unproven(why)}
+
+    @property
+    def unproven(self) -> list[str]:
+        """The runs where the metric is the quantity as stated, but no proof has run that framework's code yet."""
+        return [label for label, why in self.approximate.items() if only_unproven(why)]
 
 
 @dataclass
@@ -183,8 +194,7 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
                 result.only_one_run[mr.name] = mr.runs[0]
     for mr in result.metrics:
         if mr.warning:
-            differ = [w for w in mr.approximate.values() if not only_unproven(w)]
-            group = ("differs" if len(mr.runs) > 1 else "approximate") if differ else \
+            group = ("differs" if len(mr.runs) > 1 else "approximate") if mr.differs else \
                 "unproven" if mr.approximate else "look_alike"
             result.warn(group, f"{mr.name}: {mr.warning}", mr.name)
 
@@ -254,8 +264,7 @@ def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis],
             if others and any(not r.has_metric(other) for r in runs if r.label in mr.runs):
                 mr.look_alikes.append(f"not overlaid with {other} of {', '.join(others)}: {why}.")
     parts = []
-    differ = {label: why for label, why in mr.approximate.items() if not only_unproven(why)}
-    unproven = [label for label in mr.approximate if label not in differ]
+    differ, unproven = mr.differs, mr.unproven
     if differ:
         several = len(mr.runs) > 1
         head = "Not the same quantity in every run" if several else "Approximate translation"

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .._version import __version__ as _tb_version
-from ..translate.fidelity import only_unproven
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
 from .plot import Chart, Line, draw
@@ -360,8 +359,7 @@ def footnote(mr: MetricReport) -> str | None:
     if not mr.warning:
         return None
     parts = []
-    differ = {label: why for label, why in mr.approximate.items() if not only_unproven(why)}
-    unproven = [label for label in mr.approximate if label not in differ]
+    differ, unproven = mr.differs, mr.unproven
     if differ:
         per_run = [f"{label}{' ' + tags if tags else ''}" for label, why in differ.items()
                    for tags in (_tags(why),)]

@@ -116,8 +116,6 @@ class Dispatcher:
             metrics = dict(res.metrics)
             if res.source and not res.source.startswith("auto"):
                 self.info.source = res.source
-            if res.approximate:
-                self.info.approximate.update(res.approximate)
             derived = list(getattr(res, "derived", []) or [])
         except Exception as exc:
             self.warn_once("translate", f"translation failed ({type(exc).__name__}: {exc}); names logged as given")
@@ -140,12 +138,12 @@ class Dispatcher:
                 self.derive_fn(res, step, wall_time)
                 metrics = dict(res.metrics)
                 derived = list(res.derived or [])
-                if res.approximate:         # a value derived from an approximate input is approximate too
-                    self.info.approximate.update(res.approximate)
             except Exception as exc:
                 self.warn_once("derive", f"deriving metrics failed ({type(exc).__name__}: {exc}); "
                                          f"derivation is off for this run")
                 self.derive_fn = None
+        if res is not None and res.approximate:     # the translation's, and a value derived from an approximate input
+            self.info.approximate.update(res.approximate)
         return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived, axis=axis)
 
 

@@ -17,11 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..schema.model import CanonicalMetric, Entry, FrameworkMapping
-from ..schema.proofs import UNPROVEN, only_unproven
+from ..schema.proofs import UNPROVEN
 from ..schema.reductions import ANY, FIELDS, LEVELS, NO_DEFAULT, Reduce, Switch, parse_count
-
-__all__ = ["Count", "Resolved", "resolve", "reference", "differing", "judge", "unproven", "describe", "UNPROVEN",
-           "only_unproven"]
 
 UNKNOWN = "?"                  # a field a switch cannot resolve under the run config
 EVAL = "eval"                  # the snapshot of every value of an evaluation (a key under a split other than train)

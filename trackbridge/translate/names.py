@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from ..schema.facts import SPLITS
 from ..schema.loader import Registry
 from ..schema.model import Entry, FrameworkMapping, condition_value_text
+from ..schema.proofs import UNPROVEN
 from ..schema.spec import Spec
 from . import fidelity as F
 from .entries import Hit, Marks, Plan, choose, nearest, reason_of, split_canonical, until_name
@@ -424,4 +425,4 @@ def _first(range_reason: str, reason: str | None) -> str:
     """A plan's reason once the release range says the meaning varies over it: the range's, then a proof gate's."""
     if reason is None:
         return range_reason
-    return f"{range_reason}; {reason}" if reason.startswith(F.UNPROVEN) else reason
+    return f"{range_reason}; {reason}" if reason.startswith(UNPROVEN) else reason

@@ -20,8 +20,8 @@ from ..detect import Detection
 from ..record import Record
 from ..schema.loader import Registry, load_registry
 from ..schema.model import FrameworkMapping
+from ..schema.proofs import UNPROVEN
 from ..schema.spec import Spec, parse_spec
-from . import fidelity as F
 from .derived import DeriveStage
 from .entries import NOT_PLANNED, Marks, Plan, config_view, flatten_config, owner, same_value, split_canonical
 from .names import NameMap
@@ -305,8 +305,8 @@ class Translator:
                     renamed[key] = out
                     if not plan.approx:  # an exact key vouches for the value another key gave approximately
                         approximate.pop(out, None)
-                    elif out in approximate and plan.approx.startswith(F.UNPROVEN) \
-                            and not approximate[out].startswith(F.UNPROVEN):
+                    elif out in approximate and plan.approx.startswith(UNPROVEN) \
+                            and not approximate[out].startswith(UNPROVEN):
                         approximate[out] = plan.approx      # a key stated equal says more than one stated different
                     note = f"{key!r} and another key both give {out!r} with the same value; kept once"
                     if note not in noted:
