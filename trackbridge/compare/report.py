@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from .._version import __version__ as _tb_version
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
-from .plot import Chart, Line, draw
+from .plot import Chart, Line, charting, draw
 from .presets import PRESETS
 from .stats import COLUMNS, MetricStats, fmt_csv, fmt_short
 
@@ -205,18 +205,19 @@ def write_report(result: CompareResult, axes: dict[str, Axis], *, smooth_kind: s
     charts_dir.mkdir(parents=True, exist_ok=True)
     by_label = {r.label: r for r in result.runs}
     xlabel = X_LABELS[result.x]
-    for i, mr in enumerate(result.metrics, 1):
-        lines: list[Line] = []
-        for label in mr.runs:
-            run = by_label[label]
-            xs, ys = series(run, mr.name, axes[label])
-            sm = _smooth(ys, result.smooth, smooth_kind) if result.smooth > 1 and ys else None
-            lines.append(Line(label, xs, ys, sm, color=_color(result.runs, label)))
-        ylabel = mr.name + (f" [{mr.unit}]" if mr.unit else "")
-        path = charts_dir / f"{i:03d}_{slug(mr.name)}.png"
-        draw(Chart(mr.name, ylabel, xlabel, lines, warning=footnote(mr)), path)
-        mr.chart = path
-        result.pngs.append(path)
+    with charting():
+        for i, mr in enumerate(result.metrics, 1):
+            lines: list[Line] = []
+            for label in mr.runs:
+                run = by_label[label]
+                xs, ys = series(run, mr.name, axes[label])
+                sm = _smooth(ys, result.smooth, smooth_kind) if result.smooth > 1 and ys else None
+                lines.append(Line(label, xs, ys, sm, color=_color(result.runs, label)))
+            ylabel = mr.name + (f" [{mr.unit}]" if mr.unit else "")
+            path = charts_dir / f"{i:03d}_{slug(mr.name)}.png"
+            draw(Chart(mr.name, ylabel, xlabel, lines, warning=footnote(mr)), path)
+            mr.chart = path
+            result.pngs.append(path)
     result.summary_csv = _write_csv(result, out / "summary.csv")
     result.summary_md = _write_md(result, out / "summary.md", title)
     result.html = _write_html(result, out / "report.html", title, smooth_kind)
