@@ -148,6 +148,7 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
                 if covered[r]:
                     row[r] += 1
     best: Candidate | None = None
+    observed: set[str] | None = None            # the keys less their tracker prefixes: made once, if needed
     for t in names:
         row = counts[t]
         top = max(row) if row else 0
@@ -158,7 +159,9 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
             continue
         best_rel = [r for r in range(w_lo, w_hi + 1) if row[r] == top]
         # of the releases that explain the most keys, keep those that miss the fewest always-logged keys
-        missing = {r: _missing_always(fw, t, keys, r, r) for r in best_rel}
+        if observed is None:
+            observed = _observed(fw, keys)
+        missing = _missing_always(fw, t, observed, len(keys), best_rel)
         fewest = min(missing.values())
         best_rel = [r for r in best_rel if missing[r] == fewest]
         lo, hi = best_rel[0], best_rel[-1]        # the span of releases that explain the most keys
@@ -413,17 +416,19 @@ def _range_for(fw: FrameworkMapping, keys: list[str], trainer: str, fallback: Ca
     return (best.lo, best.hi) if best else (fallback.lo, fallback.hi)
 
 
-def _missing_always(fw: FrameworkMapping, trainer: str | None, keys: list[str], lo: int, hi: int) -> int:
-    """How many of the trainer's ``always`` keys (logged on every call at some release in lo..hi) are absent.
-    Judged only on a key set large enough to be a whole logged record."""
-    if trainer is None or len(keys) < 4:
-        return 0
-    always = fw.trainers.get(trainer, {}).get("always") or []
-    observed = _observed(fw, keys)
-    missing = 0
-    for k in always:
+def _missing_always(fw: FrameworkMapping, trainer: str | None, observed: set[str], n_keys: int,
+                    releases: list[int]) -> dict[int, int]:
+    """For each of ``releases``, how many of the trainer's ``always`` keys (logged on every call at that release)
+    are absent from ``observed`` (the keys, less their tracker prefixes: ``_observed``). Judged only on a key set
+    large enough (``n_keys``) to be a whole logged record."""
+    missing = dict.fromkeys(releases, 0)
+    if trainer is None or n_keys < 4:
+        return missing
+    for k in fw.trainers.get(trainer, {}).get("always") or []:
         if k in observed:
             continue
-        if any(e.applies(trainer, lo, hi) for e in fw.exact_index.get(k, ())):
-            missing += 1
+        spans = [(e.since, e.until) for e in fw.exact_index.get(k, ()) if e.applies(trainer, -math.inf, math.inf)]
+        for r in releases:
+            if any(a <= r <= b for a, b in spans):
+                missing[r] += 1
     return missing

@@ -241,6 +241,9 @@ class ConfigEntry:
         return trainer is None or self.trainers is None or trainer in self.trainers
 
 
+LOOKUP_CACHE = 4096            # keys whose matching entries a framework mapping remembers (FrameworkMapping.lookup)
+
+
 @dataclass
 class FrameworkMapping:
     name: str
@@ -268,6 +271,7 @@ class FrameworkMapping:
         pos = {id(e): i for i, e in enumerate(self.entries)}
         state["_lineage"] = {pos[a]: pos[b] for a, b in self._lineage.items()}
         state.pop("_spans", None)
+        state.pop("_lookups", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -357,6 +361,7 @@ class FrameworkMapping:
         return a is b or self._root(id(a)) == self._root(id(b))
 
     def index(self) -> None:
+        self._lookups: dict[str, tuple[tuple[Entry, dict[str, str] | None], ...]] = {}
         self.exact_index = {}
         self.template_entries = []
         for e in self.entries:
@@ -386,7 +391,21 @@ class FrameworkMapping:
         return any(normalize(r) == normalize(version) for r in self.releases)
 
     def lookup(self, key: str) -> list[tuple[Entry, dict[str, str] | None]]:
-        """Every entry whose key matches (exact entries first, then templates, most specific first)."""
+        """Every entry whose key matches (exact entries first, then templates, most specific first). Remembered per
+        key (a bounded cache that ``index()`` empties): detection asks for the same keys once per trainer and
+        release range, and each ask walks every template."""
+        cache: dict[str, tuple[tuple[Entry, dict[str, str] | None], ...]] | None = self.__dict__.get("_lookups")
+        if cache is None:
+            cache = self._lookups = {}
+        hits = cache.get(key)
+        if hits is None:
+            hits = tuple(self._match(key))
+            if len(cache) >= LOOKUP_CACHE:
+                cache.clear()
+            cache[key] = hits
+        return list(hits)
+
+    def _match(self, key: str) -> list[tuple[Entry, dict[str, str] | None]]:
         out: list[tuple[Entry, dict[str, str] | None]] = [(e, None) for e in self.exact_index.get(key, ())]
         for e in self.template_entries:
             tpl = e.key_template
