@@ -36,7 +36,7 @@ test: lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-quick: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -n 0 -q -m "unit and not browser" --check-unit-imports tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m "unit and not browser" --check-unit-imports tests/unit $(PYTEST_ARGS)
 
 smoke: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q tests/install $(PYTEST_ARGS)

@@ -10,6 +10,7 @@ tests/_support    helpers shared by the folders (imported as ``_support``: this 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -184,14 +185,31 @@ def fault_cell(request):
     return record
 
 
+WORKER_IMPORTS: set[str] = set()        # --check-unit-imports under pytest-xdist: what the workers imported
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller (pytest-xdist): a worker's forbidden imports, which it sent when its session finished."""
+    WORKER_IMPORTS.update(getattr(node, "workeroutput", {}).get("unit_imports", ()))
+
+
 def pytest_sessionfinish(session, exitstatus):
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # this process's own xdist role (a pytest a test starts inherits the PYTEST_XDIST_WORKER of its worker)
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
     if session.config.getoption("--check-unit-imports"):
         from _support.unit_imports import imported
-        bad = imported()
-        print(f"\nUNIT-IMPORTS: {', '.join(bad) if bad else 'no tracker package or framework imported'}")
-        if bad:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        plant = os.environ.get("TRACKBRIDGE_TEST_PLANT_IMPORT", "")     # WORKER:PACKAGE, for test_unit_imports
+        if plant and worker == plant.partition(":")[0]:
+            import types
+            sys.modules.setdefault(plant.partition(":")[2], types.ModuleType(plant.partition(":")[2]))
+        if worker:                          # the tests ran here: the controller judges what every worker imported
+            session.config.workeroutput["unit_imports"] = imported()
+        else:
+            bad = sorted(set(imported()) | WORKER_IMPORTS)
+            print(f"\nUNIT-IMPORTS: {', '.join(bad) if bad else 'no tracker package or framework imported'}")
+            if bad:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
     out = os.environ.get("TRACKBRIDGE_FAULT_MATRIX")
     if not out:
         return

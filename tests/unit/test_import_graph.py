@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import subprocess
@@ -84,7 +85,13 @@ def _targets(mod: str, path: Path, node: ast.AST) -> list[str]:
 
 
 def _edges(at_import_only: bool) -> dict[str, set[str]]:
-    edges: dict[str, set[str]] = {}
+    """module -> the trackbridge modules it imports (``at_import_only``: leaving out imports inside functions)."""
+    return {m: set(ts) for m, ts in _parsed_edges(at_import_only).items()}
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed_edges(at_import_only: bool) -> dict[str, frozenset[str]]:      # every module parsed once per process
+    edges: dict[str, frozenset[str]] = {}
     for mod, path in MODULES.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         skip = _type_checking_nodes(tree) | (_deferred_nodes(tree) if at_import_only else set())
@@ -102,7 +109,7 @@ def _edges(at_import_only: bool) -> dict[str, set[str]]:
                     target = ".".join(parts[:i])
                     if target != mod and not mod.startswith(target + "."):
                         out.add(target)
-        edges[mod] = out
+        edges[mod] = frozenset(out)
     return edges
 
 

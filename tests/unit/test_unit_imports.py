@@ -7,6 +7,7 @@ conftest, and not the other folders': tests/conftest.py) leaves none of them in 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 
@@ -51,3 +52,14 @@ def test_collecting_the_unit_tests_imports_none_of_them():
                        cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "UNIT-IMPORTS: no tracker package or framework imported" in r.stdout, r.stdout[-3000:]
+
+
+def test_a_worker_that_imports_one_fails_the_parallel_run():
+    """``make test-quick`` runs on pytest-xdist workers: what a worker imported reaches the controller, which fails
+    the session. The conftest plants a package in worker gw1's ``sys.modules`` (TRACKBRIDGE_TEST_PLANT_IMPORT)."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider",
+                        "--check-unit-imports", "tests/unit/test_unit_imports.py", "-k", "the_scan_finds"],
+                       cwd=str(ROOT), capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TRACKBRIDGE_TEST_PLANT_IMPORT": "gw1:mlflow"})
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "1 passed" in r.stdout and "UNIT-IMPORTS: mlflow" in r.stdout, r.stdout[-3000:]
