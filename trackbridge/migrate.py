@@ -341,6 +341,10 @@ def _migrate_claimed(idx: int, run: InputRun, run_id: str, ledger: Ledger, src: 
             sink.open(pipe.run_info(out_info), resume=True)
             opened = True
         pipe.finish_notes()
+        # closed before the ledger says complete: a close flushes the destination and writes its final run info
+        # (TensorBoard's trackbridge-run.json); a kill during it leaves the run incomplete, to be done again
+        opened = False
+        sink.close()
         ledger.save(records_written=seen, records_pending=0, source=pipe.stats.source, complete=True,
                     out_records=res.records, out_points=res.points, out_skipped=res.skipped_records,
                     **({"stats": asdict(pipe.stats)} if plan is not None else {}))

@@ -115,6 +115,39 @@ def test_interrupted_by_a_failing_sink_resumes(kind, env, monkeypatch):
     assert len(read_runs(dst)) == 1
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_close_cut_short_leaves_the_run_to_be_done_again(kind, env, monkeypatch):
+    """Every record written, then the process dies in the destination's close (a kill while TensorBoard writes its
+    final run info, while MLflow ends its run): the ledger must not say the run is complete before the close is
+    done, or the next migration skips it and the close never happens (a Ray worker killed there left
+    trackbridge-run.json.tmp and the run info of the open behind: tests/trackers/test_migrate_ray.py)."""
+    src = _jsonl_source(env, n=50)
+    dst = location(kind, env / "dst")
+    real_make_sink = mig.make_sink
+
+    def sink_whose_close_fails(spec):
+        sink = real_make_sink(spec)
+        close = sink.close
+
+        def close_then_die():       # the tracker's own close runs (a kill leaves no wandb run of this process
+            close()                 # behind either), then the process dies before migrate returns to its ledger
+            raise _Boom("killed while closing (simulated)")
+        sink.close = close_then_die
+        return sink
+
+    monkeypatch.setattr(mig, "make_sink", sink_whose_close_fails)
+    r1 = migrate(src, dst, progress=False)
+    assert not r1.ok and "killed while closing" in (r1.runs[0].error or ""), summary(r1)
+    monkeypatch.setattr(mig, "make_sink", real_make_sink)
+    r2 = migrate(src, dst, progress=False)
+    assert r2.ok, summary(r2)
+    assert not r2.runs[0].already_done, "the run was taken as migrated though its destination was never closed"
+    assert r2.runs[0].records == 0 and r2.runs[0].skipped_records == 50, summary(r2)
+    got = points(dst)                              # each point once
+    assert len(got) == 50 * len(NAMES) and len(read_runs(dst)) == 1
+    assert not list((env / "dst").rglob("*.tmp"))
+
+
 _KILL_CHILD = r"""
 import os, sys, time
 import trackbridge.migrate as mig
