@@ -118,19 +118,24 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 
 # -- a real server killed while a batch is in flight -------------------------------------------------------------
+# 250 steps x 100 keys: one batch of 25 requests, enough for the kill to land inside it (500 steps before, at twice
+# the time, most of it the server's own SQLite inserts)
+STEPS = 250
+
+
 def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault_cell, mlflow_server):
     srv = mlflow_server
     run = trackbridge.init(project="outage", name="killed-server", sinks=[f"mlflow:{srv.url}"],
-                           spool=str(tmp_path / "spool"), source="canonical", batch_size=500, queue_size=2000,
+                           spool=str(tmp_path / "spool"), source="canonical", batch_size=250, queue_size=2000,
                            retries=0, retry_interval=3600, stall_timeout=3, finish_timeout=30,
                            writer="thread")
     worker = run._workers[1]
     run.log(_row(0), step=0)
     _wait(lambda: worker.written >= 1, 120, "the run to open")
     p0 = worker.sink.progress
-    for i in range(1, 500):
+    for i in range(1, STEPS):
         run.log(_row(i), step=i)
-    # one batch of 499 records x 100 keys = 49,900 points: 50 requests of up to 1,000 points, by key
+    # one batch of 249 records x 100 keys = 24,900 points: 25 requests of up to 1,000 points, by key
     _wait(lambda: worker.sink.progress >= p0 + 3, 120, "the first requests of the batch")
     srv.kill()
     with logger_warnings(srv.url, "lacks") as said:   # and 'failed' when its request failed before finish() gave up
@@ -146,20 +151,20 @@ def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault
 
     srv.start()                       # same port, same store
     before = mlflow_points(srv.url, run.run_id)
-    assert 0 < total(before) < 50_000, total(before)
+    assert 0 < total(before) < STEPS * len(KEYS), total(before)
     tops = [max(before[k]) if before.get(k) else -1 for k in KEYS]
     # the kill cut a batch: some keys reach further than others, so "the run's last step" would lose points
     assert min(tops) < max(tops), "the kill did not cut a batch"
 
     res = replay(run.spool_path, pending[0]["sink"])
     after = mlflow_points(srv.url, run.run_id)
-    assert_exact(after, KEYS, range(500))
-    assert total(after) == 50_000
-    fault_cell("mlflow server SIGKILLed mid-batch, then replay", "mlflow (server)", 50_000, total(after))
+    assert_exact(after, KEYS, range(STEPS))
+    assert total(after) == STEPS * len(KEYS)
+    fault_cell("mlflow server SIGKILLed mid-batch, then replay", "mlflow (server)", STEPS * len(KEYS), total(after))
     assert res.points_held == total(before)           # exactly what was there was not written again
 
     again = replay(run.spool_path, pending[0]["sink"])       # a second replay writes nothing
-    assert again.written == 0 and total(mlflow_points(srv.url, run.run_id)) == 50_000
+    assert again.written == 0 and total(mlflow_points(srv.url, run.run_id)) == STEPS * len(KEYS)
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])

@@ -18,6 +18,8 @@ from test_logger_outages import assert_exact, mlflow_points, total
 from test_migrate_support import PY, child_env, run_cli, write_run
 
 KEYS = [f"custom/m{j:03d}" for j in range(100)]
+STEPS = 250             # one batch of 25,000 points: 25 requests, the kill lands inside it (500 steps before, at twice
+POINTS = STEPS * len(KEYS)    # the time, most of it the server's SQLite inserts)
 
 
 def _rows(conn: sqlite3.Connection) -> int:
@@ -32,7 +34,7 @@ def test_migration_killed_mid_batch_into_a_server_then_rerun_writes_every_point_
     info = RunInfo(name="big", project="proj", run_id="big")
     write_run(src, info, [Record(step=i, wall_time=1763700000.0 + i, metrics={k: i + j / 1000
                                                                               for j, k in enumerate(KEYS)})
-                          for i in range(500)])
+                          for i in range(STEPS)])
     srv = mlflow_server
     dst = f"mlflow:{srv.url}"
     conn = sqlite3.connect(srv.db, timeout=30)
@@ -46,7 +48,7 @@ def test_migration_killed_mid_batch_into_a_server_then_rerun_writes_every_point_
     proc.wait(timeout=30)
     landed = _rows(conn) - base
     conn.close()
-    assert 0 < landed < 50_000, f"{landed} points landed before the kill"
+    assert 0 < landed < POINTS, f"{landed} points landed before the kill"
 
     run_id = target_run_id(src, info, 0)
     before = mlflow_points(srv.url, run_id)
@@ -56,9 +58,9 @@ def test_migration_killed_mid_batch_into_a_server_then_rerun_writes_every_point_
     r = run_cli("migrate", src, dst, "--quiet")
     assert r.returncode == 0, r.stderr
     after = mlflow_points(srv.url, run_id)
-    assert_exact(after, KEYS, range(500))
-    assert total(after) == 50_000
-    fault_cell("migrate SIGKILLed mid-batch into a server, run again", "mlflow (server)", 50_000, total(after))
+    assert_exact(after, KEYS, range(STEPS))
+    assert total(after) == POINTS
+    fault_cell("migrate SIGKILLed mid-batch into a server, run again", "mlflow (server)", POINTS, total(after))
     r = run_cli("migrate", src, dst, "--quiet")          # and once more: nothing written twice
     assert r.returncode == 0, r.stderr
-    assert total(mlflow_points(srv.url, run_id)) == 50_000
+    assert total(mlflow_points(srv.url, run_id)) == POINTS
