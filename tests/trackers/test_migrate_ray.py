@@ -145,6 +145,8 @@ class Killer(threading.Thread):
     def run(self) -> None:
         while len(self.killed) < self.times and not self.stop.wait(self.every):
             for pid, key in self._held():
+                if any(pid == p for p, _ in self.killed):
+                    continue        # killed already: its claim is freed once the kernel has finished with it
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
