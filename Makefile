@@ -2,17 +2,21 @@
 #   make demo   - create .venv if missing, install, run the demo on the embedded default, print where the output is
 #   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff, mypy), run the
 #                 whole test suite
-#   make test-quick - the unit tests alone (no tracker, no framework, no browser; one process, ~2 min)
+#   make test-quick - the unit tests alone (no tracker, no framework, no browser; two workers, under a minute)
 #   make smoke      - build the sdist and the wheel, install the wheel into fresh venvs ([all], and the core alone)
 #                     and run every command from there (tests/install; make test runs it too)
 # Flags: make test PYTEST_ARGS="--skip-integration"   (skip the slow real-TRL tests locally)
-#        make test PYTEST_WORKERS=0                    (one process; default 2, pytest-xdist)
+#        make test PYTEST_WORKERS=0                    (one process; default 3, pytest-xdist: on two cores a third
+#                                                       of the suite's time is spent waiting on servers and
+#                                                       child processes, which a third worker fills)
+#        make test-quick QUICK_WORKERS=0               (one process; default 2: the unit tests only compute)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 OUT    ?= out/demo
 PYTEST_ARGS ?=
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
+QUICK_WORKERS ?= 2
 
 .PHONY: demo test test-quick smoke bench docs lint clean
 
@@ -36,7 +40,7 @@ test: lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-quick: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m "unit and not browser" --check-unit-imports tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(QUICK_WORKERS) -q -m "unit and not browser" --check-unit-imports tests/unit $(PYTEST_ARGS)
 
 smoke: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q tests/install $(PYTEST_ARGS)
