@@ -39,8 +39,12 @@ class Ran:
 def clean_env(venv: Path) -> dict[str, str]:
     """The session's environment (wandb offline, scratch folders) without anything that would put the checkout
     or another environment on the path."""
+    # PYTHONDONTWRITEBYTECODE (set on some machines, this one included) left out: the venv is installed --no-compile,
+    # so every command would compile MLflow, wandb and the rest from source again; with it gone, the first command
+    # to import a module writes its bytecode inside the venv (a temporary folder) and the others reuse it
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONSAFEPATH")}
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONSAFEPATH",
+                        "PYTHONDONTWRITEBYTECODE")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
