@@ -102,7 +102,7 @@ def pytest_ignore_collect(collection_path, config):
     return True if folder and folder[0] in ("trackers", "frameworks", "install") else None
 
 
-# -- pytest-xdist (make test: -n 2; --dist loadscope in pyproject.toml) --------------------------------------------
+# -- pytest-xdist (make test: -n 3; --dist loadscope in pyproject.toml) --------------------------------------------
 # Each test module runs on one worker, so its module-scoped fixtures (a real MLflow server, a matrix of logged runs,
 # a store read by many tests) are built once. (xdist's --dist loadgroup would allow other groupings, but xdist 3.8
 # marks the groups in Item._nodeid, which pytest 9.2 no longer reads: every test became its own group.) Modules go to

@@ -46,7 +46,7 @@ SKIP = {
     "trackbridge migrate tensorboard:/shared/runs/ mlflow:http://mlflow.internal:5000 --engine ray \\":
         "names a Ray cluster and a tracking server of the user's; the same command against a one-node cluster on "
         "127.0.0.1 is tests/trackers/test_migrate_ray.py::test_cli_engine_ray_reaches_the_cluster",
-    "make test        # lint, then the whole suite on 2 workers (pytest-xdist): what CI runs (.ci/run)":
+    "make test        # lint, then the whole suite on 3 workers (pytest-xdist): what CI runs (.ci/run)":
         "runs the whole test suite, of which this test is a part (CI runs `make test` itself; `make smoke` is "
         "tests/install)",
     "mappings/            the facts: canonical.yaml (the hub: names, config names, splits, compare axes, presets,":
