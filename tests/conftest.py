@@ -199,10 +199,11 @@ def pytest_sessionfinish(session, exitstatus):
     worker = getattr(session.config, "workerinput", {}).get("workerid")
     if session.config.getoption("--check-unit-imports"):
         from _support.unit_imports import imported
-        plant = os.environ.get("TRACKBRIDGE_TEST_PLANT_IMPORT", "")     # WORKER:PACKAGE, for test_unit_imports
-        if plant and worker == plant.partition(":")[0]:
+        # WORKER:PACKAGE, for test_unit_imports: the package is put in that worker's sys.modules
+        where, _, package = os.environ.get("TRACKBRIDGE_TEST_PLANT_IMPORT", "").partition(":")
+        if package and worker == where:
             import types
-            sys.modules.setdefault(plant.partition(":")[2], types.ModuleType(plant.partition(":")[2]))
+            sys.modules.setdefault(package, types.ModuleType(package))
         if worker:                          # the tests ran here: the controller judges what every worker imported
             session.config.workeroutput["unit_imports"] = imported()
         else:

@@ -327,7 +327,6 @@ def _as_from_a_shell() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-
 INTERRUPT = r"""
 import sys, trackbridge
 spool, tb, writer, port = sys.argv[1:5]

@@ -108,9 +108,10 @@ def _render(chart: Chart, path: Path) -> None:
 def charting() -> Iterator[None]:
     """Draw several charts: the objects that exist when it begins are set aside from the cycle collector
     (``gc.freeze``) until it ends, so that the collection after each chart walks that chart's objects only. Left
-    alone when the process has frozen objects of its own (its ``gc.unfreeze`` would be ours to undo)."""
+    alone when the process has frozen objects of its own (its ``gc.unfreeze`` would be ours to undo), an enclosing
+    charting() included."""
     global _charting
-    if gc.get_freeze_count() or _charting:
+    if gc.get_freeze_count():
         yield
         return
     gc.collect()             # what is garbage now is collected now, not kept frozen until the end
