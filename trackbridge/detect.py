@@ -5,21 +5,28 @@ The releases with the most votes form the detected range (the newest contiguous 
 best count is highest wins, with trainer-specific keys breaking ties. Confidence combines the share of keys explained
 with the margin over the runner-up framework.
 
+**Evidence, not dilution** (:class:`Evidence`). Across frameworks a key counts 1/k when k frameworks log it (half
+that through a template only), and a run-config key that is one of a framework's ``config:`` keys counts for it
+likewise; equal evidence goes to the framework with the longer release history, and the tie is said. The keys no
+framework logs (custom reward functions, a fork's or a subclass's own metrics) are evidence of nothing and, once the
+best framework names :data:`MIN_STRONG` keys literally that no other framework logs, lower nothing: the share
+explained is then of the keys some framework logs.
+
 **"I don't know."** Logs of frameworks trackbridge has no mapping for share a few generic names with the known ones
 (``loss``, ``grad_norm``, ``lr`` under a ``train/`` prefix): a NeMo-RL GRPO record fits OpenRLHF DPO by 3 of 6 keys, a
-slime record OpenRLHF PPO by 3 of 9. Below :data:`MIN_EXPLAINED` of the keys explained by the best framework, or below
-:data:`MIN_CONFIDENCE`, detection answers ``unknown`` and names the nearest guesses; translation then passes names
-through unchanged and says so. Summary keys of a histogram a tracker could not hold (MLflow's ``X/count``, ``X/mean``
-...) count as the one value they are. Calibrated on the shipped examples and the test logs (tests/data/public-logs:
-every log and every single record of them is explained at 0.78 or more of its keys, confidence 0.74 or more) and on
-records of NeMo-RL, slime, AReaL and SkyRL (tests/data/frameworks-next: at most 0.5 of the keys, confidence 0.25 or
-less); tests/unit/test_detect_unknown.py checks both sides.
+slime record OpenRLHF PPO by 3 of 9, and neither has a key only that framework names. Without :data:`MIN_STRONG`
+such keys the share is of every key; below :data:`MIN_EXPLAINED` of it, or below :data:`MIN_CONFIDENCE`, detection
+answers ``unknown`` and names the nearest guesses; translation then passes names through unchanged and says so.
+Summary keys of a histogram a tracker could not hold (MLflow's ``X/count``, ``X/mean`` ...) count as the one value
+they are. Calibrated on the corpus of real public logs (tests/data/real: tests/unit/test_real_corpus.py) and on
+records of NeMo-RL, slime, AReaL and SkyRL against the mappings without those frameworks
+(tests/data/frameworks-next; tests/unit/test_detect_unknown.py checks both sides).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .schema.facts import SPLIT_PREFIXES
 from .schema.loader import Registry
@@ -28,6 +35,77 @@ from .schema.spec import Spec
 
 MIN_EXPLAINED = 0.6      # the best framework must explain at least this share of the keys ...
 MIN_CONFIDENCE = 0.4     # ... and be this sure (share x margin over the runner-up), else: unknown
+MIN_STRONG = 3           # keys only one framework names literally: from this many, the run's own keys dilute nothing
+
+
+@dataclass
+class Evidence:
+    """How much each framework's keys say for it. A key logged by k frameworks counts 1/k (``loss`` under ``train/``
+    says little, ``actor/ppo_kl`` much), half that when the framework explains it only through a template
+    (``perf/{metric}`` catches any ``perf/`` name); a run-config key that is one of the framework's ``config:`` keys
+    counts likewise. Keys no framework logs count for none and against none. ``strong`` counts, per framework, the
+    keys it names literally and no other framework logs: with :data:`MIN_STRONG` of them, the run's own keys (a fork's,
+    a subclass's, custom rewards) do not dilute the share explained."""
+
+    known: set[str]                        # keys some framework explains
+    by_framework: dict[str, float]
+    strong: dict[str, int]
+    config_hits: dict[str, int]
+
+    @classmethod
+    def of(cls, cands: list[tuple[Candidate, set[str]]], registry: Registry,
+           config: dict[str, Any] | None) -> "Evidence":
+        counts: dict[str, int] = {}
+        for _, explained in cands:
+            for k in explained:
+                counts[k] = counts.get(k, 0) + 1
+        flat = set(_flat(config or {}))
+        owners: dict[str, list[str]] = {}
+        for fw in registry.frameworks.values():
+            for key in {c.key for c in fw.config} & flat:
+                owners.setdefault(key, []).append(fw.name)
+        hits: dict[str, int] = {}
+        by_fw: dict[str, float] = {}
+        strong: dict[str, int] = {}
+        for key, fws in owners.items():
+            for name in fws:
+                hits[name] = hits.get(name, 0) + 1
+                by_fw[name] = by_fw.get(name, 0.0) + 1.0 / len(fws)
+        for c, explained in cands:
+            fw = registry.frameworks[c.framework]
+            total = by_fw.get(c.framework, 0.0)
+            for k in explained:
+                literal = _literal(fw, k)
+                total += (1.0 if literal else 0.5) / counts[k]
+                if literal and counts[k] == 1:
+                    strong[c.framework] = strong.get(c.framework, 0) + 1
+            by_fw[c.framework] = total
+        return cls(set(counts), by_fw, strong, hits)
+
+    def score(self, cand: Candidate) -> float:
+        return round(self.by_framework.get(cand.framework, 0.0), 9)
+
+
+def _literal(fw: FrameworkMapping, key: str) -> bool:
+    """Whether ``fw`` names ``key`` itself (an entry or a passthrough key, not a template), with or without one of
+    its tracker prefixes."""
+    split, rest = fw.split_prefix(key)
+    for k in ((key, rest) if split is not None else (key,)):
+        if any(e.key_template is None for e, _ in fw.lookup(k)):
+            return True
+        if any(tpl is None and text == k for text, tpl in fw.passthrough):
+            return True
+    return False
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """The dotted keys of a run config, nested or already flat."""
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            yield from _flat(v, key + ".")
+        else:
+            yield key
 
 
 @dataclass
@@ -238,7 +316,10 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
         best, explained = _best_for_framework(fw, keys, named[fw.name] or None)
         if best is not None:
             cands.append((best, explained))
-    cands.sort(key=lambda c: (c[0].explained, c[0].literal, c[0].specific), reverse=True)
+    weigh = Evidence.of(cands, registry, config)
+    # equal evidence: the framework with the longer release history (the more common) first
+    cands.sort(key=lambda c: (weigh.score(c[0]), c[0].explained, len(registry.frameworks[c[0].framework].releases)),
+               reverse=True)
     top = cands[0][0] if cands else None
     if canon_hits and (top is None or canon_hits > top.explained):
         second = top.explained if top else 0
@@ -249,17 +330,28 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
     if top is None:
         return Detection(None, "unknown", 0.0, n, 0, keys, [], "no key is logged by any framework trackbridge has a "
                          "mapping for")
-    second = cands[1][0].explained if len(cands) > 1 else 0
-    # a tracker that holds no histograms stores one as summary keys (MLflow: X/count, X/mean, X/std, X/min, X/max):
-    # one logged value, counted once against the share explained
-    n = n - _folded(set(keys) - cands[0][1])
-    conf = top.explained / n * (0.5 + 0.5 * (top.explained - second) / top.explained)
-    if top.explained / n < MIN_EXPLAINED or conf < MIN_CONFIDENCE:
-        guesses = [f"{c.describe(registry)} ({c.explained} of {n} keys)" for c, _ in cands[:3]]
+    # the keys no framework logs (the run's own: custom rewards, a fork's or a subclass's additions) are evidence of
+    # nothing and, once the framework has MIN_STRONG keys of its own, dilute nothing: the share is of the keys some
+    # framework logs. Without such keys (a few names several frameworks log, or template catches), the share is of
+    # every key, so that a framework with no mapping is not named after the generic names it shares. A tracker that
+    # holds no histograms stores one as summary keys (MLflow: X/count, X/mean ...): one value, counted once
+    own = n - len(weigh.known)
+    strong = weigh.strong.get(top.framework, 0)
+    pool = set(keys) if strong < MIN_STRONG else weigh.known
+    n_pool = len(pool) - _folded(pool - cands[0][1])
+    fit = top.explained / max(n_pool, 1)
+    ev_top = weigh.score(top)
+    ev_second = weigh.score(cands[1][0]) if len(cands) > 1 else 0.0
+    conf = fit * (0.5 + 0.5 * (ev_top - ev_second) / ev_top) if ev_top > 0 else 0.0
+    if fit < MIN_EXPLAINED or conf < MIN_CONFIDENCE:
+        guesses = [f"{c.describe(registry)} ({c.explained} of {n_pool} keys)" for c, _ in cands[:3]]
+        whose = "keys" if pool is not weigh.known else "keys some framework logs"
         return Detection(None, "unknown", conf, n, top.explained, sorted(set(keys) - cands[0][1]), guesses,
-                         f"the best guess, {top.describe(registry)}, explains only {top.explained} of {n} keys "
-                         f"(confidence {conf:.2f}; trackbridge names a framework from {MIN_EXPLAINED:.0%} of the keys "
-                         f"and confidence {MIN_CONFIDENCE}): the keys look like a framework it has no mapping for")
+                         f"the best guess, {top.describe(registry)}, explains only {top.explained} of {n_pool} "
+                         f"{whose} (confidence {conf:.2f}, {strong} keys only it names; trackbridge names a framework "
+                         f"from {MIN_EXPLAINED:.0%} of the keys and confidence {MIN_CONFIDENCE}, and leaves the keys "
+                         f"no framework logs out of the share once {MIN_STRONG} keys only one framework names are "
+                         f"there): the keys look like a framework it has no mapping for")
     fw = registry.frameworks[top.framework]
     # a trainer is named only if it beats the others: ties on the keys explained are broken by how much of each
     # trainer's own key set (its trainer-specific names at the detected release) was observed
@@ -276,6 +368,14 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
         top.lo, top.hi = _range_for(fw, keys, winner, top)
     trainer = top.trainer
     reason = f"{top.explained} of {n} keys are logged by {top.describe(registry)}"
+    if own and pool is weigh.known:
+        reason += f" ({own} logged by no framework: the run's own, passed through)"
+    if ev_second and ev_second == ev_top:
+        rival = cands[1][0]
+        reason += (f"; {rival.describe(registry)} explains the keys as well (a tie: {top.framework} is the more "
+                   f"common; pass source=... to say otherwise)")
+    if weigh.config_hits.get(top.framework):
+        reason += f"; the run config has {weigh.config_hits[top.framework]} of {top.framework}'s config keys"
     if assumed:
         reason += (f"; the keys fit trainers {', '.join([assumed[0], *assumed[1]])} equally, assuming "
                    f"{assumed[0]} (pass source=... or the run config to say otherwise)"
@@ -286,7 +386,8 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
 
     spec = Spec("framework", framework=top.framework, trainer=trainer, lo=float(top.lo), hi=float(top.hi))
     explained_set = cands[0][1]
-    return Detection(spec, spec.describe(registry), conf, n, top.explained, sorted(set(keys) - explained_set),
+    n_all = n_pool if pool is not weigh.known else n - _folded(set(keys) - explained_set)
+    return Detection(spec, spec.describe(registry), conf, n_all, top.explained, sorted(set(keys) - explained_set),
                      [c.describe(registry) for c, _ in cands[1:4]], reason)
 
 
