@@ -1,0 +1,143 @@
+"""SkyRL and ROLL at every release that logs metrics: old releases' key sets are detected as the framework with a
+release range that holds them, `--from FRAMEWORK@RELEASE` resolves each release, reductions that changed between
+releases are read with the release's own statement, and the audit items (ROLL's `time/step_total`).
+
+Every fact below carries the file and tag it was read from (github.com/alibaba/ROLL and github.com/NovaSky-AI/SkyRL,
+`git show TAG:FILE`); the inventories (tests/data/frameworks/{roll,skyrl}-keys.tsv) hold the full per-release key
+lists and tests/unit/test_inventory_next.py checks them against the mappings."""
+from __future__ import annotations
+
+import pytest
+
+from trackbridge.detect import detect
+from trackbridge.schema.loader import load_registry
+from trackbridge.schema.spec import SpecError, parse_spec
+from trackbridge.translate import Translator
+
+
+@pytest.fixture(scope="module")
+def reg():
+    return load_registry()
+
+
+def in_range(reg, det, framework: str, release: str) -> bool:
+    fw = reg.frameworks[framework]
+    i = fw.release_index(release)
+    return det.spec is not None and det.spec.framework == framework and det.spec.lo <= i <= det.spec.hi
+
+
+# -- ROLL ------------------------------------------------------------------------------------------------------------
+ROLL_RELEASES = ["v0.1.0", "v0.1.1", "v0.1.3", "v0.2.0", "v0.2.1", "v0.3.0"]      # `git tag` of alibaba/ROLL
+
+# A ROLL v0.1.0 RLVR step, one domain ("math"), as its tracker receives it. The actor's keys carry no @tag yet
+# (roll/pipeline/rlvr/actor_worker.py@v0.1.0:104-129); critic/kl and critic/kl_coef are logged without the domain
+# prefix (compute_token_reward's metrics added with metrics_mgr.add_metrics, rlvr_pipeline.py@v0.1.0:459); the
+# reward stages' timers are plain time/ keys (rlvr_pipeline.py@v0.1.0:444, 452, 460, 478); no time/step_total
+# (rlvr_pipeline.py@v0.1.0 logs only the step_total timer of the dpo pipeline); the token/ and critic/ batch
+# statistics from metrics_manager.py@v0.1.0 add_token_metrics / add_values_metrics; system/* from
+# add_system_metrics; actor_train/grad_norm from megatron_strategy.py@v0.1.0:402; actor/lr from base_worker.py@v0.1.0:103.
+ROLL_V010_STEP = [
+    "actor/ppo_ratio_high_clipfrac", "actor/ppo_ratio_low_clipfrac", "actor/ppo_ratio_clipfrac", "actor/ratio_mean",
+    "actor/ratio_max", "actor/ratio_min", "actor/clipfrac", "actor/pg_loss", "actor/weighted_pg_loss", "actor/kl_loss",
+    "actor/total_loss", "actor/approxkl", "actor/policykl", "actor/valid_samples", "actor/total_samples",
+    "actor/valid_sample_ratio", "actor/sample_weights_mean", "actor/sample_weights_min", "actor/sample_weights_max",
+    "actor/lr", "actor_train/grad_norm",
+    "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/rewards/max",
+    "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max", "critic/advantages/min",
+    "critic/entropy/mean", "critic/correct/mean", "critic/kl", "critic/kl_coef",
+    "token/prompt_length/mean", "token/prompt_length/max", "token/response_length/mean", "token/response_length/max",
+    "token/total_length/mean", "math/critic/score/mean", "math/token/response_length/mean",
+    "time/step_model_update", "time/step_generate", "time/ref_log_probs_values", "time/old_log_probs",
+    "time/get_sample_level_mask", "time/reward_postprocess", "time/get_token_reward", "time/compute_advantage",
+    "time/step_train", "mask/final_mask_sum_eq_0",
+    "system/global_step", "system/batch_size", "system/samples", "system/tps_gpu", "system/actor_train/tps_gpu",
+]
+
+
+def test_roll_releases_are_every_tag(reg):
+    assert reg.frameworks["roll"].releases == ROLL_RELEASES
+
+
+def test_roll_v010_step_is_roll_with_v010_in_range(reg):
+    rec = {k: 0.5 + i / 1000 for i, k in enumerate(ROLL_V010_STEP)}
+    det = detect(rec, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("roll", "rlvr"), det.to_json()
+    assert in_range(reg, det, "roll", "v0.1.0"), det.to_json()
+    assert det.unexplained == [], det.to_json()
+
+
+@pytest.mark.parametrize("version, index, note", [
+    ("0.1.0", 0, None), ("v0.1.1", 1, None), ("0.1.3", 2, None), ("v0.2.0", 3, None), ("0.2.1", 4, None),
+    ("v0.3.0", 5, None), ("0.1.2", 1, "read as v0.1.1"),
+])
+def test_roll_release_specs_resolve(reg, version, index, note):
+    spec = parse_spec(f"roll@{version}", reg)
+    assert (spec.framework, spec.lo, spec.hi) == ("roll", index, index)
+    assert (spec.note is None) if note is None else (note in spec.note)
+
+
+def test_roll_older_than_first_release_is_refused(reg):
+    with pytest.raises(SpecError, match="older than the first"):
+        parse_spec("roll@0.0.9", reg)
+
+
+@pytest.mark.parametrize("release", ["0.1.3", "0.2.0", "0.2.1", "0.3.0"])
+def test_roll_step_total_is_the_previous_step_never_exact(reg, release):
+    """rlvr_pipeline.py@v0.3.0:476 sets pre_step_total_time = 0 before the loop, :496 logs it as time/step_total at
+    the top of each step, :842 sets it to the step's step_total_timer.last after the step (rlvr_pipeline.py@v0.1.3:437,
+    454 the same): the previous step's duration, 0 at the first step. Canonical time/step is the step's own."""
+    res = Translator(f"roll@{release}", "canonical", registry=reg).translate({"time/step_total": 41.5})
+    assert res.metrics["time/step"] == 41.5
+    why = res.approximate.get("time/step")
+    assert why is not None and "[deviation]" in why and "previous step" in why, why
+
+
+def test_roll_step_total_to_another_framework_is_approximate(reg):
+    res = Translator("roll@0.3.0", "verl", registry=reg).translate({"time/step_total": 41.5})
+    assert res.metrics == {"timing_s/step": 41.5}
+    assert "previous step" in (res.approximate.get("timing_s/step") or ""), res.approximate
+
+
+def test_roll_v010_v011_do_not_log_step_total(reg):
+    """No time/step_total in the RLVR pipeline at v0.1.0 and v0.1.1 (only dpo_pipeline.py logs one): no entry claims
+    time/step for it there, so the pipeline's key is not written back to those releases."""
+    fw = reg.frameworks["roll"]
+    for release in ("v0.1.0", "v0.1.1"):
+        i = fw.release_index(release)
+        assert not [e for e in fw.entries if e.key == "time/step_total" and e.applies("rlvr", i, i)]
+    i = fw.release_index("v0.1.3")
+    assert [e for e in fw.entries if e.key == "time/step_total" and e.applies("rlvr", i, i)]
+
+
+def test_roll_untagged_actor_metrics_average_micro_batches(reg):
+    """v0.1.x: each micro-batch's agg_loss over that micro-batch alone, np.mean over micro-batches and ranks
+    (functionals.py@v0.1.0:351 reduce_metrics; protocol.py@v0.1.0:607 concat joins the ranks' lists); v0.2.0 onward:
+    @sum of shares of the global token count (base_worker.py@v0.2.0:207, actor_worker.py@v0.2.0:145): the micro-batches
+    and ranks pool. The default loss_agg_mode is seq-mean-token-sum at v0.1.0 (rlvr_config.py@v0.1.0:233) and
+    seq-mean-token-mean from v0.1.1 (rlvr_config.py@v0.1.1:237)."""
+    config = {"loss_agg_mode": "token-mean"}
+    old = Translator("roll@0.1.3", "canonical", registry=reg, config=config).translate({"actor/kl_loss": 0.02})
+    new = Translator("roll@0.2.0", "canonical", registry=reg, config=config).translate({"actor/kl_loss": 0.02})
+    assert "[micro_batches]" in old.approximate["kl/ref/k3"] and "[processes]" in old.approximate["kl/ref/k3"]
+    assert "[micro_batches]" not in new.approximate["kl/ref/k3"] and "[processes]" not in new.approximate["kl/ref/k3"]
+    v010 = Translator("roll@0.1.0", "canonical", registry=reg).translate({"actor/pg_loss": 0.1})
+    v011 = Translator("roll@0.1.1", "canonical", registry=reg).translate({"actor/pg_loss": 0.1})
+    assert "seq-mean-token-sum, the default" in v010.approximate["loss/policy"], v010.approximate
+    assert "seq-mean-token-mean, the default" in v011.approximate["loss/policy"], v011.approximate
+
+
+def test_roll_v010_round_trip_and_unprefixed_reward_kl(reg):
+    rec = {k: 0.5 + i / 1000 for i, k in enumerate(ROLL_V010_STEP)}
+    canon = Translator("roll@0.1.0", "canonical", registry=reg).translate(rec)
+    assert "critic/kl" in canon.unmapped and "mask/final_mask_sum_eq_0" in canon.unmapped
+    assert canon.metrics["loss/policy"] == rec["actor/pg_loss"]
+    back = Translator("canonical", "roll", registry=reg, origin="roll/rlvr@v0.1.0").translate(canon.metrics)
+    assert back.metrics == pytest.approx(rec)
+
+
+def test_roll_readme_logger_snippet_is_verl_not_roll(reg):
+    """The README's logger snippet: two keys both frameworks log under these names (veRL's actor/pg_loss and
+    critic/score/mean; ROLL's actor_worker.py@v0.3.0:145 "actor/pg_loss@sum", tag stripped, and
+    metrics_manager.py@v0.3.0:206 f"{prefix}/score/mean" with prefix critic) and a veRL config key: veRL."""
+    det = detect({"actor/pg_loss": 0.12, "critic/score/mean": 0.4}, reg, config={"algorithm.kl_ctrl.kl_coef": 0.001})
+    assert det.spec is not None and det.spec.framework == "verl", det.to_json()
