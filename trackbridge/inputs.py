@@ -324,8 +324,11 @@ def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool 
     from .trackers import guess_locator, kinds, open_source, source_locator
     label, text = split_label(text.strip()) if allow_label else (None, text)
     if rows and not is_locator(text):
-        plain = text == "-" or text.endswith((".json", ".jsonl"))
-        guessed = None if plain else guess_locator(text)
+        # a trainer_state.json is read by its reader whatever the command (its settings, logging_steps among them,
+        # are the run config translate and doctor use as migrate and compare do); any other .json/.jsonl as rows
+        guessed = None if text == "-" or text.endswith(".jsonl") else guess_locator(text)
+        if text.endswith(".json") and guessed is not None and not guessed.startswith("trainer-state:"):
+            guessed = None
         if guessed is None or guessed.startswith("jsonl:"):
             if text != "-" and not Path(text).exists():
                 raise InputError(f"{text}: cannot open (no such file or folder)")
