@@ -13,6 +13,7 @@ from trackbridge.detect import detect
 from trackbridge.schema.loader import load_registry
 from trackbridge.schema.spec import SpecError, parse_spec
 from trackbridge.translate import Translator
+from trackbridge.translate.fidelity import judge, reference, resolve
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +142,83 @@ def test_roll_readme_logger_snippet_is_verl_not_roll(reg):
     metrics_manager.py@v0.3.0:206 f"{prefix}/score/mean" with prefix critic) and a veRL config key: veRL."""
     det = detect({"actor/pg_loss": 0.12, "critic/score/mean": 0.4}, reg, config={"algorithm.kl_ctrl.kl_coef": 0.001})
     assert det.spec is not None and det.spec.framework == "verl", det.to_json()
+
+
+# -- SkyRL -----------------------------------------------------------------------------------------------------------
+# The skyrl package's releases: git tags skyrl-v0.1.0, skyrl-v0.2.0, skyrl-v0.3.0 of NovaSky-AI/SkyRL and the skyrl
+# 0.4.0 wheel (skyrl/__init__.py@skyrl-v0.3.0: __version__ = "0.3.0"; skyrl 0.0.1 on PyPI is an empty placeholder).
+SKYRL_RELEASES = ["v0.1.0", "v0.2.0", "v0.3.0", "v0.4.0"]
+
+# A default GRPO step of skyrl v0.1.0 (use_kl_loss on, no reward KL, no critic): the worker's status keys with the
+# trainer's policy/ prefix (skyrl/backends/skyrl_train/workers/worker.py@skyrl-v0.1.0:916-925, loss_metrics/clip_ratio
+# from ppo_utils.py), grad_norm from the trainer's optim_step loop (skyrl/train/trainer.py@skyrl-v0.1.0:1088), the
+# trainer's reward/, loss/, trainer/ keys and timing/ Timer names (trainer.py@skyrl-v0.1.0), the generator's
+# generate/ keys (skyrl/train/generators/utils.py@skyrl-v0.1.0). Not in v0.1.0: generate/batch_num_seq and
+# generate/batch_padded_seq_len (trainer.py@skyrl-v0.2.0), trainer/tokens_per_second_per_gpu,
+# policy/rollout_train_logprobs_abs_diff_max|min, policy/minibatch_rollout_logprobs_abs_diff_* (skyrl-v0.3.0).
+SKYRL_V010_STEP = [
+    "policy/policy_loss", "policy/final_loss", "policy/policy_entropy", "policy/policy_kl", "policy/policy_lr",
+    "policy/response_length", "policy/loss_metrics/clip_ratio", "policy/grad_norm",
+    "policy/rollout_train_logprobs_abs_diff_mean", "policy/rollout_train_logprobs_abs_diff_std",
+    "reward/avg_raw_reward", "reward/avg_pass_at_5", "reward/mean_positive_reward",
+    "loss/avg_final_rewards", "loss/avg_raw_advantages", "loss/avg_raw_advantages_abs",
+    "generate/avg_num_tokens", "generate/max_num_tokens", "generate/min_num_tokens", "generate/std_num_tokens",
+    "generate/avg_tokens_non_zero_rewards", "generate/avg_tokens_zero_rewards",
+    "trainer/global_step", "trainer/epoch",
+    "timing/step", "timing/generate", "timing/policy_train", "timing/fwd_logprobs_values_reward",
+    "timing/compute_advantages_and_returns", "timing/train_critic_and_policy", "timing/sync_weights",
+]
+
+
+def test_skyrl_releases_are_the_skyrl_package(reg):
+    assert reg.frameworks["skyrl"].releases == SKYRL_RELEASES
+
+
+def test_skyrl_v010_step_is_skyrl_with_v010_in_range(reg):
+    rec = {k: 0.5 + i / 1000 for i, k in enumerate(SKYRL_V010_STEP)}
+    det = detect(rec, reg)
+    assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("skyrl", "ppo"), det.to_json()
+    assert in_range(reg, det, "skyrl", "v0.1.0"), det.to_json()
+    assert det.unexplained == [], det.to_json()
+    canon = Translator("skyrl@0.1.0", "canonical", registry=reg).translate(rec)
+    back = Translator("canonical", "skyrl", registry=reg, origin="skyrl/ppo@v0.1.0").translate(canon.metrics)
+    assert back.metrics == pytest.approx(rec)
+
+
+@pytest.mark.parametrize("version, index", [("0.1.0", 0), ("v0.2.0", 1), ("0.3.0", 2), ("v0.4.0", 3)])
+def test_skyrl_release_specs_resolve(reg, version, index):
+    spec = parse_spec(f"skyrl@{version}", reg)
+    assert (spec.framework, spec.lo, spec.hi, spec.note) == ("skyrl", index, index, None)
+
+
+def verdict(reg, release: str, key: str, config: dict) -> str | None:
+    """None (exact) or the generated reason of the unconditional skyrl entry for ``key`` at ``release`` under
+    ``config``, judged against the canonical reference (the stated reduction itself, before the proof gate)."""
+    fw = reg.frameworks["skyrl"]
+    i = fw.release_index(release)
+    (e,) = [e for e in fw.entries if e.key == key and not e.when and e.applies("ppo", i, i)]
+    return judge(resolve(e, fw, "ppo", i, i, config), reference(reg.canonical.metrics[e.canonical]))
+
+
+ONE_MINI_BATCH = {"trainer.train_batch_size": 256, "trainer.policy_mini_batch_size": 256}
+
+
+def test_skyrl_v010_policy_loss_is_a_mean_of_micro_batch_means(reg):
+    """v0.1.0: policy_loss is each micro-batch's loss_reduction mean (ppo_utils.py@skyrl-v0.1.0:983 reduce_loss),
+    averaged over ranks and micro-batches (worker_utils.py@skyrl-v0.1.0:8, 27, mean for every key); v0.2.0 onward it
+    is pre-scaled at the mini-batch level and summed (worker_utils.py@skyrl-v0.2.0:9 sum_loss_metrics; worker.py
+    @skyrl-v0.2.0:883-890): the pooled mini-batch loss, exact with one mini-batch."""
+    old = verdict(reg, "0.1.0", "policy/policy_loss", ONE_MINI_BATCH)
+    assert old is not None and "[micro_batches]" in old and "[processes]" in old, old
+    for release in ("0.2.0", "0.3.0", "0.4.0"):
+        assert verdict(reg, release, "policy/policy_loss", ONE_MINI_BATCH) is None, release
+    total = verdict(reg, "0.1.0", "policy/final_loss", {**ONE_MINI_BATCH, "trainer.algorithm.use_kl_loss": False})
+    assert total is not None and "[micro_batches]" in total and "[deviation]" not in total, total
+
+
+def test_skyrl_throughput_only_from_v030(reg):
+    """trainer/tokens_per_second_per_gpu is first set in skyrl/train/trainer.py@skyrl-v0.3.0:500."""
+    fw = reg.frameworks["skyrl"]
+    claims = {r: bool([e for e in fw.entries if e.key == "trainer/tokens_per_second_per_gpu"
+                       and e.applies("ppo", fw.release_index(r), fw.release_index(r))]) for r in SKYRL_RELEASES}
+    assert claims == {"v0.1.0": False, "v0.2.0": False, "v0.3.0": True, "v0.4.0": True}
