@@ -1,6 +1,6 @@
 """``console:PATH``: metrics printed to a console log, read back into records.
 
-Two printed forms are recognised, anywhere in a line (after ANSI colours, Ray's ``(TaskRunner pid=N)`` prefix and
+These printed forms are recognised, anywhere in a line (after ANSI colours, Ray's ``(TaskRunner pid=N)`` prefix and
 tqdm's carriage-return progress updates are removed):
 
 * veRL's console logger: ``step:N - key:value - key:value ...``, one line per step. veRL <= ~0.3 prints values as
@@ -15,6 +15,9 @@ tqdm's carriage-return progress updates are removed):
   framework mappings translate them); tqdm prints numbers with 3 significant digits, and the bar shows the value of
   one micro-batch, not the step's mean (:attr:`RunInfo.extra` ``progress_bar`` says so). A postfix repeated
   unchanged by tqdm's refreshes is one record; steps are in log order.
+
+* the forms of the frameworks beyond those three (slime's ``step N: {...}``, prime-rl's ``Step N | Label: value``
+  lines, NeMo-RL's bullet blocks, AReaL's box-drawn stats tables): :mod:`~trackbridge.files.console_forms`.
 
 Steps come from ``step:N``; else (progress bars: always) from a ``step``/``global_step`` key of the dict (or the key
 named by the
@@ -31,6 +34,7 @@ from typing import Any, Generator, Iterator
 from ..record import Record, RunInfo
 from ..tracking.source import RunReader, Source, SourceError
 from ..tracking.textfiles import LineSummary, existing_file, iter_lines
+from .console_forms import Forms
 from .printed import ANSI, LiteralError, parse_number, parse_printed_dict
 
 # "step:12 - a:1 - b:2" at the start of a segment or after a space/bracket (Ray and logging prefixes).
@@ -98,6 +102,16 @@ class ConsoleRun(RunReader):
         ordinal = 0
         rounded = False
         last_bar: dict[str, Any] | None = None
+        forms = Forms()
+
+        def form_records(found: list[tuple[dict[str, Any], int | None, str]]
+                         ) -> Iterator[tuple[Record, str]]:
+            nonlocal ordinal
+            for metrics, step, kind in found:
+                if step is None:
+                    ordinal += 1
+                    step = ordinal
+                yield Record(step=step, wall_time=None, metrics=metrics), kind
         for lineno, text, complete in iter_lines(self.path):
             found = False
             clean = ANSI.sub("", text)
@@ -140,9 +154,17 @@ class ConsoleRun(RunReader):
                         yield Record(step=ordinal, wall_time=None, metrics=metrics), "dict:ordinal"
                     else:
                         yield Record(step=step, wall_time=None, metrics=metrics), "dict:logged"
+                    continue
+                got_forms = forms.feed(seg, f"{where}:{lineno}", complete)
+                if got_forms is not None:
+                    found = True
+                    yield from form_records(got_forms)
             if not found:
                 noise.add(lineno)
+        yield from form_records(forms.close())
         if report:
+            for at, why in forms.skipped:
+                self.skip(at, why)
             if noise.count:
                 self.skip(where, noise.text("lines without metrics"))
             if rounded and self._info is not None:

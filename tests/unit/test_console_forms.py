@@ -1,0 +1,96 @@
+"""The printed forms of NeMo-RL, AReaL, slime, SkyRL and prime-rl, read by ``console:`` (issue 29), on the real logs
+of tests/data/real (provenance in each folder's SOURCES.yaml): every value below was read off the file by eye."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trackbridge.trackers import open_source
+
+from _support import DATA
+
+REAL = DATA / "real"
+
+
+def read(path):
+    (run,) = open_source(f"console:{path}").runs()
+    return run, list(run.records())
+
+
+def by_step(records):
+    out = {}
+    for r in records:
+        assert r.step not in out, f"step {r.step} twice"
+        out[r.step] = r.metrics
+    return out
+
+
+def test_slime_step_dicts():
+    run, recs = read(REAL / "slime" / "01_prorl_issue40_step.log")
+    steps = by_step(recs)
+    assert sorted(steps) == [1, 28]
+    assert steps[1]["train/loss"] == 0.10215942561626434
+    assert steps[28]["train/grad_norm"] == 2217390918.482301
+    assert len(steps[1]) == 15 and steps[1]["train/step"] == 1
+    assert run.info.extra["format"].startswith("step-dict")
+
+
+def test_slime_perf_dicts_at_their_rollout_id():
+    _, recs = read(REAL / "slime" / "02_issue1837_perf.log")
+    steps = by_step(recs)
+    assert steps[0]["rollout/response_len/mean"] == 2773.71484375
+    assert steps[0]["rollout/zero_std/count_1"] == 14
+
+
+def test_nemo_rl_bullet_blocks_are_one_record_keyed_by_their_section():
+    run, recs = read(REAL / "nemo_rl" / "01_pr1052_async_grpo_console.log")
+    assert len(recs) == 1
+    m = recs[0].metrics
+    assert m["Training Results/Loss"] == 0.1032
+    assert m["Training Results/Avg Reward"] == 0.3486
+    assert m["Training Results/Buffer Size"] == 64
+    assert m["Timing/Total step time"] == 66.55
+    assert m["Timing/policy_training"] == 25.05          # "25.05s (37.6%)": the seconds, not the share
+    assert m["Timing/weight_sync"] == 0.13
+    assert len(m) == 13
+    assert run.info.extra["step_source"] == "ordinal"
+
+
+def test_prime_rl_labelled_lines():
+    _, recs = read(REAL / "prime_rl" / "01_pr1318_orchestrator.log")
+    steps = by_step(recs)
+    assert sorted(steps) == [28, 29, 30, 31]
+    assert steps[29] == {"Time": 72.73, "Reward": 0.4018, "Throughput": 2288.1, "Seq. Length": 323.3,
+                         "Async Level": 1, "Max. Off-Policy Level": 0}
+
+
+def test_areal_stats_tables():
+    _, recs = read(REAL / "areal" / "01_issue110_realhf_masterworker_table.log")
+    merged = {}
+    for r in recs:
+        merged.update(r.metrics)
+    assert merged["ppo_actor/new_logp/min"] == pytest.approx(-18.766)
+    assert merged["ppo_actor/vocab_min_logits/min"] == pytest.approx(-59.688)
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in merged.values())
+
+
+def test_a_json_dict_after_step_equals():
+    _, recs = read(REAL / "skyrl" / "01_marinskyrl_catcount_healthy.log")
+    assert recs[0].step == 0 and recs[0].metrics == {"eval/sampled/train/avg_score": 0.24539757878014334}
+    assert recs[1].step == 1 and recs[1].metrics["policy/final_loss"] == 0.32756934594362974
+
+
+def test_lines_that_only_look_like_forms_are_noise_and_said(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text("  • Loss: 0.5\n"                    # a bullet with no header above it
+                 "Status | ok\n"                      # one item, no number
+                 "Results:\n  • Loss: 0.25\n  • Reward: 1.5\n"
+                 "step 3: {'a': 'text'}\n"            # a dict with no numbers
+                 "step 4: {'loss': 0.1, 'kl': 0.2}")  # cut off: no newline
+    run, recs = read(p)
+    assert [r.metrics for r in recs] == [{"Results/Loss": 0.25, "Results/Reward": 1.5}]
+    text = " ".join(f"{pr.where} {pr.what}" for pr in run.problems)
+    assert "step 3: the dict holds no numbers" in text
+    assert "cut off" in text
+    assert "lines without metrics" in text
