@@ -94,3 +94,12 @@ def test_lines_that_only_look_like_forms_are_noise_and_said(tmp_path):
     assert "step 3: the dict holds no numbers" in text
     assert "cut off" in text
     assert "lines without metrics" in text
+
+
+def test_a_verl_line_cut_off_at_its_end_keeps_its_whole_items():
+    """The pasted line ends in '- response_length/cl' (the issue text was cut): the 33 items before it are whole."""
+    run, recs = read(REAL / "verl" / "03_issue1208_sglang.log")
+    assert len(recs) == 1 and recs[0].step == 2
+    assert recs[0].metrics["global_seqlen/min"] == 538646.0 and len(recs[0].metrics) == 33
+    assert "response_length/cl" not in recs[0].metrics
+    assert any("'response_length/cl', a name with no value (cut off?)" in pr.what for pr in run.problems)

@@ -5,7 +5,9 @@ tqdm's carriage-return progress updates are removed):
 
 * veRL's console logger: ``step:N - key:value - key:value ...``, one line per step. veRL <= ~0.3 prints values as
   ``f"{v:.3f}"``, later releases as ``pprint.pformat(v)`` (full precision, ``nan``, ``inf``, ``np.float64(0.5)``);
-  only numbers are printed. Keys may contain ``/``, ``@``, ``-`` and ``:`` (the value is after the *last* colon).
+  only numbers are printed. A line that ends in a name with no value (cut off by a paste or a terminal) keeps
+  the items before it, and says so; a value that is not a number skips the line. Keys may contain ``/``, ``@``,
+  ``-`` and ``:`` (the value is after the *last* colon).
 * a printed transformers/TRL log dict on its own: ``{'loss': 0.1, 'grad_norm': 2.3, 'epoch': 0.5}``. Evaluated with
   ``ast`` (never ``eval``); ``np.float64(...)``/``tensor(...)`` wrappers, ``nan``/``inf`` and numbers printed as
   strings (transformers >= 4.5x prints floats as ``'0.1234'``, i.e. rounded to 4 significant digits) are accepted.
@@ -196,10 +198,21 @@ class ConsoleRun(RunReader):
                 self.skip(where, "last line has no newline (cut off while writing?); skipped to avoid a partial point")
             return None
         metrics: dict[str, Any] = {}
-        for item in rest[3:].split(" - "):
+        items = rest[3:].split(" - ")
+        for i, item in enumerate(items):
+            last = i == len(items) - 1
+            if last and item.endswith(" -"):
+                item = item[:-2]                # the next separator printed, the next item cut off
             key, sep, value = item.rpartition(":")
             num = parse_number(value) if sep else None
             if not key or num is None:
+                if last and metrics and not sep:
+                    # a key with no value: the line's end cut off (a paste, a terminal's width); the items before
+                    # it are whole
+                    if report:
+                        self.skip(where, f"step {m.group('step')}: the line ends in {item[:80]!r}, a name with no "
+                                         f"value (cut off?); the {len(metrics)} items before it kept")
+                    break
                 if report:
                     self.skip(where, f"step {m.group('step')}: cannot read {item[:80]!r} as key:number; line skipped")
                 return None
