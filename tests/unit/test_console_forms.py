@@ -103,3 +103,11 @@ def test_a_verl_line_cut_off_at_its_end_keeps_its_whole_items():
     assert recs[0].metrics["global_seqlen/min"] == 538646.0 and len(recs[0].metrics) == 33
     assert "response_length/cl" not in recs[0].metrics
     assert any("'response_length/cl', a name with no value (cut off?)" in pr.what for pr in run.problems)
+
+
+def test_a_quoted_paste_with_broken_colour_codes_reads_as_its_tables():
+    """AReaL issue 110's paste: markdown quotes ('> > > '), colour codes that lost their escape byte ('[36m',
+    '\ufffd[0m') and Ray's '(MasterWorker pid=N)' before every row; two tables, each ended by its bottom border."""
+    _, recs = read(REAL / "areal" / "01_issue110_realhf_masterworker_table.log")
+    assert len(recs) == 2
+    assert recs[1].metrics["ppo_actor/n_valid_tokens"] == pytest.approx(1.6115e05)

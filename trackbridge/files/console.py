@@ -41,6 +41,8 @@ from .printed import ANSI, LiteralError, parse_number, parse_printed_dict
 
 # "step:12 - a:1 - b:2" at the start of a segment or after a space/bracket (Ray and logging prefixes).
 _STEP_LINE = re.compile(r"(?:^|(?<=[\s\])]))step:(?P<step>-?\d+)(?P<rest>(?: - .*)?)$")
+# what a paste leaves: a markdown quote ("> > > "), colour codes whose escape byte was lost ("[36m", "\ufffd[0m")
+_PASTED = re.compile(r"^(?:>\s?)+|(?:\ufffd)?\[[0-9;]{1,8}m")
 _RAY_PREFIX = re.compile(r"^\((?:[\w.]+) pid=\d+(?:, ip=[\d.]+)?\)\s*")
 # tqdm: "desc: 50%|bar| 2/4 [00:10<00:10, 5.0s/it, k=v, k=v]" (the n/total and [elapsed<remaining, rate...] part)
 _TQDM = re.compile(r"\|\s*(?P<n>\d+)(?:/(?P<total>\d+))?\s*\[(?P<inside>[^\[\]]*)\]\s*$")
@@ -119,7 +121,7 @@ class ConsoleRun(RunReader):
             clean = ANSI.sub("", text)
             segments = clean.split("\r")
             for i, seg in enumerate(segments):
-                seg = _RAY_PREFIX.sub("", seg.strip())
+                seg = _RAY_PREFIX.sub("", _PASTED.sub("", seg.strip()))
                 if not seg:
                     continue
                 bar = _TQDM.search(seg)
