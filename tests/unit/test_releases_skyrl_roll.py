@@ -34,9 +34,10 @@ ROLL_RELEASES = ["v0.1.0", "v0.1.1", "v0.1.3", "v0.2.0", "v0.2.1", "v0.3.0"]    
 # (roll/pipeline/rlvr/actor_worker.py@v0.1.0:104-129); critic/kl and critic/kl_coef are logged without the domain
 # prefix (compute_token_reward's metrics added with metrics_mgr.add_metrics, rlvr_pipeline.py@v0.1.0:459); the
 # reward stages' timers are plain time/ keys (rlvr_pipeline.py@v0.1.0:444, 452, 460, 478); no time/step_total
-# (rlvr_pipeline.py@v0.1.0 logs only the step_total timer of the dpo pipeline); the token/ and critic/ batch
-# statistics from metrics_manager.py@v0.1.0 add_token_metrics / add_values_metrics; system/* from
-# add_system_metrics; actor_train/grad_norm from megatron_strategy.py@v0.1.0:402; actor/lr from base_worker.py@v0.1.0:103.
+# (in v0.1.0 only dpo_pipeline.py logs one); the token/ and critic/ batch statistics from metrics_manager.py@v0.1.0
+# add_token_metrics / add_values_metrics (critic/returns/* and critic/raw_advantages/* included: the lines of
+# metrics_manager.py@v0.3.0:254-290, unchanged since v0.1.0); system/* from add_system_metrics;
+# actor_train/grad_norm from megatron_strategy.py@v0.1.0:402; actor/lr from base_worker.py@v0.1.0:103.
 ROLL_V010_STEP = [
     "actor/ppo_ratio_high_clipfrac", "actor/ppo_ratio_low_clipfrac", "actor/ppo_ratio_clipfrac", "actor/ratio_mean",
     "actor/ratio_max", "actor/ratio_min", "actor/clipfrac", "actor/pg_loss", "actor/weighted_pg_loss", "actor/kl_loss",
@@ -45,9 +46,11 @@ ROLL_V010_STEP = [
     "actor/lr", "actor_train/grad_norm",
     "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/rewards/max",
     "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max", "critic/advantages/min",
+    "critic/returns/mean", "critic/returns/max", "critic/returns/min", "critic/raw_advantages/mean",
     "critic/entropy/mean", "critic/correct/mean", "critic/kl", "critic/kl_coef",
     "token/prompt_length/mean", "token/prompt_length/max", "token/response_length/mean", "token/response_length/max",
-    "token/total_length/mean", "math/critic/score/mean", "math/token/response_length/mean",
+    "token/response_length/diff", "token/total_length/mean",
+    "math/critic/score/mean", "math/token/response_length/mean",
     "time/step_model_update", "time/step_generate", "time/ref_log_probs_values", "time/old_log_probs",
     "time/get_sample_level_mask", "time/reward_postprocess", "time/get_token_reward", "time/compute_advantage",
     "time/step_train", "mask/final_mask_sum_eq_0",
@@ -132,6 +135,10 @@ def test_roll_v010_round_trip_and_unprefixed_reward_kl(reg):
     canon = Translator("roll@0.1.0", "canonical", registry=reg).translate(rec)
     assert "critic/kl" in canon.unmapped and "mask/final_mask_sum_eq_0" in canon.unmapped
     assert canon.metrics["loss/policy"] == rec["actor/pg_loss"]
+    for key, name in (("critic/rewards/max", "reward/shaped/max"), ("critic/advantages/min", "advantage/min"),
+                      ("critic/returns/mean", "return/mean"), ("critic/returns/max", "return/max")):
+        assert canon.metrics[name] == rec[key], key
+    assert "critic/raw_advantages/mean" in canon.unmapped and "token/response_length/diff" in canon.unmapped
     back = Translator("canonical", "roll", registry=reg, origin="roll/rlvr@v0.1.0").translate(canon.metrics)
     assert back.metrics == pytest.approx(rec)
 
