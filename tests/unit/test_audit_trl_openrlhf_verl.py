@@ -234,3 +234,14 @@ def test_verl_timing_s_gen_is_read_at_v0_1(reg):
     fw = reg.frameworks["verl"]
     (entry,) = [e for e, _ in fw.lookup("timing(s)/gen") if e.key_template is None]
     assert fw.release_name(entry.since) == "v0.1"
+
+
+def test_online_dpo_and_nash_md_log_sums_whatever_the_loss_type(reg):
+    # their own trainers log the summed log-probs (online_dpo_trainer.py@v1.9.0:1249, nash_md_trainer.py@v1.9.0:413);
+    # the entries cite those files, not DPO's, whose ipo normalisation does not apply to them
+    for trainer, release in (("online_dpo", "v1.9.0"), ("nash_md", "v1.9.0")):
+        _, res = translate(reg, f"trl/{trainer}@{release}", {"logps/chosen": -50.0}, {"loss_type": "ipo"})
+        assert list(res.metrics) == ["preference/logps/chosen"]
+        red, entry = stated(reg, "trl", "logps/chosen", trainer, release, {"loss_type": "ipo"})
+        assert red["tokens"] == "seq_mean_token_sum" and f"{trainer}_trainer.py" in entry.source, entry.source
+        assert "ipo" not in (entry.note or "") or "changes the loss only" in entry.note
