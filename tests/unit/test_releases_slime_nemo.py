@@ -237,8 +237,9 @@ def test_nemo_rl_keys_by_first_release(reg):
 # nemo_rl/algorithms/grpo.py@v0.7.0:2258 `with timer.time("total_step_time")` holds the validation (:2758) and the
 # checkpointing (:2928) of the steps that run them (so at v0.1.0: grpo.py@v0.1.0:453,578,608). veRL's `step` timer holds
 # `testing` and `save_checkpoint` the same way (verl/trainer/ppo/ray_trainer.py@v0.4.1:979,1152,1159;
-# @v0.7.0:1357,1567,1590): the two keys state the same definition, so the pair is an equality awaiting its proof, not
-# a difference of definition; against slime's step time (above) the difference is stated.
+# @v0.7.0:1357,1567,1590; @v0.9.1:1508,1711,1730; verl/trainer/ppo/v1/trainer_base.py@v0.9.1:473,484,494): the two
+# keys state the same definition, so the pair is an equality awaiting its proof, not a difference of definition;
+# against slime's step time (above) the difference is stated.
 def test_nemo_rl_step_time_has_verl_s_definition(reg):
     res = Translator("nemo_rl@v0.7.0", "verl", registry=reg).translate({"timing/train/total_step_time": 41.0})
     assert res.metrics == {"timing_s/step": 41.0}
