@@ -1,6 +1,6 @@
 """prime-rl at every release that logs metrics (mappings/prime_rl.yaml, tests/data/frameworks/prime-rl-keys.tsv):
-logs of the older releases (v0.2 of 2025-12, whose names are progress/problems, batch/solve_all, completion_len/*,
-time/generate_completions) and of the newest tag (off_policy/*, time/pack, train/agg/all/cancelled/mean) are
+logs of the older releases (v0.1 of 2025-07, the zeroband code base; v0.2 of 2025-12, whose names are
+progress/problems, batch/solve_all, completion_len/*, time/generate_completions) and of the newest tag (off_policy/*, time/pack, train/agg/all/cancelled/mean) are
 detected as prime-rl at the right releases, `prime_rl@<release>` resolves, renamed keys translate at their own
 releases only, and the three audit items are stated: the lagging progress totals, the populations of
 progress/tokens vs progress/output_tokens, and the policy drift inside the mismatch KL. The keys below are read
@@ -21,6 +21,19 @@ from _support.unproven import agrees
 def reg():
     return load_registry()
 
+
+# A v0.1 run (2025-07-03, src/zeroband): the trainer's dict (src/zeroband/train.py@v0.1:430-461, with the
+# MetricsAverager keys of :326-402), its time metrics (:524-531) and an inference worker's, with wandb's prefix
+# infer/ (src/zeroband/infer.py@v0.1:442-474; utils/monitor.py@v0.1:177-179 adds the prefix).
+V01 = ["losses/Loss", "train/rollout_step", "train/inner_lr", "train/total_tokens", "train/total_samples",
+       "losses/grad_norm", "lengths/padding_proportion", "rewards/sample_reward", "rewards/task_reward",
+       "lengths/seq_lens", "lengths/length_penalties", "lengths/target_lengths", "losses/pg_loss",
+       "losses/entropy_loss", "losses/clip_ratio", "perf/tokens_per_second", "perf/tokens_per_second_per_gpu",
+       "perf/mfu", "perf/time_rollout_step", "perf/time_logprob", "perf/time_data_loading", "perf/time_packing",
+       "perf/time_data_preprocessing", "perf/time_rollout_delete", "infer/progress/batch_problems",
+       "infer/progress/batch_samples", "infer/progress/batch_tokens", "infer/progress/step",
+       "infer/performance/batch_tokens_per_second", "infer/performance/batch_samples_per_minute",
+       "infer/performance/batch_avg_seq_length", "infer/rewards/batch_reward"]
 
 # A v0.2 run (2025-12-30): the trainer's dicts (src/prime_rl/trainer/rl/train.py@v0.2:406-433, tensor stats of
 # Tensors.compute_stats, trainer/utils.py@v0.2:219-223, of tensors entropy/loss (train.py@v0.2:339-340) and the
@@ -63,18 +76,36 @@ def releases_of(reg, det):
 
 def test_the_releases_from_v0_2_to_the_newest_tag_resolve(reg):
     fw = reg.frameworks["prime_rl"]
-    for release in ("v0.2", "v0.3.0", "v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0", "v0.8.0", "v0.8.1.dev67"):
+    for release in ("v0.1", "v0.2", "v0.3.0", "v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0", "v0.8.0", "v0.8.1.dev67"):
         spec = parse_spec(f"prime_rl@{release}", reg)
         assert spec.framework == "prime_rl" and spec.note is None, (release, spec)
         assert fw.release_name(int(spec.lo)) == release and spec.lo == spec.hi, (release, spec)
-    assert fw.releases.index("v0.2") < fw.releases.index("v0.8.0") < fw.releases.index("v0.8.1.dev67")
+    assert fw.releases.index("v0.1") < fw.releases.index("v0.2") < fw.releases.index("v0.8.0") < fw.releases.index("v0.8.1.dev67")
+
+
+def test_a_v0_1_zeroband_log_is_prime_rl_at_v0_1(reg):
+    det = detect(set(V01), reg)
+    assert det.spec is not None and det.spec.framework == "prime_rl", det.to_json()
+    assert releases_of(reg, det) == ["v0.1"]
+    rec = {k: 10.0 + i for i, k in enumerate(V01)}
+    res = Translator("prime_rl@v0.1", "canonical", registry=reg).translate(rec)
+    for key, canon in (("losses/grad_norm", "optim/grad_norm"), ("train/inner_lr", "optim/lr"),
+                       ("train/total_tokens", "progress/tokens"), ("train/total_samples", "progress/samples"),
+                       ("perf/tokens_per_second", "perf/tokens_per_s"),
+                       ("perf/tokens_per_second_per_gpu", "perf/throughput")):
+        assert res.metrics[canon] == rec[key], key
+    assert res.metrics["perf/mfu/policy_update"] == pytest.approx(rec["perf/mfu"] / 100)     # percent
+    # the tokens counted are the packed micro-batches' full shape (train.py@v0.1:422-425): padding included
+    assert "padding" in (res.approximate.get("progress/tokens") or ""), res.approximate
+    fw = reg.frameworks["prime_rl"]
+    assert all(fw.logs_unmapped(k) for k in ("losses/Loss", "losses/pg_loss", "infer/progress/batch_tokens"))
 
 
 def test_a_v0_2_log_is_prime_rl_at_the_old_releases(reg):
     det = detect(set(V02_TRAINER) | set(V02_ORCHESTRATOR), reg)
     assert det.spec is not None and (det.spec.framework, det.spec.trainer) == ("prime_rl", "rl"), det.to_json()
     found = releases_of(reg, det)
-    assert "v0.2" in found and not {"v0.5.0", "v0.6.0", "v0.7.0", "v0.8.0"} & set(found), found
+    assert "v0.2" in found and not {"v0.1", "v0.5.0", "v0.6.0", "v0.7.0", "v0.8.0"} & set(found), found
     res = Translator("prime_rl@v0.2", "canonical", registry=reg).translate(
         {k: 1.0 + i for i, k in enumerate(V02_TRAINER + V02_ORCHESTRATOR)})
     assert res.metrics["response/length/mean"] == 1.0 + (V02_TRAINER + V02_ORCHESTRATOR).index("completion_len/mean")
