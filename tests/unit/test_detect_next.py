@@ -20,11 +20,12 @@ from trackbridge.translate import Translator
 from _support import DATA
 
 
-def inventory_record(file: str, release_index: int, leave_out: set[str], value=lambda i: 0.5 + i / 1000) -> dict:
+def inventory_record(file: str, release: str, leave_out: set[str], value=lambda i: 0.5 + i / 1000) -> dict:
     """One logged step: every key of the inventory logged at the release (a default-config run logs these; the
-    keys in ``leave_out`` need a non-default config), with distinct values."""
+    keys in ``leave_out`` need a non-default config), with distinct values. The presence column names each release
+    that logs the key."""
     rows = read_inventory(file)
-    keys = [r["key"] for r in rows if r["presence"].split()[release_index] != "." and r["key"] not in leave_out]
+    keys = [r["key"] for r in rows if release in r["presence"].split() and r["key"] not in leave_out]
     assert len(keys) > 20
     return {k: value(i) for i, k in enumerate(keys)}
 
@@ -41,7 +42,7 @@ NEMO_OPTIONAL = {"train/filtered_reward", "train/dynamic_sampling_num_gen_batche
 
 
 def nemo_rl_step() -> dict:
-    return inventory_record("nemo-rl-keys.tsv", 3, NEMO_OPTIONAL)        # v0.7.0
+    return inventory_record("nemo-rl-keys.tsv", "v0.7.0", NEMO_OPTIONAL)        # v0.7.0
 
 
 def nemo_rl_mlflow_step() -> dict:
@@ -77,7 +78,7 @@ AREAL_OPTIONAL = {"ppo_actor/rs_upper", "ppo_actor/rs_lower", "ppo_actor/c_clip"
 
 
 def areal_step() -> dict:
-    return inventory_record("areal-keys.tsv", 4, AREAL_OPTIONAL)        # v1.0.4
+    return inventory_record("areal-keys.tsv", "v1.0.4", AREAL_OPTIONAL)        # v1.0.4
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +177,7 @@ SLIME_OPTIONAL = {"train/kl_loss", "train/ois", "train/opsm_clipfrac", "train/op
 def slime_rollout_step() -> dict:
     """The keys of one rollout step of a slime run, every axis's rows together (what a reader of the run sees first:
     the train/, rollout/, perf/ and eval/ rows; the step keys are axes, not metrics)."""
-    return inventory_record("slime-keys.tsv", 1, SLIME_OPTIONAL)          # v0.3.1
+    return inventory_record("slime-keys.tsv", "v0.3.1", SLIME_OPTIONAL)          # v0.3.1
 
 
 def test_slime_log_is_slime_not_trl_or_openrlhf(reg):
@@ -212,7 +213,7 @@ SKYRL_OPTIONAL = {"loss/avg_kl", "loss/avg_kl_max", "loss/kl_loss_coef", "reward
 
 
 def skyrl_step() -> dict:
-    return inventory_record("skyrl-keys.tsv", 0, SKYRL_OPTIONAL)          # v0.4.0
+    return inventory_record("skyrl-keys.tsv", "v0.4.0", SKYRL_OPTIONAL)          # v0.4.0
 
 
 def test_skyrl_log_is_skyrl(reg):
@@ -240,9 +241,9 @@ def prime_rl_file_lines() -> list[dict]:
     """A step of prime-rl v0.8.0 as its `file` monitor writes it: one JSON line per monitor.log call of the trainer
     (perf, optim, tensor stats, time) and of the orchestrator, each {"step", "time", ...}
     (src/prime_rl/utils/monitor/file.py@v0.8.0)."""
-    rec = inventory_record("prime-rl-keys.tsv", 0, {"optim/grad_norm"})
+    rec = inventory_record("prime-rl-keys.tsv", "v0.8.0", {"optim/grad_norm"})
     groups = [("perf/",), ("optim/",), ("loss/", "entropy/", "mismatch_kl/", "kl_ent_ratio/", "masked_", "unmasked_",
-                                         "is_masked"), ("time/",), ("progress/", "train/")]
+                                         "is_masked"), ("time/",), ("progress/", "train/", "pre_filters/")]
     lines = []
     for i, prefixes in enumerate(groups):
         part = {k: v for k, v in rec.items() if k.startswith(prefixes)}
@@ -289,7 +290,7 @@ def test_prime_rl_round_trip_through_canonical(reg):
 # -- ROLL ------------------------------------------------------------------------------------------------------------
 def roll_step() -> dict:
     """A ROLL v0.3.0 RLVR step as its tracker receives it: @tags stripped (roll/utils/tracking.py), one domain."""
-    return inventory_record("roll-keys.tsv", 0, set())
+    return inventory_record("roll-keys.tsv", "v0.3.0", set())
 
 
 def test_roll_log_is_roll_not_verl(reg):
