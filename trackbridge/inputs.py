@@ -17,10 +17,11 @@ and the demo all read runs through it, so that for the same input they see the s
   timestamps a tracker has to invent are never read back as the run's.
 
 Logged dicts: JSON lines (one logged dict per line, or trackbridge stream records ``{"step", "metrics"}``), a
-Hugging Face ``trainer_state.json`` (its ``log_history``), and a JSON document with a ``rows`` list (the public-log
-fixtures). ``translate`` and ``detect`` read stdin, ``.json``/``.jsonl`` files and files no reader recognises this way
-(:func:`read_rows`: every value kept, bad lines reported with file and line number and skipped); a stream header
-there is the run's info as for the ``jsonl`` reader.
+Hugging Face ``trainer_state.json`` (its ``log_history``), a JSON document with a ``rows`` list (the public-log
+fixtures), a JSON list of logged dicts, and one JSON object of values (a ``wandb-summary.json``, a benchmark's
+results: one row, nested names joined by ``/``). ``translate`` and ``detect`` read stdin, ``.json``/``.jsonl``
+files and files no reader recognises this way (:func:`read_rows`: every value kept, bad lines reported with file and
+line number and skipped); a stream header there is the run's info as for the ``jsonl`` reader.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def _rows_of(fh: TextIO, name: str, problems: list[str], headers: list[dict[str,
             first = line
             break
     lines: Iterable[str] = fh
-    if first.lstrip().startswith("{"):
+    if first.lstrip().startswith(("{", "[")):
         doc, state = _first_line_document(first)
         if state == "document":     # a one-line document, unless more lines follow (then: JSON lines)
             for line in fh:
@@ -128,6 +129,8 @@ def _first_line_document(line: str) -> tuple[Any, str]:
         return None, ("open" if exc.pos >= len(text) else "line")
     if isinstance(obj, dict) and (isinstance(obj.get("log_history"), list) or isinstance(obj.get("rows"), list)):
         return obj, "document"
+    if isinstance(obj, list):
+        return obj, "document"
     return None, "line"
 
 
@@ -146,12 +149,34 @@ def _whole_document(text: str) -> Any:
         doc = json.loads(text)
     except json.JSONDecodeError:
         return None
-    if isinstance(doc, dict) and (isinstance(doc.get("log_history"), list) or isinstance(doc.get("rows"), list)):
+    if isinstance(doc, (dict, list)):
         return doc
     return None
 
 
-def _rows_of_document(name: str, doc: dict[str, Any], problems: list[str]) -> Iterator[Row]:
+def _flat_leaves(obj: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for k, v in obj.items():
+        if isinstance(v, dict) and v and "_type" not in v:
+            yield from _flat_leaves(v, f"{prefix}{k}/")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _rows_of_document(name: str, doc: Any, problems: list[str]) -> Iterator[Row]:
+    if isinstance(doc, list):                 # a saved copy of a log history: a list of logged dicts
+        doc = {"rows": doc}
+    elif not (isinstance(doc.get("log_history"), list) or isinstance(doc.get("rows"), list)):
+        # one object of values (a wandb-summary.json, a benchmark's results): one row, nested names joined by '/';
+        # wandb's own fields (_runtime, _timestamp, _wandb) are not metrics, its _step is the row's step
+        metrics = dict(_flat_leaves(doc))
+        internal = sorted(k for k in metrics if k.startswith("_") and k != "_step")
+        if internal:
+            problems.append(f"{name}: one JSON object read as one row; left out {', '.join(internal[:6])}"
+                            f"{' ...' if len(internal) > 6 else ''} (the tracker's own fields)")
+        step = metrics.pop("_step", None)
+        yield Row(f"{name}:1", {k: v for k, v in metrics.items() if k not in internal},
+                  step if isinstance(step, int) and not isinstance(step, bool) else None)
+        return
     history = doc.get("log_history")
     rows: list[Any] = history if isinstance(history, list) else doc.get("rows") or []
     field = "log_history" if "log_history" in doc else "rows"
