@@ -1,10 +1,11 @@
 """prime-rl at every release that logs metrics (mappings/prime_rl.yaml, tests/data/frameworks/prime-rl-keys.tsv):
 logs of the older releases (v0.1 of 2025-07, the zeroband code base; v0.2 of 2025-12, whose names are
-progress/problems, batch/solve_all, completion_len/*, time/generate_completions) and of the newest tag (off_policy/*, time/pack, train/agg/all/cancelled/mean) are
-detected as prime-rl at the right releases, `prime_rl@<release>` resolves, renamed keys translate at their own
-releases only, and the three audit items are stated: the lagging progress totals, the populations of
-progress/tokens vs progress/output_tokens, and the policy drift inside the mismatch KL. The keys below are read
-from github.com/PrimeIntellect-ai/prime-rl at the tags (`git show TAG:PATH`), cited file@tag:line."""
+progress/problems, batch/solve_all, completion_len/*, time/generate_completions) and of the newest tag (off_policy/*,
+time/pack, train/agg/all/cancelled/mean) are detected as prime-rl at the right releases, `prime_rl@<release>`
+resolves, renamed keys translate at their own releases only, and the three audit items are stated: the lagging
+progress totals, the populations of progress/tokens vs progress/output_tokens, and the policy drift inside the
+mismatch KL. The keys below are read from github.com/PrimeIntellect-ai/prime-rl at the tags (`git show TAG:PATH`),
+cited file@tag:line."""
 from __future__ import annotations
 
 import pytest
@@ -80,7 +81,8 @@ def test_the_releases_from_v0_2_to_the_newest_tag_resolve(reg):
         spec = parse_spec(f"prime_rl@{release}", reg)
         assert spec.framework == "prime_rl" and spec.note is None, (release, spec)
         assert fw.release_name(int(spec.lo)) == release and spec.lo == spec.hi, (release, spec)
-    assert fw.releases.index("v0.1") < fw.releases.index("v0.2") < fw.releases.index("v0.8.0") < fw.releases.index("v0.8.1.dev67")
+    order = [fw.releases.index(r) for r in ("v0.1", "v0.2", "v0.8.0", "v0.8.1.dev67")]
+    assert order == sorted(order)
 
 
 def test_a_v0_1_zeroband_log_is_prime_rl_at_v0_1(reg):
@@ -188,3 +190,23 @@ def test_the_mismatch_kl_holds_policy_drift(reg):
     back = Translator("verl", "prime_rl@v0.8.0", registry=reg).translate({"rollout_corr/k3_kl": 0.01})
     assert back.metrics["mismatch_kl/all/mean"] == 0.01
     assert "policy drift" in (back.approximate.get("mismatch_kl/all/mean") or ""), back.approximate
+
+
+def test_the_trainer_scales_and_rates_changed_at_v0_6_0(reg):
+    """Until v0.5.0 each micro-batch's loss is divided by its own rank's loss-masked tokens (train.py@v0.5.0:308-309),
+    from v0.6.0 by the all-reduced global count (train.py@v0.6.0:358-362); until v0.5.0 perf/throughput is
+    PerfCounter's 10-step rolling rate over wall time (train.py@v0.5.0:499, trainer/perf.py@v0.2:46-49, :219), from
+    v0.6.0 the step's tokens over its forward-backward seconds (train.py@v0.6.0:597). Until v0.4.0 the orchestrator
+    logs a perf/throughput of its own (orchestrator.py@v0.2:432)."""
+    rec = {"loss/mean": 0.2, "perf/throughput": 9000.0, "perf/throughput_per_gpu": 1125.0}
+    old = Translator("prime_rl@v0.4.0", "canonical", registry=reg).translate(rec)
+    new = Translator("prime_rl@v0.6.0", "canonical", registry=reg).translate(rec)
+    assert old.metrics["loss/total"] == new.metrics["loss/total"] == 0.2
+    assert "own rank's" in old.approximate["loss/total"] and "global" in new.approximate["loss/total"]
+    assert "rolling" in old.approximate["perf/tokens_per_s"] and "orchestrator" in old.approximate["perf/tokens_per_s"]
+    assert "rolling" in old.approximate["perf/throughput"]
+    assert "forward-backward" in new.approximate["perf/tokens_per_s"]
+    assert "forward-backward" in new.approximate["perf/throughput"]
+    v05 = Translator("prime_rl@v0.5.0", "canonical", registry=reg).translate(rec)
+    assert "rolling" in v05.approximate["perf/tokens_per_s"]
+    assert "orchestrator" not in v05.approximate["perf/tokens_per_s"]
