@@ -85,7 +85,9 @@ def test_the_fidelity_warnings_come_from_each_runs_reductions(result):
     # AReaL: token statistics pooled over every level (exact); the optimizer scalars averaged over 4 mini-batches;
     # the truncation share measured against the padded batch
     assert why("policy/entropy", "areal") is None and why("loss/policy", "areal") is None
-    assert why("kl/old_policy/k1", "areal") is None and why("reward/score/mean", "areal") is None
+    assert why("reward/score/mean", "areal") is None
+    # approx_kl's pi_old is the inference engine's log-prob under AReaL's defaults (cli_args.py@v1.0.4:1479-1489)
+    assert "[deviation]" in why("kl/old_policy/k1", "areal") and "inference engine" in why("kl/old_policy/k1", "areal")
     assert "averages its 4 mini-batches" in why("optim/grad_norm", "areal")
     assert "before the scheduler" in why("optim/lr", "areal")
     assert "longest" in why("response/clip_ratio", "areal")

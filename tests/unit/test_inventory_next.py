@@ -12,14 +12,15 @@ from trackbridge.schema.loader import load_registry
 
 from _support import DATA
 
-INVENTORIES = {          # framework -> (inventory file, trainer whose keys it lists)
-    "nemo_rl": ("nemo-rl-keys.tsv", "grpo"),
-    "areal": ("areal-keys.tsv", "ppo"),
-    "slime": ("slime-keys.tsv", "rl"),
-    "skyrl": ("skyrl-keys.tsv", "ppo"),
-    "prime_rl": ("prime-rl-keys.tsv", "rl"),
-    "roll": ("roll-keys.tsv", "rlvr"),
+INVENTORIES = {          # framework -> [(inventory file, trainer whose keys it lists)]: one file per mapped trainer
+    "nemo_rl": [("nemo-rl-keys.tsv", "grpo")],
+    "areal": [("areal-keys.tsv", "ppo")],
+    "slime": [("slime-keys.tsv", "rl")],
+    "skyrl": [("skyrl-keys.tsv", "ppo")],
+    "prime_rl": [("prime-rl-keys.tsv", "rl")],
+    "roll": [("roll-keys.tsv", "rlvr")],
 }
+CASES = [(fw, file, trainer) for fw, pairs in sorted(INVENTORIES.items()) for file, trainer in pairs]
 
 
 def read_inventory(name: str) -> list[dict[str, str]]:
@@ -40,11 +41,10 @@ def present_at(fw, row) -> list[int]:
     return [i for i, m in enumerate(marks) if m != "."]
 
 
-@pytest.mark.parametrize("framework", sorted(INVENTORIES))
-def test_every_logged_key_is_mapped_or_deliberately_passed_through(framework):
+@pytest.mark.parametrize("framework,file,trainer", CASES)
+def test_every_logged_key_is_mapped_or_deliberately_passed_through(framework, file, trainer):
     reg = load_registry()
     fw = reg.frameworks[framework]
-    file, trainer = INVENTORIES[framework]
     rows = read_inventory(file)
     checked = 0
     for row in rows:
@@ -67,14 +67,23 @@ def test_every_logged_key_is_mapped_or_deliberately_passed_through(framework):
 
 
 @pytest.mark.parametrize("framework", sorted(INVENTORIES))
-def test_every_entry_is_a_logged_key_in_every_release_it_claims(framework):
+def test_every_trainer_and_entry_has_an_inventory(framework):
+    fw = load_registry().frameworks[framework]
+    listed = {t for _, t in INVENTORIES[framework]}
+    assert set(fw.trainers) == listed, (set(fw.trainers), listed)
+    for e in fw.entries:
+        assert e.trainers is None or e.trainers & listed, (e.key, e.trainers)
+
+
+@pytest.mark.parametrize("framework,file,trainer", CASES)
+def test_every_entry_is_a_logged_key_in_every_release_it_claims(framework, file, trainer):
     reg = load_registry()
     fw = reg.frameworks[framework]
-    file, trainer = INVENTORIES[framework]
     rows = read_inventory(file)
     logged = {r["key"]: set(present_at(fw, r)) for r in rows if r["status"] == "mapped"}
-    assert fw.entries
-    for e in fw.entries:
+    mine = [e for e in fw.entries if e.trainers is None or trainer in e.trainers]
+    assert mine
+    for e in mine:
         claimed = [i for i in range(len(fw.releases)) if e.applies(trainer, i, i)]
         assert claimed, f"{e.key}: applies to no release of trainer {trainer}"
         if e.key_template is None:
@@ -92,8 +101,8 @@ def test_passthrough_keys_are_declared_in_the_mapping(framework):
     as the framework's), and every declaration stands for an inventory row: the facts live in the YAML."""
     reg = load_registry()
     fw = reg.frameworks[framework]
-    file, _ = INVENTORIES[framework]
-    rows = read_inventory(file)
+    rows = [r for file, _ in INVENTORIES[framework] for r in read_inventory(file)]
+    file = ", ".join(f for f, _ in INVENTORIES[framework])
     passed = [r["key"] for r in rows if r["status"].startswith("passthrough:")]
     assert passed and fw.passthrough
     for key in passed:

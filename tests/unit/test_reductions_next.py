@@ -84,6 +84,8 @@ def test_areal_pools_every_level_of_its_token_statistics(reg):
         assert "inference engine" in v["ppo_actor/update/approx_kl/avg"], (cfg, v["ppo_actor/update/approx_kl/avg"])
     v = verdicts(reg, "areal", "ppo", "v1.0.4", {})
     assert "averages its 4 mini-batches" in v["ppo_actor/update/grad_norm"]          # actor.ppo_n_minibatches = 4
+    recomputed = verdicts(reg, "areal", "ppo", "v1.0.4", {"actor.recompute_logprob": True})
+    assert recomputed["ppo_actor/update/approx_kl/avg"] is None     # the trainer's own pi_old: PPO's approx KL
     assert verdicts(reg, "areal", "ppo", "v1.0.4", {"actor.ppo_n_minibatches": 1})["ppo_actor/update/grad_norm"] is None
     assert "[clip_length]" in v["ppo_actor/no_eos_ratios/avg"] and "longest" in v["ppo_actor/no_eos_ratios/avg"]
     assert "[padding]" in v["ppo_actor/n_tokens"]
