@@ -114,7 +114,7 @@ def test_a_v0_2_log_is_prime_rl_at_the_old_releases(reg):
     assert {"progress/tokens", "perf/tokens_per_step", "sampling/num_samples", "reward/score/mean",
             "time/generate_completions", "policy/entropy", "kl/rollout/k3"} <= set(res.metrics)
     fw = reg.frameworks["prime_rl"]
-    for key in ("progress/problems", "batch/solve_all", "batch/solve_none", "seq_len/mean", "geo_seq_ratio/mean"):
+    for key in ("progress/problems", "batch/solve_all", "batch/solve_none", "seq_len/max", "geo_seq_ratio/mean"):
         assert key in res.unmapped and key in res.metrics and fw.logs_unmapped(key), key   # passed through
 
 
@@ -210,3 +210,17 @@ def test_the_trainer_scales_and_rates_changed_at_v0_6_0(reg):
     v05 = Translator("prime_rl@v0.5.0", "canonical", registry=reg).translate(rec)
     assert "rolling" in v05.approximate["perf/tokens_per_s"]
     assert "orchestrator" not in v05.approximate["perf/tokens_per_s"]
+
+
+def test_the_old_orchestrator_lengths_and_reward(reg):
+    """v0.2-v0.4.0: completion_len/mean, seq_len/mean, prompt_len/mean and reward/mean over the step's rollouts
+    (orchestrator.py@v0.2:408-434), v0.5.0-v0.6.0 seq_len/all/mean and reward/all/mean (orchestrator.py@v0.5.0:718,
+    :750); from v0.7.0 the reward is per agent only, the lengths train/agg/<subset>/num_output_tokens/*."""
+    rec = {"completion_len/mean": 300.0, "seq_len/mean": 420.0, "prompt_len/mean": 120.0, "reward/mean": 0.4}
+    res = Translator("prime_rl@v0.3.0", "canonical", registry=reg).translate(rec)
+    for key, canon in (("completion_len/mean", "response/length/mean"), ("seq_len/mean", "sequence/length/mean"),
+                       ("prompt_len/mean", "prompt/length/mean"), ("reward/mean", "reward/score/mean")):
+        assert res.metrics[canon] == rec[key] and agrees(res.approximate.get(canon)), (key, res.approximate)
+    res = Translator("prime_rl@v0.5.0", "canonical", registry=reg).translate({"seq_len/all/mean": 420.0,
+                                                                              "reward/all/mean": 0.4})
+    assert res.metrics["sequence/length/mean"] == 420.0 and res.metrics["reward/score/mean"] == 0.4
