@@ -187,6 +187,11 @@ def test_the_mismatch_kl_holds_policy_drift(reg):
     res = Translator("prime_rl@v0.8.0", "verl", registry=reg).translate({"mismatch_kl/all/mean": 0.01})
     assert res.metrics["rollout_corr/k3_kl"] == 0.01
     assert "policy drift" in (res.approximate.get("rollout_corr/k3_kl") or ""), res.approximate
+    # OpenRLHF's vllm_kl and veRL's rollout_corr/kl are k1 (kl/rollout/k1): prime-rl's k3 is not written as them,
+    # and it keeps its reason on the canonical name it stays under
+    res = Translator("prime_rl@v0.8.0", "openrlhf", registry=reg).translate({"mismatch_kl/all/mean": 0.01})
+    assert "vllm_kl" not in res.metrics and res.metrics["kl/rollout/k3"] == 0.01
+    assert "policy drift" in (res.approximate.get("kl/rollout/k3") or ""), res.approximate
     back = Translator("verl", "prime_rl@v0.8.0", registry=reg).translate({"rollout_corr/k3_kl": 0.01})
     assert back.metrics["mismatch_kl/all/mean"] == 0.01
     assert "policy drift" in (back.approximate.get("mismatch_kl/all/mean") or ""), back.approximate
