@@ -83,3 +83,19 @@ def test_a_tie_between_frameworks_is_said(reg):
     assert det.spec is not None and det.spec.framework == "verl", det.to_json()
     assert "tie" in det.reason and "roll" in det.reason
     assert det.confidence < 0.6
+
+
+def test_absent_always_keys_date_a_log_and_its_meanings(reg):
+    """tests/data/real/trl/07_issue3857_grpo.log (TRL 0.18-0.19, trl issue 3857): no `entropy` (logged on every GRPO
+    row from v0.20.0) and `num_tokens` present (from v0.16.0): the range ends at v0.19.1, so `reward_std` is the mean
+    of the group std (trl/trainer/grpo_trainer.py@v0.21.0), not the batch std it became at v0.27.0."""
+    from trackbridge.inputs import open_runs
+    (run,) = open_runs(str(DATA / "real" / "trl" / "07_issue3857_grpo.log"), rows=True)
+    pipe = run.resolve()
+    det = pipe.translator.detection
+    fw = reg.frameworks["trl"]
+    assert det.spec.trainer == "grpo"
+    assert fw.release_name(int(det.spec.hi)) == "v0.19.1" and fw.release_name(int(det.spec.lo)) == "v0.18.0"
+    rec = next(iter(run.records()))
+    out = pipe.translator.translate(dict(rec.metrics))
+    assert "reward/group_std/mean" in out.metrics and "reward/score/std" not in out.metrics
