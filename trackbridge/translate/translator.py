@@ -285,8 +285,19 @@ class Translator:
                 plan = names.plan(key)
             if plan is None:
                 if key in out_metrics:
-                    conflicts[key] = key
-                    continue
+                    # a key passed through under its own name that an earlier key was translated to: the input
+                    # that is literally so named keeps it, the translated one goes back to its own name (as when
+                    # the translated key comes second), so neither value is lost and the order does not matter
+                    try:
+                        old_key, old_value, _ = owner(metrics, plans, key, key, conflicts)
+                    except KeyError:
+                        conflicts[key] = key
+                        continue
+                    out_metrics[old_key] = old_value
+                    conflicts[old_key] = key
+                    renamed.pop(old_key, None)
+                    approximate.pop(key, None)
+                    mapped -= 1
                 out_metrics[key] = value
                 res.unmapped.append(key)
                 continue
@@ -314,7 +325,12 @@ class Translator:
                     continue
                 # different values: the primary name (the one the framework logs at that release) keeps the
                 # canonical name; the other is passed through under its own name and reported
-                old_key, old_value, old_primary = owner(metrics, plans, out, key, conflicts)
+                try:
+                    old_key, old_value, old_primary = owner(metrics, plans, out, key, conflicts)
+                except KeyError:             # held by a key passed through under that very name: it keeps it
+                    conflicts[key] = out
+                    out_metrics[key] = value
+                    continue
                 if plan.primary and not old_primary:
                     out_metrics[old_key] = old_value
                     conflicts[old_key] = out
