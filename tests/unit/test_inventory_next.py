@@ -14,7 +14,7 @@ from _support import DATA
 
 INVENTORIES = {          # framework -> [(inventory file, trainer whose keys it lists)]: one file per mapped trainer
     "nemo_rl": [("nemo-rl-keys.tsv", "grpo")],
-    "areal": [("areal-keys.tsv", "ppo")],
+    "areal": [("areal-keys.tsv", "ppo"), ("areal-realhf-keys.tsv", "realhf")],
     "slime": [("slime-keys.tsv", "rl")],
     "skyrl": [("skyrl-keys.tsv", "ppo")],
     "prime_rl": [("prime-rl-keys.tsv", "rl")],
