@@ -162,10 +162,42 @@ def _flat_leaves(obj: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, A
             yield f"{prefix}{k}", v
 
 
+def _step_keys(d: Any) -> bool:
+    """A non-empty dict whose keys are all step numbers (``"1"``, ``"20"``)."""
+    return isinstance(d, dict) and bool(d) and all(isinstance(k, str) and k.isdigit() for k in d)
+
+
+def _by_step(doc: dict[str, Any]) -> tuple[str, dict[int, dict[str, Any]]] | None:
+    """The rows of a JSON object that holds values by step, in either of the two shapes metric dumps take:
+    metric-major ``{"train/loss": {"1": 0.5, "2": 0.4}, ...}`` (NeMo-RL's CI ``metrics.json``, a TensorBoard dump),
+    or step-major ``{"1": {"train/loss": 0.5}, ...}``, perhaps under one key (``{"steps": {"1": {...}}}``);
+    None when the object is neither."""
+    table: dict[int, dict[str, Any]] = {}
+    metric_major = [k for k, v in doc.items() if _step_keys(v) and not any(isinstance(x, dict) for x in v.values())]
+    if metric_major and len(metric_major) >= 0.8 * len(doc):
+        for k in metric_major:
+            for step, v in doc[k].items():
+                table.setdefault(int(step), {})[k] = v
+        return "values by metric and step", table
+    for holder in ([doc] + [v for v in doc.values() if isinstance(v, dict)]):
+        if _step_keys(holder) and all(isinstance(v, dict) for v in holder.values()):
+            for step, row in holder.items():
+                table[int(step)] = dict(_flat_leaves(row))
+            return "rows by step", table
+    return None
+
+
 def _rows_of_document(name: str, doc: Any, problems: list[str]) -> Iterator[Row]:
     if isinstance(doc, list):                 # a saved copy of a log history: a list of logged dicts
         doc = {"rows": doc}
     elif not (isinstance(doc.get("log_history"), list) or isinstance(doc.get("rows"), list)):
+        by_step = _by_step(doc)
+        if by_step is not None:
+            shape, table = by_step
+            problems.append(f"{name}: a JSON object of {shape}: one row per step")
+            for step in sorted(table):
+                yield Row(f"{name}:step {step}", table[step], step)
+            return
         # one object of values (a wandb-summary.json, a benchmark's results): one row, nested names joined by '/';
         # wandb's own fields (_runtime, _timestamp, _wandb) are not metrics, its _step is the row's step
         metrics = dict(_flat_leaves(doc))

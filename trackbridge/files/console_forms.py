@@ -37,7 +37,7 @@ _LABELLED = re.compile(r"^\s*(?P<label>[A-Za-z][\w .()/@-]*?)\s*:\s*"
                        r"\s*(?P<unit>[A-Za-z%/.µ]*(?:/[A-Za-z]+)?)?\s*(?:\([^()]*\))?\s*$")
 _STEP_ITEM = re.compile(r"(?:^|\s)Step\s+(?P<step>\d+)(?:\s*/\s*\d+)?\s*$")
 _STEP_BANNER = re.compile(r"^[=\-#*\s]*Step\s+(?P<step>\d+)\s*(?:/\s*\d+)?[=\-#*\s]*$")
-_HEADER = re.compile(r"^[^\w\s]*\s*(?P<title>[A-Z][\w .()/-]*?)\s*:\s*$")
+_HEADER = re.compile(r"^[^\w\s]*\s*(?P<title>[A-Z][^:•]*?)\s*:\s*$")
 _BULLET = re.compile(r"^[•·▪\-*]\s+(?P<item>.+)$")
 _CELL_SEP = re.compile(r"[│┃]")
 _BOTTOM = ("╘", "└", "┗", "╰")
