@@ -289,3 +289,50 @@ def test_slime_rollout_and_eval_step_count_rollouts(reg):
 def test_slime_progress_step_is_written_as_train_step(reg):
     res = Translator("canonical", "slime@v0.3.1", registry=reg).translate({"progress/step": 7, "loss/total": 0.1})
     assert res.metrics == {"train/step": 7, "train/loss": 0.1}
+
+
+# print_performance_metrics (nemo_rl/algorithms/utils.py@v0.4.0:391-562; @v0.7.0:561-871), called after the Timing
+# block: '🔍 Performance Metrics:', '  • Throughputs (per GPU):' (v0.7.0:824) with '    - E2E (Tokens/sec/gpu):
+# {:.2f}' (:826, performance/tokens_per_sec_per_gpu), '  • Throughputs (per Group):' (:840) with '    - E2E
+# (Samples/sec): {:.2f}' (:842, performance/samples_per_sec) and '    - E2E (Tokens/sec): {:.2f}' (:845,
+# performance/tokens_per_sec), then '  • Training FLOPS: {:.2f} TFLOPS (...)' (:864) and '  • Training Model Floating
+# Point Utilization: {100 * total_tflops / theoretical_tflops:.2f}%' (:871, performance/train_fp_utilization, a
+# fraction).
+NEMO_PERF_BLOCK = """\
+========================= Step 2/20 =========================
+
+📊 Training Results:
+  • Loss: 0.0123
+  • Generation KL Error: 0.0011
+  • Avg Reward: 0.4000
+
+⏱️  Timing:
+  • Total step time: 100.00s
+
+🔍 Performance Metrics:
+  • Throughputs (per GPU):
+    - E2E (Samples/sec/gpu): 1.25
+    - E2E (Tokens/sec/gpu): 2164.81
+    - Policy Training (Tokens/sec/gpu): 2572.71
+  • Throughputs (per Group):
+    - E2E (Samples/sec): 2.50
+    - E2E (Tokens/sec): 4329.63
+  • Training FLOPS: 123.45 TFLOPS (61.72 TFLOPS per rank)
+  • Training Model Floating Point Utilization: 12.34%
+"""
+
+
+def test_nemo_performance_block_translates(reg, tmp_path):
+    path = tmp_path / "nemo_perf.log"
+    path.write_text(NEMO_PERF_BLOCK)
+    [(_, res)] = read(path, reg)
+    assert res.metrics["perf/throughput"] == 2164.81
+    assert res.metrics["perf/samples_per_s"] == 2.5
+    assert res.metrics["perf/tokens_per_s"] == 4329.63
+    assert res.metrics["perf/mfu/policy_update"] == pytest.approx(0.1234)      # printed as a percentage
+    fw = reg.frameworks["nemo_rl"]
+    for key in ("Throughputs (per GPU)/E2E (Samples/sec/gpu)", "Throughputs (per GPU)/Policy Training (Tokens/sec/gpu)",
+                "Throughputs (per Group)/Training FLOPS"):
+        assert key in res.unmapped and fw.logs_unmapped(key), key
+    lo, _ = detected_range(reg, res, "nemo_rl")
+    assert lo >= NEMO_TAGS.index("v0.4.0"), res.source
