@@ -336,3 +336,25 @@ def test_nemo_performance_block_translates(reg, tmp_path):
         assert key in res.unmapped and fw.logs_unmapped(key), key
     lo, _ = detected_range(reg, res, "nemo_rl")
     assert lo >= NEMO_TAGS.index("v0.4.0"), res.source
+
+
+# -- NeMo-RL: the keys of the committed CI metrics.json files the GRPO mapping had not listed -------------------------
+# The Ray GPU monitor (nemo_rl/utils/logger.py@v0.7.0:591-601 node.N.gpu.I.util|mem_gb, node.N.mem_gb|mem_total_gb,
+# metric_prefix 'ray' and step metric 'ray/ray_step' at :993-994; TensorBoard prefixes the step metric too:
+# ray/ray/ray_step), worker setup timing logged once with prefix timing/setup (grpo.py@v0.7.0:1228) and vLLM's
+# speculative-decoding deltas (models/generation/vllm/utils.py@v0.6.0:126-172, logged with prefix train): NeMo-RL's
+# own keys without a canonical name.
+@pytest.mark.parametrize("file,prefixes", [
+    ("05_ci_functional_grpo_frozen_env_metrics.json", ("ray/node.", "ray/ray/ray_step")),
+    ("06_ci_functional_audio_grpo_megatron_metrics.json", ("timing/setup/", "train/vllm/spec_"))], ids=["05", "06"])
+def test_nemo_ci_metrics_monitor_setup_and_vllm_keys_are_nemo_rls(reg, file, prefixes):
+    fw = reg.frameworks["nemo_rl"]
+    seen = {p: 0 for p in prefixes}
+    for raw, res in read(REAL / "nemo_rl" / file, reg):
+        assert res.source.startswith("nemo_rl/grpo@"), res.source
+        for key in raw:
+            for p in prefixes:
+                if key.startswith(p):
+                    assert fw.logs_unmapped(key) and not fw.lookup(key) and key in res.unmapped, key
+                    seen[p] += 1
+    assert all(seen.values()), seen
