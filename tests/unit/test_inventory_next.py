@@ -17,7 +17,7 @@ INVENTORIES = {          # framework -> [(inventory file, trainer whose keys it 
     "areal": [("areal-keys.tsv", "ppo"), ("areal-realhf-keys.tsv", "realhf")],
     "slime": [("slime-keys.tsv", "rl")],
     "skyrl": [("skyrl-keys.tsv", "ppo")],
-    "prime_rl": [("prime-rl-keys.tsv", "rl")],
+    "prime_rl": [("prime-rl-keys.tsv", "rl"), ("prime-rl-sft-keys.tsv", "sft")],
     "roll": [("roll-keys.tsv", "rlvr")],
 }
 CASES = [(fw, file, trainer) for fw, pairs in sorted(INVENTORIES.items()) for file, trainer in pairs]
