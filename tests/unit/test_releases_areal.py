@@ -29,8 +29,9 @@ pytestmark = pytest.mark.unit
 
 # `git tag` of the repository, every release from the first with the grpo_actor/ scope (the v0.3.0-lite* tags are no
 # release names trackbridge reads; v0.3.0 is the legacy realhf system) to the newest
-RELEASES = ["v0.3.1", "v0.3.2", "v0.3.3", "v0.3.4", "v0.3.4.post1", "v0.4.0", "v0.4.1", "v0.5.0", "v0.5.1", "v0.5.2",
-            "v0.5.3", "v1.0.0.rc1", "v1.0.0", "v1.0.0.post1", "v1.0.1", "v1.0.2", "v1.0.3", "v1.0.4", "v2.0.0"]
+RELEASES = ["v0.3.0", "v0.3.1", "v0.3.2", "v0.3.3", "v0.3.4", "v0.3.4.post1", "v0.4.0", "v0.4.1", "v0.5.0", "v0.5.1",
+            "v0.5.2", "v0.5.3",
+            "v1.0.0.rc1", "v1.0.0", "v1.0.0.post1", "v1.0.1", "v1.0.2", "v1.0.3", "v1.0.4", "v2.0.0"]
 AMM = ("avg", "min", "max")
 
 
@@ -101,10 +102,11 @@ def test_every_release_resolves_as_itself(reg, version):
     assert spec.note is None
 
 
-def test_older_than_v0_3_1_is_refused_with_the_known_range(reg):
-    # v0.3.0's legacy realhf trainer logs through another export path (realhf/impl/model/interface/ppo_interface.py)
-    with pytest.raises(SpecError, match=r"older than the first areal release.*v0\.3\.1\.\.v2\.0\.0"):
-        parse_spec("areal@0.3.0", reg)
+def test_older_than_v0_3_0_is_refused_with_the_known_range(reg):
+    # v0.1.1 .. v0.2.0: realhf before its ppo_actor/ stats_tracker scope (realhf/impl/model/interface/
+    # ppo_interface.py@v0.2.0 logs another key set); v0.3.0 is the legacy realhf trainer (test_areal_realhf.py)
+    with pytest.raises(SpecError, match=r"older than the first areal release.*v0\.3\.0\.\.v2\.0\.0"):
+        parse_spec("areal@0.2.0", reg)
 
 
 def test_a_v0_4_0_step_is_detected_as_areal_before_the_ppo_actor_scope(reg):
