@@ -179,3 +179,27 @@ def test_an_rl_log_stays_the_rl_trainer(reg):
             "time/forward_backward", "reward/all/mean", "progress/total_tokens"]
     det = detect(set(keys), reg)
     assert (det.spec.framework, det.spec.trainer) == ("prime_rl", "rl"), det.to_json()
+
+
+def test_the_labels_printed_without_colons_from_v0_6_0(reg):
+    """From v0.6.0 the lines print `Label value` (no colon) and the step time unlabelled: the orchestrator's `Step N
+    | {format_time(step_time):>7} | Reward {eff.reward.mean():.4f} | Trainable ... | Turns ... | Branches ... | Max
+    Off-Policy ... | Error ...% | Truncation ...%` (orchestrator.py@v0.8.0:823-827; Branches from @v0.7.0:740, no
+    Branches at @v0.6.0:765-768), the RL trainer's `Loss ... | Entropy ... | ... | Throughput {throughput:.0f}
+    tokens/s | MFU {mfu:.1f}% | Peak Mem. ... GiB` (trainer/rl/train.py@v0.8.0:674-679). A record of those labels
+    (the console reader reads the colon form only) is prime-rl's, and at v0.8.0 Reward is the effective
+    rollouts' (approximate, population), Throughput the forward-backward rate (train.py@v0.6.0:597)."""
+    orch = {"Reward": 0.41, "Turns": 1.0, "Branches": 1.0, "Max Off-Policy": 1, "Error": 0.0, "Truncation": 2.5}
+    det = detect(set(orch), reg)
+    assert (det.spec.framework, det.spec.trainer) == ("prime_rl", "rl"), det.to_json()
+    assert "v0.8.0" in releases_of(reg, det.spec)        # passed-through labels date nothing: only Reward counts
+    res = Translator("prime_rl@v0.8.0", "canonical", registry=reg).translate(
+        {**orch, "Loss": 0.01, "Throughput": 5000, "MFU": 30.0, "Peak Mem.": 60.1, "Entropy": 0.3})
+    assert res.metrics["reward/score/mean"] == 0.41 and "effective" in res.approximate["reward/score/mean"]
+    assert res.metrics["perf/tokens_per_s"] == 5000 and "forward-backward" in res.approximate["perf/tokens_per_s"]
+    assert res.metrics["perf/mfu/policy_update"] == pytest.approx(0.30)
+    assert res.metrics["perf/memory/max_reserved_gb"] == 60.1 and res.metrics["policy/entropy"] == 0.3
+    assert {"Turns", "Branches", "Max Off-Policy", "Error", "Truncation"} <= set(res.unmapped)
+    # at v0.6.0 the reward is over the surviving rollouts (orchestrator.py@v0.6.0:759), not the effective ones
+    old = Translator("prime_rl@v0.6.0", "canonical", registry=reg).translate({"Reward": 0.41})
+    assert "surviving" in old.approximate["reward/score/mean"]
