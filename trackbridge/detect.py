@@ -164,6 +164,15 @@ def _keys_of(fw: FrameworkMapping, key: str) -> list[tuple[Entry, dict[str, str]
     return hits
 
 
+def _unmapped_scopes(fw: FrameworkMapping, key: str) -> list[tuple[frozenset | None, float, float]]:
+    scopes = fw.unmapped_scopes(key)
+    if not scopes:
+        split, rest = fw.split_prefix(key)
+        if split is not None:
+            scopes = fw.unmapped_scopes(rest)
+    return scopes
+
+
 def _release_window(fw: FrameworkMapping, within: Spec | None) -> tuple[int, int]:
     """The releases (indices, inclusive) a detection may name: all, or those of the spec it is restricted to."""
     n_rel = len(fw.releases)
@@ -193,14 +202,22 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
             continue
         hits = _keys_of(fw, key)
         if not hits:
-            if fw.passthrough and fw.logs_unmapped(key):
-                # logged by the framework without a canonical name: evidence for it at every release it exists in
+            scopes = _unmapped_scopes(fw, key) if fw.passthrough else []
+            if scopes:
+                # logged by the framework without a canonical name: evidence for the trainers and releases its
+                # passthrough item names (every release of every trainer when it names none)
                 explained_any.add(key)
                 for t in names:
                     lo_t, hi_t = math.ceil(span[t][0]), int(span[t][1])
                     row = counts[t]
-                    for r in range(max(0, lo_t), min(hi_t, n_rel - 1) + 1):
-                        row[r] += 1
+                    seen = [False] * n_rel
+                    for trs, a, b in scopes:
+                        if t is not None and trs is not None and t not in trs:
+                            continue
+                        for r in range(max(0, lo_t, math.ceil(a)), min(hi_t, n_rel - 1, int(min(b, n_rel - 1))) + 1):
+                            seen[r] = True
+                    for r in range(n_rel):
+                        row[r] += seen[r]
             continue
         explained_any.add(key)
         for t in names:

@@ -110,3 +110,26 @@ def test_passthrough_keys_are_declared_in_the_mapping(framework):
     for text, tpl in fw.passthrough:
         matched = [k for k in passed if (tpl.match(k) is not None if tpl is not None else k == text)]
         assert matched, f"passthrough {text!r} stands for no passthrough row of {file}"
+
+
+@pytest.mark.parametrize("framework", sorted(INVENTORIES))
+def test_passthrough_items_name_the_releases_and_trainers_that_log_them(framework):
+    """Detection counts a passthrough key for the trainers and releases its item names (issue 29: a key only
+    realhf or only v0.4.0+ logs must not vote for every release): they are the inventory's, first to last."""
+    fw = load_registry().frameworks[framework]
+    rows = [(r, t) for file, t in INVENTORIES[framework] for r in read_inventory(file)
+            if r["status"].startswith("passthrough:")]
+    checked = 0
+    for text, tpl in fw.passthrough:
+        match = [(r, t) for r, t in rows if (tpl.match(r["key"]) is not None if tpl is not None else r["key"] == text)]
+        present = sorted({i for r, _ in match for i in present_at(fw, r)})
+        trainers = {t for _, t in match}
+        for t in trainers:
+            mine = sorted({i for r, tt in match if tt == t for i in present_at(fw, r)})
+            lo, hi = fw.trainer_span(t)          # a trainer explains keys only in its own releases
+            claimed = [i for i in range(len(fw.releases)) if lo <= i <= hi and any(
+                (trs is None or t in trs) and a <= i <= b for trs, a, b in fw.unmapped_scopes(match[0][0]["key"]))]
+            assert claimed and claimed[0] == mine[0] and claimed[-1] == mine[-1], (text, t, claimed, mine)
+            checked += 1
+        assert present, text
+    assert checked >= len(fw.passthrough)

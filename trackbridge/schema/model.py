@@ -262,6 +262,8 @@ class FrameworkMapping:
     _lineage: dict[int, int] = field(default_factory=dict)
     declared_prefixes: list[tuple[str, str]] = field(default_factory=list)   # as declared: the first is native
     passthrough: list[tuple[str, Any]] = field(default_factory=list)   # `passthrough:` (key, Template or None)
+    # a passthrough key's trainers and releases (trainers or None, since, until), where its item states them
+    passthrough_scope: dict[str, list[tuple[frozenset | None, float, float]]] = field(default_factory=dict)
     profiles: dict[str, Reduce] = field(default_factory=dict)        # `reductions:` (named reduce profiles)
     levels: dict[str, list[LevelCount]] = field(default_factory=dict)   # `levels:`: level -> counts (first applies)
 
@@ -417,10 +419,18 @@ class FrameworkMapping:
 
     def logs_unmapped(self, key: str) -> bool:
         """Whether ``key`` is one the framework logs without a canonical name (``passthrough:``)."""
+        return bool(self.unmapped_scopes(key, first=True))
+
+    def unmapped_scopes(self, key: str, first: bool = False) -> list[tuple[frozenset | None, float, float]]:
+        """Where the ``passthrough:`` items that match ``key`` say it is logged: (trainers or None, since, until)
+        each; every trainer and release for an item that states neither. Empty: no item matches."""
+        out: list[tuple[frozenset | None, float, float]] = []
         for text, tpl in self.passthrough:
             if (tpl.match(key) is not None) if tpl is not None else key == text:
-                return True
-        return False
+                out.extend(self.passthrough_scope.get(text) or [(None, 0.0, float("inf"))])
+                if first:
+                    break
+        return out
 
     def split_prefix(self, key: str) -> tuple[str | None, str]:
         """(split, rest) for a key that starts with one of this framework's tracker prefixes, else (None, key)."""
