@@ -132,3 +132,12 @@ def test_the_readme_frameworks_table_says_what_the_mappings_and_the_corpus_say(o
         span = fw.releases[0] if len(fw.releases) == 1 else f"{fw.releases[0]} .. {fw.releases[-1]}"
         assert table[name]["releases read"] == span, (name, table[name]["releases read"], span)
         assert table[name]["real logs"] == figures[name]["real logs"], name
+
+
+def test_the_thresholds_leave_room_with_the_real_logs(outcomes, reg):
+    """detect.py's calibration on the corpus: every recognised log well above MIN_CONFIDENCE (the module docstring
+    gives the figure), and the records of frameworks the mappings lack (test_detect_unknown) below it."""
+    from trackbridge.detect import MIN_CONFIDENCE
+    known = [o.confidence for o in outcomes.values() if o.recognised]
+    assert len(known) >= 0.9 * len(outcomes)
+    assert min(known) >= 0.8 > MIN_CONFIDENCE, min(known)
