@@ -187,12 +187,13 @@ def test_the_labels_printed_without_colons_from_v0_6_0(reg):
     Off-Policy ... | Error ...% | Truncation ...%` (orchestrator.py@v0.8.0:823-827; Branches from @v0.7.0:740, no
     Branches at @v0.6.0:765-768), the RL trainer's `Loss ... | Entropy ... | ... | Throughput {throughput:.0f}
     tokens/s | MFU {mfu:.1f}% | Peak Mem. ... GiB` (trainer/rl/train.py@v0.8.0:674-679). A record of those labels
-    (the console reader reads the colon form only) is prime-rl's, and at v0.8.0 Reward is the effective
+    (the console reader reads the colon form only) is prime-rl's from v0.7.0, and Reward is the effective
     rollouts' (approximate, population), Throughput the forward-backward rate (train.py@v0.6.0:597)."""
     orch = {"Reward": 0.41, "Turns": 1.0, "Branches": 1.0, "Max Off-Policy": 1, "Error": 0.0, "Truncation": 2.5}
     det = detect(set(orch), reg)
     assert (det.spec.framework, det.spec.trainer) == ("prime_rl", "rl"), det.to_json()
-    assert "v0.8.0" in releases_of(reg, det.spec)        # passed-through labels date nothing: only Reward counts
+    # the passed-through labels are counted where they are printed: Branches from v0.7.0 (orchestrator.py@v0.7.0:740)
+    assert releases_of(reg, det.spec) == ["v0.7.0", "v0.8.0", "v0.8.1.dev67"], det.to_json()
     res = Translator("prime_rl@v0.8.0", "canonical", registry=reg).translate(
         {**orch, "Loss": 0.01, "Throughput": 5000, "MFU": 30.0, "Peak Mem.": 60.1, "Entropy": 0.3})
     assert res.metrics["reward/score/mean"] == 0.41 and "effective" in res.approximate["reward/score/mean"]
