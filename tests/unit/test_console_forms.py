@@ -111,3 +111,15 @@ def test_a_quoted_paste_with_broken_colour_codes_reads_as_its_tables():
     _, recs = read(REAL / "areal" / "01_issue110_realhf_masterworker_table.log")
     assert len(recs) == 2
     assert recs[1].metrics["ppo_actor/n_valid_tokens"] == pytest.approx(1.6115e05)
+
+
+def test_labels_without_colons(tmp_path):
+    """prime-rl from v0.6.0 prints `Step {step} | {format_time(step_time):>7} | Reward {r:.4f} | Trainable {n}/{m}
+    ({rate:.1%}) | Turns {t:.1f} | Branches {b:.1f} | Max Off-Policy {k} | Error {e:.1%} | Truncation {x:.1%}`
+    (src/prime_rl/orchestrator/orchestrator.py@v0.8.0:822-827): the line below is that f-string filled in."""
+    p = tmp_path / "orch.log"
+    p.write_text("10:00:01 SUCCESS Step 7 |   12.3s | Reward 0.4123 | Trainable 12/16 (75.0%) | Turns 1.0 | "
+                 "Branches 2.0 | Max Off-Policy 1 | Error 0.0% | Truncation 6.2%\n")
+    _, recs = read(p)
+    assert [(r.step, r.metrics) for r in recs] == [(7, {"Reward": 0.4123, "Turns": 1.0, "Branches": 2.0,
+                                                        "Max Off-Policy": 1, "Error": 0.0, "Truncation": 6.2})]

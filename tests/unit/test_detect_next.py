@@ -241,7 +241,8 @@ def prime_rl_file_lines() -> list[dict]:
     """A step of prime-rl v0.8.0 as its `file` monitor writes it: one JSON line per monitor.log call of the trainer
     (perf, optim, tensor stats, time) and of the orchestrator, each {"step", "time", ...}
     (src/prime_rl/utils/monitor/file.py@v0.8.0)."""
-    rec = inventory_record("prime-rl-keys.tsv", "v0.8.0", {"optim/grad_norm"})
+    printed = {r["key"] for r in read_inventory("prime-rl-keys.tsv") if "/" not in r["key"]}   # console labels
+    rec = inventory_record("prime-rl-keys.tsv", "v0.8.0", {"optim/grad_norm"} | printed)
     groups = [("perf/",), ("optim/",), ("loss/", "entropy/", "mismatch_kl/", "kl_ent_ratio/", "masked_", "unmasked_",
                                          "is_masked"), ("time/",), ("progress/", "train/", "pre_filters/")]
     lines = []

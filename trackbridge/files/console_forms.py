@@ -8,8 +8,9 @@ with its release range, like OpenRLHF's progress-bar names). Nothing here knows 
   ``... step=3 metrics={"a": 1}`` line): the dict's items at that number (a train step or a rollout id, as the word
   before it says; the record's ``x`` is that number either way); the dict may be a Python literal or JSON.
 * **labelled values on one line** (prime-rl's ``Step 28 | Time: 73.77s | Reward: 0.3887 | Throughput: 2408.9
-  tokens/s``): each ``Label: number[unit]`` item under its label, the step from the ``Step N`` item; a unit printed
-  after the number is dropped (the mapping says the unit).
+  tokens/s``, and from 0.6 ``Step 28 |   73.8s | Reward 0.3887 | Turns 1.0``): each ``Label: number[unit]`` or
+  ``Label number[unit]`` item under its label (an item without a label, or with a value such as ``12/16``, is
+  left), the step from the ``Step N`` item; a unit printed after the number is dropped (the mapping says the unit).
 * **bullet blocks** (NeMo-RL's ``📊 Training Results:`` then ``  • Loss: 0.1032`` lines, ``⏱️  Timing:`` then
   ``  • policy_training: 25.05s (37.6%)``): each bullet as ``SECTION/Label`` (the header's words: ``Training
   Results/Loss``, ``Timing/policy_training``); a ``Step N/M`` line (NeMo-RL prints ``===== Step 3/100 =====``) starts
@@ -35,6 +36,10 @@ _STEP_DICT = re.compile(r"(?:^|(?<=[\s|\]]))(?P<word>[A-Za-z][\w-]*)[ =:]\s*(?P<
 _LABELLED = re.compile(r"^\s*(?P<label>[A-Za-z][\w .()/@-]*?)\s*:\s*"
                        r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
                        r"\s*(?P<unit>[A-Za-z%/.µ]*(?:/[A-Za-z]+)?)?\s*(?:\([^()]*\))?\s*$")
+# prime-rl >= 0.6: "Reward 0.4123", "Turns 1.0", "Error 0.0%" (no colon); a label of words only
+_BARE = re.compile(r"^\s*(?P<label>[A-Za-z][A-Za-z .()/-]*?)\s+"
+                   r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
+                   r"\s*(?P<unit>[A-Za-z%µ]*(?:/[A-Za-z]+)?)?\s*(?:\([^()]*\))?\s*$")
 _STEP_ITEM = re.compile(r"(?:^|\s)Step\s+(?P<step>\d+)(?:\s*/\s*\d+)?\s*$")
 _STEP_BANNER = re.compile(r"^[=\-#*\s]*Step\s+(?P<step>\d+)\s*(?:/\s*\d+)?[=\-#*\s]*$")
 _HEADER = re.compile(r"^[^\w\s]*\s*(?P<title>[A-Z][^:•]*?)\s*:\s*$")
@@ -143,7 +148,7 @@ class Forms:
             if s and step is None:
                 step = int(s.group("step"))
                 continue
-            item = _LABELLED.match(part)
+            item = _LABELLED.match(part) or _BARE.match(part)
             if item is None:
                 continue
             num = parse_number(item.group("num"))
