@@ -123,3 +123,29 @@ def test_labels_without_colons(tmp_path):
     _, recs = read(p)
     assert [(r.step, r.metrics) for r in recs] == [(7, {"Reward": 0.4123, "Turns": 1.0, "Branches": 2.0,
                                                         "Max Off-Policy": 1, "Error": 0.0, "Truncation": 6.2})]
+
+
+def test_verl_config_printed_over_many_lines_is_the_run_config():
+    """veRL prints its Hydra config with pprint at start, each line behind Ray's prefix (tests/data/real/verl/11:
+    `(TaskRunner pid=154645) {'actor_rollout_ref': ...`, lines 6-200): it is the run's config, so translation judges
+    fidelity with the run's own settings (its lines 36 and 153 print ppo_mini_batch_size 64)."""
+    from trackbridge.inputs import open_runs
+    (run,) = open_runs(str(REAL / "verl" / "11_agentic_rag_gsm8k_ppo.log"), rows=True)
+    config = run.info.config
+    assert config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 64
+    assert config["data"]["train_batch_size"] == 256
+    assert run.info.extra["config_source"].endswith(":6")
+    recs = list(run.records())
+    assert [r.step for r in recs] == list(range(1, 27))
+
+
+def test_a_printed_dict_with_a_progress_bar_glued_after_it(tmp_path):
+    """tests/data/real/trl/10 (line 125): a TRL row followed on the same line by tqdm's bar (the \\r between them
+    not kept): the row is read, as the five before it; a dict followed by other text is not."""
+    _, recs = read(REAL / "trl" / "10_chaos_economy_train8ep_grpo.log")
+    assert len(recs) == 6 and recs[-1].metrics["epoch"] == 0.375
+    p = tmp_path / "x.log"
+    p.write_text("{'loss': 0.5, 'reward': 1.0} of type {'loss': Number}\n"
+                 "{'loss': 0.25} 12%|#    | 3/25 [00:01<00:09]\n")
+    run, recs = read(p)
+    assert [r.metrics for r in recs] == [{"loss": 0.25}]

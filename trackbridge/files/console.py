@@ -11,6 +11,10 @@ tqdm's carriage-return progress updates are removed):
 * a printed transformers/TRL log dict on its own: ``{'loss': 0.1, 'grad_norm': 2.3, 'epoch': 0.5}``. Evaluated with
   ``ast`` (never ``eval``); ``np.float64(...)``/``tensor(...)`` wrappers, ``nan``/``inf`` and numbers printed as
   strings (transformers >= 4.5x prints floats as ``'0.1234'``, i.e. rounded to 4 significant digits) are accepted.
+* a dict printed over several lines (veRL's run config, ``pprint`` behind Ray's prefix at start): the run's config
+  (:attr:`RunInfo.config`, ``extra["config_source"]`` says where), so translation judges fidelity with the run's own
+  settings; one that a metrics line interrupts is reported and skipped. A progress bar glued after a printed dict
+  (a ``\r`` lost in a copy) is left off the dict.
 * a tqdm progress bar with a postfix, as OpenRLHF's trainers print them (``pbar.set_postfix(...)``):
   ``Train epoch [1/1]:  50%|#####     | 2/4 [00:10<00:10, 5.0s/it, act_loss=0.0123, reward=0.5, kl=0.001]``. Each
   ``key=value`` of the postfix becomes a metric under its printed key (``pg``, ``rm``, ``glen``, ``act_loss`` ...: the
@@ -37,7 +41,7 @@ from ..record import Record, RunInfo
 from ..tracking.source import RunReader, Source, SourceError
 from ..tracking.textfiles import LineSummary, existing_file, iter_lines
 from .console_forms import Forms
-from .printed import ANSI, LiteralError, parse_number, parse_printed_dict
+from .printed import ANSI, LiteralError, dict_end, parse_number, parse_printed_config, parse_printed_dict
 
 # "step:12 - a:1 - b:2" at the start of a segment or after a space/bracket (Ray and logging prefixes).
 _STEP_LINE = re.compile(r"(?:^|(?<=[\s\])]))step:(?P<step>-?\d+)(?P<rest>(?: - .*)?)$")
@@ -47,6 +51,8 @@ _RAY_PREFIX = re.compile(r"^\((?:[\w.]+) pid=\d+(?:, ip=[\d.]+)?\)\s*")
 # tqdm: "desc: 50%|bar| 2/4 [00:10<00:10, 5.0s/it, k=v, k=v]" (the n/total and [elapsed<remaining, rate...] part)
 _TQDM = re.compile(r"\|\s*(?P<n>\d+)(?:/(?P<total>\d+))?\s*\[(?P<inside>[^\[\]]*)\]\s*$")
 _LOG_EXTS = (".log", ".txt", ".out", ".err")
+_BAR_AFTER = re.compile(r"\s*\d{1,3}%\|")      # "{...} 12%|█▏   | 30/250 [...]": tqdm's bar glued to a dict
+_MAX_DICT_LINES = 5000         # a dict printed over more lines than this is not gathered further
 
 
 def sniff(path_or_uri: str) -> bool:
@@ -107,6 +113,8 @@ class ConsoleRun(RunReader):
         rounded = False
         last_bar: dict[str, Any] | None = None
         forms = Forms()
+        gathering: list[str] | None = None      # the lines of a dict printed over several lines (a run config)
+        gathered_at = ""
 
         def form_records(found: list[tuple[dict[str, Any], int | None, str]]
                          ) -> Iterator[tuple[Record, str]]:
@@ -139,6 +147,21 @@ class ConsoleRun(RunReader):
                                 "printed by tqdm with 3 significant digits; steps are in log order")
                         yield Record(step=ordinal, wall_time=None, metrics=dict(values)), "tqdm:ordinal"
                     continue
+                if gathering is not None:
+                    if seg.startswith("{") or _STEP_LINE.search(seg) or _TQDM.search(seg):
+                        # a line of its own form: the dict gathered so far ended unclosed (cut off)
+                        if report:
+                            self.skip(gathered_at, "a dict opened here cannot be read: it is not closed "
+                                                   "before the next metrics line (cut off?); skipped")
+                        gathering = None
+                    else:
+                        found = True
+                        gathering.append(seg)
+                        text = " ".join(gathering)
+                        if dict_end(text) is not None or len(gathering) > _MAX_DICT_LINES:
+                            self._printed_config(text, gathered_at, report)
+                            gathering = None
+                        continue
                 m = _STEP_LINE.search(seg)
                 if m:
                     found = True
@@ -148,6 +171,12 @@ class ConsoleRun(RunReader):
                     continue
                 if seg.startswith("{"):
                     found = True
+                    end = dict_end(seg)
+                    if end is None and complete:           # opened here, closed on a later line: gather it
+                        gathering, gathered_at = [seg], f"{where}:{lineno}"
+                        continue
+                    if end is not None and _BAR_AFTER.match(seg[end:]):
+                        seg = seg[:end]                  # a progress bar right after the dict (a \r not kept)
                     got = self._dict_line(seg, f"{where}:{lineno}", report, complete)
                     if got is None:
                         continue
@@ -165,6 +194,8 @@ class ConsoleRun(RunReader):
                     yield from form_records(got_forms)
             if not found:
                 noise.add(lineno)
+        if gathering is not None:
+            self._printed_config(" ".join(gathering), gathered_at, report)
         yield from form_records(forms.close())
         if report:
             for at, why in forms.skipped:
@@ -174,6 +205,23 @@ class ConsoleRun(RunReader):
             if rounded and self._info is not None:
                 self._info.extra["rounded"] = ("printed dicts held numbers as strings (transformers prints floats "
                                                "with 4 significant digits): values are rounded")
+
+    def _printed_config(self, text: str, where: str, report: bool) -> None:
+        """A dict printed over several lines: veRL prints its run config so at start (``pprint`` of the Hydra
+        config, each line behind Ray's prefix). A dict of nested values is the run's config (the first one wins);
+        anything else is reported."""
+        try:
+            value = parse_printed_config(text)
+        except LiteralError as exc:
+            if report:
+                self.skip(where, f"a dict printed over several lines cannot be read: {exc}")
+            return
+        if any(isinstance(v, (dict, list)) for v in value.values()):
+            if self._info is not None and not self._info.config:
+                self._info.config = value
+                self._info.extra["config_source"] = f"printed at {where}"
+        elif report:
+            self.skip(where, "a dict printed over several lines holds no nested values (not a run config); skipped")
 
     @staticmethod
     def _postfix(inside: str) -> dict[str, Any]:

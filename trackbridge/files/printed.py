@@ -145,6 +145,43 @@ def parse_printed_dict(text: str) -> tuple[dict[str, Any], list[str], bool]:
     return out, dropped, bool(quoted)
 
 
+def dict_end(text: str) -> int | None:
+    """The index just after the ``}`` that closes the ``{`` at ``text[0]`` (braces inside quoted strings do not
+    count), or None when the text ends first (a dict printed over several lines, or cut off)."""
+    depth = 0
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "{[(":
+            depth += 1
+        elif ch in "}])":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def parse_printed_config(text: str) -> dict[str, Any]:
+    """A printed (``pprint``) run config: a dict of nested dicts, lists, strings, numbers, booleans and None,
+    evaluated with :func:`ast.literal_eval` (never ``eval``). Raises :class:`LiteralError` if it is not one."""
+    try:
+        value = ast.literal_eval(text.strip())
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
+        raise LiteralError(f"not a Python literal ({getattr(exc, 'msg', exc)})") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise LiteralError("not a dict with string keys")
+    return value
+
+
 def number_or_text(cell: str) -> Any:
     """A CSV cell as a record value: a number when it reads as one, else the text itself."""
     n = parse_number(cell)
