@@ -120,7 +120,8 @@ def test_realhf_keys_translate_without_update_level(reg):
     for key, canon in (("ppo_actor/actor_loss/avg", "loss/policy"), ("ppo_actor/entropy/avg", "policy/entropy"),
                        ("ppo_actor/clip_ratio/avg", "policy/clip_frac"), ("ppo_actor/grad_norm", "optim/grad_norm"),
                        ("ppo_actor/param_group0/lr", "optim/lr"), ("ppo_actor/task_reward/avg", "reward/score/mean"),
-                       ("ppo_actor/advantages/avg", "advantage/mean"), ("ppo_actor/seq_len/avg", "sequence/length/mean"),
+                       ("ppo_actor/advantages/avg", "advantage/mean"),
+                       ("ppo_actor/seq_len/avg", "sequence/length/mean"),
                        ("ppo_actor/no_eos_ratios/avg", "response/clip_ratio")):
         assert res.metrics[canon] == rec[key], key
     assert res.metrics["kl/old_policy/k1"] == -rec["ppo_actor/approx_kl/avg"]   # log pi_theta - log pi_old
