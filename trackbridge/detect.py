@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from .schema.facts import SPLIT_PREFIXES
 from .schema.loader import Registry
 from .schema.model import Entry, FrameworkMapping
 from .schema.spec import Spec
+
+T = TypeVar("T")
 
 MIN_EXPLAINED = 0.6      # the best framework must explain at least this share of the keys ...
 MIN_CONFIDENCE = 0.4     # ... and be this sure (share x margin over the runner-up), else: unknown
@@ -156,22 +158,22 @@ class Detection:
                 "reason": self.reason}
 
 
-def _keys_of(fw: FrameworkMapping, key: str) -> list[tuple[Entry, dict[str, str] | None]]:
-    hits = fw.lookup(key)
+def _unprefixed(look: Callable[[str], list[T]], fw: FrameworkMapping, key: str) -> list[T]:
+    """``look(key)``, else ``look`` of the key without one of the framework's tracker prefixes."""
+    hits = look(key)
     if not hits:
         split, rest = fw.split_prefix(key)
         if split is not None:
-            hits = fw.lookup(rest)
+            hits = look(rest)
     return hits
 
 
+def _keys_of(fw: FrameworkMapping, key: str) -> list[tuple[Entry, dict[str, str] | None]]:
+    return _unprefixed(fw.lookup, fw, key)
+
+
 def _unmapped_scopes(fw: FrameworkMapping, key: str) -> list[tuple[frozenset | None, float, float]]:
-    scopes = fw.unmapped_scopes(key)
-    if not scopes:
-        split, rest = fw.split_prefix(key)
-        if split is not None:
-            scopes = fw.unmapped_scopes(rest)
-    return scopes
+    return _unprefixed(fw.unmapped_scopes, fw, key)
 
 
 def _release_window(fw: FrameworkMapping, within: Spec | None) -> tuple[int, int]:

@@ -65,18 +65,12 @@ AREAL_V051_STEP = (_amm("task_reward", "advantages", "seq_len", "prompt_len", "n
                    + ["ppo_actor/update/grad_norm", "ppo_actor/update/lr", "rollout/reward", "timeperf/train_step"])
 
 
-def record(keys: list[str]) -> dict[str, float]:
-    assert len(set(keys)) == len(keys)
-    return {k: 0.25 + i / 1000 for i, k in enumerate(keys)}
+from test_releases_areal import idx, record  # noqa: E402 - one record shape for both files
 
 
 @pytest.fixture(scope="module")
 def reg():
     return load_registry()
-
-
-def idx(reg, name: str) -> int:
-    return reg.frameworks["areal"].releases.index(name)
 
 
 def test_v0_3_0_is_the_first_release_and_realhf_runs_through_v0_5_1(reg):
