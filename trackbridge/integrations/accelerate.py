@@ -14,10 +14,20 @@ The trackbridge run opens at the first ``log()`` (so it carries the configuratio
 (``accelerator.end_training()``). Only the main process writes (``main_process_only = True``). ``tracker`` is the
 trackbridge run. For legacy PPOTrainer pass ``project_kwargs``/``tracker_project_name`` as usual; the project is
 ``project=`` here (Accelerate does not pass its project name to trackers given as objects).
+
+**By name**: importing this module registers the tracker under the name ``"trackbridge"`` (Accelerate's
+``register_tracker_class``), so ``Accelerator(log_with="trackbridge")`` (or ``["wandb", "trackbridge"]``) works and
+``init_trackers(project, config)`` builds it with ``project`` as the trackbridge project. Options not passed come
+from the environment (:func:`options_from_env`: ``TRACKBRIDGE_SINKS``, ``TRACKBRIDGE_SPOOL``, ``TRACKBRIDGE_SOURCE``,
+``TRACKBRIDGE_NAMES``, ``TRACKBRIDGE_PROJECT``, ``TRACKBRIDGE_NAME``, ``TRACKBRIDGE_RUN_ID``);
+``init_trackers(..., init_kwargs={"trackbridge": {"sinks": [...]}})`` passes them in code and wins. Importing
+``trackbridge`` alone registers nothing.
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+from typing import Any, Mapping
 
 from ..extras import require
 from ._tee import RunLike, Tee
@@ -26,18 +36,59 @@ require(("accelerate",), "trl", __name__)       # one line naming the extra rath
 
 from accelerate.tracking import GeneralTracker, on_main_process  # noqa: E402
 
+#: environment variable -> :func:`trackbridge.init` option (what the by-name routes -- ``report_to="trackbridge"``,
+#: ``log_with="trackbridge"`` -- cannot pass in code)
+ENV_OPTIONS = {"TRACKBRIDGE_SINKS": "sinks", "TRACKBRIDGE_SPOOL": "spool", "TRACKBRIDGE_SOURCE": "source",
+               "TRACKBRIDGE_NAMES": "names", "TRACKBRIDGE_PROJECT": "project", "TRACKBRIDGE_NAME": "name",
+               "TRACKBRIDGE_RUN_ID": "run_id"}
+
+
+def parse_sinks(text: str) -> list[str]:
+    """``TRACKBRIDGE_SINKS``: sink locators separated by commas (``tensorboard:runs/tb,mlflow:sqlite:///m.db``), or a
+    JSON list of them (for a locator that holds a comma)."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"TRACKBRIDGE_SINKS: not a JSON list of sink locators ({exc}): {text!r}") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"TRACKBRIDGE_SINKS: expected a JSON list of strings, got {text!r}")
+        return [i.strip() for i in items if i.strip()]
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The :func:`trackbridge.init` options the ``TRACKBRIDGE_*`` environment variables give (see
+    :data:`ENV_OPTIONS`; empty variables are ignored). A mistyped sink fails when the run opens, naming it."""
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for var, option in ENV_OPTIONS.items():
+        value = (env.get(var) or "").strip()
+        if value:
+            out[option] = parse_sinks(value) if option == "sinks" else value
+    return out
+
 
 class TrackBridgeTracker(GeneralTracker):
     """An Accelerate ``GeneralTracker`` writing to trackbridge; takes the options of :func:`trackbridge.init` or
-    ``run=`` an open trackbridge run."""
+    ``run=`` an open trackbridge run. Options not given (``None``) come from the ``TRACKBRIDGE_*`` environment
+    variables (:func:`options_from_env`); ``env=False`` ignores them."""
 
     name = "trackbridge"
     requires_logging_directory = False
     main_process_only = True
 
     def __init__(self, project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
-                 run: RunLike | None = None, **init_options: Any) -> None:
+                 run: RunLike | None = None, env: bool = True, **init_options: Any) -> None:
         super().__init__()
+        if env and run is None:
+            given = {"project": project, "name": name, "sinks": sinks, **init_options}
+            for option, value in options_from_env().items():
+                if given.get(option) is None:
+                    given[option] = value
+            project, name, sinks = given.pop("project"), given.pop("name"), given.pop("sinks")
+            init_options = given
         self._config: dict[str, Any] = dict(init_options.pop("config", None) or {})
         self._tee = _TrackerTee(self, run=run, project=project, name=name, sinks=sinks, **init_options)
         self._tee.kind = "Accelerate tracker"
@@ -79,4 +130,22 @@ class _TrackerTee(Tee):
         return {"config": dict(self._owner._config)} if self._owner._config else {}
 
 
-__all__ = ["TrackBridgeTracker"]
+def register() -> bool:
+    """Make ``Accelerator(log_with="trackbridge")`` build a :class:`TrackBridgeTracker` (done when this module is
+    imported). Returns False on an Accelerate without ``register_tracker_class`` (before 1.x: pass
+    ``log_with=[TrackBridgeTracker(...)]`` there)."""
+    from accelerate import tracking
+    if tracking.LOGGER_TYPE_TO_CLASS.get(TrackBridgeTracker.name) is TrackBridgeTracker:
+        return True
+    registrar = getattr(tracking, "register_tracker_class", None)
+    if registrar is None:
+        return False
+    registrar(TrackBridgeTracker)
+    return True
+
+
+if __name__ != "__main__":
+    register()
+
+
+__all__ = ["ENV_OPTIONS", "TrackBridgeTracker", "options_from_env", "parse_sinks", "register"]

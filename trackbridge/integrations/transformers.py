@@ -27,11 +27,33 @@ and runs beside ``report_to`` (``report_to="wandb"`` keeps logging as before) or
 * **Not seen**: what TRL writes to trackers directly, bypassing ``Trainer.log``/``on_log``: the
   ``profiling/Time taken: ...`` timings and the ``completions`` tables (GRPO/RLOO, ``LogCompletionsCallback``), the
   ``game_log`` tables of legacy DPO-family trainers, ``WinRateCallback`` tables.
+
+**By name** (``report_to="trackbridge"``): importing this module registers the callback in transformers'
+integration registry (``INTEGRATION_TO_CALLBACK``), so ``TrainingArguments(report_to="trackbridge")`` (or
+``report_to=["wandb", "trackbridge"]``) adds it to every ``Trainer``/TRL trainer. transformers builds it with no
+arguments: its options come from the environment (``TRACKBRIDGE_SINKS="tensorboard:runs/tb,mlflow:sqlite:///m.db"``,
+``TRACKBRIDGE_SPOOL``, ``TRACKBRIDGE_SOURCE``, ``TRACKBRIDGE_NAMES``, ``TRACKBRIDGE_PROJECT``, ``TRACKBRIDGE_NAME``,
+``TRACKBRIDGE_RUN_ID``: :func:`trackbridge.integrations.accelerate.options_from_env`); options passed in code win.
+``import trackbridge`` alone registers nothing.
+
+**TRL's command line** (``trl grpo ... --report_to trackbridge`` imports nothing of yours; TRL runs its script in
+a child process through ``accelerate launch``)::
+
+    TRACKBRIDGE_SINKS=tensorboard:runs/tb python -m trackbridge.integrations.transformers trl grpo \
+        --model_name_or_path ... --dataset_name ... --report_to trackbridge
+
+runs TRL's CLI (``trl.cli.main``) in this process with the registration in place, and has ``accelerate launch``
+start the training script through this module (``--module trackbridge.integrations.transformers SCRIPT ARGS``), so
+every launched process registers the callback before the script runs. ``python -m
+trackbridge.integrations.transformers path/to/train.py ARGS`` runs any script (or ``-m module``) the same way.
 """
 from __future__ import annotations
 
 import inspect
 import json
+import os
+import runpy
+import sys
 import warnings
 from typing import Any
 
@@ -128,11 +150,21 @@ class TrackBridgeCallback(TrainerCallback):
 
     Options are those of :func:`trackbridge.init` (``project``, ``name``, ``sinks``, ``source``, ``names``,
     ``config``, ``spool``, ``run_id`` ...), plus ``model_config`` (include the model's config, default True).
+    Options not given (``None``) come from the ``TRACKBRIDGE_*`` environment variables; ``env=False`` ignores them.
     """
 
     def __init__(self, project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
                  source: str | None = None, config: dict[str, Any] | None = None, model_config: bool = True,
-                 rank_zero_only: bool = True, **init_options: Any) -> None:
+                 rank_zero_only: bool = True, env: bool = True, **init_options: Any) -> None:
+        if env:         # options not given come from TRACKBRIDGE_* (what report_to="trackbridge" relies on)
+            from .accelerate import options_from_env
+            given = {"project": project, "name": name, "sinks": sinks, "source": source, **init_options}
+            for option, value in options_from_env().items():
+                if given.get(option) is None:
+                    given[option] = value
+            project, name, sinks, source = given.pop("project"), given.pop("name"), given.pop("sinks"), \
+                given.pop("source")
+            init_options = {k: v for k, v in given.items() if v is not None}
         self.project, self.name, self.sinks = project, name, list(sinks or [])
         self.user_source = source
         self.user_config = dict(config or {})
@@ -214,4 +246,84 @@ class TrackBridgeCallback(TrainerCallback):
         return self.run.finish()
 
 
-__all__ = ["TrackBridgeCallback", "source_for", "trainer_id", "trl_version"]
+# -- report_to="trackbridge" -------------------------------------------------------------------------------------------
+REPORT_TO = "trackbridge"
+
+
+def register() -> None:
+    """Make ``report_to="trackbridge"`` add a :class:`TrackBridgeCallback` (done when this module is imported):
+    transformers looks every ``report_to`` name up in ``integration_utils.INTEGRATION_TO_CALLBACK`` (the same dict
+    ``transformers.integrations`` re-exports) and builds the class with no arguments."""
+    from transformers.integrations import integration_utils
+    integration_utils.INTEGRATION_TO_CALLBACK[REPORT_TO] = TrackBridgeCallback
+
+
+def _launch_through_here(script_name: str, launch_args: list[str], training_script_args: list[str],
+                         **_kw: Any) -> None:
+    """``trl.cli.accelerate_launcher.launch_training_script``, the script started through this module: ``accelerate
+    launch --module trackbridge.integrations.transformers <trl/scripts/NAME.py> ARGS``."""
+    import importlib.resources as resources
+
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    script = str(resources.files("trl.scripts").joinpath(script_name))
+    accelerate_args = launch_command_parser().parse_args(
+        [*launch_args, "--module", __name__, script, *training_script_args])
+    launch_command(accelerate_args)
+
+
+def run_trl_cli(argv: list[str]) -> int:
+    """TRL's command line (``trl.cli.main``) with ``report_to="trackbridge"`` known to every process it starts."""
+    from trl.cli import accelerate_launcher
+    from trl.cli import main as trl_main
+    original = accelerate_launcher.launch_training_script
+    accelerate_launcher.launch_training_script = _launch_through_here   # for this command only, restored below
+    try:
+        return int(trl_main(list(argv)) or 0)
+    finally:
+        accelerate_launcher.launch_training_script = original
+
+
+def run_script(argv: list[str]) -> None:
+    """Run ``SCRIPT ARGS`` (or ``-m MODULE ARGS``) as ``__main__`` in this process, the registration in place."""
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("usage: python -m trackbridge.integrations.transformers -m MODULE [ARGS ...]")
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    script = os.path.abspath(argv[0])
+    sys.argv = [script, *argv[1:]]
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+USAGE = """usage: python -m trackbridge.integrations.transformers trl COMMAND [ARGS ...]   (TRL's CLI: trl grpo ...)
+       python -m trackbridge.integrations.transformers SCRIPT.py [ARGS ...]
+       python -m trackbridge.integrations.transformers -m MODULE [ARGS ...]
+
+Runs it with report_to="trackbridge" registered; the callback's options come from TRACKBRIDGE_SINKS,
+TRACKBRIDGE_SPOOL, TRACKBRIDGE_SOURCE, TRACKBRIDGE_NAMES, TRACKBRIDGE_PROJECT, TRACKBRIDGE_NAME, TRACKBRIDGE_RUN_ID."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trackbridge.integrations.transformers``: see :data:`USAGE`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    register()
+    if args[0] == "trl":
+        return run_trl_cli(args[1:])
+    run_script(args)
+    return 0
+
+
+if __name__ != "__main__":
+    register()
+else:       # python -m: the module's own copy (imported here, by name) registers; this copy only hands over
+    import importlib
+    raise SystemExit(importlib.import_module(__spec__.name).main())
+
+
+__all__ = ["REPORT_TO", "TrackBridgeCallback", "main", "register", "run_script", "run_trl_cli", "source_for",
+           "trainer_id", "trl_version"]
