@@ -81,7 +81,7 @@ class WriterWrapper(Tee):
                 with tee._lock:
                     tee._safe(tee.flush)
                     result = orig(*args, **kwargs)
-                    tee._safe(tee.finish)
+                    tee._safe(tee.tracker_finished)
                     return result
             result = orig(*args, **kwargs)
             if tee.active:
@@ -94,6 +94,10 @@ class WriterWrapper(Tee):
         setattr(wrapper, "__wrapped__", orig)            # function attributes: set dynamically
         setattr(wrapper, "__trackbridge_wrapper__", self)
         return wrapper
+
+    def tracker_finished(self) -> None:
+        """A wrapped writer was closed: the trackbridge run is finished (when this wrapper opened it)."""
+        self.finish()
 
     def _safe(self, fn: Any) -> None:
         try:

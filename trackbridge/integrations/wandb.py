@@ -58,6 +58,8 @@ class WandbWrapper(Tee):
     def __init__(self, target: Any, *, wandb_names: str = "original", step_metrics: dict[str, str] | None = None,
                  run: RunLike | None = None, **init_options: Any) -> None:
         super().__init__(run=run, **init_options)
+        # config= is laid over the wandb run's config (the run's config defaults), not put in its place
+        self._user_config = self._init_options.pop("config", None)
         if wandb_names not in ("original", "translated"):
             raise ValueError(f"wandb_names={wandb_names!r}; expected 'original' or 'translated'")
         self.wandb_names = wandb_names
@@ -94,6 +96,14 @@ class WandbWrapper(Tee):
         return self.target_run if self.target_run is not None else getattr(self.wb, "run", None)
 
     def defaults(self) -> dict[str, Any]:
+        """``project``, ``name`` and ``config`` of the wandb run; ``config=`` given to the wrapper is laid over the
+        wandb run's config (nested dicts merged key by key)."""
+        out = self._wandb_defaults()
+        if self._user_config is not None:
+            out["config"] = _merged(out.get("config") or {}, dict(self._user_config))
+        return out
+
+    def _wandb_defaults(self) -> dict[str, Any]:
         r = self._wandb_run()
         out: dict[str, Any] = {}
         if r is None:
@@ -139,11 +149,12 @@ class WandbWrapper(Tee):
         @functools.wraps(orig_finish)
         def finish(run_self: Any, *args: Any, **kwargs: Any) -> Any:
             if tee._targets(run_self):
-                with tee._lock:
-                    try:
-                        tee.flush()
-                    except Exception as exc:
-                        tee.warn_once("flush", f"trackbridge: flushing the last wandb row failed: {exc}")
+                code = args[0] if args else kwargs.get("exit_code")
+                try:
+                    tee.tracker_finished(failed=isinstance(code, int) and not isinstance(code, bool) and code != 0)
+                except Exception as exc:
+                    tee.warn_once("finish", f"trackbridge: finishing the trackbridge run with the wandb run failed "
+                                            f"({type(exc).__name__}: {exc}); wandb is unaffected")
             return orig_finish(run_self, *args, **kwargs)
 
         self._patched = {"log": log, "define_metric": define_metric, "finish": finish}
@@ -159,6 +170,18 @@ class WandbWrapper(Tee):
             owner = getattr(bound, "__self__", None)
             if owner is not None and isinstance(owner, self.run_cls) and self._targets_any(owner):
                 setattr(self.wb, name, types.MethodType(table[name], owner))
+
+    def tracker_finished(self, failed: bool = False) -> None:
+        """The wrapped wandb run is finishing (``wandb.finish()``, ``run.finish()``, or wandb's own exit hook): send
+        the last row and finish the trackbridge run (when this wrapper opened it; ``failed``: wandb's ``exit_code``
+        was not 0). A record logged later reopens the trackbridge run with ``resume=True``."""
+        with self._lock:
+            try:
+                self.flush()
+            except Exception as exc:
+                self.warn_once("flush", f"trackbridge: flushing the last wandb row failed: {exc}")
+            if self._run is not None and self._owns_run and not getattr(self._run, "_finished", False):
+                self._run.finish(failed=failed)
 
     def _targets_any(self, owner: Any) -> bool:
         return self.target_run is None or owner is self.target_run
@@ -281,27 +304,91 @@ class WandbWrapper(Tee):
         return out
 
     def _translated(self, data: dict[str, Any]) -> dict[str, Any]:
-        if self._renamer is None:
-            from ..translate import Translator
-            opts = self._init_options
-            self._renamer = Translator(source=opts.get("source", "auto"), target=opts.get("names", "canonical"),
-                                       mappings=opts.get("mappings"))
+        """``data`` under the names the trackbridge run's trackers get (``wandb_names="translated"``): the same
+        source, names, mappings and run config as the run (see :meth:`_wandb_pipeline`). Step metrics, ``_``-keys
+        and wandb media keep their names."""
         plain = {k: v for k, v in data.items() if isinstance(k, str) and not k.startswith("_")
                  and k not in self.step_metric_names and not (type(v).__module__ or "").startswith("wandb")}
         try:
-            res = self._renamer.translate(plain)
+            renamed, metrics = self._wandb_pipeline().rename(plain)
         except Exception as exc:
             self.warn_once("rename", f"trackbridge: translating names for wandb failed ({exc}); wandb gets the "
                                      f"original names")
             return data
         out: dict[str, Any] = {}
         for key, val in data.items():
-            new = res.renamed.get(key) if isinstance(key, str) else None
-            if new is not None and new not in out:
-                out[new] = res.metrics[new]
+            new = renamed.get(key) if isinstance(key, str) else None
+            if new is not None and new not in out and new in metrics:
+                out[new] = metrics[new]
             else:
                 out[key] = val
         return out
+
+    def _wandb_pipeline(self) -> "_NamesFor":
+        """The translation wandb's names go through, built once from the trackbridge run (opened here if it was
+        not yet): its source, naming, mappings and config, which is the wandb run's config with ``config=`` over
+        it (or, for ``run=``, that run's config)."""
+        if self._renamer is None:
+            run = self._live_run()
+            info = getattr(run, "info", None)
+            opts = {**self.defaults(), **self._init_options}
+            config = opts.get("config") if self._owns_run else getattr(info, "config", None)
+            extra = getattr(info, "extra", None) or {}
+            source = self._init_options.get("source") or getattr(info, "source", None) or "auto"
+            names = getattr(run, "names", None) or opts.get("names") or "canonical"
+            mappings = opts.get("mappings") or extra.get("mappings")
+            self._renamer = _NamesFor(source, names, dict(config or {}), list(mappings or []))
+        return self._renamer
+
+
+class _NamesFor:
+    """Original name -> the name a trackbridge tracker gets, as the logger does it: through
+    :class:`trackbridge.pipeline.Pipeline`, source -> canonical with the run config (the logger's translation),
+    then canonical -> ``names`` (the logger's renaming for ``names=``), without derived values (wandb gets what it
+    was given, renamed)."""
+
+    def __init__(self, source: str, names: str, config: dict[str, Any], mappings: list[str]) -> None:
+        from ..pipeline import Pipeline
+        self.config = config
+        self.to_canonical = Pipeline(source, "canonical", config=config, mappings=mappings or None, derive=False)
+        self.names = names
+        self.mappings = mappings
+        self.to_names: Any = None
+
+    def rename(self, plain: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+        """``(original -> final name, final name -> value)`` for the values of one call."""
+        first = self.to_canonical.setup(plain)
+        if first is None:                    # source or names "keep": nothing renamed
+            return {k: k for k in plain}, dict(plain)
+        res = first.translate(plain)
+        renamed = {k: res.renamed.get(k, k) for k in plain if res.renamed.get(k, k) in res.metrics}
+        metrics = dict(res.metrics)
+        if self.names in ("canonical", ""):
+            return renamed, metrics
+        if self.to_names is None:
+            from ..pipeline import Pipeline
+            canon = dict(self.config)
+            try:
+                canon = {**canon, **dict(first.translate_config(self.config))}   # as the logger renames
+            except Exception:
+                pass
+            pipe = Pipeline("canonical", self.names, config=canon, mappings=self.mappings or None, derive=False,
+                            origin=first.source)
+            self.to_names = pipe.setup(())
+        second = self.to_names.translate(metrics)
+        final = {k: second.renamed.get(c, c) for k, c in renamed.items() if second.renamed.get(c, c) in second.metrics}
+        return final, dict(second.metrics)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid over ``base``; nested dicts merged key by key."""
+    out = dict(base)
+    for key, val in over.items():
+        if isinstance(val, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], val)
+        else:
+            out[key] = val
+    return out
 
 
 def _number(val: Any) -> int | None:
