@@ -278,10 +278,23 @@ def test_trl_cli_route_report_to_trackbridge(tmp_path, tiny_model):
     _check_trackers(tmp_path / "spool" / "cli-sft.jsonl", tmp_path, uri, "cli-sft", expected)
 
 
-def test_trl_cli_route_usage():
-    out = subprocess.run([sys.executable, "-m", "trackbridge.integrations.transformers"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "trl COMMAND" in out.stdout, (out.stdout, out.stderr[-2000:])
+def test_module_runs_a_script_with_the_name_registered(tmp_path, capsys):
+    """``python -m trackbridge.integrations.transformers train.py ARGS``: the user's script runs as ``__main__``
+    with its arguments, ``report_to="trackbridge"`` known; no arguments print the usage."""
+    from trackbridge.integrations.transformers import main
+    assert main([]) == 2 and "trl COMMAND" in capsys.readouterr().out
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from transformers.integrations import get_reporting_integration_callbacks
+        (cb,) = get_reporting_integration_callbacks(["trackbridge"])
+        assert cb.__module__ == "trackbridge.integrations.transformers", cb.__module__
+        assert __name__ == "__main__" and sys.argv[1:] == ["--lr", "0.1"], (__name__, sys.argv)
+        print("script ran", cb.__name__)
+    """))
+    out = subprocess.run([sys.executable, "-m", "trackbridge.integrations.transformers", str(script), "--lr", "0.1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "script ran TrackBridgeCallback" in out.stdout, out.stderr[-3000:]
 
 
 # -- Accelerate ---------------------------------------------------------------------------------------------------
