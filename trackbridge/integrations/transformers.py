@@ -273,8 +273,13 @@ def _launch_through_here(script_name: str, launch_args: list[str], training_scri
 
 def run_trl_cli(argv: list[str]) -> int:
     """TRL's command line (``trl.cli.main``) with ``report_to="trackbridge"`` known to every process it starts."""
-    from trl.cli import accelerate_launcher
-    from trl.cli import main as trl_main
+    try:
+        from trl.cli import accelerate_launcher
+        from trl.cli import main as trl_main
+    except ImportError as exc:      # TRL before 1.x: another CLI layout
+        raise SystemExit(f"trackbridge: this TRL ({trl_version()}) has no trl.cli.accelerate_launcher ({exc}); run "
+                         f"its script through this module instead: python -m trackbridge.integrations.transformers "
+                         f"path/to/trl/scripts/grpo.py ARGS") from None
     original = accelerate_launcher.launch_training_script
     accelerate_launcher.launch_training_script = _launch_through_here   # for this command only, restored below
     try:
