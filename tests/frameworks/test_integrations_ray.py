@@ -264,30 +264,60 @@ def test_actor_stopped_with_sigterm_records_killed(cluster, tmp_path):
     assert not (spool_file.with_name(spool_file.name + ".lock")).exists()     # finished, not left behind
 
 
-def test_actor_killed_leaves_a_spool_that_replay_completes(cluster, tmp_path):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_actor_killed_leaves_a_spool_that_replay_completes(cluster, tmp_path, writer):
+    """ray.kill ends the process at once (no exit hook, no signal handler). With writer threads the trackers stop
+    where they were and the spool holds every step; with the writer process (the default), Ray ends the worker's
+    children too, or the writer left behind finishes the trackers from the spool as killed. Either way `trackbridge
+    replay` and complete() leave each tracker with every step once, and the run says killed."""
     from trackbridge.integrations.ray import complete, unfinished
     steps = 150
-    runner = VerlTaskRunner.options(runtime_env={"env_vars": _env(tmp_path, "verl-kill", "verl",
-                                                                  TRACKBRIDGE_WRITER="thread")}).remote()
+    run_id = f"verl-kill-{writer}"
+    runner = VerlTaskRunner.options(runtime_env={"env_vars": _env(tmp_path, run_id, "verl",
+                                                                  TRACKBRIDGE_WRITER=writer)}).remote()
     pid = ray.get(runner.fit.remote(steps, str(tmp_path), ["tensorboard"], False), timeout=240)
-    ray.kill(runner)                      # no exit hook, no signal handler: the process gets no chance
+    ray.kill(runner)
     _dead(pid)
-    spool_file = tmp_path / "spool" / "verl-kill.jsonl"
+    spool_file = tmp_path / "spool" / f"{run_id}.jsonl"
     want = list(VERL_KEYS.values())
     spool, bad = spool_points(spool_file)
     assert exact(spool, want, range(steps)) is None, exact(spool, want, range(steps))
-    assert unfinished(spool_file)          # the run claim was left: the run never finished
+    _lock_released(spool_file)
+    left_unfinished = unfinished(spool_file)       # the run claim was left: nobody finished the run
+    if writer == "thread":
+        assert left_unfinished
     # `trackbridge replay` (the CLI) completes TensorBoard; complete() MLflow, recording the outcome
     out = subprocess.run([sys.executable, "-m", "trackbridge", "replay", str(spool_file), "--to",
                           f"tensorboard:{tmp_path}/tb"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     results = complete(spool_file, [f"mlflow:sqlite:///{tmp_path}/mlflow.db"])
-    assert any("killed" in n for r in results for n in r.notes), [r.notes for r in results]
-    for points in (tensorboard_points(tmp_path / "tb"), mlflow_points(_uri(tmp_path), "verl-kill")):
+    if left_unfinished:
+        assert any("killed" in n for r in results for n in r.notes), [r.notes for r in results]
+    for points in (tensorboard_points(tmp_path / "tb"), mlflow_points(_uri(tmp_path), run_id)):
         assert exact(points, want, range(steps)) is None, exact(points, want, range(steps))
-    assert mlflow_status(_uri(tmp_path), "verl-kill") == "KILLED"
+    assert mlflow_status(_uri(tmp_path), run_id) == "KILLED"
     # a second replay writes nothing
     again = subprocess.run([sys.executable, "-m", "trackbridge", "replay", str(spool_file), "--to",
                             f"tensorboard:{tmp_path}/tb"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0
     assert exact(tensorboard_points(tmp_path / "tb"), want, range(steps)) is None
+
+
+def test_a_worker_of_rank_1_opens_no_run(cluster, tmp_path):
+    """A worker group's actors carry RANK: only rank 0 opens the run (init's rank support), so one run per run."""
+    runner = VerlTaskRunner.options(runtime_env={"env_vars": {**_env(tmp_path, "verl-rank1", "verl"),
+                                                               "RANK": "1", "WORLD_SIZE": "2"}}).remote()
+    pid = ray.get(runner.fit.remote(20, str(tmp_path), ["tensorboard"]), timeout=240)
+    ray.kill(runner)
+    _dead(pid)
+    assert not (tmp_path / "spool" / "verl-rank1.jsonl").exists()
+    assert not (tmp_path / "tb").exists() or not tensorboard_points(tmp_path / "tb")
+    assert exact(tensorboard_points(tmp_path / "verl_tb"), list(VERL_KEYS), range(20)) is None   # veRL's own
+
+
+def test_importing_the_hook_module_stays_light():
+    code = ("import sys, trackbridge.integrations.ray as r\n"
+            "bad = [m for m in ('ray', 'wandb', 'torch', 'mlflow', 'tensorboard', 'verl') if m in sys.modules]\n"
+            "assert not bad, bad\n"
+            "assert callable(r.setup)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
