@@ -315,6 +315,56 @@ def test_a_worker_of_rank_1_opens_no_run(cluster, tmp_path):
     assert exact(tensorboard_points(tmp_path / "verl_tb"), list(VERL_KEYS), range(20)) is None   # veRL's own
 
 
+LAUNCHED = """
+import os, sys
+import ray
+
+
+@ray.remote(num_cpus=0)
+class Trainer:
+    def fit(self, steps, out):
+        import wandb
+        wandb.init(project="launch-proj", name="launch", dir=out, mode="offline")
+        wandb.define_metric("train/global_step")
+        wandb.define_metric("train/*", step_metric="train/global_step", step_sync=True)
+        for g in range(1, steps + 1):
+            wandb.log({"train/policy_loss": 1.0 / g, "train/reward": g / 10, "train/global_step": g})
+        wandb.finish()
+        return os.getpid()
+
+
+def train(args):
+    if not ray.is_initialized():          # as OpenRLHF's train_ppo_ray and veRL's main_ppo do
+        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
+    trainer = Trainer.remote()
+    print("pid", ray.get(trainer.fit.remote(int(args[0]), args[1])))
+
+
+if __name__ == "__main__":
+    train(sys.argv[1:])
+"""
+
+
+def test_the_launcher_runs_a_framework_module_with_the_hook(cluster, tmp_path):
+    """python -m trackbridge.integrations.ray MODULE ARGS: Ray is initialised with the hook first, so a framework
+    that calls ray.init() only when Ray is not initialised (OpenRLHF 0.11) gets it without a change."""
+    (tmp_path / "launched_train.py").write_text(LAUNCHED)
+    steps = 40
+    env = {**os.environ, **_env(tmp_path, "launched", "openrlhf"), "PYTHONPATH": str(tmp_path),
+           "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "trackbridge.integrations.ray", "launched_train", str(steps),
+                          str(tmp_path / "own")], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    want = ["loss/policy", "reward/score/mean"]
+    for points in (spool_points(tmp_path / "spool" / "launched.jsonl")[0], tensorboard_points(tmp_path / "tb"),
+                   mlflow_points(_uri(tmp_path), "launched")):
+        assert exact(points, want, range(1, steps + 1)) is None, exact(points, want, range(1, steps + 1))
+    assert mlflow_status(_uri(tmp_path), "launched") == "FINISHED"
+    bad = subprocess.run([sys.executable, "-m", "trackbridge.integrations.ray", "x"], capture_output=True, text=True,
+                         env={**env, "TRACKBRIDGE_TEE": "comet"}, timeout=60)
+    assert bad.returncode == 2 and "TRACKBRIDGE_TEE" in bad.stderr
+
+
 def test_importing_the_hook_module_stays_light():
     code = ("import sys, trackbridge.integrations.ray as r\n"
             "bad = [m for m in ('ray', 'wandb', 'torch', 'mlflow', 'tensorboard', 'verl') if m in sys.modules]\n"

@@ -624,4 +624,44 @@ def complete(spool: str | os.PathLike[str], sinks: list[str], *, names: str | No
     return out
 
 
-__all__ = ["Coordinator", "SharedRun", "complete", "options_from_env", "setup", "state", "unfinished"]
+# ------------------------------------------------------------------------------------------------ the launcher
+USAGE = """usage: python -m trackbridge.integrations.ray MODULE [ARGS...]
+
+Start Ray with trackbridge's worker_process_setup_hook (and every TRACKBRIDGE_* variable of this environment as the
+job's env_vars), then run MODULE as `python -m MODULE ARGS...` does. For a framework that calls ray.init() only when
+Ray is not initialised (OpenRLHF's train_ppo_ray, veRL's main_ppo): its actors log through trackbridge. RAY_ADDRESS
+connects to a running cluster instead of starting one. The driver process is set up too."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trackbridge.integrations.ray MODULE [ARGS...]`` (see :data:`USAGE`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    module, rest = args[0], args[1:]
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+    try:
+        options_from_env(env)
+    except ValueError as exc:
+        print(f"trackbridge.integrations.ray: {exc}", file=sys.stderr)
+        return 2
+    import runpy
+
+    import ray
+    ray.init(runtime_env={"worker_process_setup_hook": HOOK, "env_vars": env})
+    from trackbridge.integrations import ray as hook        # the module the workers import (this may be __main__)
+    hook.setup()
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+HOOK = "trackbridge.integrations.ray.setup"
+
+__all__ = ["Coordinator", "HOOK", "SharedRun", "complete", "main", "options_from_env", "setup", "state", "unfinished"]
+
+if __name__ == "__main__":      # pragma: no cover - python -m trackbridge.integrations.ray
+    sys.exit(main())
