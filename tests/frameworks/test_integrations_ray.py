@@ -371,3 +371,30 @@ def test_importing_the_hook_module_stays_light():
             "assert not bad, bad\n"
             "assert callable(r.setup)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
+
+
+def test_verl_main_ppo_override_reaches_ray_init():
+    """The README's Hydra override, composed with veRL 0.9's own ppo_trainer.yaml and merged as main_ppo.run_ppo
+    merges it (verl/trainer/main_ppo.py: get_ppo_ray_runtime_env(config) under ray_kwargs.ray_init.runtime_env):
+    ray.init gets the hook and the TRACKBRIDGE_* env_vars. (Needs hydra-core, which veRL's --no-deps install lacks.)"""
+    pytest.importorskip("hydra")
+    import verl
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+    sinks = "tensorboard:/abs/runs/tb,mlflow:sqlite:////abs/runs/mlflow.db"
+    overrides = [f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={HOOK}",
+                 f'+ray_kwargs.ray_init.runtime_env.env_vars.TRACKBRIDGE_SINKS="{sinks}"',
+                 "+ray_kwargs.ray_init.runtime_env.env_vars.TRACKBRIDGE_SPOOL=/abs/runs/spool",
+                 "+ray_kwargs.ray_init.runtime_env.env_vars.TRACKBRIDGE_SOURCE=verl"]
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        config = compose("ppo_trainer", overrides=overrides)
+    ray_init_kwargs = config.ray_kwargs.get("ray_init", {})
+    runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(config), ray_init_kwargs.get("runtime_env", {}))
+    kwargs = OmegaConf.to_container(OmegaConf.create({**ray_init_kwargs, "runtime_env": runtime_env}))
+    assert kwargs["runtime_env"]["worker_process_setup_hook"] == HOOK
+    env = kwargs["runtime_env"]["env_vars"]
+    assert env["TRACKBRIDGE_SINKS"] == sinks and env["TRACKBRIDGE_SOURCE"] == "verl"
+    assert env.get("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL")) is not None   # veRL's defaults kept
+    from trackbridge.integrations.ray import options_from_env
+    assert options_from_env(env)["sinks"] == sinks.split(",")
