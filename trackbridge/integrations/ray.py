@@ -651,8 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     import runpy
 
     import ray
+
+    from trackbridge.integrations import ray as hook  # the module the workers import (this file may be __main__)
     ray.init(runtime_env={"worker_process_setup_hook": HOOK, "env_vars": env})
-    from trackbridge.integrations import ray as hook        # the module the workers import (this may be __main__)
     hook.setup()
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -18,7 +18,10 @@ How it works (wandb 0.31):
 * **wandb itself is called first, with the same arguments**, so its behaviour, return value and exceptions are
   unchanged. With ``wandb_names="translated"`` wandb receives the translated names instead (keys that are declared
   step metrics, ``_``-keys and media keep their names; note that ``define_metric`` globs written for the original
-  names then no longer match the renamed keys).
+  names then no longer match the renamed keys). They are the names every trackbridge tracker gets: translated
+  through :class:`trackbridge.pipeline.Pipeline` with the trackbridge run's source, ``names``, ``mappings`` and run
+  config (opened at the first ``wandb.log`` for that), as the logger translates (OpenRLHF's ``kl`` with
+  ``algo.kl.use_loss`` in the config is ``kl/ref/k1``/``k3`` in wandb and in the trackers alike).
 * **Rows**: trackbridge gets one record per *committed* wandb row, following wandb's own ``step=``/``commit=``
   rules (it reads ``run.step`` around each call): ``commit=False`` and an explicit ``step=`` without
   ``commit=True`` accumulate into the row, a higher ``step=`` commits the previous row, ``finish()``/``unwrap()``
@@ -33,9 +36,14 @@ How it works (wandb 0.31):
 * **Values**: numbers, strings, tensors/arrays (as histograms) and ``wandb.Histogram`` go through; other wandb media
   (``Table``, ``Image`` ...) stay in wandb only (listed in ``handle.skipped``); ``_step``/``_runtime``/``_timestamp``
   are wandb's.
-* ``handle.unwrap()`` (or ``trackbridge.unwrap(wandb)``, or leaving ``with trackbridge.wrap(wandb, ...):``) restores
-  the original methods, flushes the pending row and finishes the trackbridge run. Defaults for ``project``, ``name``
-  and ``config`` come from the wandb run when the trackbridge run opens (at the first committed row).
+* **Finishing**: the wrapped run's ``finish()`` (``wandb.finish()``, ``run.finish()``, wandb's own exit hook) sends
+  the last row and finishes the trackbridge run the wrapper opened (``exit_code`` not 0: as failed); a later
+  ``wandb.log`` reopens it with ``resume=True``. ``handle.unwrap()`` (or ``trackbridge.unwrap(wandb)``, or leaving
+  ``with trackbridge.wrap(wandb, ...):``) restores the original methods, flushes the pending row and finishes the
+  trackbridge run. Defaults for ``project``, ``name`` and ``config`` come from the wandb run when the trackbridge run
+  opens (at the first committed row); ``config=`` is laid over the wandb run's config (nested keys merged), so the
+  run config is both.
+* Inside Ray actors (veRL, OpenRLHF), where the driver's ``wrap`` cannot reach: :mod:`trackbridge.integrations.ray`.
 """
 from __future__ import annotations
 
