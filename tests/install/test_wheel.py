@@ -64,13 +64,15 @@ def test_every_module_imports_from_the_wheel(venv_all):
     """, *modules)
     assert r.returncode == 0, r
     got = json.loads(r.stdout)
-    needs_framework = {"trackbridge.integrations.transformers": "transformers",
-                       "trackbridge.integrations.accelerate": "accelerate"}
+    needs_framework = {"trackbridge.integrations.transformers": ("trl", "transformers"),
+                       "trackbridge.integrations.accelerate": ("trl", "accelerate"),
+                       "trackbridge.integrations.lightning": ("lightning", "lightning")}
     for name in modules:
         status, detail = got[name]
         if name in needs_framework:        # [all] holds the trackers, not the training frameworks
+            extra, package = needs_framework[name]
             assert status == "MissingExtra", (name, status, detail)
-            assert f"needs the [trl] extra ({needs_framework[name]} is not installed)" in detail, detail
+            assert f"needs the [{extra}] extra ({package} is not installed)" in detail, detail
             continue
         assert status == "ok", f"{name}: {status}: {detail}"
         assert str(venv_all.path) in detail, f"{name} imported from {detail}, not from the venv"

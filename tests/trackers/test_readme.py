@@ -37,6 +37,16 @@ MAPPING_FILE = "my_mappings.yaml"      # the name the README's commands give a u
 
 # first line of the block -> why it is not run
 SKIP = {
+    "import trackbridge.integrations.transformers  # registers report_to=\"trackbridge\"":
+        "a fragment (GRPOConfig without its trainer); report_to='trackbridge' with real trainers is "
+        "tests/frameworks/test_integrations_by_name.py::test_report_to_trackbridge_plain_trainer and "
+        "::test_report_to_trackbridge_grpo",
+    'TRACKBRIDGE_SINKS="tensorboard:runs/tb,mlflow:sqlite:///runs/mlflow.db" \\':
+        "names a Hub model and dataset; the same route with a real `trl sft` on a tiny local model is "
+        "tests/frameworks/test_integrations_by_name.py::test_trl_cli_route_report_to_trackbridge",
+    "from trackbridge.integrations.lightning import TrackBridgeLogger":
+        "a fragment without a LightningModule; Trainer.fit with the logger is "
+        "tests/frameworks/test_integrations_lightning.py",
     "make demo   # creates .venv, installs, runs the demo on the example runs, prints where the output is":
         "sets up a virtualenv and runs the whole test suite (`make test`), of which this test is a part; CI runs "
         "`make demo` and `make test` themselves",
