@@ -51,6 +51,13 @@ Settings, from the environment of the worker process (``runtime_env["env_vars"]`
 ``TRACKBRIDGE_MAPPINGS``   mapping files, comma-separated
 ``TRACKBRIDGE_TEE``        which loggers may feed the run (default ``verl,wandb,tensorboard``)
 ``TRACKBRIDGE_WRITER``     ``auto`` (default), ``process`` or ``thread``: see ``trackbridge.init(writer=)``
+``TRACKBRIDGE_WANDB_NAMES`` ``original`` (default) or ``translated``: what wandb itself receives
+
+Where the framework calls ``ray.init`` itself only when Ray is not initialised (OpenRLHF 0.11's ``train_ppo_ray``,
+veRL's ``main_ppo``), ``python -m trackbridge.integrations.ray MODULE ARGS...`` (:func:`main`) starts Ray with the
+hook and this environment's ``TRACKBRIDGE_*`` variables first, then runs the module. On a running cluster,
+``ray job submit --runtime-env-json '{"worker_process_setup_hook": ..., "env_vars": {...}}'`` gives the job the hook
+(Ray merges it with the entrypoint's own ``ray.init(runtime_env=...)``, env_vars key by key).
 
 The hook never raises into Ray's worker start: a setting it cannot use is a warning, and the loggers work as before.
 Importing this module imports neither Ray nor any tracker.
