@@ -68,20 +68,23 @@ def open_text(path: str) -> TextIO:
         raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
 
 
-def read_rows(path: str, problems: list[str], headers: list[dict[str, Any]] | None = None) -> Iterator[Row]:
+def read_rows(path: str, problems: list[str], headers: list[dict[str, Any]] | None = None,
+              settings: dict[str, Any] | None = None) -> Iterator[Row]:
     """The rows of ``path`` (``-``: stdin), streamed: JSON lines are read and parsed one line at a time, so memory
     does not grow with the file. A JSON document (``trainer_state.json``, a ``rows`` fixture) is one value and is
-    parsed whole, as before. A trackbridge stream's header line (the run info) goes to ``headers``."""
+    parsed whole, as before. A trackbridge stream's header line (the run info) goes to ``headers``, a
+    ``trainer_state.json``'s settings (its ``logging_steps`` ...) to ``settings``."""
     name = "<stdin>" if path == "-" else path
     fh = open_text(path)
     try:
-        yield from _rows_of(fh, name, problems, headers)
+        yield from _rows_of(fh, name, problems, headers, settings)
     finally:
         if fh is not sys.stdin:
             fh.close()
 
 
-def _rows_of(fh: TextIO, name: str, problems: list[str], headers: list[dict[str, Any]] | None) -> Iterator[Row]:
+def _rows_of(fh: TextIO, name: str, problems: list[str], headers: list[dict[str, Any]] | None,
+             settings: dict[str, Any] | None = None) -> Iterator[Row]:
     head: list[str] = []            # the lines read ahead to tell a document from JSON lines, in order
     first = ""
     for line in fh:
@@ -98,12 +101,16 @@ def _rows_of(fh: TextIO, name: str, problems: list[str], headers: list[dict[str,
                 if line.strip():
                     break
             else:
+                if settings is not None and isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+                    settings.update(_state_settings(doc))
                 yield from _rows_of_document(name, doc, problems)
                 return
         elif state == "open":        # the first line opens a multi-line value: perhaps a whole document
             text = "".join(head) + fh.read()
             doc = _whole_document(text)
             if doc is not None:
+                if settings is not None and isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+                    settings.update(_state_settings(doc))
                 yield from _rows_of_document(name, doc, problems)
                 return
             head, lines = [], text.splitlines(keepends=True)
@@ -187,6 +194,17 @@ def _by_step(doc: dict[str, Any]) -> tuple[str, dict[int, dict[str, Any]]] | Non
     return None
 
 
+def _state_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """The settings a ``trainer_state.json`` holds beside its log history, as the ``trainer-state:`` reader gives them
+    as the run config (``logging_steps``, the window of every TRL row, and the rest of
+    :data:`~trackbridge.files.trainer_state.CONFIG_FIELDS`, plus ``trial_params``)."""
+    from .files.trainer_state import CONFIG_FIELDS
+    out = {k: doc[k] for k in CONFIG_FIELDS if k in doc}
+    if isinstance(doc.get("trial_params"), dict):
+        out.update(doc["trial_params"])
+    return out
+
+
 def _rows_of_document(name: str, doc: Any, problems: list[str]) -> Iterator[Row]:
     if isinstance(doc, list):                 # a saved copy of a log history: a list of logged dicts
         doc = {"rows": doc}
@@ -233,6 +251,7 @@ class RowsRun(RunReader):
         self.path = path
         self.shape = "dict"
         self._headers: list[dict[str, Any]] = []
+        self._settings: dict[str, Any] = {}          # a trainer_state.json's settings: the run config
         self._raw: list[str] = []
         self._rows: Iterator[Row] | None = None
         self._first: list[Row] = []
@@ -241,7 +260,7 @@ class RowsRun(RunReader):
 
     def _start(self) -> None:
         if self._rows is None and not self._read:
-            self._rows = read_rows(self.path, self._raw, self._headers)
+            self._rows = read_rows(self.path, self._raw, self._headers, self._settings)
             self._first = list(itertools.islice(self._rows, 1))      # the header, if any, comes before it
 
     @property
@@ -252,7 +271,7 @@ class RowsRun(RunReader):
                 self._info = RunInfo.from_json(self._headers[0])
             else:
                 name = "stdin" if self.path == "-" else Path(self.path).stem
-                self._info = RunInfo(name=name, run_id=name)
+                self._info = RunInfo(name=name, run_id=name, config=dict(self._settings))
         return self._info
 
     def records(self) -> Iterator[Record]:
@@ -381,11 +400,8 @@ def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool 
     from .trackers import guess_locator, kinds, open_source, source_locator
     label, text = split_label(text.strip()) if allow_label else (None, text)
     if rows and not is_locator(text):
-        # a trainer_state.json is read by its reader whatever the command (its settings, logging_steps among them,
-        # are the run config translate and doctor use as migrate and compare do); any other .json/.jsonl as rows
-        guessed = None if text == "-" or text.endswith(".jsonl") else guess_locator(text)
-        if text.endswith(".json") and guessed is not None and not guessed.startswith("trainer-state:"):
-            guessed = None
+        plain = text == "-" or text.endswith((".json", ".jsonl"))
+        guessed = None if plain else guess_locator(text)
         if guessed is None or guessed.startswith("jsonl:"):
             if text != "-" and not Path(text).exists():
                 raise InputError(f"{text}: cannot open (no such file or folder)")
