@@ -88,6 +88,9 @@ class ReplayResult:
         return text
 
 
+KILLED_EXIT = 137            # 128 + SIGKILL: the process vanished
+
+
 def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch_size: int = 1000,
            mappings: list[str] | None = None, close: bool = True) -> ReplayResult:
     """Send the run in ``spool`` (a spool ``.jsonl`` file) to the sink ``to`` (a locator string such as
@@ -96,6 +99,8 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     ``names``: the naming the tracker should receive; default: what the run was logged with (recorded in the
     spool header), canonical if nothing was recorded. Raises ``FileNotFoundError`` for a missing spool and
     ``ValueError`` for a spool without a run header; sink errors propagate (the tracker is the thing to fix).
+    A run whose process died without finishing it (SIGKILL, ``ray.kill``: its run claim was left) is recorded as
+    killed (MLflow KILLED, wandb exit code 137).
     """
     from .catchup import catch_up
     from .trackers import make_sink
@@ -108,6 +113,8 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
         raise UsageError(f"replay: {path} has no run header line (type 'run'); is it a trackbridge spool?")
     sink = make_sink(to)
     info = copy.deepcopy(scan.info)
+    from .logger.runlock import left_unfinished
+    died = left_unfinished(path) and getattr(sink, "outcome", "finished") == "finished"
     target = names or info.extra.get("names") or "canonical"
     info.names = target
     result = ReplayResult(sink=sink.describe(), problems=list(scan.problems))
@@ -118,6 +125,10 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
                             f"which are not read from the spool's header: pass --mappings to use them")
     rename = names_translator(target, mappings=mappings or None, config=info.config, origin=info.source,
                               fidelity=info.approximate)
+    if died:            # the process was killed before it could finish the run (its claim was left): say so
+        sink.outcome, sink.exit_code = "killed", KILLED_EXIT
+        result.notes.append("the run's process died without finishing it (its run claim was left): recorded as "
+                            "killed")
     sink.open(info, resume=True)
     try:
         done = catch_up(sink, (rename(rec) if rename else rec

@@ -10,7 +10,7 @@ MlflowClient, the spool's JSON lines, wandb's offline transaction log; nothing l
   loaded by file: the package's ``__init__`` imports pylatexenc and deepspeed-era code this environment lacks),
   called as ``PPOTrainer`` calls them (log_train / log_eval for each, then close());
 * an actor stopped with SIGTERM mid-run: the trackers hold every step and say ``KILLED``; an actor ended with
-  ``ray.kill`` mid-run (no exit hook runs): the spool holds every step, ``trackbridge replay`` / ``complete``
+  ``ray.kill`` mid-run (no exit hook runs): the spool holds every step, ``trackbridge replay``
   finish the trackers, and the run says killed.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _dead(pid: int, timeout: float = 60.0) -> None:
 
 def _lock_released(spool: Path, timeout: float = 120.0) -> None:
     """Wait until no process holds the run (a writer process left behind finishes the trackers first)."""
-    from trackbridge.integrations.ray import unfinished
+    from trackbridge.logger.runlock import left_unfinished as unfinished
     lock = spool.with_name(spool.name + ".lock")
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -269,8 +269,9 @@ def test_actor_killed_leaves_a_spool_that_replay_completes(cluster, tmp_path, wr
     """ray.kill ends the process at once (no exit hook, no signal handler). With writer threads the trackers stop
     where they were and the spool holds every step; with the writer process (the default), Ray ends the worker's
     children too, or the writer left behind finishes the trackers from the spool as killed. Either way `trackbridge
-    replay` and complete() leave each tracker with every step once, and the run says killed."""
-    from trackbridge.integrations.ray import complete, unfinished
+    replay` (the command, and replay()) leave each tracker with every step once, and the run says killed."""
+    from trackbridge.logger.runlock import left_unfinished as unfinished
+    from trackbridge.replay import replay
     steps = 150
     run_id = f"verl-kill-{writer}"
     runner = VerlTaskRunner.options(runtime_env={"env_vars": _env(tmp_path, run_id, "verl",
@@ -286,13 +287,13 @@ def test_actor_killed_leaves_a_spool_that_replay_completes(cluster, tmp_path, wr
     left_unfinished = unfinished(spool_file)       # the run claim was left: nobody finished the run
     if writer == "thread":
         assert left_unfinished
-    # `trackbridge replay` (the CLI) completes TensorBoard; complete() MLflow, recording the outcome
+    # `trackbridge replay` (the CLI) completes TensorBoard; replay() MLflow, each recording the outcome
     out = subprocess.run([sys.executable, "-m", "trackbridge", "replay", str(spool_file), "--to",
                           f"tensorboard:{tmp_path}/tb"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    results = complete(spool_file, [f"mlflow:sqlite:///{tmp_path}/mlflow.db"])
+    result = replay(spool_file, f"mlflow:sqlite:///{tmp_path}/mlflow.db")
     if left_unfinished:
-        assert any("killed" in n for r in results for n in r.notes), [r.notes for r in results]
+        assert any("killed" in n for n in result.notes), result.notes
     for points in (tensorboard_points(tmp_path / "tb"), mlflow_points(_uri(tmp_path), run_id)):
         assert exact(points, want, range(steps)) is None, exact(points, want, range(steps))
     assert mlflow_status(_uri(tmp_path), run_id) == "KILLED"

@@ -37,8 +37,8 @@ in every worker process it starts for the job (the ``env_vars`` reach them all);
   and Ray's own handler then ends the process; during ``finish()`` itself the logger's interrupted finish writes
   what each tracker lacks beside the spool. **SIGKILL** and ``ray.kill(actor)`` (which ends the process without
   an exit hook) leave the spool, complete up to about ``flush_interval`` seconds before the kill:
-  ``trackbridge replay SPOOL --to SINK`` completes each tracker, or :func:`complete` records the outcome
-  ``killed`` while it does.
+  ``trackbridge replay SPOOL --to SINK`` completes each tracker and records the outcome ``killed`` (the run's
+  claim was left by a process that is gone).
 
 Settings, from the environment of the worker process (``runtime_env["env_vars"]``):
 
@@ -74,7 +74,6 @@ import threading
 import types
 import warnings
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..logger.common import LoggerWarning
@@ -82,7 +81,6 @@ from ..logger.common import LoggerWarning
 ENV_PREFIX = "TRACKBRIDGE_"
 KINDS = ("verl", "wandb", "tensorboard")
 TERMINATED_EXIT = 143        # 128 + SIGTERM, as the logger records it
-KILLED_EXIT = 137            # 128 + SIGKILL
 
 #: module imported -> what to wrap in it (the hook runs after the module's own code)
 WATCHED = {"wandb": "wandb", "torch.utils.tensorboard.writer": "tensorboard", "tensorboardX.writer": "tensorboard",
@@ -587,48 +585,8 @@ def _wrap_tracking(cls: type, coord: Coordinator) -> _TrackingHandle:
 
 
 # ------------------------------------------------------------------------------------------------ after a SIGKILL
-def unfinished(spool: str | os.PathLike[str]) -> bool:
-    """Whether the run in ``spool`` (its ``.jsonl`` file) was left unfinished by a process that is gone: its run
-    claim (``<spool>.lock``, removed by ``finish()``) is still there and no live process holds it."""
-    from ..logger.runlock import lock_file
-    path = lock_file(Path(spool))
-    if not path.exists():
-        return False
-    try:
-        import fcntl
-    except ImportError:          # pragma: no cover - Windows
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return False         # held: the run is still being written
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    finally:
-        os.close(fd)
-
-
-def complete(spool: str | os.PathLike[str], sinks: list[str], *, names: str | None = None,
-             mappings: list[str] | None = None) -> list[Any]:
-    """``trackbridge replay`` of ``spool`` into each of ``sinks`` (nothing doubled: each tracker gets what it lacks),
-    recording the outcome ``killed`` (MLflow ``KILLED``, wandb exit code 137) when the run's process died without
-    finishing it (:func:`unfinished`: SIGKILL, ``ray.kill``). Returns the replay results."""
-    from ..replay import replay
-    from ..trackers import make_sink
-    killed = unfinished(spool)
-    out = []
-    for spec in sinks:
-        sink = make_sink(spec)
-        if killed:
-            sink.outcome, sink.exit_code = "killed", KILLED_EXIT
-        res = replay(spool, sink, names=names, mappings=mappings)
-        if killed:
-            res.notes.append("the run's process died without finishing it (its run claim was left): recorded as "
-                             "killed")
-        out.append(res)
-    return out
+# `trackbridge replay SPOOL --to SINK` (trackbridge.replay) completes each tracker and records the outcome killed
+# when the run's process died without finishing it (trackbridge.logger.runlock.left_unfinished).
 
 
 # ------------------------------------------------------------------------------------------------ the launcher
@@ -669,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
 
 HOOK = "trackbridge.integrations.ray.setup"
 
-__all__ = ["Coordinator", "HOOK", "SharedRun", "complete", "main", "options_from_env", "setup", "state", "unfinished"]
+__all__ = ["Coordinator", "HOOK", "SharedRun", "main", "options_from_env", "setup", "state"]
 
 if __name__ == "__main__":      # pragma: no cover - python -m trackbridge.integrations.ray
     sys.exit(main())

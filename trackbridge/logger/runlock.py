@@ -33,6 +33,32 @@ def lock_file(spool_path: Path) -> Path:
     return spool_path.with_name(spool_path.name + ".lock")
 
 
+def left_unfinished(spool: str | os.PathLike[str]) -> bool:
+    """Whether the run in ``spool`` (its ``.jsonl`` file) was left unfinished by a process that is gone (SIGKILL,
+    ``ray.kill``, the OOM killer): its run claim (``<spool>.lock``, removed by ``finish()``) is still there and no
+    live process holds it."""
+    path = lock_file(Path(spool))
+    if not path.exists():
+        return False
+    try:
+        import fcntl
+    except ImportError:          # pragma: no cover - Windows
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return False         # held: the run is still being written
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
