@@ -30,7 +30,7 @@ $(VENV)/.demo-installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.test-installed: $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,trl,lightning]'
-	$(BIN)/pip install -q -c constraints.txt ray tensordict omegaconf codetiming && $(BIN)/pip install -q --no-deps -c constraints.txt verl==0.9.1 openrlhf==0.11.2 areal==1.0.4 colorlog
+	$(BIN)/pip install -q -c constraints.txt ray tensordict omegaconf codetiming hydra-core && $(BIN)/pip install -q --no-deps -c constraints.txt verl==0.9.1 openrlhf==0.11.2 areal==1.0.4 colorlog
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed

@@ -110,6 +110,8 @@ def pytest_ignore_collect(collection_path, config):
 # started last would leave one worker running it alone at the end. A module missing here is only scheduled later.
 LONGEST_FIRST = [
     "trackers/test_logger_writer_faults.py",
+    "frameworks/test_integrations_ray.py",
+    "frameworks/test_integrations_by_name.py",
     "trackers/test_streaming_memory.py",
     "trackers/test_logger_outages.py",
     "install/test_wheel.py",

@@ -37,6 +37,15 @@ MAPPING_FILE = "my_mappings.yaml"      # the name the README's commands give a u
 
 # first line of the block -> why it is not run
 SKIP = {
+    """python -m verl.trainer.main_ppo ... trainer.logger='["console","wandb"]' \\""":
+        "a veRL training run on GPUs; veRL's own Tracking inside a Ray actor with the hook is "
+        "tests/frameworks/test_integrations_ray.py::test_verl_tracking_in_a_task_runner_reaches_every_tracker, "
+        "the override reaching ray.init ::test_verl_main_ppo_override_reaches_ray_init",
+    ("TRACKBRIDGE_SINKS=tensorboard:/abs/runs/tb,mlflow:sqlite:////abs/runs/mlflow.db "
+     "TRACKBRIDGE_SPOOL=/abs/runs/spool \\"):
+        "an OpenRLHF training run on GPUs; the launcher is "
+        "tests/frameworks/test_integrations_ray.py::test_the_launcher_runs_a_framework_module_with_the_hook, "
+        "OpenRLHF's loggers in an actor ::test_openrlhf_ppo_trainer_loggers_in_an_actor",
     "import trackbridge.integrations.transformers  # registers report_to=\"trackbridge\"":
         "a fragment (GRPOConfig without its trainer); report_to='trackbridge' with real trainers is "
         "tests/frameworks/test_integrations_by_name.py::test_report_to_trackbridge_plain_trainer and "

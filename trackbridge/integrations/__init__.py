@@ -11,6 +11,12 @@
 * :class:`trackbridge.integrations.accelerate.TrackBridgeTracker` -- ``Accelerator(log_with=[TrackBridgeTracker()])``.
 * ``trackbridge.wrap(fn)`` -- any callable ``log(dict, step=None)`` such as veRL's ``Tracking.log``
   (:mod:`trackbridge.integrations.callable`).
+* ``trackbridge.integrations.ray.setup`` -- a Ray ``worker_process_setup_hook`` for veRL's and OpenRLHF's trainers in
+  Ray actors: wraps wandb, ``SummaryWriter`` and veRL's ``Tracking`` in every worker, settings from ``TRACKBRIDGE_*``
+  environment variables (:mod:`trackbridge.integrations.ray`).
+* By name: ``report_to="trackbridge"`` once :mod:`trackbridge.integrations.transformers` is imported,
+  ``log_with="trackbridge"`` once :mod:`trackbridge.integrations.accelerate` is; a Lightning ``Logger``,
+  :class:`trackbridge.integrations.lightning.TrackBridgeLogger`.
 
 Every wrapper takes the options of :func:`trackbridge.init` (``sinks=``, ``source=``, ``project=`` ...) or
 ``run=`` an existing trackbridge run, and is undone by ``handle.unwrap()``, ``trackbridge.unwrap(target)`` or by
