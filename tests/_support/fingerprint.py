@@ -217,13 +217,15 @@ Observation = tuple[float, Steps]      # a logged value and the batch it was log
 
 
 def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = None, *, rel: float = 1e-6,
-                norm_len: int = 0, **kw: Any) -> Reduction:
+                norm_len: int = 0, abs_tol: float = 1e-9, **kw: Any) -> Reduction:
     """The reduction that gives the logged value(s): ``fingerprint(logged, steps)`` or, for several runs of the
     framework's code on batches of one shape, ``fingerprint([(logged1, steps1), (logged2, steps2), ...])`` (a
     reduction that selects one item, such as the last micro-batch or rank 0's value, can coincide with another
     selection on one batch; rarely on three). Returns one representative of the candidates that fit every
     observation, checked to be one computation. Fails when none fits, or when two different computations do (the
-    batches do not tell them apart: make them more uneven, or give more observations)."""
+    batches do not tell them apart: make them more uneven, or give more observations). ``abs_tol``: the distance
+    from a value near zero that is still equal (a float32 framework's rounding: a loss that is 0 in exact arithmetic
+    logs as 7e-09); the other observations still tell the candidates apart."""
     obs: list[Observation] = ([(float(observed), steps)] if steps is not None    # type: ignore[arg-type]
                               else list(observed))                              # type: ignore[arg-type]
     assert obs, "no observation"
@@ -233,7 +235,7 @@ def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = N
     hits = None
     for logged, batch in obs:
         fit = {red for v, red in candidates(batch, norm_len=norm_len, **kw)
-               if math.isclose(v, logged, rel_tol=rel, abs_tol=1e-9)}
+               if math.isclose(v, logged, rel_tol=rel, abs_tol=abs_tol)}
         hits = fit if hits is None else hits & fit
     assert hits, f"no candidate reduction gives the logged value(s) {[o[0] for o in obs]!r}"
     ordered = sorted(hits, key=str)
