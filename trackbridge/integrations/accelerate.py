@@ -25,49 +25,15 @@ from the environment (:func:`options_from_env`: ``TRACKBRIDGE_SINKS``, ``TRACKBR
 """
 from __future__ import annotations
 
-import json
-import os
-from typing import Any, Mapping
+from typing import Any
 
 from ..extras import require
+from ._env import ENV_OPTIONS, options_from_env, parse_sinks
 from ._tee import RunLike, Tee
 
 require(("accelerate",), "trl", __name__)       # one line naming the extra rather than a bare ModuleNotFoundError
 
 from accelerate.tracking import GeneralTracker, on_main_process  # noqa: E402
-
-#: environment variable -> :func:`trackbridge.init` option (what the by-name routes -- ``report_to="trackbridge"``,
-#: ``log_with="trackbridge"`` -- cannot pass in code)
-ENV_OPTIONS = {"TRACKBRIDGE_SINKS": "sinks", "TRACKBRIDGE_SPOOL": "spool", "TRACKBRIDGE_SOURCE": "source",
-               "TRACKBRIDGE_NAMES": "names", "TRACKBRIDGE_PROJECT": "project", "TRACKBRIDGE_NAME": "name",
-               "TRACKBRIDGE_RUN_ID": "run_id"}
-
-
-def parse_sinks(text: str) -> list[str]:
-    """``TRACKBRIDGE_SINKS``: sink locators separated by commas (``tensorboard:runs/tb,mlflow:sqlite:///m.db``), or a
-    JSON list of them (for a locator that holds a comma)."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            items = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"TRACKBRIDGE_SINKS: not a JSON list of sink locators ({exc}): {text!r}") from None
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ValueError(f"TRACKBRIDGE_SINKS: expected a JSON list of strings, got {text!r}")
-        return [i.strip() for i in items if i.strip()]
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The :func:`trackbridge.init` options the ``TRACKBRIDGE_*`` environment variables give (see
-    :data:`ENV_OPTIONS`; empty variables are ignored). A mistyped sink fails when the run opens, naming it."""
-    env = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for var, option in ENV_OPTIONS.items():
-        value = (env.get(var) or "").strip()
-        if value:
-            out[option] = parse_sinks(value) if option == "sinks" else value
-    return out
 
 
 class TrackBridgeTracker(GeneralTracker):

@@ -77,6 +77,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from ..logger.common import LoggerWarning
+from ._env import merged, parse_list, parse_sinks
 
 ENV_PREFIX = "TRACKBRIDGE_"
 KINDS = ("verl", "wandb", "tensorboard")
@@ -114,18 +115,6 @@ def _warn(message: str) -> None:
     warnings.warn(message, LoggerWarning, stacklevel=3)
 
 
-def _split(raw: str) -> list[str]:
-    raw = raw.strip()
-    if not raw:
-        return []
-    if raw.startswith("["):
-        val = json.loads(raw)
-        if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
-            raise ValueError(f"expected a JSON list of strings, got {raw!r}")
-        return [v.strip() for v in val if v.strip()]
-    return [part.strip() for part in raw.split(",") if part.strip()]
-
-
 def options_from_env(env: Any) -> dict[str, Any]:
     """The hook's settings from ``TRACKBRIDGE_*`` variables (see the module docstring). Raises ``ValueError`` for a
     value it cannot read (``TRACKBRIDGE_CONFIG`` not a JSON object, an unknown ``TRACKBRIDGE_TEE`` kind)."""
@@ -135,21 +124,15 @@ def options_from_env(env: Any) -> dict[str, Any]:
         config = json.loads(get("CONFIG"))
         if not isinstance(config, dict):
             raise ValueError(f"{ENV_PREFIX}CONFIG must be a JSON object, got {get('CONFIG')!r}")
-    tee = _split(get("TEE", "")) or list(KINDS)
+    tee = parse_list(get("TEE", ""), ENV_PREFIX + "TEE") or list(KINDS)
     unknown = [t for t in tee if t not in KINDS]
     if unknown:
         raise ValueError(f"{ENV_PREFIX}TEE: unknown logger(s) {unknown}; expected some of {', '.join(KINDS)}")
-    return {"sinks": _split(get("SINKS", "")), "spool": get("SPOOL", "runs"), "source": get("SOURCE", "auto"),
+    return {"sinks": parse_sinks(get("SINKS", "")), "spool": get("SPOOL", "runs"), "source": get("SOURCE", "auto"),
             "names": get("NAMES", "canonical"), "run_id": get("RUN_ID"), "project": get("PROJECT"),
-            "name": get("NAME"), "config": config, "mappings": _split(get("MAPPINGS", "")) or None,
+            "name": get("NAME"), "config": config,
+            "mappings": parse_list(get("MAPPINGS", ""), ENV_PREFIX + "MAPPINGS") or None,
             "tee": tuple(tee), "writer": get("WRITER")}
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, val in over.items():
-        out[key] = _merged(out[key], val) if isinstance(val, dict) and isinstance(out.get(key), dict) else val
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ after an import
@@ -367,7 +350,7 @@ class Coordinator:
                 feed = {}
         config = dict(feed.get("config") or {})
         if o["config"]:
-            config = _merged(config, o["config"])
+            config = merged(config, o["config"])
         opts: dict[str, Any] = {"sinks": list(o["sinks"]), "spool": o["spool"], "source": o["source"],
                                 "names": o["names"], "project": o["project"] or feed.get("project"),
                                 "name": o["name"] or feed.get("name"), "config": config or None,

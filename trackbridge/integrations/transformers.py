@@ -33,7 +33,7 @@ integration registry (``INTEGRATION_TO_CALLBACK``), so ``TrainingArguments(repor
 ``report_to=["wandb", "trackbridge"]``) adds it to every ``Trainer``/TRL trainer. transformers builds it with no
 arguments: its options come from the environment (``TRACKBRIDGE_SINKS="tensorboard:runs/tb,mlflow:sqlite:///m.db"``,
 ``TRACKBRIDGE_SPOOL``, ``TRACKBRIDGE_SOURCE``, ``TRACKBRIDGE_NAMES``, ``TRACKBRIDGE_PROJECT``, ``TRACKBRIDGE_NAME``,
-``TRACKBRIDGE_RUN_ID``: :func:`trackbridge.integrations.accelerate.options_from_env`); options passed in code win.
+``TRACKBRIDGE_RUN_ID``: :func:`trackbridge.integrations._env.options_from_env`); options passed in code win.
 ``import trackbridge`` alone registers nothing.
 
 **TRL's command line** (``trl grpo ... --report_to trackbridge`` imports nothing of yours; TRL runs its script in
@@ -157,7 +157,7 @@ class TrackBridgeCallback(TrainerCallback):
                  source: str | None = None, config: dict[str, Any] | None = None, model_config: bool = True,
                  rank_zero_only: bool = True, env: bool = True, **init_options: Any) -> None:
         if env:         # options not given come from TRACKBRIDGE_* (what report_to="trackbridge" relies on)
-            from .accelerate import options_from_env
+            from ._env import options_from_env
             given = {"project": project, "name": name, "sinks": sinks, "source": source, **init_options}
             for option, value in options_from_env().items():
                 if given.get(option) is None:

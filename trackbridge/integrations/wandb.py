@@ -53,6 +53,7 @@ import sys
 import types
 from typing import Any
 
+from ._env import merged
 from ._tee import RunLike, Tee
 
 _WANDB_RESERVED = ("_step", "_runtime", "_timestamp")
@@ -108,7 +109,7 @@ class WandbWrapper(Tee):
         wandb run's config (nested dicts merged key by key)."""
         out = self._wandb_defaults()
         if self._user_config is not None:
-            out["config"] = _merged(out.get("config") or {}, dict(self._user_config))
+            out["config"] = merged(out.get("config") or {}, dict(self._user_config))
         return out
 
     def _wandb_defaults(self) -> dict[str, Any]:
@@ -386,17 +387,6 @@ class _NamesFor:
         second = self.to_names.translate(metrics)
         final = {k: second.renamed.get(c, c) for k, c in renamed.items() if second.renamed.get(c, c) in second.metrics}
         return final, dict(second.metrics)
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` laid over ``base``; nested dicts merged key by key."""
-    out = dict(base)
-    for key, val in over.items():
-        if isinstance(val, dict) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], val)
-        else:
-            out[key] = val
-    return out
 
 
 def _number(val: Any) -> int | None:
