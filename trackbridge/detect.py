@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from .schema.facts import SPLIT_PREFIXES
 from .schema.loader import Registry
 from .schema.model import Entry, FrameworkMapping
 from .schema.spec import Spec
+from .values import flat_config
 
 T = TypeVar("T")
 
@@ -62,7 +63,7 @@ class Evidence:
         for _, explained in cands:
             for k in explained:
                 counts[k] = counts.get(k, 0) + 1
-        flat = set(_flat(config or {}))
+        flat = set(flat_config(config or {}))          # nested or already flat: dotted keys
         owners: dict[str, list[str]] = {}
         for fw in registry.frameworks.values():
             for key in {c.key for c in fw.config} & flat:
@@ -99,16 +100,6 @@ def _literal(fw: FrameworkMapping, key: str) -> bool:
         if any(tpl is None and text == k for text, tpl in fw.passthrough):
             return True
     return False
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> Iterator[str]:
-    """The dotted keys of a run config, nested or already flat."""
-    for k, v in config.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            yield from _flat(v, key + ".")
-        else:
-            yield key
 
 
 @dataclass
@@ -217,7 +208,7 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
                     for trs, a, b in scopes:
                         if t is not None and trs is not None and t not in trs:
                             continue
-                        for r in range(max(0, lo_t, math.ceil(a)), min(hi_t, n_rel - 1, int(min(b, n_rel - 1))) + 1):
+                        for r in range(max(0, lo_t, math.ceil(a)), min(hi_t, int(min(b, n_rel - 1))) + 1):
                             seen[r] = True
                     for r in range(n_rel):
                         row[r] += seen[r]
@@ -406,8 +397,8 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
 
     spec = Spec("framework", framework=top.framework, trainer=trainer, lo=float(top.lo), hi=float(top.hi))
     explained_set = cands[0][1]
-    n_all = n_pool if pool is not weigh.known else n - _folded(set(keys) - explained_set)
-    return Detection(spec, spec.describe(registry), conf, n_all, top.explained, sorted(set(keys) - explained_set),
+    unexplained = set(keys) - explained_set
+    return Detection(spec, spec.describe(registry), conf, n - _folded(unexplained), top.explained, sorted(unexplained),
                      [c.describe(registry) for c, _ in cands[1:4]], reason)
 
 
