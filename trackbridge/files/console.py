@@ -41,7 +41,7 @@ from ..record import Record, RunInfo
 from ..tracking.source import RunReader, Source, SourceError
 from ..tracking.textfiles import LineSummary, existing_file, iter_lines
 from .console_forms import Forms
-from .printed import ANSI, LiteralError, dict_end, parse_number, parse_printed_config, parse_printed_dict
+from .printed import ANSI, Braces, LiteralError, parse_number, parse_printed_config, parse_printed_dict
 
 # "step:12 - a:1 - b:2" at the start of a segment or after a space/bracket (Ray and logging prefixes).
 _STEP_LINE = re.compile(r"(?:^|(?<=[\s\])]))step:(?P<step>-?\d+)(?P<rest>(?: - .*)?)$")
@@ -115,6 +115,7 @@ class ConsoleRun(RunReader):
         forms = Forms()
         gathering: list[str] | None = None      # the lines of a dict printed over several lines (a run config)
         gathered_at = ""
+        braces = Braces()                        # where that dict closes, scanned once line by line
 
         def form_records(found: list[tuple[dict[str, Any], int | None, str]]
                          ) -> Iterator[tuple[Record, str]]:
@@ -157,9 +158,8 @@ class ConsoleRun(RunReader):
                     else:
                         found = True
                         gathering.append(seg)
-                        text = " ".join(gathering)
-                        if dict_end(text) is not None or len(gathering) > _MAX_DICT_LINES:
-                            self._printed_config(text, gathered_at, report)
+                        if braces.feed(" " + seg) is not None or len(gathering) > _MAX_DICT_LINES:
+                            self._printed_config(" ".join(gathering), gathered_at, report)
                             gathering = None
                         continue
                 m = _STEP_LINE.search(seg)
@@ -171,7 +171,8 @@ class ConsoleRun(RunReader):
                     continue
                 if seg.startswith("{"):
                     found = True
-                    end = dict_end(seg)
+                    braces = Braces()
+                    end = braces.feed(seg)
                     if end is None and complete:           # opened here, closed on a later line: gather it
                         gathering, gathered_at = [seg], f"{where}:{lineno}"
                         continue

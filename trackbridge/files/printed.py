@@ -145,29 +145,35 @@ def parse_printed_dict(text: str) -> tuple[dict[str, Any], list[str], bool]:
     return out, dropped, bool(quoted)
 
 
-def dict_end(text: str) -> int | None:
-    """The index just after the ``}`` that closes the ``{`` at ``text[0]`` (braces inside quoted strings do not
-    count), or None when the text ends first (a dict printed over several lines, or cut off)."""
-    depth = 0
-    quote = ""
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "{[(":
-            depth += 1
-        elif ch in "}])":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+class Braces:
+    """Where a printed ``{...}`` that starts a text closes, fed one piece at a time (a dict printed over many lines is
+    scanned once, not again from its start at every line): brackets inside quoted strings do not count."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote = ""
+        self.escaped = False
+
+    def feed(self, text: str) -> int | None:
+        """The index in ``text`` just after the bracket that closes the first one fed, or None when it is still
+        open after ``text``."""
+        for i, ch in enumerate(text):
+            if self.quote:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == self.quote:
+                    self.quote = ""
+            elif ch in "'\"":
+                self.quote = ch
+            elif ch in "{[(":
+                self.depth += 1
+            elif ch in "}])":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return None
 
 
 def parse_printed_config(text: str) -> dict[str, Any]:
