@@ -101,17 +101,13 @@ def _rows_of(fh: TextIO, name: str, problems: list[str], headers: list[dict[str,
                 if line.strip():
                     break
             else:
-                if settings is not None and isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
-                    settings.update(_state_settings(doc))
-                yield from _rows_of_document(name, doc, problems)
+                yield from _rows_of_document(name, doc, problems, settings)
                 return
         elif state == "open":        # the first line opens a multi-line value: perhaps a whole document
             text = "".join(head) + fh.read()
             doc = _whole_document(text)
             if doc is not None:
-                if settings is not None and isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
-                    settings.update(_state_settings(doc))
-                yield from _rows_of_document(name, doc, problems)
+                yield from _rows_of_document(name, doc, problems, settings)
                 return
             head, lines = [], text.splitlines(keepends=True)
     for lineno, obj in iter_json_objects(itertools.chain(head, lines), name, problems):
@@ -194,18 +190,8 @@ def _by_step(doc: dict[str, Any]) -> tuple[str, dict[int, dict[str, Any]]] | Non
     return None
 
 
-def _state_settings(doc: dict[str, Any]) -> dict[str, Any]:
-    """The settings a ``trainer_state.json`` holds beside its log history, as the ``trainer-state:`` reader gives them
-    as the run config (``logging_steps``, the window of every TRL row, and the rest of
-    :data:`~trackbridge.files.trainer_state.CONFIG_FIELDS`, plus ``trial_params``)."""
-    from .files.trainer_state import CONFIG_FIELDS
-    out = {k: doc[k] for k in CONFIG_FIELDS if k in doc}
-    if isinstance(doc.get("trial_params"), dict):
-        out.update(doc["trial_params"])
-    return out
-
-
-def _rows_of_document(name: str, doc: Any, problems: list[str]) -> Iterator[Row]:
+def _rows_of_document(name: str, doc: Any, problems: list[str], settings: dict[str, Any] | None = None
+                      ) -> Iterator[Row]:
     if isinstance(doc, list):                 # a saved copy of a log history: a list of logged dicts
         doc = {"rows": doc}
     elif not (isinstance(doc.get("log_history"), list) or isinstance(doc.get("rows"), list)):
@@ -228,6 +214,10 @@ def _rows_of_document(name: str, doc: Any, problems: list[str]) -> Iterator[Row]
                   step if isinstance(step, int) and not isinstance(step, bool) else None)
         return
     history = doc.get("log_history")
+    if settings is not None and isinstance(history, list):
+        # a trainer_state.json's settings are the run config, as the trainer-state reader gives them
+        from .files.trainer_state import state_config
+        settings.update(state_config(doc))
     rows: list[Any] = history if isinstance(history, list) else doc.get("rows") or []
     field = "log_history" if "log_history" in doc else "rows"
     for i, row in enumerate(rows):

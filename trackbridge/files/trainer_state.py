@@ -100,6 +100,16 @@ class _Scanner:
         return self.line + self.buf.count("\n", 0, self.pos)
 
 
+def state_config(fields: dict[str, Any]) -> dict[str, Any]:
+    """The run config a trainer state holds beside its log history: :data:`CONFIG_FIELDS` (``logging_steps``, the
+    window of every TRL row ...) and any hyperparameter-search ``trial_params``."""
+    config = {k: fields[k] for k in CONFIG_FIELDS if k in fields}
+    trial = fields.get("trial_params")
+    if isinstance(trial, dict):
+        config.update(trial)
+    return config
+
+
 def sniff(path_or_uri: str) -> bool:
     """A ``trainer_state.json`` file (by name, or a ``.json`` file with ``"log_history"`` in its first 64 KiB:
     a renamed copy), or a folder holding one (directly or in a ``checkpoint-*`` folder)."""
@@ -168,10 +178,7 @@ class TrainerStateRun(RunReader):
             n = 0
             for item in self._walk(fields, report=False):
                 n += 1
-            config = {k: fields[k] for k in CONFIG_FIELDS if k in fields}
-            trial = fields.get("trial_params")
-            if isinstance(trial, dict):
-                config.update(trial)
+            config = state_config(fields)
             extra = {k: v for k, v in fields.items() if k not in CONFIG_FIELDS and k != "trial_params"}
             extra.update(path=str(self.path), log_history_entries=n, step_source="logged")
             if self.passed_over:
@@ -275,4 +282,4 @@ class TrainerStateSource(Source):
         yield TrainerStateRun(path, key=self.options.get("key") or "log_history", passed_over=passed_over)
 
 
-__all__ = ["TrainerStateSource", "TrainerStateRun", "CONFIG_FIELDS"]
+__all__ = ["TrainerStateSource", "TrainerStateRun", "CONFIG_FIELDS", "state_config"]
