@@ -88,9 +88,6 @@ class ReplayResult:
         return text
 
 
-KILLED_EXIT = 137            # 128 + SIGKILL: the process vanished
-
-
 def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch_size: int = 1000,
            mappings: list[str] | None = None, close: bool = True) -> ReplayResult:
     """Send the run in ``spool`` (a spool ``.jsonl`` file) to the sink ``to`` (a locator string such as
@@ -113,6 +110,7 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
         raise UsageError(f"replay: {path} has no run header line (type 'run'); is it a trackbridge spool?")
     sink = make_sink(to)
     info = copy.deepcopy(scan.info)
+    from .logger.common import KILLED_EXIT
     from .logger.runlock import left_unfinished
     died = left_unfinished(path) and getattr(sink, "outcome", "finished") == "finished"
     target = names or info.extra.get("names") or "canonical"

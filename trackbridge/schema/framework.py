@@ -119,13 +119,13 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
     for item in doc.get("passthrough") or []:
         if isinstance(item, dict) and isinstance(item.get("key"), str):
             k = item["key"]
-            fw.passthrough.append((k, compile_template(k) if is_template(k) else None))
-            if {"since", "until", "trainers"} & set(item):      # where detection counts it (default: everywhere)
-                line = line_of(item)
-                scope = (_trainers(item.get("trainers"), f, line, k, fw.trainers, errors),
-                         _release(fw.releases, item.get("since"), f, line, k, errors, 0),
-                         _release(fw.releases, item.get("until"), f, line, k, errors, OPEN))
-                fw.passthrough_scope.setdefault(k, []).append(scope)
+            if k not in fw.passthrough_scope:       # a key may have an item per trainer: one key, several scopes
+                fw.passthrough.append((k, compile_template(k) if is_template(k) else None))
+            line = line_of(item)
+            fw.passthrough_scope.setdefault(k, []).append(       # where detection counts it (default: everywhere)
+                (_trainers(item.get("trainers"), f, line, k, fw.trainers, errors),
+                 _release(fw.releases, item.get("since"), f, line, k, errors, 0),
+                 _release(fw.releases, item.get("until"), f, line, k, errors, OPEN)))
     for c in doc.get("config") or []:
         line = line_of(c)
         if not isinstance(c, dict) or "key" not in c or not ({"canonical", "default", "default_key"} & set(c)):

@@ -262,7 +262,7 @@ class FrameworkMapping:
     _lineage: dict[int, int] = field(default_factory=dict)
     declared_prefixes: list[tuple[str, str]] = field(default_factory=list)   # as declared: the first is native
     passthrough: list[tuple[str, Any]] = field(default_factory=list)   # `passthrough:` (key, Template or None)
-    # a passthrough key's trainers and releases (trainers or None, since, until), where its item states them
+    # each passthrough key's items: the trainers and releases that log it (trainers or None, since, until)
     passthrough_scope: dict[str, list[tuple[frozenset | None, float, float]]] = field(default_factory=dict)
     profiles: dict[str, Reduce] = field(default_factory=dict)        # `reductions:` (named reduce profiles)
     levels: dict[str, list[LevelCount]] = field(default_factory=dict)   # `levels:`: level -> counts (first applies)
@@ -427,7 +427,7 @@ class FrameworkMapping:
         out: list[tuple[frozenset | None, float, float]] = []
         for text, tpl in self.passthrough:
             if (tpl.match(key) is not None) if tpl is not None else key == text:
-                out.extend(self.passthrough_scope.get(text) or [(None, 0.0, float("inf"))])
+                out.extend(self.passthrough_scope.get(text, [(None, 0.0, float("inf"))]))
                 if first:
                     break
         return out
