@@ -54,7 +54,6 @@ _BORDER = re.compile(r"^[\u2500-\u257f\s]+$")           # a line of box-drawing 
 class _Block:
     metrics: dict[str, Any] = field(default_factory=dict)
     step: int | None = None
-    where: str = ""
     sections: set[str] = field(default_factory=set)
 
 
@@ -98,7 +97,7 @@ class Forms:
             item = _LABELLED.match(bullet.group("item"))
             if item is None:
                 return out or None
-            block = self._bullets or _Block(step=self._next_step, where=where)
+            block = self._bullets or _Block(step=self._next_step)
             self._bullets = block
             block.sections.add(self._section)
             num = parse_number(item.group("num"))
@@ -109,8 +108,6 @@ class Forms:
             rec = self._labelled_line(seg)
             if rec is not None:
                 return out + [rec]
-        if not seg.strip():
-            return out or None
         self._section = None                  # a line of another kind ends a header's bullets, not the step's
         return out or None
 
@@ -160,7 +157,7 @@ class Forms:
 
     def _table_row(self, seg: str, where: str, out: list) -> list:
         if self._table is None:
-            self._table = _Block(where=where, step=self._next_step)
+            self._table = _Block(step=self._next_step)
         if seg.startswith(_BOTTOM):
             return out + self._end_table()
         cells = [c.strip() for c in _CELL_SEP.split(seg)]
