@@ -274,6 +274,7 @@ class FrameworkMapping:
         state["_lineage"] = {pos[a]: pos[b] for a, b in self._lineage.items()}
         state.pop("_spans", None)
         state.pop("_lookups", None)
+        state.pop("_unmapped", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -364,6 +365,7 @@ class FrameworkMapping:
 
     def index(self) -> None:
         self._lookups: dict[str, tuple[tuple[Entry, dict[str, str] | None], ...]] = {}
+        self._unmapped: dict[str, tuple[tuple[frozenset | None, float, float], ...]] = {}
         self.exact_index = {}
         self.template_entries = []
         for e in self.entries:
@@ -423,14 +425,21 @@ class FrameworkMapping:
 
     def unmapped_scopes(self, key: str, first: bool = False) -> list[tuple[frozenset | None, float, float]]:
         """Where the ``passthrough:`` items that match ``key`` say it is logged: (trainers or None, since, until)
-        each; every trainer and release for an item that states neither. Empty: no item matches."""
-        out: list[tuple[frozenset | None, float, float]] = []
-        for text, tpl in self.passthrough:
-            if (tpl.match(key) is not None) if tpl is not None else key == text:
-                out.extend(self.passthrough_scope.get(text, [(None, 0.0, float("inf"))]))
-                if first:
-                    break
-        return out
+        each; every trainer and release for an item that states neither. Empty: no item matches. Remembered per key
+        like :meth:`lookup` (detection asks for every key once per trainer, and each ask walks every item)."""
+        cache: dict[str, tuple[tuple[frozenset | None, float, float], ...]] | None = self.__dict__.get("_unmapped")
+        if cache is None:
+            cache = self._unmapped = {}
+        scopes = cache.get(key)
+        if scopes is None:
+            found: list[tuple[frozenset | None, float, float]] = []
+            for text, tpl in self.passthrough:
+                if (tpl.match(key) is not None) if tpl is not None else key == text:
+                    found.extend(self.passthrough_scope.get(text, [(None, 0.0, float("inf"))]))
+            if len(cache) >= LOOKUP_CACHE:
+                cache.clear()
+            scopes = cache[key] = tuple(found)
+        return list(scopes[:1] if first else scopes)
 
     def split_prefix(self, key: str) -> tuple[str | None, str]:
         """(split, rest) for a key that starts with one of this framework's tracker prefixes, else (None, key)."""
