@@ -110,6 +110,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--config", metavar="JSON", help="run config as a JSON file, added over the run's own (top_k, "
                                                     "max_response_length ... for the checks that read the config)")
     p.add_argument("--verbose", action="store_true", help="also list the checks that could not run, and why")
+    p.add_argument("--names", default=None, metavar="NAMES",
+                   help="the names shown beside the canonical ones: the run's own (default), canonical (none), or "
+                        "FRAMEWORK[/TRAINER][@VERSION] (that framework's, as translate and migrate --names write)")
     p.add_argument("--mappings", action="append", default=[], metavar="PATH",
                    help="extra mapping, derived-rule or checks file (repeatable)")
     _HANDLERS["doctor"] = _doctor
@@ -273,6 +276,10 @@ def _doctor(args: argparse.Namespace) -> int:
     checks = checks_for(reg, args.mappings)           # a bad checks file: MappingError, exit 2
     if args.checks:
         checks = checks.only(c.strip() for c in args.checks.split(",") if c.strip())
+    names = (args.names or "").strip() or None
+    if names and names != "canonical":
+        from .schema.spec import parse_spec
+        parse_spec(names, reg, allow_auto=False)          # SpecError: exit 2, naming the framework
     config = {}
     if args.config:                                   # a JSON file, as translate's and detect's --config
         with open(args.config, encoding="utf-8") as fh:
@@ -291,7 +298,7 @@ def _doctor(args: argparse.Namespace) -> int:
     results = []
     for run, label in runs:
         d = diagnose(run, label=label, source=args.source, mappings=args.mappings or None, checks=checks,
-                     registry=reg)
+                     registry=reg, names=names)
         if d.records == 0:
             print(f"trackbridge doctor: {d.locator}: the run holds no records to diagnose", file=sys.stderr)
             return ExitCode.USAGE

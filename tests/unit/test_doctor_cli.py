@@ -91,7 +91,8 @@ def test_text_output_orders_findings_by_what_to_look_at_first(tmp_path, capsys):
     # severity first (critical, warning, info), though the critical one is the last to happen (step 120)
     assert heads == [("CRITICAL", "grad-norm-explosion"), ("WARNING", "clip-fraction-high"), ("INFO", "mfu-low")]
     assert out.startswith("run mine (")
-    for part in ("step 120: optim/grad_norm = 6 at step 120", "steps 30-59: policy/clip_frac above 0.2 for 30 points",
+    for part in ("step 120: optim/grad_norm (your actor/grad_norm) = 6 at step 120",   # the run's own name beside
+                 "steps 30-59: policy/clip_frac (your actor/pg_clipfrac) above 0.2 for 30 points",
                  "check first: ", "then check: ", "means: ", "source: "):
         assert part in out, part
 

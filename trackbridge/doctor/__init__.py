@@ -30,7 +30,7 @@ if TYPE_CHECKING:       # pragma: no cover
 
 __all__ = ["FORMAT", "SEVERITIES", "Check", "CheckError", "CheckSet", "Diagnosis", "Doctor", "DoctorWarning",
            "Finding", "Stretch", "checks_for", "diagnose", "diagnose_records", "lint_checks", "load_checks",
-           "sort_findings", "warn_finding", "TEXT_METRIC"]
+           "sort_findings", "warn_finding", "TEXT_METRIC", "source_names", "target_names", "name_findings"]
 
 TEXT_METRIC = "doctor/{check}"      # the canonical text metric a live finding is logged under (canonical.yaml)
 
@@ -70,11 +70,46 @@ class Diagnosis:
     not_run: dict[str, str] = field(default_factory=dict)   # check id -> why not
     problems: list[str] = field(default_factory=list)       # lines skipped while reading
     approximate: dict[str, str] = field(default_factory=dict)
+    names_from: str = "your"        # whose names a finding's ``names`` are: the run's own ("your") or a framework's
 
     def to_json(self) -> dict[str, Any]:
         return {"run": self.label, "locator": self.locator, "source": self.source, "records": self.records,
-                "findings": [f.to_json() for f in self.findings], "checks_run": self.ran,
-                "checks_not_run": self.not_run, "problems": self.problems}
+                "names_from": self.names_from,
+                "findings": [{**f.to_json(), "names": dict(f.names)} for f in self.findings],
+                "checks_run": self.ran, "checks_not_run": self.not_run, "problems": self.problems}
+
+
+def source_names(renamed: Mapping[str, str]) -> dict[str, str]:
+    """Canonical name -> the run's own key that produced it, from a translation's ``renamed`` (source key ->
+    canonical key, where they differ); the first key wins where several map to one name."""
+    out: dict[str, str] = {}
+    for src, canon in renamed.items():
+        out.setdefault(canon, src)
+    return out
+
+
+def target_names(canonical: Iterable[str], target: str, *, origin: str | None = None,
+                 config: Mapping[str, Any] | None = None, mappings: list[str] | None = None,
+                 registry: Registry | None = None) -> dict[str, str]:
+    """Canonical name -> its name under ``target`` (``FRAMEWORK[/TRAINER][@VERSION]``), through the pipeline every
+    command renames with (``origin``: the framework the canonical names came from, for the target's trainer); a name
+    the target does not have is left out."""
+    from ..pipeline import Pipeline
+    from ..record import Record
+    names = list(dict.fromkeys(canonical))
+    if not names:
+        return {}
+    pipe = Pipeline("canonical", target, config=dict(config or {}), mappings=mappings, derive=False,
+                    registry=registry, origin=origin)
+    pipe.setup(())
+    pipe.one(Record(step=0, wall_time=None, metrics={n: 0.0 for n in names}))
+    return {c: t for c, t in pipe.stats.renamed.items() if c in names and t != c}
+
+
+def name_findings(findings: Iterable[Finding], names: Mapping[str, str]) -> None:
+    """Give each finding the user's name of every canonical series it read (``names``: canonical -> user's)."""
+    for f in findings:
+        f.names = {c: names[c] for c in f.metrics() if c in names and names[c] != c}
 
 
 def diagnose_records(records: Iterable[Record], *, config: Mapping[str, Any] | None = None,
@@ -92,10 +127,12 @@ def diagnose_records(records: Iterable[Record], *, config: Mapping[str, Any] | N
 
 def diagnose(run: InputRun, *, label: str | None = None, source: str | None = None,
              mappings: list[str] | None = None, checks: CheckSet | None = None,
-             registry: Registry | None = None) -> Diagnosis:
+             registry: Registry | None = None, names: str | None = None) -> Diagnosis:
     """Translate one run (as every command reads it: :func:`trackbridge.inputs.open_runs`) to canonical names, with
     derived metrics, and evaluate the checks over it. ``checks``: default the shipped checks plus the check files
-    among ``mappings``."""
+    among ``mappings``. Each finding names its series as the run logged them (``Finding.names``: canonical -> the
+    run's own key, from the run's translation); ``names="FRAMEWORK[@VERSION]"``: in that framework's names instead
+    (``canonical``: none)."""
     from ..schema.loader import load_registry
     reg = registry or load_registry(mappings or None)
     pipe = run.pipeline("canonical", source=source, mappings=mappings, registry=reg)
@@ -113,6 +150,17 @@ def diagnose(run: InputRun, *, label: str | None = None, source: str | None = No
     pipe.finish_notes()
     approx = {**dict(run.info.approximate or {}), **pipe.stats.approximate}
     cov = doc.coverage()
-    return Diagnosis(label=name, locator=run.locator, source=pipe.stats.source or str(run.info.source or ""),
-                     findings=doc.finish(approx), records=doc.records, ran=cov["ran"], not_run=cov["not_run"],
-                     problems=[str(p) for p in run.problems], approximate=approx)
+    found = doc.finish(approx)
+    src = pipe.stats.source or str(run.info.source or "")
+    names_from = "your"
+    if names and names not in ("your", "source"):
+        names_from = names
+        shown = {} if names == "canonical" else target_names(
+            (m for f in found for m in f.metrics()), names, config=config, mappings=mappings, registry=reg,
+            origin=src if src and not src.startswith(("canonical", "unknown", "kept")) else run.info.source)
+    else:
+        shown = source_names(pipe.stats.renamed)
+    name_findings(found, shown)
+    return Diagnosis(label=name, locator=run.locator, source=src,
+                     findings=found, records=doc.records, ran=cov["ran"], not_run=cov["not_run"],
+                     problems=[str(p) for p in run.problems], approximate=approx, names_from=names_from)

@@ -80,6 +80,7 @@ class Finding:
     notes: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
     order: int = 0
+    names: dict[str, str] = field(default_factory=dict)    # canonical name read -> the name the user knows it by
 
     @property
     def id(self) -> str:

@@ -2,6 +2,7 @@
 short sentences of the comparison report."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Iterable
 
 from .checks import SEVERITIES
@@ -10,7 +11,32 @@ if TYPE_CHECKING:       # pragma: no cover
     from . import Diagnosis
     from .engine import Finding
 
-__all__ = ["text_report", "finding_text", "live_text", "counts"]
+__all__ = ["text_report", "finding_text", "live_text", "counts", "named", "with_names"]
+
+
+def named(canonical: str, f: Finding, names_from: str = "your") -> str:
+    """A series as a finding shows it: ``response/clip_ratio (your completions/clipped_ratio)`` where the run (or,
+    with ``names_from`` a framework, that framework) calls it otherwise; the canonical name alone when not."""
+    other = f.names.get(canonical)
+    if not other:
+        return canonical
+    return f"{canonical} (your {other})" if names_from == "your" else f"{canonical} ({names_from}: {other})"
+
+
+def with_names(text: str, f: Finding, names_from: str = "your") -> str:
+    """``text`` (a stretch's evidence, in canonical names) with the user's name beside the first mention of each
+    canonical series the finding read."""
+    for canon in sorted(f.names, key=len, reverse=True):        # a longer name first: kl/ref/k3 before kl/ref
+        rx = re.compile(r"(?<![\w/.])" + re.escape(canon) + r"(?![\w/]|\.\w)")
+        text = rx.sub(lambda m: named(canon, f, names_from), text, count=1)
+    return text
+
+
+def _series_line(f: Finding, names_from: str) -> str | None:
+    """``reads: a (your x), b`` when the finding has user names (the evidence may not mention every series)."""
+    if not f.names:
+        return None
+    return "reads: " + ", ".join(named(c, f, names_from) for c in f.metrics())
 
 
 def counts(findings: Iterable[Finding]) -> str:
@@ -23,13 +49,17 @@ def counts(findings: Iterable[Finding]) -> str:
     return f"{len(found)} finding{'s' if len(found) != 1 else ''} ({', '.join(per)})"
 
 
-def finding_text(f: Finding, number: int | None = None, *, indent: str = "   ") -> list[str]:
-    """One finding as ``trackbridge doctor`` prints it: the headline, where and what, the meaning, what to check,
-    the notes and caveats, the sources."""
+def finding_text(f: Finding, number: int | None = None, *, indent: str = "   ",
+                 names_from: str = "your") -> list[str]:
+    """One finding as ``trackbridge doctor`` prints it: the headline, the series it read (in the user's names
+    beside the canonical ones), where and what, the meaning, what to check, the notes and caveats, the sources."""
     head = f"{number}. " if number is not None else ""
     out = [f"{head}{f.severity.upper()}  {f.check.title}  [{f.check.id}]"]
+    series = _series_line(f, names_from)
+    if series:
+        out.append(f"{indent}{series}")
     for st in f.stretches[:3]:
-        out.append(f"{indent}{st.steps()}: {st.text}")
+        out.append(f"{indent}{st.steps()}: {with_names(st.text, f, names_from)}")
     if f.count > 3:
         out.append(f"{indent}... {f.count - 3} more time{'s' if f.count - 3 > 1 else ''}, the last at "
                    f"{f.stretches[-1].steps()}")
@@ -54,7 +84,7 @@ def text_report(diagnoses: list[Diagnosis], *, verbose: bool = False) -> str:
         for p in d.problems:
             lines.append(f"   skipped while reading: {p}")
         for i, f in enumerate(d.findings, 1):
-            lines.extend(finding_text(f, i))
+            lines.extend(finding_text(f, i, names_from=getattr(d, "names_from", "your")))
         if verbose and d.not_run:
             lines.append("   checks that could not run:")
             for cid, why in d.not_run.items():
@@ -65,7 +95,8 @@ def text_report(diagnoses: list[Diagnosis], *, verbose: bool = False) -> str:
 
 def live_text(f: Finding) -> str:
     """The text record and warning the logger writes when a check first holds: one paragraph, self-contained."""
-    parts = [f"{f.severity}: {f.check.title} [{f.check.id}] at {f.stretches[0].steps()}: {f.stretches[0].text}.",
+    parts = [f"{f.severity}: {f.check.title} [{f.check.id}] at {f.stretches[0].steps()}: "
+             f"{with_names(f.stretches[0].text, f)}.",
              f"Means: {f.check.means}", *(f"Note: {n}" for n in f.notes),
              f"Check first: {f.check.check_first}"]
     if f.check.then_check:
