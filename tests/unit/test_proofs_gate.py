@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import trackbridge
+from trackbridge import Translator
 from trackbridge.schema.loader import build_registry, load_registry, shipped_files
 from trackbridge.schema.proofs import identity
 from trackbridge.schema.yamlfile import MappingError
@@ -100,7 +101,7 @@ def test_an_edited_reduction_is_unproven_until_the_proofs_run_again(tmp_path, mo
     d = tmp_path / "mappings"
     shutil.copytree(Path(shipped_files()[0]).parent, d)
     text = (d / "proofs.yaml").read_text()
-    want = identity(e, reg.frameworks["verl"])["reduce"]
+    want = identity(e, reg.frameworks["verl"], reg.canonical)["meaning"]
     assert text.count(want) == 1
     (d / "proofs.yaml").write_text(text.replace(want, "f" * 16))
     edited = build_registry(sorted(d.glob("*.yaml")), [])
@@ -108,6 +109,56 @@ def test_an_edited_reduction_is_unproven_until_the_proofs_run_again(tmp_path, mo
     assert (e2.file, e2.line) not in edited.proven and len(edited.proven) == len(reg.proven) - 1
     (w,) = [w for w in edited.warnings if "proven[" in str(w)]
     assert "verl 'critic/score/mean'" in str(w) and "proofs.yaml" in str(w)
+
+
+def _edited_copy(tmp_path, reg, e, edit):
+    """A copy of the shipped mappings with ``edit(lines, entry line index)`` applied to the file of entry ``e``."""
+    d = tmp_path / "mappings"
+    shutil.copytree(Path(shipped_files()[0]).parent, d)
+    f = d / Path(e.file).name
+    lines = f.read_text(encoding="utf-8").splitlines(keepends=True)
+    edit(lines, e.line - 1)
+    f.write_text("".join(lines), encoding="utf-8")
+    return build_registry(sorted(d.glob("*.yaml")), [])
+
+
+def test_a_flipped_sign_is_unproven_until_the_proofs_run_again(tmp_path, reg):
+    """The record digests the entry's whole meaning, not its reduction alone: giving a proven entry a transform
+    that flips its sign (scale -1) leaves its reduction as it was, yet the entry is no longer proven and its pair
+    with OpenRLHF's proven `reward` is no longer exact."""
+    e = _entry(reg, "verl", "critic/score/mean")
+    assert (e.file, e.line) in reg.proven and e.scale == 1.0
+
+    def flip(lines, i):
+        assert lines[i].lstrip().startswith("- key:") and "critic/score/mean" in lines[i]
+        lines.insert(i + 1, "    transform: {scale: -1.0}\n")
+    edited = _edited_copy(tmp_path, reg, e, flip)
+    e2 = _entry(edited, "verl", "critic/score/mean")
+    assert e2.scale == -1.0 and e2.reduce == e.reduce         # the reduction is unchanged: only the sign is
+    assert (e2.file, e2.line) not in edited.proven and len(edited.proven) == len(reg.proven) - 1
+    assert any("verl 'critic/score/mean'" in str(w) and "sign or scale" in str(w) for w in edited.warnings)
+    before = Translator("verl/ppo@0.9.1", "openrlhf/ppo@0.11.2", registry=reg).translate({"critic/score/mean": 0.5})
+    after = Translator("verl/ppo@0.9.1", "openrlhf/ppo@0.11.2", registry=edited).translate({"critic/score/mean": 0.5})
+    assert before.metrics == {"reward": 0.5} and "reward" not in before.approximate
+    assert after.metrics == {"reward": -0.5} and only_unproven(after.approximate["reward"])
+
+
+def test_an_edited_canonical_target_unproves_its_entries(tmp_path, reg):
+    """Changing what the canonical name means (its unit in canonical.yaml) unproves every entry proven to it."""
+    e = _entry(reg, "verl", "critic/score/mean")
+    target = reg.canonical.find(e.canonical)
+    proven_to = [k for k in reg.proven if any(x.canonical == e.canonical and (x.file, x.line) == k
+                                              for fw in reg.frameworks.values() for x in fw.entries)]
+    assert len(proven_to) >= 2 and target is not None and target.unit == "reward"
+
+    def unit(lines, i):
+        j = next(n for n in range(target.line, target.line + 8) if lines[n].strip() == "unit: reward")
+        lines[j] = lines[j].replace("unit: reward", "unit: nats")
+    canon = type("C", (), {"file": target.file, "line": target.line})()
+    edited = _edited_copy(tmp_path, reg, canon, lambda lines, i: unit(lines, i))
+    assert edited.canonical.find(e.canonical).unit == "nats"
+    assert len(edited.proven) == len(reg.proven) - len(proven_to)
+    assert not any(k in edited.proven for k in proven_to)
 
 
 def test_a_users_file_cannot_declare_proofs(tmp_path):

@@ -174,7 +174,8 @@ def build_registry(files: list[Path], extra: list[str], *, require_reduction: bo
             overrides += apply_overrides(fw, set(extra), errors)
             _guarded(lambda: check_framework(fw, errors), structural, errors)
             fw.index()
-    proven = proven_entries(proof_docs, frameworks, set(map(str, files)), errors, warnings) if canonical else {}
+    proven = proven_entries(proof_docs, frameworks, set(map(str, files)), errors, warnings,
+                           canonical) if canonical else {}
     if require_reduction if require_reduction is not None else reductions.REQUIRE_REDUCTION:
         errors += warnings           # a reduction unstated (an entry's, or a canonical metric's reference)
         warnings = []
