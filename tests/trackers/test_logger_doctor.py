@@ -64,7 +64,7 @@ def test_a_finding_is_logged_once_to_every_tracker_and_warned(tmp_path, writer):
     spool = _doctor_records(run)
     assert [(s, k) for s, k, _ in spool] == [(70, "doctor/grad-norm-explosion")]
     assert spool[0][2].startswith("critical: Gradient norm explodes [grad-norm-explosion] at step 70: "
-                                  "optim/grad_norm = 5 at step 70")
+                                  "optim/grad_norm (your actor/grad_norm) = 5 at step 70")
     assert "Check first:" in spool[0][2]
     # TensorBoard's own reader: the same text once, at the same step
     assert _tensorboard_texts(tmp_path / "tb") == [(70, "doctor/grad-norm-explosion", spool[0][2])]

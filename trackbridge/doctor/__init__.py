@@ -39,9 +39,11 @@ class DoctorWarning(UserWarning):
     """A finding of the live checks (``trackbridge.init(..., doctor=True)``), said once when its check first holds."""
 
 
-def warn_finding(finding: Finding) -> str:
+def warn_finding(finding: Finding, frame: Any = None) -> str:
     """Say a live finding once: as a :class:`DoctorWarning` and on the ``trackbridge`` logger when the application
-    configured logging; returns the text (what the logger writes as ``doctor/<id>``)."""
+    configured logging; returns the text (what the logger writes as ``doctor/<id>``). ``frame``: the user's frame
+    the warning is attributed to (its file and line, as ``warnings`` shows them; the logger passes the frame that
+    called ``log()``), else the caller's."""
     import logging
     import warnings
 
@@ -50,8 +52,15 @@ def warn_finding(finding: Finding) -> str:
     log = logging.getLogger("trackbridge")
     if log.hasHandlers():
         log.warning("trackbridge doctor: %s", text)
+    message = f"trackbridge doctor: {text}"
     try:
-        warnings.warn(f"trackbridge doctor: {text}", DoctorWarning, stacklevel=2)
+        if frame is None:
+            warnings.warn(message, DoctorWarning, stacklevel=2)
+        else:
+            glob = frame.f_globals
+            warnings.warn_explicit(message, DoctorWarning, frame.f_code.co_filename, frame.f_lineno,
+                                   module=glob.get("__name__", "__main__"),
+                                   registry=glob.setdefault("__warningregistry__", {}), module_globals=glob)
     except Exception:       # warnings turned into errors (-W error): said by the text record, never a crash
         pass
     return text

@@ -11,7 +11,9 @@ if TYPE_CHECKING:       # pragma: no cover
     from . import Diagnosis
     from .engine import Finding
 
-__all__ = ["text_report", "finding_text", "live_text", "counts", "named", "with_names"]
+__all__ = ["text_report", "finding_text", "live_text", "counts", "named", "with_names", "live_alert"]
+
+_LIVE = re.compile(r"^(critical|warning|info): (.+?) \[([A-Za-z0-9_.-]+)\] at ")
 
 
 def named(canonical: str, f: Finding, names_from: str = "your") -> str:
@@ -103,3 +105,15 @@ def live_text(f: Finding) -> str:
         parts.append(f"Then check: {f.check.then_check}")
     parts += [f"Caveat: {c}" for c in f.caveats]
     return " ".join(parts)
+
+
+def live_alert(key: str, value: object) -> tuple[str, str, str, str] | None:
+    """A live finding's text record (``doctor/<id>`` = :func:`live_text`) as a tracker alert: ``(check id,
+    severity, title, text)``; None for any other value. What a sink with alerts of its own (wandb's
+    ``run.alert``, Trackio's alerts table) raises for it."""
+    if not key.startswith("doctor/") or not isinstance(value, str):
+        return None
+    m = _LIVE.match(value)
+    if m is None or m.group(3) != key[len("doctor/"):]:
+        return None
+    return m.group(3), m.group(1), f"trackbridge doctor: {m.group(2)}", value

@@ -77,7 +77,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
          writer: str | None = None,
          tags: dict[str, str] | None = None,
          rank_zero_only: bool = True, rank: int | None = None, doctor: bool = False, merge_ranks: bool = False,
-         world_size: int | None = None, rank_timeout: float = 60.0) -> Run | NoOpRun:
+         world_size: int | None = None, rank_timeout: float = 60.0, on_finding: Any = None,
+         stop_on: str | None = None) -> Run | NoOpRun:
     """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
 
     ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
@@ -86,9 +87,15 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     ``FRAMEWORK[@VERSION]``; the spool always holds canonical names). ``options``: the tuning knobs
     (:class:`LoggerOptions`: flush interval, queue and batch sizes, retries, timeouts); each is also a keyword here,
     which wins over ``options``. ``rank``: override the rank taken from the environment. ``doctor``: run the
-    diagnostic checks (:mod:`trackbridge.doctor`) on the records as they are logged, in the dispatcher thread; a
-    finding is logged once, as the text metric ``doctor/<check id>`` to every tracker and as a
-    :class:`~trackbridge.doctor.DoctorWarning`, the first time its check holds (``run.findings`` lists them).
+    diagnostic checks (:mod:`trackbridge.doctor`) on the records as they are logged, in the dispatcher thread (off
+    the caller's: ``log()`` stays as fast, ``benchmarks/bench_doctor_live.py``); a finding is logged once, the first
+    time its check holds, as the text metric ``doctor/<check id>`` to every tracker (and as the tracker's own alert
+    where it has them: wandb's ``run.alert``, Trackio's alerts), and said at the next ``log()`` (or ``finish()``) in
+    the caller's thread: a :class:`~trackbridge.doctor.DoctorWarning` attributed to the user's line that called it,
+    and ``on_finding(finding)`` when given (a :class:`~trackbridge.doctor.Finding`; ``run.findings`` lists them
+    all). ``stop_on="critical"`` (or ``"warning"``, ``"info"``): ``run.should_stop`` turns true as soon as a finding
+    at least that severe holds (training stops itself: ``if run.should_stop: break``; the transformers callback
+    stops the Trainer). Both need ``doctor=True``.
 
     ``merge_ranks=True``: every rank logs its own share of a value with its weight (``log(..., weights=...)`` or
     :class:`trackbridge.Weighted`) and rank 0 merges the shares of all ``world_size`` ranks (default ``WORLD_SIZE``)
@@ -107,15 +114,17 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
         return _merged(r, world_size, rank_timeout, rank_zero_only=rank_zero_only, project=project, name=name,
                        sinks=list(sinks or []), source=source, names=names, config=config, run_id=run_id,
                        resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags,
-                       doctor=doctor)
+                       doctor=doctor, on_finding=on_finding, stop_on=stop_on)
     if rank_zero_only and r != 0:
+        from .dispatch import live_options
+        live_options(doctor, on_finding, stop_on)     # refused on every rank alike
         return NoOpRun(r, project=project, name=name, config=config, run_id=run_id, names=names, resume=resume,
                        options=opts)
     if not rank_zero_only and _rank.world_size() > 1 and run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + f"-rank{r}"
     return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
                run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags,
-               doctor=doctor)
+               doctor=doctor, on_finding=on_finding, stop_on=stop_on)
 
 
 def _merged(r: int, world_size: int | None, rank_timeout: float, *, rank_zero_only: bool, run_id: str | None,

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import sysconfig
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +37,41 @@ def warn(message: str) -> None:
     warnings.warn(message, LoggerWarning, stacklevel=3)
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep      # .../trackbridge/
+_LIBRARIES = tuple({p + os.sep for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "purelib", "platlib"))
+                    if p})
+
+
+def user_frame(depth: int = 2) -> Any:
+    """The frame of the user's code on this thread's stack: the first, from ``depth`` frames up, that is neither
+    trackbridge's nor a library's (site-packages, the standard library: a Trainer calling trackbridge's callback
+    calls it from transformers); else the first outside trackbridge; else the caller's."""
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:
+        return None
+    outside = None
+    f = frame
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_PACKAGE):
+            if outside is None:
+                outside = f
+            if not name.startswith(_LIBRARIES) and not name.startswith("<") and \
+                    "site-packages" not in name and "dist-packages" not in name:
+                return f
+        f = f.f_back
+    return outside or frame
+
+
 class RunView:
     """What ``Run`` and ``NoOpRun`` derive alike from their ``run_id`` and ``info``."""
 
     run_id: str | None      # None only on a NoOpRun not given one
     info: RunInfo
+    #: with ``init(doctor=True, stop_on=SEVERITY)``: true once a finding at least that severe held (a loop that
+    #: checks it can stop; the transformers callback stops the Trainer); always False on a rank that does not write
+    should_stop: bool = False
 
     @property
     def id(self) -> str | None:

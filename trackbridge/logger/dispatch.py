@@ -18,7 +18,8 @@ class Dispatcher:
     def __init__(self, *, translator: Any, derive_fn: Callable[..., None] | None, info: RunInfo,
                  rename: Callable[[Record], Record] | None, names: str, spool: Any, trackers: list[Any],
                  seq_base: int, next_step: int, inbox_size: int, resume_wait: float | None,
-                 warn_once: Callable[[str, str], None], doctor: Any = None) -> None:
+                 warn_once: Callable[[str, str], None], doctor: Any = None,
+                 found: Callable[[Any], None] | None = None) -> None:
         self.translator = translator
         self.derive_fn = derive_fn
         self.info = info
@@ -31,6 +32,8 @@ class Dispatcher:
         self.resume_wait = resume_wait          # None: not resuming
         self.warn_once = warn_once
         self.doctor = doctor                    # trackbridge.doctor.Doctor with init(doctor=True), else None
+        self.found = found                      # the run's hook: a new finding, said in the caller's thread
+        self.user_names: dict[str, str] = {}    # canonical name -> the key log() was given (for the findings)
         self.inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
         self.thread = threading.Thread(target=self._main, name="trackbridge-dispatch", daemon=True)
 
@@ -64,6 +67,7 @@ class Dispatcher:
                 if self.doctor is not None:
                     for note in self.diagnose(rec):
                         self.emit(note, logged)
+                    time.sleep(0)       # the GIL to a caller waiting in log(), not after the switch interval
         except BaseException as exc:
             warn(f"trackbridge: the dispatcher crashed ({type(exc).__name__}: {exc}); logging stopped")
         finally:
@@ -91,9 +95,10 @@ class Dispatcher:
 
     def diagnose(self, rec: Record) -> list[Record]:
         """The live checks (``init(doctor=True)``) fed one record: a text record per finding that holds for the
-        first time (logged at the record's step, after it), each also said as a warning. A check that fails turns
-        the checks off with one warning; logging goes on."""
-        from ..doctor import warn_finding
+        first time (logged at the record's step, after it), the finding named in the keys ``log()`` was given and
+        handed to the run (``found``), which says it in the caller's thread (warning, ``on_finding``, ``stop_on``).
+        A check that fails turns the checks off with one warning; logging goes on."""
+        from ..doctor.report import live_text
         try:
             found = self.doctor.feed(rec, approximate=self.info.approximate)
         except Exception as exc:
@@ -103,7 +108,10 @@ class Dispatcher:
             return []
         out = []
         for f in found:
-            text = warn_finding(f)
+            f.names = {c: self.user_names[c] for c in f.metrics() if c in self.user_names}
+            text = live_text(f)
+            if self.found is not None:
+                self.found(f)
             out.append(Record(step=rec.step, wall_time=rec.wall_time, metrics={f"doctor/{f.id}": text}, axis=rec.axis))
         return out
 
@@ -117,6 +125,11 @@ class Dispatcher:
             if res.source and not res.source.startswith("auto"):
                 self.info.source = res.source
             derived = list(getattr(res, "derived", []) or [])
+            if self.doctor is not None and res.renamed:     # the user's key of each canonical name, for findings
+                names = self.user_names
+                for src, canon in res.renamed.items():
+                    if canon not in names:
+                        names[canon] = src
         except Exception as exc:
             self.warn_once("translate", f"translation failed ({type(exc).__name__}: {exc}); names logged as given")
             metrics, derived = dict(values), []
@@ -163,3 +176,24 @@ def live_doctor(translator: Any, mappings: list[str] | None, config: dict[str, A
         from ..stream import read_stream
         doc.warm(rec for _seq, rec in read_stream(resume_from))
     return doc
+
+
+def severity_rank(severity: str) -> int:
+    from ..doctor.engine import severity_rank as rank
+    return rank(severity)
+
+
+def live_options(doctor: bool, on_finding: Any, stop_on: str | None) -> tuple[Any, str | None]:
+    """``init``'s ``on_finding`` and ``stop_on``, checked: each needs ``doctor=True``; ``on_finding`` a callable
+    taking the finding, ``stop_on`` a severity (``critical``, ``warning`` or ``info``: that or worse sets
+    ``run.should_stop``)."""
+    from ..doctor import SEVERITIES
+    from ..errors import UsageError
+    if on_finding is not None and not callable(on_finding):
+        raise UsageError(f"init(on_finding={on_finding!r}): expected a callable taking the finding")
+    if stop_on is not None and stop_on not in SEVERITIES:
+        raise UsageError(f"init(stop_on={stop_on!r}): expected one of {', '.join(SEVERITIES)} (or None)")
+    if (on_finding is not None or stop_on is not None) and not doctor:
+        given = "on_finding" if on_finding is not None else "stop_on"
+        raise UsageError(f"init({given}=...) acts on the live checks' findings: pass doctor=True too")
+    return on_finding, stop_on

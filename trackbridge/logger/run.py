@@ -7,6 +7,7 @@ dispatch, spool, tracker, runlock, exits, waiting, and the link to the writer pr
 from __future__ import annotations
 
 import atexit
+import collections
 import copy
 import dataclasses
 import os
@@ -35,9 +36,9 @@ from .checks import (
     ready_for_shutdown,
     validate_call,
 )
-from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, log, warn
+from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, log, user_frame, warn
 from .device import hand_off
-from .dispatch import Dispatcher, live_doctor
+from .dispatch import Dispatcher, live_doctor, live_options, severity_rank
 from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
@@ -72,7 +73,12 @@ class Run(RunView):
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
                  config: dict[str, Any] | None, run_id: str | None, resume: bool, derive: bool,
                  mappings: list[str] | None, spool: str, options: LoggerOptions,
-                 tags: dict[str, str] | None, doctor: bool = False) -> None:
+                 tags: dict[str, str] | None, doctor: bool = False, on_finding: Any = None,
+                 stop_on: str | None = None) -> None:
+        self._on_finding, self._stop_on = live_options(doctor, on_finding, stop_on)
+        self._said: collections.deque = collections.deque()    # findings still to be said in the caller's thread
+        self.should_stop = False
+        self._stop_finding: Any = None      # the finding that set should_stop
         self.options = options
         self.resume = bool(resume)
         self.names = names or "canonical"
@@ -154,6 +160,9 @@ class Run(RunView):
             built.append(sink)
         # a sink that would write the spool's own file (the canonical stream in the spool folder) is the spool itself
         built = [s for s in built if not _writes(s, self.run_id, self.spool_path)]
+        if self._doctor is not None:
+            for s in built:             # a tracker with alerts of its own raises one per finding (wandb, Trackio)
+                s.alerts = True
         precheck_location(str(spool), spool_sink)
         if self.resume and self.info.extra.get("config_changes") and prev is not None:
             spool_sink.new_header = True       # the spool records the change, as the trackers do
@@ -177,6 +186,7 @@ class Run(RunView):
             spec = {"sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
                     "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
                     "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options),
+                    "alerts": self._doctor is not None,
                     "run_id": self.run_id, "lock_path": str(self._runlock.path),
                     "drop_env": sorted({v for s in built for v in getattr(s, "process_env", ())})}
             try:
@@ -204,7 +214,7 @@ class Run(RunView):
             spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
             resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
-            doctor=self._doctor)
+            doctor=self._doctor, found=self._found if self._doctor is not None else None)
         self._inbox = self._dispatcher.inbox
         self._spool_worker.thread.start()
         if self._link is not None:
@@ -245,6 +255,8 @@ class Run(RunView):
         """
         wall_time = time.time()
         logged = time.monotonic()       # intervals (the spool's flush bound) never follow the wall clock
+        if self._said:              # init(doctor=True): findings of earlier records, said here, in the caller's code
+            self._say(user_frame())
         if self._ranks is not None:      # merge_ranks: to this rank's file; the merger feeds the inbox
             if axis is not None:
                 raise TypeError("log(axis=...) is not supported with init(merge_ranks=True): the ranks' shares are "
@@ -315,7 +327,30 @@ class Run(RunView):
         restore_sigterm(previous)
         self._runlock.release()
         self._ctx.ended.set()
+        if self._said:              # the findings of the last records
+            self._say(user_frame())
         return self.status
+
+    def _found(self, finding: Any) -> None:
+        """The dispatcher's hook for a new finding (its thread): ``should_stop`` at once, the rest (warning,
+        ``on_finding``) at the next ``log()`` or ``finish()``, in the caller's thread and attributed to its code."""
+        if self._stop_on is not None and severity_rank(finding.severity) <= severity_rank(self._stop_on):
+            if not self.should_stop:
+                self._stop_finding = finding
+            self.should_stop = True
+        self._said.append(finding)
+
+    def _say(self, frame: Any) -> None:
+        from ..doctor import warn_finding
+        while self._said:
+            f = self._said.popleft()
+            warn_finding(f, frame)
+            if self._on_finding is not None:
+                try:
+                    self._on_finding(f)
+                except Exception as exc:        # the user's callback: said once, logging goes on
+                    self._warn_once("on_finding", f"init(on_finding=...) raised {type(exc).__name__}: {exc} "
+                                                  f"(for the finding {f.id}); logging goes on")
 
     def _set_outcome(self, outcome: str, exit_code: int | None) -> None:
         self.info.extra["outcome"] = outcome

@@ -106,8 +106,12 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     ctx = RunContext(options=options, spool_path=spool_path, seq_base=seq_base, resume=spec["resume"],
                      resume_last_step=spec["resume_last_step"], tracker_info=tracker_info, sync_info=sync_info,
                      report=problems.append, spool=view)
-    workers = [TrackerWorker(ctx, make_sink(s), queue_size=options.queue_size, batch_size=options.batch_size,
-                             rename=rename) for s in spec["sinks"]]
+    sinks = [make_sink(s) for s in spec["sinks"]]
+    if spec.get("alerts"):          # init(doctor=True): a tracker with alerts of its own raises one per finding
+        for sink in sinks:
+            sink.alerts = True
+    workers = [TrackerWorker(ctx, sink, queue_size=options.queue_size, batch_size=options.batch_size,
+                             rename=rename) for sink in sinks]
     for w in workers:
         w.thread.start()
 

@@ -54,6 +54,7 @@ class TrackioSink(Sink):
 
     kind = "trackio"
     option_names = ("project", "run")
+    alerts = False          # the logger with init(doctor=True): a live finding is also a row of Trackio's alerts
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
         "wall times to the microsecond", "raw histogram samples as 64 buckets"))
 
@@ -69,6 +70,7 @@ class TrackioSink(Sink):
         self._next_step = 0
         self._closed = False
         self._conn: sqlite3.Connection | None = None
+        self._alerts_ok: bool | None = None
 
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self._drop_conn()
@@ -130,6 +132,7 @@ class TrackioSink(Sink):
         if self.db is None or self.run_id is None:
             raise SinkError(f"trackio:{self.location}: write() before open()")
         rows = []
+        alerts: list[tuple[Any, ...]] = []
         known = self._names._cache
         for rec in records:
             step = int(rec.step) if rec.step is not None else self._next_step
@@ -156,6 +159,8 @@ class TrackioSink(Sink):
                 data = f"{self.run_id}\x00{step}\x00{ts}\x00{blob}".encode("utf-8")
             log_id = hashlib.sha1(data).hexdigest()
             rows.append((ts, self.run_id, self.run_name, step, blob, log_id))
+            if self.alerts:
+                alerts.extend(self._alerts_of(rec, step, ts))
         if rows:
             if self._conn is None:      # kept open for the run: no connect/close per batch
                 self._conn = connect(self.db)
@@ -164,12 +169,41 @@ class TrackioSink(Sink):
             with process_lock(self.dir, self.project), conn:
                 conn.executemany("INSERT OR IGNORE INTO metrics (timestamp, run_id, run_name, step, metrics, log_id) "
                                  "VALUES (?, ?, ?, ?, ?, ?)", rows)
+                if alerts and self._has_alerts(conn):
+                    conn.executemany("INSERT OR IGNORE INTO alerts (run_id, timestamp, run_name, title, text, level, "
+                                     "step, alert_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", alerts)
         new = self._names.take_new()
         if new:
             self.record_sanitized(new)
         axes = self.note_axes(records)
         if self.note_derived(records) or new or axes:
             self._write_config()
+
+    def _alerts_of(self, rec: Record, step: int, ts: str) -> list[tuple[Any, ...]]:
+        """A live finding (``doctor/<id>``, with ``init(doctor=True)``) as a row of Trackio's own ``alerts`` table,
+        what ``trackio.alert`` stores (the dashboard shows it, ``SQLiteStorage.get_alerts`` reads it); its
+        ``alert_id`` is a hash of (run, check, step), so a replay adds no second alert."""
+        from ...doctor.report import live_alert
+        out = []
+        for key, value in rec.metrics.items():
+            found = live_alert(key, value)
+            if found is None:
+                continue
+            cid, severity, title, text = found
+            level = {"critical": "error", "warning": "warn"}.get(severity, "info")
+            aid = hashlib.sha1(f"{self.run_id}\x00{cid}\x00{step}".encode("utf-8")).hexdigest()
+            out.append((self.run_id, ts, self.run_name, title, text, level, step, aid))
+        return out
+
+    def _has_alerts(self, conn: sqlite3.Connection) -> bool:
+        """Whether the installed Trackio's schema has alerts with run ids (0.43's), asked once per sink."""
+        if self._alerts_ok is None:
+            cols = {r[1] for r in conn.execute("PRAGMA table_info(alerts)").fetchall()}
+            self._alerts_ok = {"run_id", "alert_id", "title", "level", "step"} <= cols
+            if not self._alerts_ok:
+                self.reject("doctor", None, "this Trackio's database has no alerts table with run ids: the live "
+                                            "findings are logged as text only")
+        return self._alerts_ok
 
     def _careful_blob(self, metrics: dict[str, Any], step: int) -> str:
         """The JSON of ``metrics`` without the keys that are not strict JSON in UTF-8 (each noted with reject)."""

@@ -86,6 +86,7 @@ class WandbSink(Sink):
     kind = "wandb"
     option_names = ("mode", "project", "entity", "bins", "flush_timeout")
     process_env = ("WANDB_SERVICE",)    # wandb.init's wandb-core address, for this process and the ones it starts
+    alerts = False                      # the logger with init(doctor=True): a live finding is also a run.alert
     capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
         "raw histogram samples as 64 buckets (?bins=N)",))
 
@@ -292,6 +293,8 @@ class WandbSink(Sink):
                 raise SinkError(f"wandb sink: run.log failed at step {rec.step}: {exc}") from exc
             self._wstep = step
             self._partial_done = i + 1
+            if self.alerts:
+                self._alert(rec)
             if rec.step is not None and (self._max_step is None or rec.step > self._max_step):
                 self._max_step = rec.step
         self._partial_batch, self._partial_done = None, 0
@@ -320,6 +323,22 @@ class WandbSink(Sink):
                 self._run.define_metric(name, step_metric=axis)
                 defined[name] = axis
         row[axis] = rec.step
+
+    def _alert(self, rec: Record) -> None:
+        """A live finding (``doctor/<id>``, with ``init(doctor=True)``) as a wandb alert: ``run.alert(title, text,
+        level)``, which an offline run records in its ``.wandb`` file (an ``alert`` record, sent by ``wandb
+        sync``). Each check's finding is logged once per run, so no alert repeats."""
+        from ...doctor.report import live_alert
+        for key, value in rec.metrics.items():
+            found = live_alert(key, value)
+            if found is None:
+                continue
+            _cid, severity, title, text = found
+            level = {"critical": "ERROR", "warning": "WARN"}.get(severity, "INFO")
+            try:
+                self._run.alert(title=title, text=text, level=level)
+            except Exception as exc:        # the point is logged; the alert is said once as lost
+                self.reject(key, rec.step, f"wandb run.alert failed: {printable(str(exc))[:200]}")
 
     def written_of(self, records: list[Record]) -> int:
         return self._partial_done if records is self._partial_batch else 0
