@@ -3,6 +3,9 @@
 #   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff, mypy), run the
 #                 whole test suite
 #   make test-quick - the unit tests alone (no tracker, no framework, no browser; two workers, under a minute)
+#   make lock       - rebuild constraints-lock.txt (every package of the test environment pinned) from a scratch
+#                     venv installed with constraints.txt alone; run after changing constraints.txt or the
+#                     dependencies, then regenerate the proofs (python tests/_support/fidelity_proofs.py)
 #   make smoke      - build the sdist and the wheel, install the wheel into fresh venvs ([all], and the core alone)
 #                     and run every command from there (tests/install; make test runs it too)
 # Flags: make test PYTEST_ARGS="--skip-integration"   (skip the slow real-TRL tests locally)
@@ -17,8 +20,10 @@ OUT    ?= out/demo
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 3
 QUICK_WORKERS ?= 2
+LOCK   ?= constraints-lock.txt
+PIP_C  := -c constraints.txt $(if $(LOCK),-c $(LOCK))
 
-.PHONY: demo test test-quick smoke bench docs lint clean
+.PHONY: demo test test-quick smoke bench docs lint lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +33,9 @@ $(VENV)/.demo-installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[all]'
 	touch $@
 
-$(VENV)/.test-installed: $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,trl,lightning]'
-	$(BIN)/pip install -q -c constraints.txt ray tensordict omegaconf codetiming hydra-core && $(BIN)/pip install -q --no-deps -c constraints.txt verl==0.9.1 openrlhf==0.11.2 areal==1.0.4 colorlog
+$(VENV)/.test-installed: $(BIN)/python pyproject.toml constraints.txt $(LOCK)
+	$(BIN)/pip install -q $(PIP_C) -e '.[dev,trl,lightning]'
+	$(BIN)/pip install -q $(PIP_C) ray tensordict omegaconf codetiming hydra-core && $(BIN)/pip install -q --no-deps $(PIP_C) verl==0.9.1 openrlhf==0.11.2 areal==1.0.4 colorlog
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed
@@ -55,6 +60,12 @@ lint: $(VENV)/.test-installed
 	$(BIN)/python -m trackbridge mappings lint --require-reduction     # every shipped entry states its reduction (issue 20)
 	$(BIN)/ruff check trackbridge benchmarks tests
 	$(BIN)/mypy
+
+lock:
+	rm -rf .venv-lock
+	$(MAKE) VENV=.venv-lock LOCK= .venv-lock/.test-installed
+	{ sed -n '/^#/p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable | sed -E 's/\+cpu$$//'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK) && rm -rf .venv-lock
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

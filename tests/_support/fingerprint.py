@@ -216,16 +216,25 @@ def equivalent(a: Reduction, b: Reduction, steps: Steps, norm_len: int = 0, tria
 Observation = tuple[float, Steps]      # a logged value and the batch it was logged for
 
 
+def magnitude(batch: Any) -> float:
+    """The largest magnitude among a batch's values (nested lists of numbers): the scale of the terms a reduction
+    adds, against which rounding is judged."""
+    if isinstance(batch, (int, float)):
+        return abs(float(batch))
+    return max((magnitude(x) for x in batch), default=0.0)
+
+
 def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = None, *, rel: float = 1e-6,
-                norm_len: int = 0, abs_tol: float = 1e-9, **kw: Any) -> Reduction:
+                norm_len: int = 0, **kw: Any) -> Reduction:
     """The reduction that gives the logged value(s): ``fingerprint(logged, steps)`` or, for several runs of the
     framework's code on batches of one shape, ``fingerprint([(logged1, steps1), (logged2, steps2), ...])`` (a
     reduction that selects one item, such as the last micro-batch or rank 0's value, can coincide with another
     selection on one batch; rarely on three). Returns one representative of the candidates that fit every
     observation, checked to be one computation. Fails when none fits, or when two different computations do (the
-    batches do not tell them apart: make them more uneven, or give more observations). ``abs_tol``: the distance
-    from a value near zero that is still equal (a float32 framework's rounding: a loss that is 0 in exact arithmetic
-    logs as 7e-09); the other observations still tell the candidates apart."""
+    batches do not tell them apart: make them more uneven, or give more observations). ``rel`` is relative twice:
+    to the value, and to the scale of the batch's own terms (:func:`magnitude`), so a value that is 0 in exact
+    arithmetic and logs as a float32 framework's rounding of O(0.1) terms (7e-09) is equal to 0, whatever the
+    batch's scale; the other observations still tell the candidates apart."""
     obs: list[Observation] = ([(float(observed), steps)] if steps is not None    # type: ignore[arg-type]
                               else list(observed))                              # type: ignore[arg-type]
     assert obs, "no observation"
@@ -234,6 +243,7 @@ def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = N
         kw["window"] = tuple(w for w in WINDOW if w != "step")
     hits = None
     for logged, batch in obs:
+        abs_tol = rel * magnitude(batch)
         fit = {red for v, red in candidates(batch, norm_len=norm_len, **kw)
                if math.isclose(v, logged, rel_tol=rel, abs_tol=abs_tol)}
         hits = fit if hits is None else hits & fit
