@@ -33,7 +33,13 @@ RAW: dict[str, dict[str, str]] = {
     "trl/ppo@0.12.0": {
         "reward/score/mean": "objective/scores", "kl/old_ref/k1_seq_sum": "objective/kl",
         "policy/entropy": "policy/entropy_avg", "policy/clip_frac": "policy/clipfrac_avg", "loss/policy":
-        "loss/policy_avg", "optim/lr": "lr",
+        "loss/policy_avg", "optim/lr": "lr", "policy/ratio_mean": "val/ratio", "kl/old_policy/k2":
+        "policy/approxkl_avg", "loss/value": "loss/value_avg",
+    },
+    "trl/ppo_legacy@0.11.4": {          # step()/log_stats() PPOTrainer: keys verbatim, an adaptive KL coefficient
+        "reward/score/mean": "ppo/mean_scores", "kl/old_ref/k1_seq_sum": "objective/kl", "kl/coef":
+        "objective/kl_coef", "loss/value": "ppo/loss/value", "kl/old_policy/k2": "ppo/policy/approxkl",
+        "loss/policy": "ppo/loss/policy", "policy/entropy": "ppo/policy/entropy", "optim/lr": "ppo/learning_rate",
     },
     "trl/dpo@1.16.0": {
         "preference/accuracy": "rewards/accuracies", "eval/preference/accuracy": "eval_rewards/accuracies",
@@ -110,6 +116,14 @@ def _value(name: str, t: int, n: int, rng: random.Random) -> float | None:
         return _noise(rng, 0.02)
     if name == "optim/lr":
         return 1e-6
+    if name == "policy/ratio_mean":
+        return 1.0 + _noise(rng, 0.005)
+    if name == "kl/old_policy/k2":
+        return 0.004 * max(0.3, 1 + _noise(rng, 0.2))
+    if name == "loss/value":
+        return 0.2 + 0.3 * math.exp(-t / 40) + abs(_noise(rng, 0.02))
+    if name == "kl/coef":
+        return 0.2 * (1 + 0.05 * math.sin(t / 15))         # an adaptive coefficient near its initial value
     if name == "response/length/mean":
         return 200 + 30 * t / n + _noise(rng, 5)
     if name == "response/clip_ratio":

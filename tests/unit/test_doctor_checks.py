@@ -70,7 +70,7 @@ def test_the_shipped_checks_load_and_each_cites_what_it_follows():
 
 def test_the_shipped_file_is_checked_by_mappings_lint(capsys):
     assert cli.main(["mappings", "lint"]) == 0
-    assert "22 checks" in capsys.readouterr().out
+    assert "33 checks" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------------- errors
@@ -159,7 +159,7 @@ def test_two_user_files_with_one_id_are_an_error(tmp_path):
 def test_a_user_check_is_linted_and_used_through_mappings(tmp_path, capsys):
     mine = write(tmp_path, GOOD)
     assert cli.main(["mappings", "lint", str(mine)]) == 0
-    assert "23 checks" in capsys.readouterr().out
+    assert "34 checks" in capsys.readouterr().out
     bad = write(tmp_path, GOOD.replace("means:", "mens:"), "bad.yaml")
     assert cli.main(["mappings", "lint", str(bad)]) == 2
     err = capsys.readouterr().err

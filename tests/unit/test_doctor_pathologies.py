@@ -67,9 +67,12 @@ def test_kl_spike_before_reward_collapse(tmp_path, spec):
     assert crit.severity == "critical" and crit.series == {"kl": kl, "reward": "reward/score/mean"}
     assert (crit.first_step, crit.last_step) == (80, N - 1)      # from the spike, as long as the collapse lasts
     spike = only(d, "kl-spike")
-    assert (spike.first_step, spike.last_step) == (80, 80)
-    assert [f.id for f in d.findings] == ["kl-spike-then-reward-collapse", "kl-spike"]   # critical first
+    assert (spike.first_step, spike.last_step, spike.count) == (80, 82, 1)    # three points, one event
+    # critical first; the collapse leaves the reward below its first 20 points (not improving): both grouped under
+    # it, in the checks file's order
+    assert [f.id for f in d.findings] == ["kl-spike-then-reward-collapse", "reward-not-improving", "kl-spike"]
     assert "0.5" in crit.stretches[0].text and "reward/score/mean fell" in crit.stretches[0].text
+    assert any("kl-spike-then-reward-collapse" in n for n in spike.notes)
 
 
 def test_a_kl_spike_after_the_reward_collapsed_did_not_cause_it(tmp_path):
@@ -80,7 +83,9 @@ def test_a_kl_spike_after_the_reward_collapsed_did_not_cause_it(tmp_path):
     for t in (80, 81, 82):
         s["kl/ref/k3"][t] = 0.5                          # ... the KL spikes 20 steps later
     d = doctor(tmp_path, spec, s)
-    assert [(f.id, f.first_step, f.last_step) for f in d.findings] == [("kl-spike", 80, 80)]
+    # no collapse caused by the spike; the reward that collapsed at 60 is a reward that does not improve
+    assert [(f.id, f.first_step, f.last_step) for f in d.findings] == [("reward-not-improving", 70, N - 1),
+                                                                       ("kl-spike", 80, 82)]
 
 
 @pytest.mark.parametrize("spec", RL)
@@ -104,7 +109,8 @@ def test_kl_logged_as_exactly_zero_is_not_a_measurement(tmp_path):
         s["kl/ref/k3"][t] = 0.0
         s["reward/score/mean"][t] = 0.3 + 0.02 * ((t * 7) % 5 - 2)
     d = doctor(tmp_path, spec, s)
-    assert "kl-near-zero" in d.ran and d.findings == []
+    assert "kl-near-zero" in d.ran and [f.id for f in d.findings] == ["reward-not-improving"]   # it is flat
+    assert "kl-exactly-zero" in d.not_run                # beta unknown: an exact 0 may be a KL not computed
 
 
 @pytest.mark.parametrize("spec, config, severity", [
@@ -168,7 +174,7 @@ def test_sustained_high_clip_fraction(tmp_path, spec):
 @pytest.mark.parametrize("spec", RL)
 def test_grad_norm_explosion(tmp_path, spec):
     s = R.healthy(spec)
-    s["optim/grad_norm"][70] = 5.0                       # 10x the usual 0.5
+    s["optim/grad_norm"][70] = 6.0                       # 12x the usual 0.5 (the glossary: 10x)
     d = doctor(tmp_path, spec, s)
     f = only(d, "grad-norm-explosion")
     assert (f.severity, f.first_step, f.last_step) == ("critical", 70, 70)
@@ -221,19 +227,48 @@ def test_high_aborted_ratio_verl(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------ preference
+def _eval_loss_rising_after_60(s: dict) -> None:
+    ev = s["eval/loss/total"]
+    for t in range(60, N):
+        if ev[t] is not None:
+            ev[t] = 0.565 + 0.03 * (t - 59) / 10            # evaluations every 10 steps: 69, 79, ... get worse
+
+
 @pytest.mark.parametrize("spec", R.PREFERENCE_SPECS)
-def test_dpo_accuracy_99_with_no_eval_gain(tmp_path, spec):
+def test_dpo_accuracy_99_while_eval_loss_rises(tmp_path, spec):
     s = R.healthy(spec)
     for t in range(60, N):
         s["preference/accuracy"][t] = 1.0
-    ev = s["eval/preference/accuracy"]
-    for t in range(N):
-        if ev[t] is not None and t >= 60:
-            ev[t] = 0.66 - 0.01 * (t - 60) / 10          # eval accuracy slips after step 60
+    _eval_loss_rising_after_60(s)
     f = only(doctor(tmp_path, spec, s), "preference-overfit")
-    assert f.series == {"accuracy": "preference/accuracy", "eval": "eval/preference/accuracy"}
-    # train accuracy >= 0.99 from step 60 (5 points: 64); eval no better than before its last two points at 79
+    assert f.series["accuracy"] == "preference/accuracy" and f.series["eval"] == "eval/loss/total"
+    # the evaluation at 69 is still no worse than the best before it (0.578 at 49 vs 0.565 at 59); at 79 the last
+    # two (0.595, 0.625) are more than 2% worse than the best before them (0.565)
     assert (f.first_step, f.last_step) == (79, N - 1)
+
+
+def test_dpo_glossary_case_margins_rise_eval_loss_rises_train_accuracy_under_99(tmp_path):
+    spec = "trl/dpo@1.16.0"                            # rewards/margins: the glossary's signal
+    s = R.healthy(spec)                                # train accuracy stays under 0.97; margins rise
+    assert max(v for v in s["preference/accuracy"] if v is not None) < 0.99
+    _eval_loss_rising_after_60(s)
+    d = doctor(tmp_path, spec, s)
+    f = only(d, "preference-overfit")
+    assert f.series == {"accuracy": "preference/accuracy", "margin": "preference/reward/margin",
+                        "eval": "eval/loss/total"}
+    assert (f.first_step, f.last_step) == (79, N - 1)
+    assert "preference/reward/margin rose" in f.stretches[0].text
+
+
+@pytest.mark.parametrize("spec", R.PREFERENCE_SPECS)
+def test_dpo_eval_accuracy_saturated_at_1_while_eval_loss_falls_is_healthy(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(60, N):
+        s["preference/accuracy"][t] = 1.0              # training pairs all told apart ...
+        if s["eval/preference/accuracy"][t] is not None:
+            s["eval/preference/accuracy"][t] = 1.0     # ... and the evaluation pairs too, while eval loss falls
+    d = doctor(tmp_path, spec, s)
+    assert "preference-overfit" in d.ran and d.findings == [], [f.summary() for f in d.findings]
 
 
 def test_reward_model_margin_near_zero_trl_reward_trainer(tmp_path):

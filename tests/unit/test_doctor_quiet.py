@@ -25,6 +25,9 @@ EXPECTED: dict[str, dict[str, tuple[int, int, str]]] = {
                                        "completion of most prompts gets reward 0 (reward is 0.0 at 84 steps), so "
                                        "those groups have no advantage; the gradient norm is ~1e-3 on those steps "
                                        "and ~0.08 on the others"),
+        "reward-not-improving": (40, 100, "reward is 0.0 at 84 of the 100 steps: the mean of the last 20 (0.003) is "
+                                          "below the mean of the first 20 (0.022); grouped after no-learning-signal, "
+                                          "its cause"),
     },
     "examples/verl_console.log": {
         "mfu-low": (101, 300, "perf/mfu/actor is 0.035-0.079 at every step: the policy update uses under 8% of "
@@ -38,9 +41,13 @@ EXPECTED: dict[str, dict[str, tuple[int, int, str]]] = {
     "public-logs/04_trl_grpo.json": {
         "responses-truncated": (5, 200, "completions/clipped_ratio is 0.5-1.0 at every logged step (mean length "
                                         "386-512 of a 512 limit, 512 exactly where the ratio is 1.0)"),
+        "reward-not-improving": (200, 200, "reward rises to 1.47 by step ~80, then falls to -0.28 and -0.49 at the "
+                                           "end: the mean of the last 20 logged points (0.32) is below the first "
+                                           "20's (0.56) at the last step"),
     },
     "public-logs/05_trl_grpo.json": {
         "no-learning-signal": (1, 100, "frac_reward_zero_std is at least 0.75 at every step"),
+        "reward-not-improving": (40, 100, "the same reward as examples/trl_grpo_trainer_state.json: 0.0 at 84 steps"),
     },
     "public-logs/07_trl_dpo.json": {},
     "public-logs/10_verl.json": {},
@@ -48,10 +55,19 @@ EXPECTED: dict[str, dict[str, tuple[int, int, str]]] = {
     "public-logs/14_trl_grpo.json": {
         "no-learning-signal": (5, 115, "frac_reward_zero_std is 0.55-0.9 over steps 5-115 (23 logged points), "
                                        "then dips to 0.45"),
-        "responses-truncated": (25, 200, "completions/clipped_ratio is 0.14 at step 25, then 0.84-1.0 to the end: "
-                                         "nearly every completion hits the 512-token limit"),
+        "no-update": (50, 190, "grad_norm is exactly 0.0 (with learning_rate > 0) at steps 50-60, 95-110, "
+                               "150-160 and 180-190: no group had a reward spread, so nothing was updated; grouped "
+                               "after no-learning-signal, its cause"),
+        "responses-truncated": (5, 200, "completions/clipped_ratio is 1.0 at step 5 (every completion truncated, "
+                                        "one point is enough), 0.14 at step 25, then 0.84-1.0 to the end: nearly "
+                                        "every completion hits the 512-token limit"),
     },
-    "public-logs/16_trl_grpo.json": {},     # kl is logged as exactly 0.0 (beta 0, Unsloth): not a measurement
+    # kl is logged as exactly 0.0 (beta 0, Unsloth): not a measurement
+    "public-logs/16_trl_grpo.json": {
+        "reward-not-improving": (40, 200, "reward swings between 0.44 and 2.5 with no trend over 200 steps: the "
+                                          "mean of the last 20 (1.59) is below the first 20's (1.86), beyond twice "
+                                          "its noise"),
+    },
 }
 
 
@@ -82,6 +98,11 @@ def test_the_grpo_example_symptom_is_what_the_values_say():
     zero = [r["frac_reward_zero_std"] for r in rows if "frac_reward_zero_std" in r]
     assert len(zero) == 100 and min(zero) >= 0.75
     assert sum(1 for r in rows if r.get("reward") == 0.0) == 84
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    assert len(rewards) == 100 and sum(rewards[-20:]) / 20 < sum(rewards[:20]) / 20
+    logs14 = json.loads((LOGS / "14_trl_grpo.json").read_text())["rows"]
+    zero = sorted(r["step"] for r in logs14 if r.get("grad_norm") == 0.0 and r.get("learning_rate", 0) > 0)
+    assert zero[:3] == [10, 15, 30] and {50, 55, 60, 95, 100, 105, 110, 150, 155, 160, 180, 185, 190} <= set(zero)
     verl = json.loads((LOGS / "01_verl.json").read_text())["rows"]
     mfu = [r["perf/mfu/actor"] for r in verl if "perf/mfu/actor" in r]
     assert len(mfu) == 200 and 0.035 <= min(mfu) and max(mfu) <= 0.079

@@ -110,6 +110,8 @@ class Check:
     override: bool = False
     file: str = ""
     line: int = 0
+    explains: tuple[str, ...] = ()          # check ids this one's finding is the cause of, when they share steps
+    explains_within: int = 20               # ... within this many steps of each other
 
     def where(self) -> str:
         return f"{self.file}:{self.line}"
@@ -277,7 +279,12 @@ def _parse_check(raw: LineDict, file: str, canon: CanonicalSchema, sources: dict
                                 n.get("severity")))
     requires = _config_test(raw["requires"], ctx, line_of(raw, "requires", line), "requires") \
         if raw.get("requires") else ()
+    ex = raw.get("explains") or {}
+    explains = tuple(str(x) for x in ex.get("checks") or ())
+    if raw["id"] in explains:
+        raise ctx.error("explains: a check does not explain itself", line_of(raw, "explains", line))
     return Check(id=raw["id"], title=str(raw["title"]).strip(), severity=raw["severity"], reads=reads, when=when,
+                 explains=explains, explains_within=int(ex.get("within", 20)),
                  means=str(raw["means"]).strip(), check_first=str(raw["check_first"]).strip(),
                  then_check=str(raw.get("then_check") or "").strip(),
                  cites=_citations(raw["cites"], ctx, line_of(raw, "cites", line)), requires=requires, notes=notes,
@@ -318,13 +325,18 @@ def _condition(raw: LineDict, ctx: _Ctx, line: int | None, reads: dict[str, tupl
         raise ctx.error("spike: give `factor` (times the baseline), `mads` (robust deviations) or both", kline)
     if kind == "spike" and "baseline" in params and "factor" not in params:
         raise ctx.error("spike: `baseline` is the baseline of `factor`", kline)
+    if kind == "spike" and "over_max" in params and params.get("baseline") == "max":
+        raise ctx.error("spike: `over_max` compares with the window's largest usual point; with `baseline: max` "
+                        "use `factor`", kline)
+    if kind == "drop" and params.get("after_rise") and "noise" not in params:
+        raise ctx.error("drop: `after_rise` is measured in the series' noise: give `noise` (standard errors)", kline)
     if kind == "ratio" and ("above" in params) == ("below" in params):
         raise ctx.error("ratio: give exactly one of `above` and `below`", kline)
-    if kind == "no_gain":
+    if kind in ("no_gain", "flat"):
         role = params["of"]
         flat = [n for n, b in better[role].items() if b not in ("higher", "lower")]
         if flat:
-            raise ctx.error(f"no_gain: {', '.join(flat)} has no direction (canonical.yaml better: higher or "
+            raise ctx.error(f"{kind}: {', '.join(flat)} has no direction (canonical.yaml better: higher or "
                             f"lower), so a gain cannot be told", kline)
     return Spec(kind, params, line=kline or 0)
 
@@ -392,6 +404,12 @@ def load_checks(registry: Registry | None = None, paths: Iterable[str] | None = 
         ordered = _merge(per_file[0], [c for cs in per_file[1:] for c in cs])
     else:
         ordered = _merge([], [c for cs in per_file for c in cs])
+    known = {c.id for c in ordered}
+    for c in ordered:
+        unknown = [x for x in c.explains if x not in known]
+        if unknown:
+            raise CheckError(f"explains: unknown check id(s) {', '.join(unknown)} (a check this one is the cause "
+                             f"of must be loaded too)", c.file, c.line, c.id)
     return CheckSet(ordered, files)
 
 

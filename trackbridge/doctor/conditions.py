@@ -13,17 +13,25 @@ Primitive conditions read one series (``of``; ``ratio`` reads two logged in the 
 ``below``     the same, below
 ``sign``      the value is below ``-tolerance`` (``is: negative``) or above ``tolerance``, for ``for`` points
 ``spike``     the value jumps above a baseline of the ``window`` points before it (at least ``min_points``):
-              at least ``factor`` x the baseline (the median, or the maximum with ``baseline: max``) and/or at least
-              ``mads`` robust standard deviations (1.4826 x the median absolute deviation) above the median; always
-              by at least ``floor``
-``collapse``  the value is below ``to`` x its early level (the mean of ``early`` points after ``skip``), for
-              ``for`` points (a positive quantity: entropy, length)
+              at least ``factor`` x the baseline (the lower median, or the maximum with ``baseline: max``) and/or
+              at least ``mads`` robust standard deviations (1.4826 x the median absolute deviation) above the
+              median; always by more than ``floor``, to at least ``at_least`` (an absolute floor), and with
+              ``over_max`` at least that many times the largest usual point of the window (one that was no spike)
+``collapse``  the value is below ``to`` x its reference level, for ``for`` points (a positive quantity: entropy,
+              length): the early level (the mean of ``early`` points after ``skip``) or, with ``reference:
+              peak``, the highest median of ``early`` consecutive points so far
 ``drop``      the mean of the last ``window`` points is below its running peak by more than ``by`` x the peak
-              (and by at least ``min``), for ``for`` points
+              (and by at least ``min``), for ``for`` points; ``noise: K``: and by more than K standard errors of
+              that mean (the series' own point noise); ``after_rise``: the peak rose above the first mean by as
+              much (noise around a level that never rose is no drop)
 ``rise``      the mean of the last ``window`` points is above the early level (the first such mean) by more than
               ``by`` x that level (and by at least ``min``), for ``for`` points
 ``no_gain``   the last ``window`` points are no better than the best point before them (by more than ``by``); the
               direction is canonical.yaml's ``better:`` of the metric
+``flat``      after ``2 x window`` points, the mean of the last ``window`` is no better than the mean of the first
+              ``window`` by more than ``sigmas`` (2) standard errors of the difference and ``min`` (direction:
+              ``better:``)
+``logged``    the series has a value (a condition on the trainer: one that logs preference accuracy)
 ``ratio``     ``of / to``, logged in the same record, is above (or below) a bound for ``for`` points
 ``nonfinite`` the value is NaN or infinite (every other condition skips such points)
 ============  ==================================================================================================
@@ -47,7 +55,7 @@ from collections import deque
 from typing import Any, Mapping
 
 from .nodes import COMPOSITES, PRIMITIVES, Node, Spec
-from .primitives import Bound, Collapse, Drop, NoGain, NonFinite, Primitive, Ratio, Rise, Sign, Spike
+from .primitives import Bound, Collapse, Drop, Flat, Logged, NoGain, NonFinite, Primitive, Ratio, Rise, Sign, Spike
 
 __all__ = ["Spec", "Node", "Primitive", "Composite", "build", "primitives", "PRIMITIVES", "COMPOSITES"]
 
@@ -85,13 +93,17 @@ class Composite(Node):
             # before that beginning): the cause came first; it holds as long as that stretch lasts
             first, second = self.parts
             if first.fresh and first.holds:
-                self._events.append(step)
+                e = first.since if first.since is not None else step     # one event per stretch: where it began
+                if not self._events or self._events[-1] != e:
+                    self._events.append(e)
             ok, since = False, None
             if second.fresh and second.holds:
                 start = second.since if second.since is not None else step
-                causes = [e for e in self._events if start - (self.within or 0) <= e <= start]
-                if causes:
-                    ok, since = True, causes[-1]
+                lo = start - (self.within or 0)
+                for e in reversed(self._events):        # the latest cause at most `within` before it began
+                    if lo <= e <= start:
+                        ok, since = True, e
+                        break
         elif self.kind == "all":
             # with `within`, the parts meet at the record where the last of them holds (not at the records after it,
             # while the earlier ones are still in the window)
@@ -118,11 +130,13 @@ def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str]) -> N
     if kind in ("above", "below"):
         return Bound(spec, config)
     cls = {"sign": Sign, "spike": Spike, "collapse": Collapse, "drop": Drop, "rise": Rise, "ratio": Ratio,
-           "nonfinite": NonFinite}.get(kind)
+           "nonfinite": NonFinite, "logged": Logged}.get(kind)
     if cls is not None:
         return cls(spec)
     if kind == "no_gain":
         return NoGain(spec, better.get(spec.params["of"], "higher"))
+    if kind == "flat":
+        return Flat(spec, better.get(spec.params["of"], "higher"))
     raise ValueError(f"unknown condition {kind!r}")
 
 

@@ -17,7 +17,9 @@ collapse"). At most :data:`MAX_STRETCHES` stretches are kept per check; ``count`
 
 **Order** (what to look at first): severity (critical, warning, info), then the order of the checks file (written in
 the order an expert reads a run: validation, reward, KL, entropy, clipping, gradients, lengths, preference, the
-reward model, load balance, time), then the first step.
+reward model, load balance, time), then the first step; then findings are grouped by cause (:func:`sort_findings`):
+one that another finding's check ``explains`` and that shares steps with it comes right after it, the group in
+the place of its first member, so the root cause is read first.
 
 **Fidelity.** A finding says when a series it read is approximate in this run (the translation's ``approximate``
 reason) or was derived by trackbridge, and when a bound came from the run config.
@@ -33,8 +35,9 @@ from ..schema.model import Cond
 from ..schema.templates import is_template, template_regex
 from .checks import SEVERITIES, Check, CheckSet
 from .conditions import Node, build, primitives
+from .evidence import evidence
 from .primitives import Bound, Primitive, Ratio
-from .words import describe, fmt, step_text
+from .words import fmt, step_text
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..record import Record
@@ -196,7 +199,7 @@ class _Instance:
                     if hit is not None:
                         self.bound[role] = hit
                         break
-        if len(self.bound) < len(self._patterns) and not self._partial_ok():
+        if len(self.bound) < len(self._patterns) and not self.check.when.needed(set(self.bound)):
             return False
         if self.node is None:
             better = {role: self.check.better.get(role, {}).get(self._pattern_of(role, name), "higher")
@@ -213,10 +216,6 @@ class _Instance:
             if n == name or (rx is not None and rx.match(name)):
                 return n
         return name
-
-    def _partial_ok(self) -> bool:
-        """An ``any`` at the top may run on the roles it has (its other parts never hold)."""
-        return self.check.when.kind == "any" and bool(self.bound)
 
     def feeds(self) -> list[tuple[Primitive, str, str | None, bool]]:
         """(primitive, name read, the other name of a ratio, takes NaN/inf) for every bound primitive: what
@@ -258,8 +257,8 @@ class _Instance:
             self.open = False
             return False
         first = node.since if node.since is not None else step
-        if self.open and self.stretches:
-            st = self.stretches[-1]
+        if self.open and self.stretches and not first > self.stretches[-1].last:
+            st = self.stretches[-1]         # the same event goes on (evidence that began after it is a new one)
             st.last, st.records, st.detail = step, st.records + 1, node.detail
         else:
             self.count += 1
@@ -277,7 +276,7 @@ class _Instance:
         node = self.node
         assert node is not None
         for st in self.stretches:
-            st.text = describe(node, self.bound, st.detail)
+            st.text = evidence(node, self.bound, st.detail)
         caveats = []
         for role, name in self.bound.items():
             if name in approximate:
@@ -388,6 +387,60 @@ class Doctor:
         return {"ran": ran, "not_run": skipped}
 
 
+def _share(cause: Finding, effect: Finding, within: float) -> bool:
+    """The two findings share steps: a stretch of each within ``within`` steps of the other."""
+    return any(c.first <= e.last + within and e.first <= c.last + within
+               for c in cause.stretches for e in effect.stretches)
+
+
 def sort_findings(found: list[Finding]) -> list[Finding]:
-    return sorted(found, key=lambda f: (severity_rank(f.severity), f.order, f.first_step))
+    """Findings in the order to look at them: by severity, the checks file's order and the first step; then a
+    finding that another one's check ``explains`` (the checks file's ``explains:``) and that shares steps with it
+    is grouped right after that cause, and the group takes the place of its first member (the root cause leads:
+    a learning-rate jump before the collapse it caused, length hacking before the truncation it drives). A grouped
+    finding gets a note naming its cause."""
+    base = sorted(found, key=lambda f: (severity_rank(f.severity), f.order, f.first_step))
+    rank = {id(f): i for i, f in enumerate(base)}
+    parent: dict[int, Finding] = {}
+
+    def ancestors(f: Finding) -> set[int]:
+        out = set()
+        while id(f) in parent and id(f) not in out:
+            out.add(id(f))
+            f = parent[id(f)]
+        return out | {id(f)}
+
+    for f in base:
+        causes = [c for c in base if c is not f and f.id in c.check.explains
+                  and _share(c, f, c.check.explains_within)]
+        for c in sorted(causes, key=lambda c: (c.first_step, rank[id(c)])):
+            if id(f) not in ancestors(c):           # never a cycle (a user's files may declare one)
+                parent[id(f)] = c
+                break
+    children: dict[int, list[Finding]] = {}
+    for f in base:
+        if id(f) in parent:
+            children.setdefault(id(parent[id(f)]), []).append(f)
+    lead: dict[int, int] = {}
+
+    def first_rank(f: Finding) -> int:
+        if id(f) not in lead:
+            lead[id(f)] = min([rank[id(f)], *(first_rank(c) for c in children.get(id(f), []))])
+        return lead[id(f)]
+
+    out: list[Finding] = []
+
+    def walk(f: Finding) -> None:
+        out.append(f)
+        for c in sorted(children.get(id(f), []), key=first_rank):
+            cause = parent[id(c)]
+            note = (f"likely caused by {cause.check.title.lower()} [{cause.id}], {cause.where()}, listed before it: "
+                    f"look at that first")
+            if note not in c.notes:
+                c.notes.append(note)
+            walk(c)
+
+    for f in sorted((f for f in base if id(f) not in parent), key=first_rank):
+        walk(f)
+    return out
 

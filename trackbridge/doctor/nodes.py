@@ -7,7 +7,8 @@ from typing import Any
 
 __all__ = ["Spec", "Node", "PRIMITIVES", "COMPOSITES"]
 
-PRIMITIVES = ("above", "below", "sign", "spike", "collapse", "drop", "rise", "no_gain", "ratio", "nonfinite")
+PRIMITIVES = ("above", "below", "sign", "spike", "collapse", "drop", "rise", "no_gain", "flat", "ratio", "nonfinite",
+              "logged")
 COMPOSITES = ("all", "any", "then")
 
 
@@ -24,6 +25,16 @@ class Spec:
         if self.parts:
             return set().union(*(p.roles() for p in self.parts))
         return {self.params[k] for k in ("of", "to") if k in self.params and (k == "of" or self.kind == "ratio")}
+
+    def needed(self, bound: set[str]) -> bool:
+        """Whether the condition can be judged with the roles ``bound``: a primitive needs its roles, all/then
+        every part, any one of its parts (so a check whose alternatives read different series runs on those the
+        run logs)."""
+        if not self.parts:
+            return self.roles() <= bound
+        if self.kind == "any":
+            return any(p.needed(bound) for p in self.parts)
+        return all(p.needed(bound) for p in self.parts)
 
     def config_names(self) -> set[str]:
         if self.parts:

@@ -1,6 +1,7 @@
 """The primitive conditions (see :mod:`.conditions` for the table): each reads one series (``ratio``: two logged in
 the same record) point by point, with a fixed amount of state (a window of the last points, a few running
-numbers)."""
+numbers): no point is judged by rescanning the run, and a window's median, MAD and maximum come from its sorted
+copy (``bisect``), so a point costs O(log window) plus the window's small list moves."""
 from __future__ import annotations
 
 import bisect
@@ -9,9 +10,10 @@ from collections import deque
 from typing import Any, Mapping
 
 from .nodes import Node, Spec
+from .windows import MAD_SD, Noise, Rolling, SlidingBest, Window
 
-__all__ = ["Primitive", "Bound", "Sign", "Spike", "Collapse", "Drop", "Rise", "NoGain", "Ratio", "NonFinite"]
-
+__all__ = ["Primitive", "Bound", "Sign", "Spike", "Collapse", "Drop", "Rise", "NoGain", "Flat", "Ratio",
+           "NonFinite", "Logged"]
 
 class Primitive(Node):
     """A condition on one series; ``point()`` is called with each finite value (``nonfinite`` gets them all)."""
@@ -99,51 +101,39 @@ class Sign(Primitive):
         return ok, {"value": value, "score": -value if self.negative else value} if ok else None
 
 
-class _Window:
-    """The last ``n`` values, in arrival order and sorted (for the median and the maximum)."""
+class Logged(Primitive):
+    """``logged``: the series has a value at this point (a condition on which trainer this is: one that logs
+    preference accuracy trains on preference pairs)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.order: deque[float] = deque()
-        self.sorted: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def add(self, v: float) -> None:
-        self.order.append(v)
-        bisect.insort(self.sorted, v)
-        if len(self.order) > self.n:
-            old = self.order.popleft()
-            del self.sorted[bisect.bisect_left(self.sorted, old)]
-
-    def median(self) -> float:
-        s, k = self.sorted, len(self.sorted)
-        return s[k // 2] if k % 2 else (s[k // 2 - 1] + s[k // 2]) / 2
-
-    def max(self) -> float:
-        return self.sorted[-1]
-
-    def mad(self, med: float) -> float:
-        dev = sorted(abs(x - med) for x in self.order)
-        k = len(dev)
-        return dev[k // 2] if k % 2 else (dev[k // 2 - 1] + dev[k // 2]) / 2
+    def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
+        return True, {"value": value, "score": 0.0}
 
 
 class Spike(Primitive):
+    """``spike``: the value jumps above a robust baseline of the points before it. Every point enters the window
+    (a spike is one point of ``window``: it does not move the median, so a second spike after the first is judged
+    against the usual level, not against the first spike); ``over_max`` compares with the largest *usual* point of
+    the window (points that were not spikes), so a series alternating between two usual levels is no spike."""
+
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
         self.factor = spec.params.get("factor")
         self.mads = spec.params.get("mads")
         self.use_max = spec.params.get("baseline", "median") == "max"
         self.floor = float(spec.params.get("floor", 0.0))
+        self.at_least = spec.params.get("at_least")
+        self.over_max = spec.params.get("over_max")
         self.min_points = int(spec.params.get("min_points", 5))
-        self.window = _Window(int(spec.params.get("window", 20)))
+        self.window = Window(int(spec.params.get("window", 20)))
+        # the usual points (those that were no spike) of a longer window, 5 x `window`: a level the series returns
+        # to now and then (GRPO steps whose groups all have equal rewards alternate with the others) is usual
+        self.usual: Window | None = Window(5 * self.window.n) if self.over_max is not None else None
+        self._flags: deque[tuple[float, bool]] = deque()
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         w = self.window
         ok, detail = False, None
-        if len(w) >= self.min_points:
+        if len(w) >= self.min_points and (self.at_least is None or value >= self.at_least):
             med = w.median()
             base = w.max() if self.use_max else med
             ok = value - base > self.floor
@@ -151,8 +141,11 @@ class Spike(Primitive):
             if ok and self.factor is not None:
                 ok = base > 0 and value >= self.factor * base
                 score = value / base if base > 0 else 0.0
+            if ok and self.usual is not None:
+                top = self.usual.max() if len(self.usual) else 0.0
+                ok = value >= self.over_max * top
             if ok and self.mads is not None:
-                spread = 1.4826 * w.mad(med)
+                spread = MAD_SD * w.mad(med)
                 spread = max(spread, 1e-9 * max(abs(med), 1.0))
                 ok = value - med >= self.mads * spread
                 score = score or (value - med) / spread
@@ -162,22 +155,49 @@ class Spike(Primitive):
                 if self.factor is not None and base > 0:
                     detail["ratio"] = value / base
         w.add(value)
+        u = self.usual
+        if u is not None:
+            # the usual points among the last 5 x window points (a spike is not usual)
+            self._flags.append((value, ok))
+            if not ok:
+                u.order.append(value)
+                bisect.insort(u.sorted, value)
+            if len(self._flags) > u.n:
+                old, was_spike = self._flags.popleft()
+                if not was_spike:
+                    u.order.popleft()
+                    del u.sorted[bisect.bisect_left(u.sorted, old)]
         return ok, detail
 
 
 class Collapse(Primitive):
+    """``collapse``: below ``to`` x a reference level. ``reference: early`` (default): the mean of the first
+    ``early`` points after ``skip``; ``reference: peak``: the highest median of ``early`` consecutive points so far
+    (a level held for a few points, not one outlier; a collapse in the first points is measured from the level
+    before it, not from an early mean that already contains it)."""
+
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
         self.to = float(spec.params["to"])
         self.early_n = int(spec.params.get("early", 5))
         self.skip = int(spec.params.get("skip", 0))
+        self.peak_mode = spec.params.get("reference", "early") == "peak"
         self.seen = 0
         self.early_sum = 0.0
         self.early: float | None = None
+        self.recent: deque[float] = deque(maxlen=self.early_n)
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         self.seen += 1
-        if self.early is None:
+        if self.peak_mode:
+            self.recent.append(value)
+            if len(self.recent) == self.early_n:
+                med = sorted(self.recent)[(self.early_n - 1) // 2]
+                if self.early is None or med > self.early:
+                    self.early = med
+            if self.early is None:
+                return False, None
+        elif self.early is None:
             if self.seen > self.skip:
                 self.early_sum += value
                 if self.seen == self.skip + self.early_n:
@@ -187,43 +207,45 @@ class Collapse(Primitive):
             return False, None
         ok = value < self.to * self.early
         return ok, {"value": value, "early": self.early, "fraction": value / self.early,
-                    "score": -value / self.early} if ok else None
-
-
-class _Rolling:
-    def __init__(self, n: int) -> None:
-        self.vals: deque[float] = deque(maxlen=n)
-        self.total = 0.0
-
-    def add(self, v: float) -> float | None:
-        if len(self.vals) == self.vals.maxlen:
-            self.total -= self.vals[0]
-        self.vals.append(v)
-        self.total += v
-        if len(self.vals) < (self.vals.maxlen or 1):
-            return None
-        return math.fsum(self.vals) / len(self.vals)
+                    "reference": "peak" if self.peak_mode else "early", "score": -value / self.early} if ok else None
 
 
 class Drop(Primitive):
+    """``drop``: the rolling mean falls from its running peak. ``noise: K``: the fall must also exceed K standard
+    errors of that mean (the series' own point noise / sqrt(window)); ``after_rise: true``: the peak must first
+    have risen above the first rolling mean by as much (a series that never rose has not collapsed: noise around
+    a flat level is not a drop)."""
+
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
         self.by = float(spec.params["by"])
         self.min = float(spec.params.get("min", 0.0))
         self.win = int(spec.params.get("window", 5))
-        self.roll = _Rolling(self.win)
+        self.k = spec.params.get("noise")
+        self.after_rise = bool(spec.params.get("after_rise", False))
+        self.roll = Rolling(self.win)
+        self.noise = Noise() if self.k is not None or self.after_rise else None
+        self.first: float | None = None
         self.peak: float | None = None
         self.peak_at: float | None = None
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
+        if self.noise is not None:
+            self.noise.add(value)
         m = self.roll.add(value)
         if m is None:
             return False, None
+        if self.first is None:
+            self.first = m
         if self.peak is None or m > self.peak:
             self.peak, self.peak_at = m, step
             return False, None
         fall = self.peak - m
         ok = fall > self.by * abs(self.peak) and fall >= self.min and fall > 0
+        if ok and self.noise is not None:
+            se = self.noise.sd() / math.sqrt(self.win)
+            k = float(self.k if self.k is not None else 3.0)
+            ok = fall > k * se and (not self.after_rise or self.peak - self.first > k * se)
         return ok, {"value": value, "mean": m, "peak": self.peak, "peak_at": self.peak_at, "window": self.win,
                     "score": fall} if ok else None
 
@@ -235,7 +257,7 @@ class Rise(Primitive):
         self.min = float(spec.params.get("min", 0.0))
         self.win = int(spec.params.get("window", 5))
         self.early_n = int(spec.params.get("early", 1))
-        self.roll = _Rolling(self.win)
+        self.roll = Rolling(self.win)
         self.early_means: list[float] = []
         self.early: float | None = None
 
@@ -255,12 +277,17 @@ class Rise(Primitive):
 
 
 class NoGain(Primitive):
+    """``no_gain``: the best of the last ``window`` points is no better than the best before them (by more than
+    ``by``); ``worse_by: F``: it is worse than that best by more than F x its size (the series got worse)."""
+
     def __init__(self, spec: Spec, better: str) -> None:
         super().__init__(spec)
         self.sign = 1.0 if better == "higher" else -1.0
         self.win = int(spec.params.get("window", 3))
         self.by = float(spec.params.get("by", 0.0))
+        self.worse_by = spec.params.get("worse_by")
         self.recent: deque[tuple[float, float]] = deque(maxlen=self.win)
+        self.best_recent = SlidingBest(self.win, self.sign > 0)
         self.best_before: float | None = None       # best (signed) value before the recent window
         self.first: float | None = None
 
@@ -272,13 +299,57 @@ class NoGain(Primitive):
             self.best_before = old if self.best_before is None else (
                 max(self.best_before, old) if self.sign > 0 else min(self.best_before, old))
         self.recent.append((step, value))
+        self.best_recent.add(value)
         if self.best_before is None:
             return False, None
-        best_recent = max(v for _, v in self.recent) if self.sign > 0 else min(v for _, v in self.recent)
+        best_recent = self.best_recent.best()
         gain = (best_recent - self.best_before) * self.sign
-        ok = gain <= self.by
+        ok = gain <= self.by if self.worse_by is None else -gain > self.worse_by * abs(self.best_before)
         return ok, {"value": value, "best_before": self.best_before, "best_recent": best_recent,
                     "first": self.first, "window": self.win,
+                    "direction": "higher" if self.sign > 0 else "lower", "score": -gain} if ok else None
+
+
+class Flat(Primitive):
+    """``flat``: after at least ``2 x window`` points, the mean of the last ``window`` points is no better (in the
+    metric's direction) than the mean of the first ``window`` by more than ``sigmas`` standard errors of that
+    difference (the series' own point noise x sqrt(2 / window)) and ``min``: it has not improved. ``headroom: F``:
+    not when that first mean is within F x the best point seen (a series that starts at its best, a reward at its
+    maximum, has no room to improve)."""
+
+    def __init__(self, spec: Spec, better: str) -> None:
+        super().__init__(spec)
+        self.sign = 1.0 if better == "higher" else -1.0
+        self.win = int(spec.params.get("window", 20))
+        self.sigmas = float(spec.params.get("sigmas", 2.0))
+        self.min = float(spec.params.get("min", 0.0))
+        self.headroom = spec.params.get("headroom")
+        self.roll = Rolling(self.win)
+        self.noise = Noise()
+        self.n = 0
+        self.first: float | None = None
+        self.best: float | None = None
+
+    def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
+        self.n += 1
+        self.noise.add(value)
+        signed = value * self.sign
+        if self.best is None or signed > self.best:
+            self.best = signed
+        m = self.roll.add(value)
+        if m is None:
+            return False, None
+        if self.first is None:
+            self.first = m
+        if self.n < 2 * self.win:
+            return False, None
+        gain = (m - self.first) * self.sign
+        margin = max(self.min, self.sigmas * self.noise.sd() * math.sqrt(2.0 / self.win))
+        ok = gain <= margin
+        if ok and self.headroom is not None and self.best is not None:
+            # the series started within `headroom` of the best point it reached: no room to improve is shown
+            ok = self.first * self.sign < self.best - self.headroom * abs(self.best)
+        return ok, {"value": value, "mean": m, "first": self.first, "window": self.win, "margin": margin,
                     "direction": "higher" if self.sign > 0 else "lower", "score": -gain} if ok else None
 
 
