@@ -337,3 +337,240 @@ def test_generation_dominates_timing(tmp_path, spec):
     f = only(doctor(tmp_path, spec, s), "generation-dominates")
     assert (f.first_step, f.last_step) == (0, N - 1)
     assert f.series == {"generation": "time/generation", "step": "time/step"}
+
+
+# ------------------------------------------------------------------------------------------------------ issue 32
+# The cases an expert's labels showed wrong (issue 32), each as it was seen, and the symptoms that had no check.
+def doctor_rows(tmp_path: Path, spec: str, rows: list[dict], config: dict | None = None):
+    """A short pasted log: ``rows`` under the framework's own names, read as doctor reads a file."""
+    import json
+    path = tmp_path / "pasted.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (run,) = open_runs(str(path), rows=True, config=config)
+    return diagnose(run, source=spec)
+
+
+def test_a_small_kl_ramping_up_then_reward_noise_is_no_spike_and_no_collapse(tmp_path):
+    # the false alarm: 0.022 nats/token is 6x a KL still ramping up from 0, and an 8-sample reward that never
+    # rose is noise (sd 0.16), not a collapse
+    import random
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    rng = random.Random(3)
+    for t in range(N):
+        s["kl/ref/k3"][t] = 0.0005 * t if t < 8 else 0.003 + 0.0001 * (t % 7)
+        s["reward/score/mean"][t] = sum(rng.random() < 0.3 for _ in range(8)) / 8
+    s["kl/ref/k3"][8] = 0.022
+    d = doctor(tmp_path, spec, s)
+    assert {"kl-spike", "kl-spike-then-reward-collapse"} <= set(d.ran)
+    ids = [f.id for f in d.findings]
+    assert "kl-spike" not in ids and "kl-spike-then-reward-collapse" not in ids, ids
+
+
+def test_a_sequence_kl_spike_needs_5_nats(tmp_path):
+    spec = "trl/ppo@0.12.0"                               # objective/kl: nats per sequence
+    s = R.healthy(spec)
+    s["kl/old_ref/k1_seq_sum"][10] = 4.0                  # 6x a KL ramping up from 0 (~0.5 then), under 5 nats
+    s["kl/old_ref/k1_seq_sum"][100] = 12.0                # 4x the median ~2.9, above 5 nats
+    d = doctor(tmp_path, spec, s)
+    f = only(d, "kl-spike")
+    assert (f.first_step, f.last_step, f.count, f.series) == (100, 100, 1, {"kl_seq": "kl/old_ref/k1_seq_sum"})
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_grad_norm_explosion_in_the_first_points_is_judged(tmp_path, spec):
+    s = R.healthy(spec)
+    g = s["optim/grad_norm"]
+    g[0], g[1], g[2] = 0.45, 11.8, 53.0                  # the first points of a run blowing up
+    d = doctor(tmp_path, spec, s)
+    f = only(d, "grad-norm-explosion")
+    assert (f.first_step, f.last_step, f.count) == (1, 2, 1)
+    assert "53 at step 2, 117.8x the median 0.45" in f.stretches[0].text      # its most extreme point
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_a_second_gradient_spike_is_not_hidden_by_the_first(tmp_path, spec):
+    s = R.healthy(spec)
+    s["optim/grad_norm"][60] = 415.0
+    s["optim/grad_norm"][64] = 617.0                     # under 5x the max of the window (415): missed by a max
+    f = only(doctor(tmp_path, spec, s), "grad-norm-explosion")
+    assert [(x.first, x.last) for x in f.stretches] == [(60, 60), (64, 64)] and f.count == 2
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_entropy_collapse_in_the_first_points_is_measured_from_the_level_before_it(tmp_path, spec):
+    s = R.healthy(spec)
+    e = s["policy/entropy"]
+    for t in range(N):
+        e[t] = 1.5 if t < 3 else (0.9 if t == 3 else 0.5 if t == 4 else 0.2 + 0.005 * (t % 3))
+    # the mean of the first 5 points (1.18) already holds the collapse: 0.2 is 17% of it, over 10%
+    f = only(doctor(tmp_path, spec, s), "entropy-collapse")
+    assert (f.first_step, f.last_step, f.count) == (5, N - 1, 1)
+    assert "of its peak level 1.5" in f.stretches[0].text
+
+
+@pytest.mark.parametrize("spec, kl", [("trl/grpo@1.16.0", "kl/ref/k3"), ("trl/rloo@1.16.0", "kl/old_ref/k1")])
+def test_token_mean_kl_running_away(tmp_path, spec, kl):
+    s = R.healthy(spec)
+    for t in range(60, N):
+        s[kl][t] = 6.0 + 7.0 * (t - 60) / (N - 61)       # 6 -> 13 nats per token (GRPO and RLOO log per token)
+    d = doctor(tmp_path, spec, s)
+    f = only(d, "kl-token-runaway")
+    assert (f.first_step, f.last_step, f.series) == (60, N - 1, {"kl": kl})
+    assert "kl-above-range" not in d.ran                 # that one reads sequence sums, which these do not log
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_reward_not_improving(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(N):
+        s["reward/score/mean"][t] = 0.3 + 0.02 * ((t * 7) % 5 - 2)       # flat, with noise
+    f = only(doctor(tmp_path, spec, s), "reward-not-improving")
+    assert (f.first_step, f.last_step, f.count) == (39, N - 1, 1)      # judged from the 40th point
+
+
+def test_a_reward_at_its_best_from_the_start_has_no_room_to_improve(tmp_path):
+    spec = "verl/ppo@0.7.0"
+    s = R.healthy(spec)
+    for t in range(N):
+        s["reward/score/mean"][t] = 0.95 + 0.01 * ((t * 7) % 5 - 2)      # at its maximum, flat
+    d = doctor(tmp_path, spec, s)
+    assert "reward-not-improving" in d.ran and d.findings == [], [f.summary() for f in d.findings]
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_no_update_gradient_norm_exactly_zero_with_a_learning_rate(tmp_path, spec):
+    s = R.healthy(spec)
+    for t in range(50, N):
+        s["optim/grad_norm"][t] = 0.0
+    f = only(doctor(tmp_path, spec, s), "no-update")
+    assert (f.first_step, f.last_step, f.count) == (50, N - 1, 1)
+
+
+def test_no_update_needs_a_learning_rate_above_zero(tmp_path):
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    for t in range(N):
+        s["optim/grad_norm"][t] = 0.0 if t >= 50 else s["optim/grad_norm"][t]
+        s["optim/lr"][t] = 0.0 if t >= 50 else 1e-6     # the schedule ended: nothing should move
+    d = doctor(tmp_path, spec, s)
+    assert "no-update" in d.ran and "no-update" not in [f.id for f in d.findings]
+
+
+def test_kl_exactly_zero_with_beta_above_zero(tmp_path):
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    for t in range(N):
+        s["kl/ref/k3"][t] = 0.0
+    f = only(doctor(tmp_path, spec, s, config={"beta": 0.04}), "kl-exactly-zero")
+    assert (f.first_step, f.last_step) == (0, N - 1)     # 0 from the first point; 5 points tell it
+    d = doctor(tmp_path, spec, s, config={"beta": 0.0})
+    assert "kl-exactly-zero" in d.not_run and d.findings == []
+
+
+def test_preference_loss_spike_dpo(tmp_path):
+    import math
+    spec = "trl/dpo@1.16.0"
+    s = R.healthy(spec)
+    for t in range(N):
+        s["loss/total"][t] = 0.69 * math.exp(-t / 40) + 0.05 + 0.01 * ((t * 7) % 5 - 2)
+    s["loss/total"][90] = 1.5                            # the loss jumps back above its starting 0.69
+    f = only(doctor(tmp_path, spec, s), "loss-spike")
+    assert (f.first_step, f.last_step) == (90, 90)
+
+
+def test_an_rl_loss_spike_alone_is_not_judged_by_the_preference_check(tmp_path):
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    s["loss/total"][90] = 1.5                            # RL losses fluctuate (TRL's FAQ): no preference series
+    d = doctor(tmp_path, spec, s)
+    assert "loss-spike" in d.not_run and d.findings == []
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_nan_kl_and_infinite_entropy(tmp_path, spec):
+    s = R.healthy(spec)
+    s[kl_name(s)][50] = float("nan")
+    s["policy/entropy"][70] = float("inf")
+    f = only(doctor(tmp_path, spec, s), "nonfinite-values")
+    assert [(x.first, x.last) for x in f.stretches] == [(50, 50), (70, 70)] and f.severity == "critical"
+
+
+def test_ppo_ratio_far_from_one(tmp_path):
+    spec = "trl/ppo@0.12.0"                              # val/ratio
+    s = R.healthy(spec)
+    s["policy/ratio_mean"][70] = 2.5
+    s["policy/ratio_mean"][110] = 0.3
+    f = only(doctor(tmp_path, spec, s), "ppo-ratio-off")
+    assert [(x.first, x.last) for x in f.stretches] == [(70, 70), (110, 110)]
+    assert f.series == {"ratio": "policy/ratio_mean"}
+
+
+def test_ppo_approx_kl_and_value_loss_spikes(tmp_path):
+    spec = "trl/ppo@0.12.0"                              # policy/approxkl_avg, loss/value_avg
+    s = R.healthy(spec)
+    s["kl/old_policy/k2"][80] = 0.1                      # 25x its usual 0.004
+    s["loss/value"][90] = 3.0                            # 12x its usual ~0.25
+    d = doctor(tmp_path, spec, s)
+    a = only(d, "approx-kl-spike")
+    v = only(d, "value-loss-spike")
+    assert (a.first_step, a.last_step, v.first_step, v.last_step) == (80, 80, 90, 90)
+    assert a.series == {"akl": "kl/old_policy/k2"} and v.series == {"vloss": "loss/value"}
+
+
+def test_adaptive_kl_coefficient_rising_legacy_ppo(tmp_path):
+    spec = "trl/ppo_legacy@0.11.4"                       # objective/kl_coef
+    s = R.healthy(spec)
+    for t in range(60, N):
+        s["kl/coef"][t] = 0.2 + 0.01 * (t - 60)          # the controller keeps raising it
+    f = only(doctor(tmp_path, spec, s), "kl-coef-rising")
+    # the first 3-point mean is 0.2013; the 3-point mean (0.2 + 0.01 x (t - 61)) passes 1.5x it (0.302) at step 72
+    assert (f.first_step, f.last_step) == (72, N - 1)
+
+
+# ------------------------------------------------------------------------------------------------------ one row
+def test_one_pasted_row_is_enough_for_a_clip_ratio_of_1_a_nan_and_zero_gradient_with_zero_reward(tmp_path):
+    spec = "trl/grpo@1.16.0"
+    d = doctor_rows(tmp_path, spec, [{"step": 3, "completions/clipped_ratio": 1.0, "loss": float("nan"),
+                                      "grad_norm": 0.0, "reward": 0.0, "learning_rate": 1e-6}])
+    got = {f.id: (f.first_step, f.last_step) for f in d.findings}
+    assert got == {"nonfinite-values": (3, 3), "no-learning-signal": (3, 3), "responses-truncated": (3, 3)}
+
+
+# ------------------------------------------------------------------------------------------------------ lengths
+def test_length_hacking_comes_before_the_truncation_it_drives(tmp_path):
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    for t in range(N):
+        s["reward/score/mean"][t] = 0.2 + 0.6 * t / N     # the reward pays length ...
+        s["response/length/mean"][t] = min(512.0, 200 + 2.5 * t)
+        s["response/clip_ratio"][t] = 0.5 if t >= 100 else 0.01    # ... into the 512 limit from step 100
+    d = doctor(tmp_path, spec, s)
+    hack, trunc = only(d, "length-hacking"), only(d, "responses-truncated")
+    assert (hack.first_step, hack.last_step, trunc.first_step, trunc.last_step) == (100, N - 1, 100, N - 1)
+    ids = [f.id for f in d.findings]
+    assert ids.index("length-hacking") == ids.index("responses-truncated") - 1
+    assert any("[length-hacking]" in n for n in trunc.notes)
+
+
+# ------------------------------------------------------------------------------------------------------ cause first
+def test_a_learning_rate_jump_leads_the_findings_it_caused(tmp_path):
+    spec = "trl/grpo@1.16.0"
+    s = R.healthy(spec)
+    for t in range(60, N):
+        s["optim/lr"][t] = 1e-4                          # 100x: a misconfigured restart
+        s["reward/group_zero_std_frac"][t] = 0.9         # the policy collapsed to one answer per prompt
+    s["loss/total"][60] = 0.8                            # loss, KL and gradient norm jump together
+    s["kl/ref/k3"][60] = 0.4
+    s["optim/grad_norm"][60] = 8.0
+    d = doctor(tmp_path, spec, s)
+    ids = [f.id for f in d.findings]
+    assert ids[0] == "lr-jump", ids                      # not "no learning signal: easier prompts"
+    lr = only(d, "lr-jump")
+    # a jump to a level that stays is a spike until the new level is the window's median (11 of its 20 points)
+    assert (lr.first_step, lr.last_step, lr.count) == (60, 70, 1)
+    nls = only(d, "no-learning-signal")
+    assert (nls.first_step, nls.last_step) == (60, N - 1)
+    assert {"loss-kl-grad-spike-together", "grad-norm-explosion", "kl-spike", "no-learning-signal"} <= set(ids)
+    for f in d.findings[1:]:
+        assert any("[lr-jump]" in n or "[loss-kl-grad-spike-together]" in n for n in f.notes), (f.id, f.notes)
