@@ -24,6 +24,13 @@ and runs beside ``report_to`` (``report_to="wandb"`` keeps logging as before) or
 * **Lifetime**: the run opens in ``on_train_begin`` (or at the first ``on_log`` of an ``evaluate()`` without
   training) and finishes in ``on_train_end``. A later ``trainer.evaluate()`` reopens the same run (``resume=True``).
   Only the world-process-zero writes (``state.is_world_process_zero``; ``rank_zero_only=False`` to change).
+* **Live checks, able to act**: ``doctor=True`` runs the diagnostic checks on every record (off the training
+  thread); ``on_finding=callable(finding)`` is called for each finding (at the next ``on_log``, in the training
+  thread) and ``stop_on="critical"`` stops the Trainer at its next callback event once a finding that severe held
+  (``control.should_training_stop``; ``callback.stopped`` says at which step and why). A finding is also the
+  trackers' own alert where they have one (wandb ``run.alert``, Trackio's alerts). With ``report_to="trackbridge"``:
+  ``TRACKBRIDGE_DOCTOR=1`` and ``TRACKBRIDGE_STOP_ON=critical``. Only the world-process-zero diagnoses: on several
+  processes, stop every process yourself (``should_training_stop`` of rank 0 alone leaves the others waiting).
 * **Not seen**: what TRL writes to trackers directly, bypassing ``Trainer.log``/``on_log``: the
   ``profiling/Time taken: ...`` timings and the ``completions`` tables (GRPO/RLOO, ``LogCompletionsCallback``), the
   ``game_log`` tables of legacy DPO-family trainers, ``WinRateCallback`` tables.
@@ -165,6 +172,17 @@ class TrackBridgeCallback(TrainerCallback):
             project, name, sinks, source = given.pop("project"), given.pop("name"), given.pop("sinks"), \
                 given.pop("source")
             init_options = {k: v for k, v in given.items() if v is not None}
+            stop_on = (os.environ.get("TRACKBRIDGE_STOP_ON") or "").strip()
+            if stop_on and init_options.get("stop_on") is None:
+                init_options["stop_on"] = stop_on
+            doctor = (os.environ.get("TRACKBRIDGE_DOCTOR") or "").strip().lower()
+            if init_options.get("doctor") is None and (doctor in ("1", "true", "yes", "on") or stop_on):
+                init_options["doctor"] = True
+        if init_options.get("stop_on") is not None or init_options.get("on_finding") is not None:
+            from ..logger.dispatch import live_options     # a bad stop_on fails here, not at the first step
+            live_options(bool(init_options.get("doctor")), init_options.get("on_finding"),
+                         init_options.get("stop_on"))
+        self.stopped: tuple[int, str] | None = None     # (step, why) when stop_on stopped the Trainer
         self.project, self.name, self.sinks = project, name, list(sinks or [])
         self.user_source = source
         self.user_config = dict(config or {})
@@ -235,6 +253,26 @@ class TrackBridgeCallback(TrainerCallback):
         except Exception as exc:       # never stop training for a logging problem
             warnings.warn(f"trackbridge: TrackBridgeCallback could not log a record ({type(exc).__name__}: {exc})",
                           LoggerWarning, stacklevel=2)
+        self._act(state, control)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._act(state, control)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._act(state, control)
+
+    def _act(self, state: Any, control: Any) -> None:
+        """``stop_on``: once the run says a finding that severe held, the Trainer stops after this event."""
+        run = self.run
+        if run is None or not getattr(run, "should_stop", False):
+            return
+        control.should_training_stop = True
+        if self.stopped is None:
+            f = getattr(run, "_stop_finding", None)
+            why = f"{f.severity} finding [{f.id}] at {f.stretches[0].steps()}" if f is not None else "a finding"
+            self.stopped = (int(getattr(state, "global_step", 0) or 0), why)
+            warnings.warn(f"trackbridge: stopping training at step {self.stopped[0]}: {why} "
+                          f"(TrackBridgeCallback(stop_on={run._stop_on!r}))", LoggerWarning, stacklevel=2)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.finish()

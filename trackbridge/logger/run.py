@@ -406,8 +406,13 @@ class Run(RunView):
     @property
     def findings(self) -> list[Any]:
         """With ``init(doctor=True)``: every finding of the diagnostic checks so far, ordered by what to look at
-        first (complete after :meth:`finish`); ``[]`` otherwise."""
-        return self._doctor.finish(dict(self.info.approximate)) if self._doctor is not None else []
+        first (complete after :meth:`finish`), each naming the keys ``log()`` was given; ``[]`` otherwise."""
+        if self._doctor is None:
+            return []
+        from ..doctor import name_findings
+        found = self._doctor.finish(dict(self.info.approximate))
+        name_findings(found, dict(self._dispatcher.user_names))
+        return found
 
     @property
     def status(self) -> dict[str, Any]:
