@@ -96,13 +96,46 @@ def test_lines_that_only_look_like_forms_are_noise_and_said(tmp_path):
     assert "lines without metrics" in text
 
 
-def test_a_verl_line_cut_off_at_its_end_keeps_its_whole_items():
-    """The pasted line ends in '- response_length/cl' (the issue text was cut): the 33 items before it are whole."""
+def test_a_verl_line_broken_in_two_and_cut_off_at_its_end_keeps_its_whole_items():
+    """The stored issue text breaks the step line inside 'response_length/cl' + 'ip_ratio:0.004' (a 1,000-character
+    piece) and ends in 'timing_per_token_ms/ref:' (cut): the two pieces are one line again, and its 45 items before
+    the cut name are whole."""
     run, recs = read(REAL / "verl" / "03_issue1208_sglang.log")
     assert len(recs) == 1 and recs[0].step == 2
-    assert recs[0].metrics["global_seqlen/min"] == 538646.0 and len(recs[0].metrics) == 33
-    assert "response_length/cl" not in recs[0].metrics
-    assert any("'response_length/cl', a name with no value (cut off?)" in pr.what for pr in run.problems)
+    m = recs[0].metrics
+    assert m["global_seqlen/min"] == 538646.0 and m["response_length/clip_ratio"] == 0.004 and len(m) == 45
+    assert m["timing_per_token_ms/adv"] == 0.001 and "timing_per_token_ms/ref" not in m
+    assert "response_length/cl" not in m and "ip_ratio" not in m
+    assert any("'timing_per_token_ms/ref:', a name with no value (cut off?)" in pr.what for pr in run.problems)
+    assert "lines 1-2" in run.info.extra["joined_lines"]
+
+
+def test_a_verl_line_wrapped_at_the_terminal_width_is_one_line_again():
+    """veRL issue 1224's paste: the step line hard-wrapped every 238 characters, inside a number ('actor/ppo_kl:0.0'
+    + '00'), a key ('c' + 'ritic/score/max') and at a separator (' - actor/entropy_loss'); the corpus copy ends in
+    'critic/returns/' (the piece after it, cut by the store, left out)."""
+    run, recs = read(REAL / "verl" / "12_issue1224_gae_wrapped.log")
+    assert len(recs) == 1 and recs[0].step == 1049
+    m = recs[0].metrics
+    assert m["actor/ppo_kl"] == 0.0 and m["actor/pg_clipfrac_lower"] == 0.0 and m["critic/score/max"] == 0.133
+    assert m["actor/entropy_loss"] == 0.001 and m["critic/advantages/min"] == -2.815 and len(m) == 32
+    assert "lines 1-4" in run.info.extra["joined_lines"]
+
+
+def test_a_step_line_followed_by_other_text_is_not_joined(tmp_path):
+    """What follows a step line is joined only when the joined text reads as more key:number items: prose, a Ray
+    line, another step line or a line cut off while the log was written stay lines of their own."""
+    p = tmp_path / "run.log"
+    p.write_text("(TaskRunner pid=1) step:1 - a/b:0.100 - c:2.000\n"
+                 "Saving checkpoint to /tmp/x\n"
+                 "step:2 - a/b:0.2 - c:\n"
+                 "(WorkerDict pid=2) 3.000 - d:4\n"
+                 "step:3 - a/b:0.3 - c:3\n"
+                 "00 - d:5")
+    run, recs = read(p)
+    assert [(r.step, r.metrics) for r in recs] == [(1, {"a/b": 0.1, "c": 2.0}), (2, {"a/b": 0.2}),
+                                                   (3, {"a/b": 0.3, "c": 3.0})]
+    assert "joined_lines" not in run.info.extra
 
 
 def test_a_quoted_paste_with_broken_colour_codes_reads_as_its_tables():

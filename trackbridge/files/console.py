@@ -7,7 +7,11 @@ tqdm's carriage-return progress updates are removed):
   ``f"{v:.3f}"``, later releases as ``pprint.pformat(v)`` (full precision, ``nan``, ``inf``, ``np.float64(0.5)``);
   only numbers are printed. A line that ends in a name with no value (cut off by a paste or a terminal) keeps
   the items before it, and says so; a value that is not a number skips the line. Keys may contain ``/``, ``@``,
-  ``-`` and ``:`` (the value is after the *last* colon).
+  ``-`` and ``:`` (the value is after the *last* colon). A step line broken over several lines (a terminal's hard
+  wrap at its width, a paste or a page store cutting it into pieces, anywhere: inside a key, a number or at a
+  separator) is joined back when the next line is no line of its own (no Ray prefix, step line, dict or progress
+  bar) and the joined text reads as more ``key:number`` items than the line alone, every item before the last one
+  whole; :attr:`RunInfo.extra` ``joined_lines`` names the lines joined.
 * a printed transformers/TRL log dict on its own: ``{'loss': 0.1, 'grad_norm': 2.3, 'epoch': 0.5}``. Evaluated with
   ``ast`` (never ``eval``); ``np.float64(...)``/``tensor(...)`` wrappers, ``nan``/``inf`` and numbers printed as
   strings (transformers >= 4.5x prints floats as ``'0.1234'``, i.e. rounded to 4 significant digits) are accepted.
@@ -125,7 +129,10 @@ class ConsoleRun(RunReader):
                     ordinal += 1
                     step = ordinal
                 yield Record(step=step, wall_time=None, metrics=metrics), kind
-        for lineno, text, complete in iter_lines(self.path):
+        joined: list[str] = []
+        for lineno, text, complete, last in _joined_step_lines(iter_lines(self.path)):
+            if last != lineno:
+                joined.append(f"{lineno}-{last}")
             found = False
             clean = ANSI.sub("", text)
             segments = clean.split("\r")
@@ -197,6 +204,10 @@ class ConsoleRun(RunReader):
                 noise.add(lineno)
         if gathering is not None:
             self._printed_config(" ".join(gathering), gathered_at, report)
+        if joined and self._info is not None:
+            self._info.extra["joined_lines"] = (f"step lines broken over several lines (a terminal's wrap, a paste) "
+                                                f"joined: lines {', '.join(joined[:5])}"
+                                                + (f" and {len(joined) - 5} more" if len(joined) > 5 else ""))
         yield from form_records(forms.close())
         if report:
             for at, why in forms.skipped:
@@ -257,7 +268,7 @@ class ConsoleRun(RunReader):
             key, sep, value = item.rpartition(":")
             num = parse_number(value) if sep else None
             if not key or num is None:
-                if last and metrics and not sep:
+                if last and metrics and _cut_name(item):
                     # a key with no value: the line's end cut off (a paste, a terminal's width); the items before
                     # it are whole
                     if report:
@@ -299,6 +310,72 @@ class ConsoleRun(RunReader):
                     del values[key]
                 break
         return values, step, as_strings
+
+
+def _step_items(text: str) -> tuple[int, bool] | None:
+    """For a line holding a ``step:N - ...`` line: how many of its items read as ``key:number``, and whether every
+    item before the last one does (the last one may be cut off); None for any other line."""
+    seg = _RAY_PREFIX.sub("", _PASTED.sub("", ANSI.sub("", text).split("\r")[-1].strip()))
+    m = _STEP_LINE.search(seg)
+    if m is None or not m.group("rest"):
+        return None
+    items = m.group("rest")[3:].split(" - ")
+    whole = 0
+    for i, item in enumerate(items):
+        last = i == len(items) - 1
+        if last and item.endswith(" -"):
+            item = item[:-2]
+        key, sep, value = item.rpartition(":")
+        if key and sep and parse_number(value) is not None:
+            whole += 1
+        elif not (last and whole and _cut_name(item)):
+            return whole, False
+    return whole, True
+
+
+def _cut_name(item: str) -> bool:
+    """The last item of a step line cut off after its name: ``response_length/cl`` or ``timing_s/gen:`` (no
+    value after the colon)."""
+    key, sep, value = item.rpartition(":")
+    return not sep or (bool(key) and not value.strip())
+
+
+def _own_line(text: str) -> bool:
+    """A line that is a line of its own, not the rest of a wrapped step line: Ray's prefix, a step line, a dict, a
+    progress bar, a carriage return, or nothing."""
+    seg = ANSI.sub("", text)
+    if "\r" in seg or not seg.strip():
+        return True
+    seg = _PASTED.sub("", seg)
+    return bool(_RAY_PREFIX.match(seg.lstrip()) or _STEP_LINE.search(seg.strip()) or seg.lstrip().startswith("{")
+                or _TQDM.search(seg.strip()))
+
+
+def _joined_step_lines(lines: Iterator[tuple[int, str, bool]]) -> Iterator[tuple[int, str, bool, int]]:
+    """``(first line number, text, complete, last line number)`` for each line of ``lines``, a step line and the
+    lines that continue it joined into one (their text concatenated as it is: a wrap may fall inside a key or a
+    number). A next line continues the step line when it is no line of its own (:func:`_own_line`) and the joined
+    text reads as more whole items than the step line alone, every item before the last one whole; a last line
+    without a newline (cut off while the log was written) is not joined: the step line is read without it."""
+    pending: tuple[int, str, bool, int] | None = None
+    pending_items: tuple[int, bool] | None = None
+    for lineno, text, complete in lines:
+        if pending is not None and pending_items is not None:
+            if pending[2] and complete and not _own_line(text):
+                joined = pending[1] + text
+                items = _step_items(joined)
+                if items is not None and items[1] and items[0] > pending_items[0]:
+                    pending, pending_items = (pending[0], joined, complete, lineno), items
+                    continue
+            yield pending
+            pending = pending_items = None
+        items = _step_items(text) if "step:" in text else None
+        if items is not None and items[1]:
+            pending, pending_items = (lineno, text, complete, lineno), items
+            continue
+        yield lineno, text, complete, lineno
+    if pending is not None:
+        yield pending
 
 
 class ConsoleSource(Source):
