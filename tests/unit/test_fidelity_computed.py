@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import trackbridge
 from trackbridge.schema.loader import load_registry
 from trackbridge.translate.fidelity import judge, pools, reference, resolve
 
@@ -176,3 +177,15 @@ def test_deviation_is_never_equal_and_a_missing_reference_is_said(reg):
 ])
 def test_pooling_reductions(level, value, tokens, stat, want):
     assert pools(level, value, tokens, stat) is want
+
+
+def test_a_key_whose_reduction_changed_between_releases_names_each_release_range():
+    """A detected range of TRL releases holds clip_ratio/high_max under two reductions (v0.17.0..v1.8.0 a mean over
+    processes' token fractions, v1.9.0 on a max over sequences): the reason names each side by its releases, so it
+    never reads as a contradiction about one name ("trl 'x' is the token mean; trl 'x' is the mean of ...")."""
+    res = trackbridge.translate({"clip_ratio/high_max": 0.1}, source="trl/grpo@0.26.0..1.16.0",
+                                config={"logging_steps": 1})
+    why = res.approximate["policy/clip_frac_high_max"]
+    assert "trl 'clip_ratio/high_max@v0.17.0..v1.8.0' is the token mean" in why, why
+    assert "trl 'clip_ratio/high_max@v1.9.0..now' is the mean of per-sequence token means" in why, why
+    assert "trl 'clip_ratio/high_max' is" not in why and "the release matters" in why

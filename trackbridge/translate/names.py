@@ -254,7 +254,11 @@ class NameMap:
                        not (e.when and e.since <= h.since and h.until <= e.until))]
         for h in others:
             if e.reduce is not None and h.reduce is not None:
-                why = self.between(h, side, e, side, e.canonical, key, key, split)
+                # one key in two releases: each side named by its releases, or the clauses read as a contradiction
+                # ("trl 'x' is the token mean; trl 'x' is the mean of per-sequence token means")
+                why = self.between(h, side, e, side, e.canonical,
+                                   f"{key}@{fw.release_name(h.since)}..{until_name(fw, h)}",
+                                   f"{key}@{fw.release_name(e.since)}..{until_name(fw, e)}", split)
             elif e.exact and not h.exact:
                 why = reason_of(h)
             else:
