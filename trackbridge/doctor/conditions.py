@@ -61,6 +61,8 @@ __all__ = ["Spec", "Node", "Primitive", "Composite", "build", "primitives", "PRI
 
 
 class Composite(Node):
+    parts_ = True
+
     def __init__(self, spec: Spec, parts: list[Node]) -> None:
         super().__init__()
         self.kind = spec.kind
@@ -83,10 +85,14 @@ class Composite(Node):
             p.start_record()
 
     def update(self, step: float) -> None:
+        fresh = False
         for p in self.parts:
-            p.update(step)
-        self.fresh = any(p.fresh for p in self.parts)
-        if not self.fresh:
+            if p.parts_:
+                p.update(step)
+            if p.fresh:
+                fresh = True
+        self.fresh = fresh
+        if not fresh:
             return
         if self.kind == "then":
             # the second condition's current stretch began at most `within` steps after the first held (at or
@@ -111,14 +117,19 @@ class Composite(Node):
                 self.within is None or any(p.fresh and p.holds for p in self.parts))
             since = max((p.since if p.since is not None else step) for p in self.parts) if ok else None
         else:
-            held = [p for p in self.parts if p.holds]
-            ok = bool(held)
-            since = min((p.since if p.since is not None else step) for p in held) if ok else None
+            ok, since = False, None
+            for p in self.parts:
+                if p.holds:
+                    s = p.since if p.since is not None else step
+                    if not ok or s < since:      # type: ignore[operator]
+                        since = s
+                    ok = True
         self.holds = ok
         if ok:
             self.last_true = step
             self.since = since
-            self.detail = {"parts": [dict(p.detail or {}) if p.last_true is not None else {} for p in self.parts]}
+            # the parts' details as they are (a primitive replaces its detail, never changes it in place)
+            self.detail = {"parts": [(p.detail or {}) if p.last_true is not None else {} for p in self.parts]}
 
 
 def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str]) -> Node:

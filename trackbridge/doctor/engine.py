@@ -171,6 +171,7 @@ class _Instance:
         self.notes: list[str] = []
         self._feeds: list[tuple[Primitive, str, str | None, bool]] = []
         self._feeds_for = -1
+        self.mark = -1                                  # the record it was last touched by (Doctor.feed)
         unmet = [f"{k}{v}" if isinstance(v, Cond) else f"{k}={v!r}" for k, v in check.requires
                  if not _test(config.get(k), v)]
         if unmet:
@@ -226,30 +227,17 @@ class _Instance:
                             p.kind == "nonfinite") for p in self.prims if p.role in self.bound]
         return self._feeds
 
-    def feed(self, step: float, metrics: Mapping[str, Any]) -> bool:
-        """Feed one record; True when the check held at it for the first time in the run."""
+    def judge(self, step: float) -> bool:
+        """Judge the record whose points were just fed to this check's primitives (:meth:`Doctor.feed`); True when
+        the check held at it for the first time in the run."""
         node = self.node
         assert node is not None
-        touched = False
-        for p, name, other, nonfinite in self.feeds():
-            p.fresh = False
-            v = metrics.get(name)
-            if v is None or (v.__class__ not in _NUMBER and not _number(v)):
-                continue
-            v = float(v)
-            if other is not None:
-                o = metrics.get(other)
-                if o is None or (o.__class__ not in _NUMBER and not _number(o)) or not o or not math.isfinite(o) \
-                        or not math.isfinite(v):
-                    continue
-                p.point(step, v / float(o))
-            elif nonfinite or math.isfinite(v):
-                p.point(step, v)
-            else:
-                continue
-            touched = True
-        if not touched:
-            return False            # none of its series in this record: nothing to judge (state unchanged)
+        fired = self._judge(node, step)
+        for p in self.prims:
+            p.fresh = False                 # the next record starts unfed
+        return fired
+
+    def _judge(self, node: Node, step: float) -> bool:
         node.update(step)
         if not node.fresh:
             return False
@@ -320,6 +308,7 @@ class Doctor:
         self._waiting = [i for i in self.instances if i.why_not is None]     # roles not all bound yet
         self._running: list[_Instance] = []
         self._seen: set[str] = set()
+        self._subs: dict[str, list[tuple[_Instance, Primitive, str | None, bool]]] = {}   # name -> who reads it
         self._index = 0
         self.derived: set[str] = set()
         self.records = 0
@@ -347,11 +336,48 @@ class Doctor:
                 else:
                     still.append(inst)
             self._waiting = still
+            self._subscribe()
+        # each value is checked once and given to every primitive that reads its name; then each check that got a
+        # point is judged (a check none of whose series is in the record is not touched: its state is unchanged)
+        subs = self._subs
+        touched: list[_Instance] = []
+        mark = self.records
+        for name, v in metrics.items():
+            readers = subs.get(name)
+            if readers is None or v is None:
+                continue
+            if v.__class__ not in _NUMBER:
+                if not _number(v):
+                    continue
+            v = float(v)
+            finite = math.isfinite(v)
+            for inst, p, other, nonfinite in readers:
+                if other is not None:
+                    o = metrics.get(other)
+                    if o is None or (o.__class__ not in _NUMBER and not _number(o)) or not o \
+                            or not math.isfinite(o) or not finite:
+                        continue
+                    p.point(step, v / float(o))
+                elif finite or nonfinite:
+                    p.point(step, v)
+                else:
+                    continue
+                if inst.mark != mark:
+                    inst.mark = mark
+                    touched.append(inst)
         fired = []
-        for inst in self._running:
-            if inst.feed(step, metrics):
+        for inst in touched:
+            if inst.judge(step):
                 fired.append(inst.finding(self.label, approximate or {}, self.derived))
         return fired
+
+    def _subscribe(self) -> None:
+        """Who reads each canonical name: worked out again only when a record bound new roles."""
+        subs: dict[str, list[tuple[_Instance, Primitive, str | None, bool]]] = {}
+        for inst in self._running:
+            for p, name, other, nonfinite in inst.feeds():
+                subs.setdefault(name, []).append((inst, p, other, nonfinite))
+        self._subs = subs
 
     def warm(self, records: Iterable[Record], prefix: str = "doctor/") -> None:
         """Feed a resumed run's earlier records without reporting: a check that held then counts as reported only

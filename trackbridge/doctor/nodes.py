@@ -56,6 +56,7 @@ class Node:
     """A condition being evaluated (:mod:`.conditions` says what state every node keeps)."""
 
     kind = ""
+    parts_ = False          # a composite (its update() judges its parts); a primitive is judged as points arrive
 
     def __init__(self) -> None:
         self.fresh = False

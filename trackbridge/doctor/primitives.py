@@ -34,16 +34,20 @@ class Primitive(Node):
     def point(self, step: float, value: float) -> None:
         ok, detail = self.test(step, value)
         self.fresh = True
-        if ok:
-            if self._run == 0:
-                self._run_start = step
-                self._run_detail = None
-            self._run += 1
-            detail = dict(detail or {}, at=step)
-            if self._run_detail is None or detail.get("score", 0) > self._run_detail.get("score", 0):
-                self._run_detail = detail         # the most extreme point of the stretch (the first of equals)
-        else:
+        if not ok:
             self._run = 0
+            self.holds = False
+            return
+        self._held(step, detail)
+
+    def _held(self, step: float, detail: dict[str, Any] | None) -> None:
+        if self._run == 0:
+            self._run_start = step
+            self._run_detail = None
+        self._run += 1
+        detail = dict(detail or {}, at=step)
+        if self._run_detail is None or detail.get("score", 0) > self._run_detail.get("score", 0):
+            self._run_detail = detail         # the most extreme point of the stretch (the first of equals)
         self.holds = self._run >= self.need
         if self.holds:
             self.last_true = step
@@ -80,7 +84,13 @@ class Bound(Primitive):
     def point(self, step: float, value: float) -> None:
         if self.ignore_zero and value == 0:
             return                  # not a point: a value logged as exactly 0 is not measured (a KL with beta 0)
-        super().point(step, value)
+        v = -value if self.abs and value < 0 else value
+        self.fresh = True
+        if (v > self.bound) if self.up else (v < self.bound):       # type: ignore[operator]
+            self._held(step, {"value": value, "bound": self.bound, "score": v if self.up else -v})
+        else:
+            self._run = 0
+            self.holds = False
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         assert self.bound is not None
@@ -133,16 +143,16 @@ class Spike(Primitive):
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         w = self.window
         ok, detail = False, None
-        if len(w) >= self.min_points and (self.at_least is None or value >= self.at_least):
+        if len(w.sorted) >= self.min_points and (self.at_least is None or value >= self.at_least):
             med = w.median()
             base = w.max() if self.use_max else med
-            ok = value - base > self.floor
+            ok = value - base > self.floor and value > med
             score = 0.0
             if ok and self.factor is not None:
                 ok = base > 0 and value >= self.factor * base
                 score = value / base if base > 0 else 0.0
             if ok and self.usual is not None:
-                top = self.usual.max() if len(self.usual) else 0.0
+                top = self.usual.sorted[-1] if self.usual.sorted else 0.0
                 ok = value >= self.over_max * top
             if ok and self.mads is not None:
                 spread = MAD_SD * w.mad(med)
@@ -151,7 +161,7 @@ class Spike(Primitive):
                 score = score or (value - med) / spread
             if ok:
                 detail = {"value": value, "baseline": base, "baseline_kind": "max" if self.use_max else "median",
-                          "window": len(w), "score": score}
+                          "window": len(w.sorted), "score": score}
                 if self.factor is not None and base > 0:
                     detail["ratio"] = value / base
         w.add(value)
@@ -369,6 +379,14 @@ class Ratio(Primitive):
 
 
 class NonFinite(Primitive):
+    def point(self, step: float, value: float) -> None:
+        self.fresh = True
+        if value - value == 0:      # finite (NaN and infinities give NaN): the common case, no stretch
+            self._run = 0
+            self.holds = False
+        else:
+            self._held(step, {"value": value, "score": 1.0})
+
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         ok = not math.isfinite(value)
         return ok, {"value": value, "score": 1.0} if ok else None
