@@ -408,9 +408,15 @@ def _remember(records: Iterable[Record], keys: dict[str, None]) -> Iterable[Reco
 def summary(result: MigrationResult, *, dry_run: bool = False) -> str:
     tot = result.totals()
     runs = result.runs
-    lines = [f"{'Dry run' if dry_run else 'Migrated'}: {len(runs)} run(s), "
+    failed = [r for r in runs if r.error]
+    # a run that failed is not counted as migrated: "Migrated: 11 run(s)" over eleven FAILED lines said the opposite
+    counted = f"{len(runs) - len(failed)} of {len(runs)} run(s)" if failed else f"{len(runs)} run(s)"
+    lines = [f"{'Dry run' if dry_run else 'Migrated'}: {counted}, "
              f"{sum(r.records for r in runs):,} records, {sum(r.points for r in runs):,} points "
              f"in {result.seconds:.1f} s"]
+    if failed:
+        names = ", ".join(r.source_name for r in failed[:10]) + (", ..." if len(failed) > 10 else "")
+        lines.append(f"  FAILED: {len(failed)} run(s) ({names}), not migrated; each one's error is below")
     done = [r for r in runs if r.already_done]
     if done:
         lines.append(f"  already migrated earlier (not written again): {', '.join(r.source_name for r in done)}")

@@ -66,6 +66,7 @@ from .client import (
     chunk_tags,
     make_client,
     read_chunked,
+    retry_locked,
     tracking_uri,
 )
 from .held import held as read_held
@@ -194,7 +195,16 @@ class MlflowSink(Sink):
             artifact_location = (db.parent / "mlartifacts").resolve().as_uri()
         elif artifact_location is not None and "://" not in artifact_location:
             artifact_location = Path(artifact_location).resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=artifact_location)
+        from mlflow.exceptions import MlflowException
+        try:
+            return self.client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException:
+            # another process or worker made it between the look-up and here (a new store or server, several
+            # writers: RESOURCE_ALREADY_EXISTS, or the store's raw UNIQUE constraint on the name): theirs is ours
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def _find(self, run: RunInfo) -> str | None:
         """The MLflow run that holds trackbridge run ``run.run_id`` in this experiment, if any."""
@@ -301,7 +311,7 @@ class MlflowSink(Sink):
         # updates latest_metrics per key of a batch -- 1.75x faster with 500 keys per step (benchmarks/bench_migrate.py)
         metrics.sort(key=_metric_key)
         if self._bulk is not None:
-            self._bulk.write(self.run_id, metrics)
+            retry_locked(self._bulk.write, self.run_id, metrics)    # a store other writers hold: waited for
         else:
             for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
                 self._log_metrics(metrics[i:i + MAX_METRICS_PER_BATCH])

@@ -21,13 +21,23 @@ migrations one by one, and a process stopped in the middle (a ``finish()`` that 
 half-made store that every later open refused (``table entity_associations already exists``). The store is made in
 a temporary file beside the target and linked into place once complete; a stopped creation leaves only that
 temporary file, removed by the next creation once its process is gone.
+
+Creation is serialised (:func:`store_lock`): MLflow makes a store by running its alembic migrations, and alembic
+keeps its migration context in module globals, so two threads of one process making stores at once (``migrate
+--jobs 4`` into a new store) ran each other's migrations (``KeyError: 'script'``, ``duplicate column name:
+step``). While a store is checked and made, a process holds a lock of its own threads and an ``flock`` on the
+folder of the SQLite file (a folder, not a lock file: nothing is left beside the store), so every thread and every
+process that opens the new store waits for the one making it and then finds it complete.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import threading
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 from ...tracking.sink import SinkError
 
@@ -102,9 +112,54 @@ def check_sqlite_store(location: str, what: str = "mlflow") -> None:
 _NEW = ".trackbridge-new-"
 
 
+_CREATING = threading.Lock()     # one creation at a time in this process (alembic's context is module-global)
+
+
+@contextlib.contextmanager
+def store_lock(path: Path) -> Iterator[None]:
+    """Hold the creation lock of the store at ``path``: this process's own, then an exclusive ``flock`` on the
+    folder that holds the file (see the module docstring). Without ``fcntl``, or on a folder that cannot be locked,
+    only this process's threads are serialised."""
+    with _CREATING:
+        fd = None
+        try:
+            import fcntl
+            fd = os.open(path.parent if str(path.parent) else ".", os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            if fd is not None:
+                os.close(fd)
+            fd = None
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)            # closing the descriptor lets go of the flock
+
+
+def _complete(path: Path) -> bool:
+    """A store is there (a file with something in it that is not a half-made MLflow store): nothing to make."""
+    try:
+        return path.exists() and path.stat().st_size > 0 and not _half_made(path)
+    except OSError:
+        return True                     # MLflow says why
+
+
 def create_sqlite_store(path: Path) -> None:
     """Make a new MLflow store at ``path`` when there is none (the file missing or empty), whole or not at all (see
-    the module docstring). Another process making it at the same time is fine: the first one in place is kept."""
+    the module docstring). Threads and processes making it at the same time wait for each other
+    (:func:`store_lock`): the first makes it, the others find it made."""
+    if _complete(path):
+        return                          # the common case: no lock taken
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return                          # MLflow says why
+    with store_lock(path):
+        _create(path)
+
+
+def _create(path: Path) -> None:
     _remove_stale(path)
     half = False
     try:
