@@ -178,3 +178,68 @@ def test_docs_list_every_shipped_check_and_their_example_file_loads(tmp_path):
     checks = load_checks(paths=[str(mine)])
     assert checks.get("reward-flat-after-warmup") is not None
     assert checks.get("clip-fraction-high").when.params["value"] == 0.1          # the override took its place
+
+
+# ---------------------------------------------------------------------------------------------------- issue 32
+@pytest.mark.parametrize("edit, line, words", [
+    (("below: {of: lr, value: 1.0e-12, for: 3}", "flat: {of: lr, window: 5}"), 7, "flat: optim/lr has no direction"),
+    (("below: {of: lr, value: 1.0e-12, for: 3}", "drop: {of: lr, by: 0.5, after_rise: true}"), 7,
+     "drop: `after_rise` is measured in the series' noise: give `noise`"),
+    (("below: {of: lr, value: 1.0e-12, for: 3}", "spike: {of: lr, factor: 3, baseline: max, over_max: 2}"), 7,
+     "spike: `over_max` compares with the window's largest usual point"),
+    (("below: {of: lr, value: 1.0e-12, for: 3}", "collapse: {of: lr, to: 0.2, reference: top}"), 7,
+     "reference: 'top' is not one of 'early', 'peak'"),
+    (("    cites:", "    explains: {checks: [my-lr-zero]}\n    cites:"), 10, "explains: a check does not explain itself"),
+    (("    cites:", "    explains: {checks: [no-such-check]}\n    cites:"), 3,
+     "explains: unknown check id(s) no-such-check"),
+    (("    cites:", "    explains: {check: [kl-spike]}\n    cites:"), 10, "unknown field 'check'"),
+])
+def test_the_new_condition_fields_and_explains_are_checked(tmp_path, edit, line, words):
+    old, new = edit
+    assert old in GOOD
+    msg = problem(tmp_path, GOOD.replace(old, new))
+    assert f"mine.yaml:{line}:" in msg and words in msg, msg
+
+
+def _finding_set(checks, rows):
+    doc = Doctor(checks)
+    for t, m in enumerate(rows):
+        doc.feed(Record(t, None, m))
+    return doc.finish()
+
+
+def test_a_user_file_s_cause_is_listed_before_what_it_explains_and_a_cycle_is_no_loop(tmp_path):
+    mine = write(tmp_path, """\
+        format: trackbridge.checks/1
+        checks:
+          - id: lr-zero
+            title: Learning rate is zero
+            severity: info
+            reads: {lr: [optim/lr]}
+            when: {below: {of: lr, value: 1.0e-12, for: 2}}
+            means: The optimizer does not move the weights.
+            check_first: The scheduler.
+            explains: {checks: [clip-high], within: 1}
+            cites: [{title: "our runbook", path: "docs/runbook.md@v1"}]
+          - id: clip-high
+            title: Clip fraction high
+            severity: critical
+            reads: {clip: [policy/clip_frac]}
+            when: {above: {of: clip, value: 0.5, for: 2}}
+            means: Too far.
+            check_first: The learning rate.
+            explains: {checks: [lr-zero], within: 1}
+            cites: [{title: "our runbook", path: "docs/runbook.md@v1"}]
+    """)
+    checks = load_checks(paths=[str(mine)], shipped=False)
+    rows = [{"optim/lr": 0.0 if t >= 5 else 1e-6, "policy/clip_frac": 0.9 if t >= 6 else 0.1} for t in range(12)]
+    found = _finding_set(checks, rows)
+    # clip-high (critical) would come first; lr-zero began first and explains it: it leads (the cycle back from
+    # clip-high to lr-zero is not followed)
+    assert [(f.id, f.first_step) for f in found] == [("lr-zero", 5), ("clip-high", 6)]
+    assert found[1].notes == ["likely caused by learning rate is zero [lr-zero], steps 5-11, listed before it: "
+                              "look at that first"]
+    assert found[0].notes == []
+    # stretches apart by more than `within`: no cause
+    rows = [{"optim/lr": 0.0 if t < 3 else 1e-6, "policy/clip_frac": 0.9 if t >= 8 else 0.1} for t in range(12)]
+    assert [(f.id, f.notes) for f in _finding_set(checks, rows)] == [("clip-high", []), ("lr-zero", [])]
