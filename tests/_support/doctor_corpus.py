@@ -125,17 +125,18 @@ class Run:
 
 
 BASE_ARGS: dict[str, dict[str, Any]] = {
-    "grpo": {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 16, "beta": 0.1,
+    "grpo": {"per_device_train_batch_size": 32, "num_generations": 4, "max_completion_length": 16, "beta": 0.1,
              "learning_rate": 1e-3, "logging_steps": 1},
-    "rloo": {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16, "beta": 0.05,
+    "rloo": {"per_device_train_batch_size": 32, "num_generations": 4, "max_completion_length": 16, "beta": 0.05,
              "learning_rate": 1e-3, "logging_steps": 1},
-    "dpo": {"per_device_train_batch_size": 8, "max_length": 24, "beta": 0.1, "learning_rate": 1e-3,
+    "dpo": {"per_device_train_batch_size": 16, "max_length": 24, "beta": 0.1, "learning_rate": 1e-3,
             "logging_steps": 1, "eval_strategy": "steps", "eval_steps": 10, "per_device_eval_batch_size": 16},
-    "kto": {"per_device_train_batch_size": 8, "max_length": 24, "beta": 0.1, "learning_rate": 1e-3,
+    "kto": {"per_device_train_batch_size": 16, "max_length": 24, "beta": 0.1, "learning_rate": 1e-3,
             "logging_steps": 1, "eval_strategy": "steps", "eval_steps": 10, "per_device_eval_batch_size": 16},
     "ppo": {"per_device_train_batch_size": 8, "mini_batch_size": 8, "num_ppo_epochs": 2, "response_length": 16,
             "kl_coef": 0.05, "learning_rate": 1e-3, "logging_steps": 1, "missing_eos_penalty": None,
-            "stop_token": "eos", "num_mini_batches": 1, "local_rollout_forward_batch_size": 8},
+            "stop_token": "eos", "num_mini_batches": 1, "local_rollout_forward_batch_size": 8,
+            "num_sample_generations": 0},
 }
 
 RUNS: list[Run] = [
@@ -147,6 +148,14 @@ RUNS: list[Run] = [
         note="TRL's default beta 0 (no KL term, none logged)"),
     Run("grpo_healthy_g8", "grpo", 120, reward="reward_target", seed=4,
         args={"num_generations": 8, "learning_rate": 7e-4}, note="8 completions per prompt, lr 7e-4"),
+    Run("grpo_healthy_drgrpo_s0", "grpo", 150, reward="reward_target", seed=5, args={"scale_rewards": "none"},
+        note="advantages not divided by the group's reward std (Dr. GRPO's scale_rewards='none')"),
+    Run("grpo_healthy_drgrpo_s1", "grpo", 150, reward="reward_target", seed=6, args={"scale_rewards": "none"},
+        note="as drgrpo_s0, another seed"),
+    Run("grpo_healthy_drgrpo_s2", "grpo", 150, reward="reward_target_noisy", seed=7,
+        args={"scale_rewards": "none", "learning_rate": 1.5e-3}, note="as drgrpo_s0, a noisy judge, lr 1.5e-3"),
+    Run("grpo_grad_spike_b16", "grpo", 150, reward="reward_target", seed=0, args={"per_device_train_batch_size": 16},
+        note="as grpo_healthy_s0 with 4 prompts a step: a group with a small reward spread (GRPO divides by it)"),
     Run("grpo_lr_high", "grpo", 120, reward="reward_target", seed=0, args={"learning_rate": 0.1},
         note="learning rate 100x too high"),
     Run("grpo_lr_high_sgd", "grpo", 60, reward="reward_target", seed=0,
@@ -197,13 +206,14 @@ RUNS: list[Run] = [
         note="8 random training pairs, unpaired, 150 steps, lr 3e-3"),
     Run("kto_lr_high", "kto", 100, seed=0, args={"learning_rate": 0.2}, note="learning rate 200x too high"),
     # ---------------------------------------------------------------- PPO (trl.experimental.ppo, TRL 1.12.0)
-    Run("ppo_healthy_s0", "ppo", 100, seed=0, note="a fixed random reward model, kl_coef 0.05, lr 1e-3"),
-    Run("ppo_healthy_s1", "ppo", 100, seed=1, note="as s0, another seed (another reward model)"),
-    Run("ppo_kl_weak", "ppo", 100, seed=0, args={"kl_coef": 0.0, "learning_rate": 5e-3},
+    Run("ppo_healthy_s0", "ppo", 60, seed=0, args={"learning_rate": 3e-4},
+        note="a fixed random reward model, kl_coef 0.05, lr 3e-4"),
+    Run("ppo_healthy_s1", "ppo", 60, seed=1, args={"learning_rate": 3e-4},
+        note="as s0, another seed (another reward model)"),
+    Run("ppo_kl_weak", "ppo", 60, seed=0, args={"kl_coef": 0.0, "learning_rate": 5e-3},
         note="KL coefficient 0, lr 5e-3"),
-    Run("ppo_lr_high", "ppo", 80, seed=0, args={"learning_rate": 0.1, "num_ppo_epochs": 4},
+    Run("ppo_lr_high", "ppo", 60, seed=0, args={"learning_rate": 0.1, "num_ppo_epochs": 4},
         note="learning rate 100x too high, 4 PPO epochs"),
-    Run("ppo_kl_strong", "ppo", 100, seed=0, args={"kl_coef": 10.0}, note="KL coefficient 10"),
 ]
 BY_NAME = {r.name: r for r in RUNS}
 
@@ -371,6 +381,7 @@ def _ppo_trainer(run: Run, model, tok, base: str, common: dict[str, Any], args: 
         from trl.experimental.ppo import PPOConfig, PPOTrainer
     except ImportError as exc:      # TRL >= 1.13.0
         raise SystemExit(f"{run.name}: PPO needs TRL <= 1.12.0 on PYTHONPATH (see this file's docstring): {exc}")
+    tok.padding_side = "left"                # generation pads on the left (TRL's PPO examples do the same)
     ref = AutoModelForCausalLM.from_pretrained(base)
     rm = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
     vm = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
