@@ -295,15 +295,20 @@ def _doctor(args: argparse.Namespace) -> int:
             if label and len(found) > 1:
                 label = f"{label}/{run.info.name or run.info.run_id or i}"
             runs.append((run, label))
-    results = []
+    results, empty = [], []
     for run, label in runs:
         d = diagnose(run, label=label, source=args.source, mappings=args.mappings or None, checks=checks,
                      registry=reg, names=names)
         if d.records == 0:
-            print(f"trackbridge doctor: {d.locator}: the run holds no records to diagnose", file=sys.stderr)
-            return ExitCode.USAGE
+            empty.append(d)         # a run with no records is not a run (unless every run is empty)
+            continue
         d.problems = [p for p in d.problems if "without metrics" not in p]   # a console log's other lines
         results.append(d)
+    if not results:
+        print(f"trackbridge doctor: {empty[0].locator}: the run holds no records to diagnose", file=sys.stderr)
+        return ExitCode.USAGE
+    for d in empty:
+        print(f"trackbridge doctor: {d.locator} ({d.label}): no records; left out", file=sys.stderr)
     if args.json:
         out = [d.to_json() for d in results]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2, default=str))

@@ -17,6 +17,8 @@ Pure Python: the core needs only PyYAML.
 """
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -80,12 +82,14 @@ class Diagnosis:
     problems: list[str] = field(default_factory=list)       # lines skipped while reading
     approximate: dict[str, str] = field(default_factory=dict)
     names_from: str = "your"        # whose names a finding's ``names`` are: the run's own ("your") or a framework's
+    notes: list[str] = field(default_factory=list)          # how the run was read, where it matters to the checks
 
     def to_json(self) -> dict[str, Any]:
         return {"run": self.label, "locator": self.locator, "source": self.source, "records": self.records,
                 "names_from": self.names_from,
                 "findings": [{**f.to_json(), "names": dict(f.names)} for f in self.findings],
-                "checks_run": self.ran, "checks_not_run": self.not_run, "problems": self.problems}
+                "checks_run": self.ran, "checks_not_run": self.not_run, "problems": self.problems,
+                "notes": self.notes}
 
 
 def source_names(renamed: Mapping[str, str]) -> dict[str, str]:
@@ -141,21 +145,75 @@ def diagnose(run: InputRun, *, label: str | None = None, source: str | None = No
     derived metrics, and evaluate the checks over it. ``checks``: default the shipped checks plus the check files
     among ``mappings``. Each finding names its series as the run logged them (``Finding.names``: canonical -> the
     run's own key, from the run's translation); ``names="FRAMEWORK[@VERSION]"``: in that framework's names instead
-    (``canonical``: none)."""
+    (``canonical``: none).
+
+    **A trainer the keys cannot tell** (TRL 1.16's RLOO logs GRPO's names; detection assumes the first declared
+    trainer and says so): the run is read again as each other trainer the keys fit, and what the file holds
+    decides where it can: a KL estimator that cannot be negative (k2, k3) read negative rules that reading out (RLOO's
+    ``kl`` is k1 and goes negative; GRPO's is k3, never negative). When the values rule out nothing, the diagnosis
+    says which checks the guess decides (``notes``) instead of leaving them silently unrun."""
     from ..schema.loader import load_registry
     reg = registry or load_registry(mappings or None)
-    pipe = run.pipeline("canonical", source=source, mappings=mappings, registry=reg)
-    it = pipe.process(run.records())
-    first = next(it, None)                  # the source is resolved: the config's canonical names are known
     if checks is None:
         checks = checks_for(reg, mappings)
+    first = _diagnose_as(run, source, label=label, mappings=mappings, checks=checks, registry=reg, names=names)
+    d, _impossible, det = first
+    assumed = _assumed(det) if (source in (None, "", "auto")) else None
+    if assumed is None:
+        return d
+    framework, chosen, others = assumed
+    readings = [(chosen, first)]
+    for t in others:
+        try:
+            readings.append((t, _diagnose_as(run, f"{framework}/{t}", label=label, mappings=mappings, checks=checks,
+                                             registry=reg, names=names)))
+        except Exception:       # a trainer that cannot read these keys after all: not a reading
+            continue
+    fit = [(t, r) for t, r in readings if not r[1]]
+    if fit and fit[0][0] != chosen and first[1]:
+        t, (best, _imp, _det) = fit[0]
+        (name, (step, value)), = list(first[1].items())[:1]
+        best.notes.append(f"the keys fit {framework} trainers {', '.join([chosen, *others])} equally; read as {t}: "
+                          f"as {chosen}, {name} would be {value:.4g} at step {step:g}, and that estimator is never "
+                          f"negative (so the file is not {chosen}'s)")
+        return best
+    if len(readings) > 1:
+        differ = _decided(readings)
+        if differ:
+            d.notes.append(f"the keys fit {framework} trainers {', '.join([chosen, *others])} equally and the file "
+                           f"holds nothing that tells them apart; read as {chosen} (pass --from {framework}/TRAINER "
+                           f"to say). The guess decides: " + "; ".join(differ))
+    return d
+
+
+_NONNEGATIVE = re.compile(r"^kl/.*/k[23](?:_seq_sum|_seq_mean)?$")    # k2 = r^2/2, k3 = e^r - 1 - r: never < 0
+
+
+def _diagnose_as(run: InputRun, source: str | None, *, label: str | None, mappings: list[str] | None,
+                 checks: CheckSet, registry: Registry, names: str | None
+                 ) -> tuple[Diagnosis, dict[str, tuple[float, float]], Any]:
+    """One reading of the run: its diagnosis, the series that cannot be negative but are (canonical name -> the
+    first (step, value)), and the translator's detection."""
+    pipe = run.pipeline("canonical", source=source, mappings=mappings, registry=registry)
+    it = pipe.process(run.records())
+    first = next(it, None)                  # the source is resolved: the config's canonical names are known
     config = {**dict(run.info.extra.get("canonical_config") or {}), **pipe.canonical_config()}
     name = label or run.label or run.info.name or run.info.run_id or "run"
     doc = Doctor(checks, config=config, label=name)
+    impossible: dict[str, tuple[float, float]] = {}
+    watch: list[str] = []
+    seen: set[str] = set()
     if first is not None:
-        doc.feed(first)
-        for rec in it:
+        for i, rec in enumerate(itertools.chain([first], it)):
             doc.feed(rec)
+            if not rec.metrics.keys() <= seen:
+                new = [k for k in rec.metrics if k not in seen]
+                seen.update(new)
+                watch += [k for k in new if _NONNEGATIVE.match(k)]
+            for k in watch:
+                v = rec.metrics.get(k)
+                if k not in impossible and isinstance(v, (int, float)) and not isinstance(v, bool) and v < -1e-6:
+                    impossible[k] = (float(rec.step if rec.step is not None else i), float(v))
     pipe.finish_notes()
     approx = {**dict(run.info.approximate or {}), **pipe.stats.approximate}
     cov = doc.coverage()
@@ -165,11 +223,52 @@ def diagnose(run: InputRun, *, label: str | None = None, source: str | None = No
     if names and names not in ("your", "source"):
         names_from = names
         shown = {} if names == "canonical" else target_names(
-            (m for f in found for m in f.metrics()), names, config=config, mappings=mappings, registry=reg,
+            (m for f in found for m in f.metrics()), names, config=config, mappings=mappings, registry=registry,
             origin=src if src and not src.startswith(("canonical", "unknown", "kept")) else run.info.source)
     else:
         shown = source_names(pipe.stats.renamed)
     name_findings(found, shown)
-    return Diagnosis(label=name, locator=run.locator, source=src,
-                     findings=found, records=doc.records, ran=cov["ran"], not_run=cov["not_run"],
-                     problems=[str(p) for p in run.problems], approximate=approx, names_from=names_from)
+    d = Diagnosis(label=name, locator=run.locator, source=src,
+                  findings=found, records=doc.records, ran=cov["ran"], not_run=cov["not_run"],
+                  problems=list(dict.fromkeys(str(p) for p in run.problems)), approximate=approx,
+                  names_from=names_from)
+    det = pipe.translator.detection if pipe.translator is not None else None
+    return d, impossible, det
+
+
+_ASSUMED = re.compile(r"the keys fit (?:(?P<fw>[\w.-]+) )?trainers (?P<all>[\w.-]+(?:, [\w.-]+)+) equally, assuming "
+                      r"(?P<chosen>[\w.-]+)")
+
+
+def _assumed(det: Any) -> tuple[str, str, list[str]] | None:
+    """(framework, the trainer assumed, the others the keys fit) when detection guessed among trainers."""
+    if det is None or det.spec is None or not det.spec.framework:
+        return None
+    m = _ASSUMED.search(det.reason or "")
+    if m is None:
+        return None
+    chosen = m.group("chosen")
+    others = [t for t in m.group("all").split(", ") if t != chosen]
+    return (det.spec.framework, chosen, others) if others else None
+
+
+def _decided(readings: list[tuple[str, tuple[Diagnosis, Any, Any]]]) -> list[str]:
+    """What each reading changes: a check that runs (or finds something) under one trainer and not another."""
+    out = []
+    base_t, (base, _i, _d) = readings[0]
+    for t, (other, _i2, _d2) in readings[1:]:
+        only = sorted(set(other.ran) - set(base.ran))
+        lost = sorted(set(base.ran) - set(other.ran))
+        found_base = {f.id for f in base.findings}
+        found_other = {f.id for f in other.findings}
+        if only:
+            out.append(f"as {t}, {', '.join(only)} would run (not as {base_t})")
+        if lost:
+            out.append(f"as {t}, {', '.join(lost)} would not run")
+        extra = sorted(found_other - found_base)
+        gone = sorted(found_base - found_other)
+        if extra:
+            out.append(f"as {t}, {', '.join(extra)} would be found")
+        if gone:
+            out.append(f"as {t}, {', '.join(gone)} would not be found")
+    return out

@@ -85,6 +85,8 @@ def text_report(diagnoses: list[Diagnosis], *, verbose: bool = False) -> str:
                      f"{counts(d.findings)}; {len(d.ran)} of {len(d.ran) + len(d.not_run)} checks apply")
         for p in d.problems:
             lines.append(f"   skipped while reading: {p}")
+        for n in getattr(d, "notes", ()):
+            lines.append(f"   note: {n}")
         for i, f in enumerate(d.findings, 1):
             lines.extend(finding_text(f, i, names_from=getattr(d, "names_from", "your")))
         if verbose and d.not_run:

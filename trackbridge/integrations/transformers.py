@@ -179,7 +179,8 @@ class TrackBridgeCallback(TrainerCallback):
             if init_options.get("doctor") is None and (doctor in ("1", "true", "yes", "on") or stop_on):
                 init_options["doctor"] = True
         if init_options.get("stop_on") is not None or init_options.get("on_finding") is not None:
-            from ..logger.dispatch import live_options     # a bad stop_on fails here, not at the first step
+            # a bad stop_on fails here, not at the first step
+            from ..logger.dispatch import live_options
             live_options(bool(init_options.get("doctor")), init_options.get("on_finding"),
                          init_options.get("stop_on"))
         self.stopped: tuple[int, str] | None = None     # (step, why) when stop_on stopped the Trainer

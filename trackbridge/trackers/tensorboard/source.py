@@ -84,6 +84,7 @@ class TensorBoardRunReader(RunReader):
         self.name = name or self.folder.name
         self.verify = verify
         self.files = files if files is not None else event_files(self.folder)
+        self.hparams_files: list[Path] = []        # a SummaryWriter's add_hparams sub-folders: config, not records
         self._info: RunInfo | None = None
         self._ours = False
         self._config_texts: dict[str, str] = {}     # tag -> the text read into the config (not a metric)
@@ -101,7 +102,7 @@ class TensorBoardRunReader(RunReader):
         run_json = None
         config: dict[str, Any] = {}
         texts: dict[str, tuple[str, str]] = {}       # tag -> (where, text) of the last config text
-        for path in self.files:
+        for path in [*self.hparams_files, *self.files]:
             for n, (offset, data) in enumerate(read_event_records(path, None, verify=self.verify)):
                 if n >= _INFO_SCAN_EVENTS:
                     break
@@ -342,8 +343,56 @@ class TensorBoardSource(Source):
 
     def runs(self) -> Iterator[RunReader]:
         want = self.options.get("run")
-        for name, folder, files in self.run_folders():
+        folders = self.run_folders()
+        runs = {folder: name for name, folder, _files in folders}
+        hparams: dict[Path, list[Path]] = {}
+        absorbed: set[Path] = set()
+        for name, folder, files in folders:
+            parent = _run_above(folder, runs)
+            if parent is not None and files is None and _only_hparams(event_files(folder), self.verify):
+                hparams.setdefault(parent, []).extend(event_files(folder))
+                absorbed.add(folder)
+        for name, folder, files in folders:
+            if folder in absorbed:
+                continue            # the hparams of the run above it (SummaryWriter.add_hparams): not a run
             reader = TensorBoardRunReader(folder, name=name, verify=self.verify, files=files)
+            reader.hparams_files = hparams.get(folder, [])
             if want and want not in (name, reader.info.name, reader.info.run_id):
                 continue
             yield reader
+
+
+def _run_above(folder: Path, runs: dict[Path, str]) -> Path | None:
+    """The nearest folder above ``folder`` that is a run itself (its event files beside ``folder``)."""
+    for up in folder.parents:
+        if up in runs:
+            return up
+    return None
+
+
+def _only_hparams(files: list[Path], verify: bool) -> bool:
+    """Whether event files hold nothing but the hparams plugin's summaries: what ``SummaryWriter.add_hparams``
+    writes to a sub-folder of the writer's own (named by ``time.time()``; Accelerate's TensorBoard tracker calls it
+    in ``init_trackers``) -- the config of the run above, not a run of its own. A folder with any other value (a
+    scalar, a text, a tensor) is a run."""
+    from tensorboard.compat.proto import event_pb2
+
+    seen = False
+    for path in files:
+        for n, (_offset, data) in enumerate(read_event_records(path, None, verify=verify)):
+            if n >= _INFO_SCAN_EVENTS:
+                return False
+            ev = event_pb2.Event()
+            try:
+                ev.ParseFromString(data)
+            except Exception:
+                return False
+            if ev.WhichOneof("what") in ("file_version", None):
+                continue
+            if ev.WhichOneof("what") != "summary":
+                return False
+            for v in ev.summary.value:
+                if v.metadata.plugin_data.plugin_name != "hparams":
+                    return False
+                seen = True
+    return seen
