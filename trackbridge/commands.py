@@ -172,6 +172,11 @@ def _migrate(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+_CAVEAT = {"differs": "series not the same quantity in every run",
+           "approximate": "series of one run translated approximately",
+           "unproven": "series the same quantity as stated, not yet proven by running the framework's code"}
+
+
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs
     if args.into:
@@ -191,8 +196,19 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"{r.label}: {len(r.records)} records, translated from {r.source}", file=sys.stderr)
     for f in result.findings:
         print(f"finding: {f.run}: {f.severity}: {f.check.title}, {f.where()} [{f.id}]", file=sys.stderr)
-    for w in result.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    said_at_chart = ("differs", "approximate", "unproven")
+    caveats = {g: [m for m, _ in result.warning_groups.get(g, []) if m is not None] for g in said_at_chart}
+    for g, items in result.warning_groups.items():      # the run-level warnings in full, the metrics' summed up
+        for metric, text in items:
+            if metric is None or g not in said_at_chart:
+                print(f"warning: {text}", file=sys.stderr)
+    if any(caveats.values()):
+        where = "summary.md and report.html" if result.html is not None else "the report"
+        print(f"fidelity: {result.fidelity_line()} (each reason in {where})", file=sys.stderr)
+        for g, names in caveats.items():
+            if names:
+                shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+                print(f"warning: {len(names)} {_CAVEAT[g]}: {shown}", file=sys.stderr)
     if result.html is not None:
         print(f"{len(result.metrics)} metrics, {len(result.pngs)} charts", file=sys.stderr)
         print(result.html)

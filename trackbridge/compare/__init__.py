@@ -95,6 +95,22 @@ class CompareResult:
     def metric(self, name: str) -> MetricReport | None:
         return next((m for m in self.metrics if m.name == name), None)
 
+    def fidelity_counts(self) -> dict[str, int]:
+        """How many charted series are the same quantity in every run (``exact``), differ in meaning in some run
+        (``differs``: their reductions differ, said per run with the fields), or are equal as stated but not yet
+        proven by running a framework's code (``unproven``)."""
+        out = {"exact": 0, "differs": 0, "unproven": 0}
+        for mr in self.metrics:
+            out["differs" if mr.differs else "unproven" if mr.unproven else "exact"] += 1
+        return out
+
+    def fidelity_line(self) -> str:
+        """One line of :meth:`fidelity_counts`, as the CLI, report.html and summary.md say it."""
+        c = self.fidelity_counts()
+        return (f"{len(self.metrics)} series: {c['exact']} the same quantity in every run, {c['differs']} not the "
+                f"same quantity (the reductions differ: each says how), {c['unproven']} the same as stated but not "
+                "yet proven by running the framework's code")
+
     def warn(self, group: str, text: str, metric: str | None = None, *, first: bool = False) -> None:
         """Add a warning to :attr:`warnings` (the flat list the CLI prints) and to its group."""
         if first:
@@ -282,17 +298,24 @@ def _metric_report(name: str, runs: list[LoadedRun], axes: dict[str, Axis],
     parts += [s[0].upper() + s[1:] for s in mr.look_alikes]
     mr.warning = " ".join(parts) or None
     for st in mr.stats:
-        notes = []
+        notes, brief = [], []
         if st.run in mr.approximate:
-            notes.append(f"approximate: {_plain(mr.approximate[st.run])}")
+            why = mr.approximate[st.run]
+            notes.append(f"approximate: {_plain(why)}")
+            # the reason is said once, in the metric's warning; the row says only which kind and which fields
+            tags = sorted(set(re.findall(r"\[([a-z_]+)\]", why)))
+            brief.append("stated, not proven" if st.run in unproven else
+                         "approximate" + (f" [{', '.join(tags)}]" if tags else ""))
+        rest = []
         if st.run in mr.derived_in:
-            notes.append("derived by trackbridge from other logged metrics (not logged by the run)")
+            rest.append("derived by trackbridge from other logged metrics (not logged by the run)")
         if st.non_finite:
-            notes.append(f"{st.non_finite} NaN/inf value(s) left out of min/max/mean")
+            rest.append(f"{st.non_finite} NaN/inf value(s) left out of min/max/mean")
         for n in mr.axis_notes:
             if n.startswith(st.run + " "):
-                notes.append(n[len(st.run) + 1:])
-        st.note = "; ".join(notes)
+                rest.append(n[len(st.run) + 1:])
+        st.note = "; ".join(notes + rest)
+        st.brief = "; ".join(brief + rest)
     return mr
 
 

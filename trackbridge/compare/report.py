@@ -288,6 +288,9 @@ def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
     if result.warnings:
         lines.append("## Warnings")
         lines.append("")
+        lines.append(f"{result.fidelity_line()}; each reason is said once, here (the summary's notes name the "
+                     "fields).")
+        lines.append("")
         lines += [f"- {_md_cell(w)}" for w in result.warnings]
         lines.append("")
     lines.append("## Summary")
@@ -296,7 +299,7 @@ def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
     lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
     for st in _rows(result):
         cells = [f"`{st.metric}`", st.run, fmt_short(st.first), fmt_short(st.last), fmt_short(st.min),
-                 fmt_short(st.max), fmt_short(st.mean), str(st.points), st.note]
+                 fmt_short(st.max), fmt_short(st.mean), str(st.points), st.brief]
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     lines.append("")
     path.write_text(paths.text("\n".join(lines)), encoding="utf-8")
@@ -378,6 +381,20 @@ def footnote(mr: MetricReport) -> str | None:
     return " ".join(parts)
 
 
+#: warning groups whose reason the metric's chart says in full (the warnings list then names the runs and fields)
+_SAID_AT_CHART = ("differs", "approximate", "unproven")
+
+
+def _brief(mr: MetricReport) -> str:
+    """Which runs a metric's caveat concerns and what differs, short: "approximate in run-a [processes]; stated, not
+    proven in run-b"."""
+    parts = [f"approximate in {label} {_tags(why)}".rstrip() for label, why in mr.differs.items()]
+    if mr.unproven:
+        parts.append(f"stated, not proven in {', '.join(mr.unproven)}")
+    parts += [t.split(": ")[0] for t in mr.look_alikes]
+    return "; ".join(parts)
+
+
 def _tags(why: str) -> str:
     found = re.findall(r"\[([a-z_]+(?:, [a-z_]+)*)\]", why)
     return f"[{found[-1]}]" if found else ""
@@ -435,6 +452,7 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
     if result.warnings:
         groups = result.warning_groups or {"other": [(None, w) for w in result.warnings]}
         h.append(f"<h2 id=\"warnings\">Warnings ({n_warn})</h2>")
+        h.append(f"<p class=\"meta\">{e(result.fidelity_line())}; each reason is said once, at its chart.</p>")
         for g in [*WARNING_GROUPS, *(g for g in groups if g not in WARNING_GROUPS)]:
             items = groups.get(g)
             if not items:
@@ -442,7 +460,12 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
             label = WARNING_GROUPS.get(g, "Other")
             h.append(f"<details class=\"warngroup\"><summary><b>{e(label)}</b>: {len(items)}</summary><ul>")
             for metric, text in items:
-                if metric is not None and text.startswith(metric + ": "):
+                said = result.metric(metric) if metric is not None and g in _SAID_AT_CHART else None
+                if metric is not None and said is not None:
+                    # the reason in full is said once, at the metric's chart; here which runs and what differs
+                    h.append(f"<li><a href=\"#{_anchor(metric)}\"><code>{e(metric)}</code></a>: "
+                             f"{e(_brief(said))}</li>")
+                elif metric is not None and text.startswith(metric + ": "):
                     text = text[len(metric) + 2:]
                     h.append(f"<li><a href=\"#{_anchor(metric)}\"><code>{e(metric)}</code></a>: {e(text)}</li>")
                 else:
@@ -568,7 +591,7 @@ def _section(mr: MetricReport, e: Callable[[object], str]) -> str:
         cells += [f"<td class=\"num\" title=\"{_e(fmt_csv(v))}\">{_e(fmt_short(v))}</td>"
                   for v in (st.first, st.last, st.min, st.max, st.mean)]
         cells.append(f"<td class=\"num\">{st.points}</td>")
-        cells.append(f"<td>{e(st.note)}</td>")
+        cells.append(f"<td>{e(st.brief)}</td>")
         h.append("<tr>" + "".join(cells) + "</tr>")
     h.append("</table></section>")
     return "\n".join(h)

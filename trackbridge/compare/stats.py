@@ -29,7 +29,8 @@ class MetricStats:
     mean: float | None
     points: int
     non_finite: int = 0
-    note: str = ""
+    note: str = ""                      # in full (summary.csv)
+    brief: str = ""                     # the same, the fidelity reason left to the metric's warning (report, md)
 
     def row(self) -> dict[str, Any]:
         """The summary table's row (:data:`COLUMNS`)."""
