@@ -109,7 +109,7 @@ def test_json_output(tmp_path, capsys):
         ("grad-norm-explosion", "critical", 70, 70, 1)
     assert f["series"] == {"grad": "optim/grad_norm"} and out[1]["source"].startswith("openrlhf")
     st = f["stretches"][0]
-    assert st["values"]["value"] == 5 and st["values"]["baseline_kind"] == "max" and "evidence" in st
+    assert st["values"]["value"] == 5 and st["values"]["baseline_kind"] == "median" and "evidence" in st
     assert f["check_first"] and f["means"] and f["cites"][0]["title"] and f["defined_at"].startswith(
         str(ROOT / "mappings" / "checks.yaml"))
     # OpenRLHF's actor_grad_norm is the last optimizer step's norm (issue 20's computed fidelity): the caveat says so
@@ -208,7 +208,7 @@ def test_mapping_files_among_mappings_are_not_read_as_checks(tmp_path, capsys):
                       "    when: {above: {of: grad, value: 2, for: 2}}\n    means: Too high for us.\n"
                       "    check_first: The learning rate.\n    cites: [glossary]\n")
     run = tmp_path / "run.jsonl"
-    run.write_text("".join(json.dumps({"step": t, "my/grad": 3.0 if t >= 10 else 0.5}) + "\n" for t in range(20)))
+    run.write_text("".join(json.dumps({"step": t, "my/grad": 6.0 if t >= 10 else 0.5}) + "\n" for t in range(20)))
     assert code("doctor", run, "--from", "verl@0.7.0", "--mappings", mapping, "--mappings", checks, "--json") == \
         PROBLEMS
     out = json.loads(capsys.readouterr().out)

@@ -265,18 +265,23 @@ class _Instance:
         assert node is not None
         for st in self.stretches:
             st.text = evidence(node, self.bound, st.detail)
+        # the series the finding is about: those of the conditions that held (an `any`'s other alternatives, bound
+        # because the run logs them, are not its evidence)
+        held = {r for p in self.prims if p.last_true is not None
+                for r in ((p.role, p.other) if isinstance(p, Ratio) else (p.role,))}
+        series = {role: name for role, name in self.bound.items() if role in held} or dict(self.bound)
         caveats = []
-        for role, name in self.bound.items():
+        for role, name in series.items():
             if name in approximate:
                 caveats.append(f"{name} is approximate in this run: {approximate[name]}")
             if name in derived:
                 caveats.append(f"{name} was derived by trackbridge from other logged metrics (not logged by the "
                                f"run)")
         for p in self.prims:
-            if isinstance(p, Bound) and "config" in p.p:
+            if isinstance(p, Bound) and "config" in p.p and p.role in series:
                 caveats.append(f"the bound of {self.bound.get(p.role, p.role)} is {fmt(p.p.get('times', 1))} x the "
                                f"run config's {p.p['config']} = {fmt(self.config.get(p.p['config']))}")
-        return Finding(check=self.check, run=run, severity=self.severity, series=dict(self.bound),
+        return Finding(check=self.check, run=run, severity=self.severity, series=series,
                        stretches=list(self.stretches), count=self.count, notes=list(self.notes), caveats=caveats,
                        order=self.order)
 
