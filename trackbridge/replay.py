@@ -96,8 +96,11 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     ``names``: the naming the tracker should receive; default: what the run was logged with (recorded in the
     spool header), canonical if nothing was recorded. Raises ``FileNotFoundError`` for a missing spool and
     ``ValueError`` for a spool without a run header; sink errors propagate (the tracker is the thing to fix).
-    A run whose process died without finishing it (SIGKILL, ``ray.kill``: its run claim was left) is recorded as
-    killed (MLflow KILLED, wandb exit code 137).
+    The run is ended as it ended (:func:`~trackbridge.logger.runlock.run_outcome`): a run whose process died
+    without finishing it (SIGKILL, ``ray.kill``: its run claim was left) as killed (MLflow KILLED, wandb exit code
+    137); a run whose pending note records how it ended (``sys.exit(1)`` or an exception: failed, MLflow FAILED and
+    wandb exit code 1; Ctrl-C, SIGTERM, or the training process killed while its writer process finished: killed,
+    with the exit code the run had) as that. A sink given already set to an outcome keeps it.
     """
     from .catchup import catch_up
     from .trackers import make_sink
@@ -111,8 +114,14 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     sink = make_sink(to)
     info = copy.deepcopy(scan.info)
     from .logger.common import KILLED_EXIT
-    from .logger.runlock import left_unfinished
-    died = left_unfinished(path) and getattr(sink, "outcome", "finished") == "finished"
+    from .logger.runlock import left_unfinished, run_outcome
+    ended = None
+    if getattr(sink, "outcome", "finished") == "finished":      # a sink given already set keeps its outcome
+        try:
+            note = read_pending(path)
+        except UsageError:
+            note = []
+        ended = run_outcome(path, note)
     target = names or info.extra.get("names") or "canonical"
     info.names = target
     result = ReplayResult(sink=sink.describe(), problems=list(scan.problems))
@@ -123,10 +132,18 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
                             f"which are not read from the spool's header: pass --mappings to use them")
     rename = names_translator(target, mappings=mappings or None, config=info.config, origin=info.source,
                               fidelity=info.approximate)
-    if died:            # the process was killed before it could finish the run (its claim was left): say so
-        sink.outcome, sink.exit_code = "killed", KILLED_EXIT
-        result.notes.append("the run's process died without finishing it (its run claim was left): recorded as "
-                            "killed")
+    if ended is not None and ended[0] != "finished":
+        outcome, code = ended
+        if outcome == "killed" and code is None:
+            code = KILLED_EXIT
+        sink.outcome, sink.exit_code = outcome, code
+        info.extra["outcome"] = outcome          # the trackers that keep it with the run info keep it too
+        if left_unfinished(path):    # the process was killed before it could finish the run (its claim was left)
+            result.notes.append("the run's process died without finishing it (its run claim was left): recorded "
+                                "as killed")
+        else:
+            result.notes.append(f"the run ended {outcome}" + (f" (exit code {code})" if code is not None else "")
+                                + ", as its pending note records: recorded so")
     sink.open(info, resume=True)
     try:
         done = catch_up(sink, (rename(rec) if rename else rec

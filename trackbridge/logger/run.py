@@ -42,7 +42,7 @@ from .dispatch import Dispatcher, live_doctor, live_options, severity_rank
 from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
-from .runlock import RunLock
+from .runlock import RunLock, outcome_entry
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
 from .waiting import wait_for_trackers
@@ -483,7 +483,8 @@ class Run(RunView):
                  f"the spool lacks {spool.lost_records} of the run's records too (it could not be written), so "
                  f"trackbridge replay {self.spool_path} completes them only as far as the spool goes")
         entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
-                    "records": self._seq, "state": w.state, "last_error": w.last_error} for w, n in left]
+                    "records": self._seq, "state": w.state, "last_error": w.last_error,
+                    **outcome_entry(w.sink.outcome, w.sink.exit_code)} for w, n in left]
         try:
             write_pending(path, self.run_id, entries)
         except OSError as exc:

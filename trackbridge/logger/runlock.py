@@ -59,6 +59,28 @@ def left_unfinished(spool: str | os.PathLike[str]) -> bool:
         os.close(fd)
 
 
+def outcome_entry(outcome: str, exit_code: int | None) -> dict[str, Any]:
+    """How the run ended, as a pending note's entry records it for ``trackbridge replay`` (the note is what a
+    tracker left behind gets the rest of the run from, so it must end the run the way the run ended)."""
+    return {"outcome": outcome, "exit_code": exit_code}
+
+
+def run_outcome(spool: str | os.PathLike[str], entries: list[dict[str, Any]] | None = None
+                ) -> tuple[str, int | None] | None:
+    """How the run in ``spool`` ended, as far as it was recorded: ``("killed", None)`` when its process died
+    without finishing it (:func:`left_unfinished`), else the outcome and exit code its pending note's ``entries``
+    record (:func:`outcome_entry`; ``finish()`` and the writer process write them: failed after ``sys.exit(1)`` or
+    an exception, killed after Ctrl-C, SIGTERM or a SIGKILL of the training process); None when nothing says."""
+    if left_unfinished(spool):
+        return "killed", None
+    for e in entries or ():
+        outcome = e.get("outcome")
+        if outcome in ("finished", "failed", "killed"):
+            code = e.get("exit_code")
+            return outcome, code if isinstance(code, int) and not isinstance(code, bool) else None
+    return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -39,7 +39,7 @@ from .common import KILLED_EXIT, warn
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
 from .remote import FdConn
-from .runlock import release_fd
+from .runlock import outcome_entry, release_fd
 from .tracker import TrackerWorker
 from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
@@ -272,7 +272,8 @@ def _orphaned(spool_path: Path, workers: list[TrackerWorker], options: LoggerOpt
     wait_for_trackers(workers, end=end, stall_timeout=options.stall_timeout, left=lambda w: w.left(last))
     left = [(w, w.left(last)) for w in workers]
     entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
-                "records": last + 1, "state": w.state, "last_error": w.last_error} for w, n in left if n]
+                "records": last + 1, "state": w.state, "last_error": w.last_error,
+                **outcome_entry(w.sink.outcome, w.sink.exit_code)} for w, n in left if n]
     if entries:
         try:
             write_pending(pending_file(spool_path), spec["run_id"], entries)
