@@ -926,11 +926,27 @@ def proofs_yaml(records: dict, reg=None) -> str:
     return head + body
 
 
+#: Why a framework has no proof at all: its code cannot be run by the test suite (checked on the package index,
+#: 2026-12-02). The suite may run only what it installs from a package index (code fetched from a repository is never
+#: committed), so a framework without a real wheel on the index cannot be fingerprinted here.
+CANNOT_RUN = {
+    "nemo_rl": "no release on the package index: `nemo-rl` 0.0.0 there is a placeholder (nemo_rl/__init__.py and "
+               "package_info.py only), and the suite runs no code fetched from a repository",
+    "slime": "no release on the package index: `slime` 0.0.0 there is an empty placeholder sdist",
+    "skyrl": "no release on the package index (`skyrl-train` is not there; `skyrl-gym` holds the environments, not "
+             "the trainer's metric code)",
+    "prime_rl": "no release on the package index (`prime-rl` is not there)",
+    "roll": "no release on the package index: `roll` there is another project (pyrates/roll, an HTTP framework)",
+}
+
+
 def coverage(reg, records: dict, outs: list[Outcome]) -> list[str]:
-    """The coverage per framework: entries proven of entries, cross-framework pairs exact of pairs."""
+    """The coverage per framework: entries proven of entries, cross-framework pairs exact of pairs, and why a
+    framework has no proof."""
     proven = proven_map(records)
     lines = ["## Coverage per framework", "",
-             "| framework | entries | proven | pairs with another framework | exact |", "|---|---|---|---|---|"]
+             "| framework | entries | proven | pairs with another framework | exact | why no proof |",
+             "|---|---|---|---|---|---|"]
     tot = [0, 0, 0, 0]
     for name, fw in sorted(reg.frameworks.items()):
         es = [e for e in [*fw.entries, *fw.template_entries]]
@@ -938,9 +954,11 @@ def coverage(reg, records: dict, outs: list[Outcome]) -> list[str]:
         mine = [o for o in outs if name in (o.pair.a.framework, o.pair.b.framework)]
         row = [len(es), n_proven, len(mine), sum(o.exact for o in mine)]
         tot = [t + r for t, r in zip(tot, row)]
-        lines.append(f"| {name} | {row[0]} | {row[1]} ({row[1] / max(row[0], 1):.0%}) | {row[2]} | {row[3]} |")
+        why = CANNOT_RUN.get(name, "") if not n_proven else ""
+        lines.append(f"| {name} | {row[0]} | {row[1]} ({row[1] / max(row[0], 1):.0%}) | {row[2]} | {row[3]} | "
+                     f"{why} |")
     pairs, exact = len(outs), sum(o.exact for o in outs)
-    lines += [f"| **all** | {tot[0]} | {tot[1]} ({tot[1] / max(tot[0], 1):.0%}) | {pairs} | {exact} |", ""]
+    lines += [f"| **all** | {tot[0]} | {tot[1]} ({tot[1] / max(tot[0], 1):.0%}) | {pairs} | {exact} | |", ""]
     return lines
 
 
