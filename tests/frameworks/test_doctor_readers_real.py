@@ -135,6 +135,12 @@ def test_an_rloo_file_is_read_as_rloo_by_its_values(tmp_path, tiny_model, capsys
     assert "kl-negative" in doc["checks_run"]
     (note,) = doc["notes"]
     assert "read as rloo" in note and "kl/ref/k3" in note and "never negative" in note
+    # told it is GRPO, doctor reads it so, and says what the values say
+    rc, out, err = doctor(capsys, path, "--from", "trl/grpo", "--json")
+    doc = json.loads(out)
+    assert doc["source"].startswith("trl/grpo") and "kl-negative" not in doc["checks_run"]
+    (note,) = doc["notes"]
+    assert note.startswith("kl/ref/k3 is -") and "never negative" in note
 
 
 def test_a_grpo_file_says_what_the_guess_decides(tmp_path, tiny_model, capsys):

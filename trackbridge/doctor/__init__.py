@@ -158,8 +158,12 @@ def diagnose(run: InputRun, *, label: str | None = None, source: str | None = No
         checks = checks_for(reg, mappings)
     first = _diagnose_as(run, source, label=label, mappings=mappings, checks=checks, registry=reg, names=names)
     d, _impossible, det = first
-    assumed = _assumed(det) if (source in (None, "", "auto")) else None
+    named = bool(source) and ("/" in str(source) or str(source) in ("canonical", "keep"))   # a trainer given
+    assumed = None if named else _assumed(det)
     if assumed is None:
+        for k, (step, value) in first[1].items():       # read as told, but the values say otherwise: said
+            d.notes.append(f"{k} is {value:.4g} at step {step:g}, and that estimator is never negative: the run's "
+                           f"names may mean another trainer's ({d.source})")
         return d
     framework, chosen, others = assumed
     readings = [(chosen, first)]
