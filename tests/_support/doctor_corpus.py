@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -162,6 +161,10 @@ RUNS: list[Run] = [
         args={"scale_rewards": "none", "learning_rate": 7e-4}, note="as drgrpo_s0, another seed, lr 7e-4"),
     Run("grpo_healthy_b64_lr5", "grpo", 120, reward="reward_target", seed=11,
         args={"per_device_train_batch_size": 64, "learning_rate": 5e-4}, note="16 prompts a step, lr 5e-4"),
+    Run("grpo_healthy_drgrpo_s5", "grpo", 150, reward="reward_target", seed=12,
+        args={"scale_rewards": "none", "learning_rate": 5e-4}, note="as drgrpo_s0, another seed, lr 5e-4"),
+    Run("grpo_healthy_drgrpo_s6", "grpo", 150, reward="reward_target_noisy", seed=13,
+        args={"scale_rewards": "none", "learning_rate": 5e-4}, note="as drgrpo_s0, a noisy judge, lr 5e-4"),
     Run("grpo_grad_spike_b16", "grpo", 150, reward="reward_target", seed=0, args={"per_device_train_batch_size": 16},
         note="as grpo_healthy_s0 with 4 prompts a step: a group with a small reward spread (GRPO divides by it)"),
     Run("grpo_lr_high", "grpo", 120, reward="reward_target", seed=0, args={"learning_rate": 0.1},
@@ -201,7 +204,8 @@ RUNS: list[Run] = [
     Run("rloo_healthy_noisy_s6", "rloo", 150, reward="reward_target_noisy", seed=6, args={"learning_rate": 5e-4},
         note="a noisy judge, lr 5e-4"),
     Run("rloo_top_k", "rloo", 150, reward="reward_target", seed=0, args={"top_k": 2, "beta": 0.5},
-        note="top_k=2 sampling, beta 0.5 (meant to drive the KL negative, TRL's FAQ; here the two likeliest words never include 'good'/'yes': reward 0 everywhere)"),
+        note="top_k=2 sampling, beta 0.5 (meant to drive the KL negative, TRL's FAQ; here the two likeliest words "
+             "never include 'good'/'yes': reward 0 everywhere)"),
     Run("rloo_lr_high", "rloo", 120, reward="reward_target", seed=0, args={"learning_rate": 0.1},
         note="learning rate 100x too high"),
     Run("rloo_lr_high_sgd", "rloo", 60, reward="reward_target", seed=1,
@@ -216,6 +220,14 @@ RUNS: list[Run] = [
     Run("dpo_healthy_s3", "dpo", 120, seed=3, args={"learning_rate": 5e-4}, note="lr 5e-4"),
     Run("dpo_healthy_s4", "dpo", 100, seed=4, args={"learning_rate": 3e-4, "per_device_train_batch_size": 32},
         note="32 pairs a step, lr 3e-4"),
+    Run("dpo_healthy_s5", "dpo", 100, seed=5, args={"learning_rate": 3e-4, "per_device_train_batch_size": 16},
+        note="16 pairs a step, lr 3e-4"),
+    Run("dpo_healthy_s6", "dpo", 100, seed=6, args={"learning_rate": 5e-4, "per_device_train_batch_size": 32},
+        note="32 pairs a step, lr 5e-4"),
+    Run("dpo_healthy_s7", "dpo", 100, seed=7, args={"learning_rate": 3e-4, "per_device_train_batch_size": 32},
+        note="32 pairs a step, lr 3e-4"),
+    Run("dpo_healthy_s8", "dpo", 100, seed=8, args={"learning_rate": 2e-4, "per_device_train_batch_size": 16},
+        note="16 pairs a step, lr 2e-4"),
     Run("dpo_overfit", "dpo", 150, seed=0, data="tiny", args={"learning_rate": 3e-3},
         note="8 random training pairs (nothing to generalise), 150 steps, lr 3e-3"),
     Run("dpo_lr_high", "dpo", 100, seed=0, args={"learning_rate": 0.2}, note="learning rate 200x too high"),
@@ -226,6 +238,14 @@ RUNS: list[Run] = [
     Run("kto_healthy_s3", "kto", 120, seed=3, args={"learning_rate": 5e-4}, note="lr 5e-4"),
     Run("kto_healthy_s4", "kto", 100, seed=4, args={"learning_rate": 3e-4, "per_device_train_batch_size": 32},
         note="32 examples a step, lr 3e-4"),
+    Run("kto_healthy_s5", "kto", 100, seed=5, args={"learning_rate": 3e-4, "per_device_train_batch_size": 16},
+        note="16 examples a step, lr 3e-4"),
+    Run("kto_healthy_s6", "kto", 100, seed=6, args={"learning_rate": 5e-4, "per_device_train_batch_size": 32},
+        note="32 examples a step, lr 5e-4"),
+    Run("kto_healthy_s7", "kto", 100, seed=7, args={"learning_rate": 3e-4, "per_device_train_batch_size": 32},
+        note="32 examples a step, lr 3e-4"),
+    Run("kto_healthy_s8", "kto", 100, seed=8, args={"learning_rate": 2e-4, "per_device_train_batch_size": 16},
+        note="16 examples a step, lr 2e-4"),
     Run("kto_overfit", "kto", 150, seed=0, data="tiny", args={"learning_rate": 3e-3},
         note="8 random training pairs, unpaired, 150 steps, lr 3e-3"),
     Run("kto_lr_high", "kto", 100, seed=0, args={"learning_rate": 0.2}, note="learning rate 200x too high"),
