@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,100 @@ class Row:
 
 class InputError(TrackBridgeError, ValueError):
     """An input file that cannot be opened."""
+
+
+# -- the one rule for an input file ------------------------------------------------------------------------------
+# What a file that is not what its name says really is, by its first bytes (so the message can say so).
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"SQLite format 3\x00", "an SQLite database"), (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"), (b"%PDF-", "a PDF document"),
+    (b"PAR1", "a Parquet file"), (b"PK\x03\x04", "a zip archive"), (b"\x1f\x8b", "a gzip file"),
+    (b":W&B", "a wandb transaction log"), (b"\x7fELF", "an executable"), (b"BZh", "a bzip2 file"),
+    (b"\xfd7zXZ\x00", "an xz file"), (b"\x93NUMPY", "a NumPy array"))
+# The formats that are a file with a signature of their own: what the file must start with, and what it is.
+_SIGNED: dict[str, tuple[bytes, str]] = {
+    "wandb": (b":W&B", "a wandb transaction log (.wandb)"),
+    "neptune": (b"PAR1", "a Parquet file"),
+    "comet": (b"PK\x03\x04", "a zip archive (Comet's offline experiment)"),
+    "clearml": (b"PK\x03\x04", "a zip archive (ClearML's offline session)"),
+    "mlflow": (b"SQLite format 3\x00", "an SQLite database (an MLflow store)"),
+    "trackio": (b"SQLite format 3\x00", "an SQLite database (a Trackio project)"),
+}
+# The text formats: a file of one of them must not be one of the formats above.
+_TEXT = {"jsonl": "JSON lines", "trainer-state": "a trainer_state.json (JSON)", "csv": "a CSV file",
+         "console": "a console log (text)", None: "JSON or JSON lines"}
+
+
+def _kind_of_file(mode: int) -> str:
+    import stat
+    for test, what in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return what
+    return "not a plain file"
+
+
+def input_problem(path: str | Path, kind: str | None = None) -> str | None:
+    """Why ``path`` cannot be read as an input of ``kind`` (a reader's kind, None for logged dicts), or None.
+
+    The one rule every input file is held to before anything reads it: it is a **regular file** (a FIFO would
+    block the reader forever, ``/dev/zero`` feed it forever; a symlink is followed, and named when it leads to
+    one), it is **not empty**, and it is **what its name says** by its first bytes (a ``.wandb`` transaction log
+    starts with ``:W&B``, a Parquet file with ``PAR1``, an SQLite store with SQLite's header, a TensorBoard event
+    file with a TFRecord frame whose length CRC holds; a text format must not be an SQLite database, an image or an
+    archive). A folder is left to its reader (which holds each file it opens to this rule)."""
+    import os
+    import stat
+    p = Path(path)
+    try:
+        st = os.stat(p)                     # follows a symlink: what is read is what it points to
+    except OSError as exc:
+        return f"cannot open ({exc.strerror or exc})"
+    link = f" (a link to {os.path.realpath(p)})" if p.is_symlink() else ""
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file: {_kind_of_file(st.st_mode)}{link}; nothing was read from it"
+    if st.st_size == 0:
+        return f"an empty file (0 bytes){link}: nothing to read"
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(64)
+    except OSError as exc:
+        return f"cannot open ({exc.strerror or exc})"
+    found = next((what for magic, what in _MAGIC if head.startswith(magic)), None)
+    if kind in _SIGNED:
+        magic, what = _SIGNED[kind]
+        if not head.startswith(magic):
+            if found is None:
+                found = "it is text" if head.isascii() and b"\x00" not in head else \
+                    "it does not start with its signature"
+            return f"not {what}: {found} ({st.st_size:,} bytes)"
+        return None
+    if kind == "tensorboard":
+        return _event_file_problem(head, st.st_size, found)
+    if kind in _TEXT and found is not None:
+        return f"{found}, not {_TEXT[kind]} ({st.st_size:,} bytes); nothing was read from it"
+    return None
+
+
+def _event_file_problem(head: bytes, size: int, found: str | None) -> str | None:
+    """A TensorBoard event file starts with a TFRecord frame: an 8-byte length and its masked CRC-32C."""
+    import struct
+
+    from .trackers.tensorboard.events import masked_crc32c
+    if found is not None:
+        return f"{found}, not a TensorBoard event file ({size:,} bytes)"
+    if len(head) < 12 or struct.unpack_from("<I", head, 8)[0] != masked_crc32c(head[:8]):
+        return f"not a TensorBoard event file: its first record's header does not hold ({size:,} bytes)"
+    return None
+
+
+def check_input(path: str | Path, kind: str | None = None) -> None:
+    """Raise :class:`InputError` naming ``path`` when it breaks :func:`input_problem`'s rule."""
+    why = input_problem(path, kind)
+    if why is not None:
+        raise InputError(f"{path}: {why}")
 
 
 def open_text(path: str) -> TextIO:
@@ -292,6 +387,24 @@ class RowsRun(RunReader):
         self._raw.clear()
 
 
+class NothingReadable(InputError):
+    """A run whose reader gave up on its file before a single record: nothing readable (the file is named)."""
+
+
+def _readable(reader: RunReader, records: Iterator[Record]) -> Iterator[Record]:
+    """``records``, and at their end the rule's last part: a run whose reader gave up on its file (binary junk where
+    text was expected, a file with no record frame) and yielded nothing at all is :class:`NothingReadable`, an error
+    naming the file, judged after reading and before anything is written (migrate opens its destination with the
+    first record; compare writes no report)."""
+    n = 0
+    for rec in records:
+        n += 1
+        yield rec
+    if n == 0 and reader.gave_up:
+        fatal = next(p for p in reader.problems if p.fatal)
+        raise NothingReadable(f"{fatal.where}: {fatal.what}; nothing readable, so nothing was written")
+
+
 def _without_wall_time(records: Iterable[Record]) -> Iterator[Record]:
     for r in records:
         yield Record(r.step, None, r.metrics, r.derived, r.axis) if r.wall_time is not None else r
@@ -350,7 +463,7 @@ class InputRun:
         Each call reads the run again (stdin: once)."""
         no_time = not self.has_wall_time
         it, self._pending = (self._pending, None) if self._pending is not None else (self.reader.records(), None)
-        return _without_wall_time(it) if no_time else iter(it)
+        return _readable(self.reader, _without_wall_time(it) if no_time else iter(it))
 
     def pipeline(self, names: str = "canonical", *, source: str | None = None, mappings: Iterable[str] | None = None,
                  derive: bool = True, registry: Registry | None = None) -> Pipeline:
@@ -395,8 +508,15 @@ def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool 
         if guessed is None or guessed.startswith("jsonl:"):
             if text != "-" and not Path(text).exists():
                 raise InputError(f"{text}: cannot open (no such file or folder)")
+            if text != "-":
+                check_input(text, None)
             return [InputRun(RowsRun(text), text, label, config)]
+    if not is_locator(text) and os.path.lexists(text) and not Path(text).is_dir():
+        check_input(text, None if text.endswith((".json", ".jsonl")) else "")   # before a reader is guessed
     loc = parse(source_locator(text), kinds=kinds("source"))
+    where = loc.location
+    if "://" not in where and os.path.lexists(where) and not Path(where).is_dir():
+        check_input(where, loc.kind)        # the file a locator names: the one rule, before its reader opens it
     opts = dict(loc.options)
     given = opts.pop("from", None)            # ?from=FRAMEWORK[/TRAINER][@VERSION]: the source named, not detected
     loc = Locator(loc.kind, loc.location, opts)

@@ -23,11 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, TextIO
+from typing import Callable, Iterable, Iterator, TextIO
 
 from .catchup import CatchUp, lacking
 from .holdings import Holdings
-from .inputs import InputRun, open_runs
+from .inputs import InputRun, NothingReadable, open_runs
 from .ledger import Ledger, ledger_key, state_dir, target_run_id  # noqa: F401  (state_dir, kept importable from here)
 from .locators import parse
 from .pipeline import Stats
@@ -59,6 +59,7 @@ class RunResult:
     error: str | None = None
     #: points the destination's tracker could not take (:meth:`Sink.reject`): key -> [count, why, first step]
     left_out: dict[str, list] = field(default_factory=dict)
+    unreadable: str | None = None     # the run's file had nothing readable (the error naming it): no run created
 
 
 @dataclass
@@ -215,6 +216,10 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     else:
         result.runs = [one(it) for it in items]
     result.seconds = time.monotonic() - t0
+    if result.runs and all(r.unreadable for r in result.runs):
+        # the source yielded nothing readable at all: an error naming its file(s), as a file that is not what its
+        # name says is (nothing was created in the destination: each run failed before its sink was opened)
+        raise NothingReadable("; ".join(dict.fromkeys(r.unreadable or "" for r in result.runs)))
     return result
 
 
@@ -282,7 +287,7 @@ def _migrate_claimed(idx: int, run: InputRun, run_id: str, ledger: Ledger, src: 
     max_written: int | None = ledger.data.get("max_step")      # highest step written so far (per the ledger)
     seen = 0
     try:
-        stream = pipe.process(run.records())
+        stream = pipe.process(_until_unreadable(run.records(), res))
         for batch in _batches(stream):
             if not opened:
                 throttle(1, 0)
@@ -356,6 +361,15 @@ def _migrate_claimed(idx: int, run: InputRun, run_id: str, ledger: Ledger, src: 
     res.has_wall_time = not no_time
     prog.run_done(label, res)
     return res
+
+
+def _until_unreadable(records: Iterable[Record], res: RunResult) -> Iterator[Record]:
+    """The run's records; a run with nothing readable (:class:`~trackbridge.inputs.NothingReadable`) ends them,
+    marked on its result, and fails below before its destination is opened."""
+    try:
+        yield from records
+    except NothingReadable as exc:
+        res.unreadable = str(exc)
 
 
 def _destination_exists(dst: str) -> bool:

@@ -47,20 +47,20 @@ def test_binary_file_as_jsonl_is_refused_once_and_creates_no_run(env):
     src.write_bytes(_junk(MB))
     dst = env / "out"
     p = run_cli("migrate", f"jsonl:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet")
-    assert p.returncode == 1, p.stderr           # nothing readable at all: the run fails, even without --strict
-    assert "Traceback" not in p.stderr
+    assert p.returncode == 2, p.stderr           # nothing readable at all: an input error (issue 31), even without
+    assert "Traceback" not in p.stderr           # --strict
     about = _lines(p.stderr, str(src))
     assert len(about) == 1, p.stderr             # reported once (it used to be ~4,000 lines)
     assert "not a text file" in about[0] and "at byte 0" in about[0] and "1,000,000 bytes" in about[0]
-    assert "no run created" in p.stderr
+    assert "nothing was written" in p.stderr
     assert len(p.stderr.splitlines()) < 15
     assert not dst.exists(), "no empty run in the destination"
 
     q = run_cli("migrate", f"jsonl:{src}", f"jsonl:{dst}", "--names", "keep", "--quiet", "--strict")
-    assert q.returncode == 1 and not dst.exists()
+    assert q.returncode == 2 and not dst.exists()
 
     t = run_cli("translate", f"jsonl:{src}")
-    assert t.returncode == 1, t.stderr
+    assert t.returncode == 2, t.stderr
     assert len(_lines(t.stderr, str(src))) == 1, t.stderr
     assert t.stdout == ""
 
@@ -104,7 +104,7 @@ def test_text_that_is_not_jsonl_stops_after_twenty_lines(env):
     src = env / "notes.jsonl"
     src.write_text("".join(f"this is line {i} of a text file, not JSON\n" for i in range(5000)))
     p = run_cli("migrate", f"jsonl:{src}", f"jsonl:{env / 'out'}", "--quiet")
-    assert p.returncode == 1, p.stderr
+    assert p.returncode == 2, p.stderr           # nothing readable: an input error (issue 31)
     about = _lines(p.stderr, str(src))
     assert len(about) == 1 and "first 20 non-empty lines" in about[0], p.stderr
     assert not (env / "out").exists()
@@ -161,7 +161,7 @@ def test_binary_file_as_csv(env):
     src.write_bytes(_junk(MB, seed=5))
     dst = env / "out"
     p = run_cli("migrate", f"csv:{src}", f"jsonl:{dst}", "--quiet")
-    assert p.returncode == 1, p.stderr
+    assert p.returncode == 2, p.stderr           # nothing readable: an input error (issue 31)
     about = _lines(p.stderr, str(src))
     assert len(about) == 1 and "not a text file" in about[0], p.stderr
     assert not dst.exists()
@@ -208,13 +208,13 @@ def test_empty_event_file_is_reported(env, kind):
         assert ea.Tags()["scalars"] == []            # TensorBoard's own reader: a file without values
     dst = env / "out"
     p = run_cli("migrate", f"tensorboard:{env / 'tb'}", f"jsonl:{dst}", "--quiet")
-    assert p.returncode == 1, p.stderr
+    assert p.returncode == 2, p.stderr           # nothing readable: an input error (issue 31)
     about = _lines(p.stderr, str(path))
     assert len(about) == 1, p.stderr
     assert ("0 bytes" if kind == "zero_bytes" else "file_version") in about[0]
     assert not dst.exists()
     t = run_cli("translate", f"tensorboard:{run}")
-    assert t.returncode == 1 and len(_lines(t.stderr, str(path))) == 1, t.stderr
+    assert t.returncode == 2 and len(_lines(t.stderr, str(path))) == 1, t.stderr
 
 
 def test_empty_event_file_beside_a_good_one(env):

@@ -15,12 +15,13 @@ without a server.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.source import RunReader, Source, SourceError, gather, mark_derived, nest_config
-from .session import CONFIG_NAME, KNOWN_EVENTS, PLOT, SCALAR, Session, join_key, sessions, stored
+from .session import CONFIG_NAME, KNOWN_EVENTS, METRICS_FILE, PLOT, SCALAR, Session, join_key, sessions, stored
 
 
 def _typed(value: Any, typ: str | None) -> Any:
@@ -161,6 +162,11 @@ class ClearmlSource(Source):
             if not isinstance(task.get("id"), str):
                 raise SourceError(f"clearml:{s.path}: task.json has no task id: not a ClearML offline session "
                                   f"trackbridge knows (clearml 2.1)")
+            if not s.zip:               # the file the points are read from: the one rule, before it is opened
+                from ...inputs import check_input
+                metrics = s.path / METRICS_FILE
+                if os.path.lexists(metrics) and not metrics.is_file():
+                    check_input(metrics, "jsonl")           # a FIFO, /dev/zero: an error naming it
             reader = ClearmlRunReader(s, task)
             if want and want not in (reader.task_id, reader.info.run_id, reader.info.name):
                 continue

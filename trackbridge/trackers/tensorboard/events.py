@@ -96,7 +96,17 @@ def frame(data: bytes) -> bytes:
 
 def event_files(folder: Path) -> list[Path]:
     """The event files directly inside ``folder``, in the order TensorBoard reads them (by name)."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and "tfevents" in p.name)
+    out = []
+    for p in sorted(folder.iterdir()):
+        if "tfevents" not in p.name or p.is_dir():
+            continue
+        if not p.is_file():
+            # a FIFO, a link to /dev/zero, a dangling link: an error naming it (the one rule of trackbridge.inputs),
+            # never silently no file at all
+            from ...inputs import check_input
+            check_input(p, "tensorboard")
+        out.append(p)
+    return out
 
 
 _CHUNK = 1 << 22      # bytes read at a time: memory stays flat whatever the file's size
