@@ -28,6 +28,9 @@ EXPECTED: dict[str, dict[str, tuple[int, int, str]]] = {
         "reward-not-improving": (40, 100, "reward is 0.0 at 84 of the 100 steps: the mean of the last 20 (0.003) is "
                                           "below the mean of the first 20 (0.022); grouped after no-learning-signal, "
                                           "its cause"),
+        "kl-near-zero": (22, 100, "kl is 0.0001-0.002 nats/token at every step (the policy barely moves) and the "
+                                  "best of the last 20 rewards is no better than before them; grouped after "
+                                  "no-learning-signal, its cause"),
     },
     "examples/verl_console.log": {
         "mfu-low": (101, 300, "perf/mfu/actor is 0.035-0.079 at every step: the policy update uses under 8% of "
@@ -48,6 +51,7 @@ EXPECTED: dict[str, dict[str, tuple[int, int, str]]] = {
     "public-logs/05_trl_grpo.json": {
         "no-learning-signal": (1, 100, "frac_reward_zero_std is at least 0.75 at every step"),
         "reward-not-improving": (40, 100, "the same reward as examples/trl_grpo_trainer_state.json: 0.0 at 84 steps"),
+        "kl-near-zero": (22, 100, "the same KL as examples/trl_grpo_trainer_state.json: under 0.002 nats/token"),
     },
     "public-logs/07_trl_dpo.json": {},
     "public-logs/10_verl.json": {},
@@ -98,6 +102,8 @@ def test_the_grpo_example_symptom_is_what_the_values_say():
     zero = [r["frac_reward_zero_std"] for r in rows if "frac_reward_zero_std" in r]
     assert len(zero) == 100 and min(zero) >= 0.75
     assert sum(1 for r in rows if r.get("reward") == 0.0) == 84
+    kls = [r["kl"] for r in rows if "kl" in r]
+    assert len(kls) == 100 and max(abs(k) for k in kls) < 0.002
     rewards = [r["reward"] for r in rows if "reward" in r]
     assert len(rewards) == 100 and sum(rewards[-20:]) / 20 < sum(rewards[:20]) / 20
     logs14 = json.loads((LOGS / "14_trl_grpo.json").read_text())["rows"]

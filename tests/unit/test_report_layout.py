@@ -59,13 +59,14 @@ def test_the_findings_section_sits_above_the_charts(report, tmp_path):
     # the examples' real symptoms (tests/unit/test_doctor_quiet.py): grpo's groups mostly give no learning signal,
     # so its reward does not improve; verl's MFU is under 30%; each finding links to its chart, which the report has
     assert [(f.run, f.id) for f in report.findings] == [("grpo", "no-learning-signal"),
-                                                        ("grpo", "reward-not-improving"), ("verl", "mfu-low")]
+                                                        ("grpo", "reward-not-improving"), ("grpo", "kl-near-zero"),
+                                                        ("verl", "mfu-low")]
     text = report.html.read_text()
     assert text.index('<section id="findings">') < text.index('id="key"') < text.index("<img")
     section = text[text.index('<section id="findings">'):text.index('id="key"')]
     links = re.findall(r'href="#(m-[^"]+)"', section)
-    assert links == ["m-reward_group_zero_std_frac", "m-reward_score_mean", "m-reward_score_mean",
-                     "m-perf_mfu_policy_update"]
+    assert links == ["m-reward_group_zero_std_frac", "m-reward_score_mean", "m-reward_score_mean", "m-kl_ref_k3",
+                     "m-reward_score_mean", "m-perf_mfu_policy_update"]
     for anchor in links:
         assert f'<section class="metric" id="{anchor}">' in text
     # no findings at all: no section, the comment stays

@@ -325,9 +325,11 @@ def _condition(raw: LineDict, ctx: _Ctx, line: int | None, reads: dict[str, tupl
         raise ctx.error("spike: give `factor` (times the baseline), `mads` (robust deviations) or both", kline)
     if kind == "spike" and "baseline" in params and "factor" not in params:
         raise ctx.error("spike: `baseline` is the baseline of `factor`", kline)
-    if kind == "spike" and "over_max" in params and params.get("baseline") == "max":
-        raise ctx.error("spike: `over_max` compares with the window's largest usual point; with `baseline: max` "
-                        "use `factor`", kline)
+    if kind == "spike" and "over_usual" in params and params.get("baseline") == "max":
+        raise ctx.error("spike: `over_usual` compares with the window's usual points; with `baseline: max` use "
+                        "`factor`", kline)
+    if kind == "collapse" and "within" in params and params.get("reference") != "peak":
+        raise ctx.error("collapse: `within` is the span of `reference: peak`", kline)
     if kind == "drop" and params.get("after_rise") and "noise" not in params:
         raise ctx.error("drop: `after_rise` is measured in the series' noise: give `noise` (standard errors)", kline)
     if kind == "ratio" and ("above" in params) == ("below" in params):

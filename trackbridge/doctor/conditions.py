@@ -16,10 +16,11 @@ Primitive conditions read one series (``of``; ``ratio`` reads two logged in the 
               at least ``factor`` x the baseline (the lower median, or the maximum with ``baseline: max``) and/or
               at least ``mads`` robust standard deviations (1.4826 x the median absolute deviation) above the
               median; always by more than ``floor``, to at least ``at_least`` (an absolute floor), and with
-              ``over_max`` at least that many times the largest usual point of the window (one that was no spike)
+              ``over_usual`` at least that many times the 95th percentile of the usual points (no spikes) of the
+              last 5 x ``window``
 ``collapse``  the value is below ``to`` x its reference level, for ``for`` points (a positive quantity: entropy,
               length): the early level (the mean of ``early`` points after ``skip``) or, with ``reference:
-              peak``, the highest median of ``early`` consecutive points so far
+              peak``, the highest median of ``early`` consecutive points so far (``within``: of the last N)
 ``drop``      the mean of the last ``window`` points is below its running peak by more than ``by`` x the peak
               (and by at least ``min``), for ``for`` points; ``noise: K``: and by more than K standard errors of
               that mean (the series' own point noise); ``after_rise``: the peak rose above the first mean by as
@@ -31,7 +32,6 @@ Primitive conditions read one series (``of``; ``ratio`` reads two logged in the 
 ``flat``      after ``2 x window`` points, the mean of the last ``window`` is no better than the mean of the first
               ``window`` by more than ``sigmas`` (2) standard errors of the difference and ``min`` (direction:
               ``better:``)
-``logged``    the series has a value (a condition on the trainer: one that logs preference accuracy)
 ``ratio``     ``of / to``, logged in the same record, is above (or below) a bound for ``for`` points
 ``nonfinite`` the value is NaN or infinite (every other condition skips such points)
 ============  ==================================================================================================
@@ -55,7 +55,7 @@ from collections import deque
 from typing import Any, Mapping
 
 from .nodes import COMPOSITES, PRIMITIVES, Node, Spec
-from .primitives import Bound, Collapse, Drop, Flat, Logged, NoGain, NonFinite, Primitive, Ratio, Rise, Sign, Spike
+from .primitives import Bound, Collapse, Drop, Flat, NoGain, NonFinite, Primitive, Ratio, Rise, Sign, Spike
 
 __all__ = ["Spec", "Node", "Primitive", "Composite", "build", "primitives", "PRIMITIVES", "COMPOSITES"]
 
@@ -141,7 +141,7 @@ def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str]) -> N
     if kind in ("above", "below"):
         return Bound(spec, config)
     cls = {"sign": Sign, "spike": Spike, "collapse": Collapse, "drop": Drop, "rise": Rise, "ratio": Ratio,
-           "nonfinite": NonFinite, "logged": Logged}.get(kind)
+           "nonfinite": NonFinite}.get(kind)
     if cls is not None:
         return cls(spec)
     if kind == "no_gain":

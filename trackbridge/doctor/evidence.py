@@ -1,5 +1,5 @@
 """The evidence of a finding's stretch in words: :func:`.words.describe` for every condition it knows, and the words
-of the conditions added since (``flat``, ``logged``, a ``collapse`` measured from its peak), for a condition and for
+of the conditions added since (``flat``, a ``collapse`` measured from its peak), for a condition and for
 the composites that hold them."""
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ def evidence(node: Node, names: Mapping[str, str], detail: Mapping[str, Any] | N
         return (f"{name}: the mean of its last {d['window']} points, {fmt(d['mean'])}{at}, is no better than the "
                 f"mean of its first {d['window']}, {fmt(d['first'])} (by more than {fmt(d['margin'])}, twice its "
                 f"noise; {d['direction']} is better)")
-    if node.kind == "logged":
-        return ""               # a condition on the trainer, not evidence
     if node.kind == "collapse" and d.get("reference") == "peak":
         span = f" for {n} points" if n > 1 else ""
         return (f"{name} fell to {fmt(d['value'])}{at}, {fmt(100 * d['fraction'])}% of its peak level "

@@ -7,8 +7,7 @@ from typing import Any
 
 __all__ = ["Spec", "Node", "PRIMITIVES", "COMPOSITES"]
 
-PRIMITIVES = ("above", "below", "sign", "spike", "collapse", "drop", "rise", "no_gain", "flat", "ratio", "nonfinite",
-              "logged")
+PRIMITIVES = ("above", "below", "sign", "spike", "collapse", "drop", "rise", "no_gain", "flat", "ratio", "nonfinite")
 COMPOSITES = ("all", "any", "then")
 
 

@@ -13,7 +13,7 @@ from .nodes import Node, Spec
 from .windows import MAD_SD, Noise, Rolling, SlidingBest, Window
 
 __all__ = ["Primitive", "Bound", "Sign", "Spike", "Collapse", "Drop", "Rise", "NoGain", "Flat", "Ratio",
-           "NonFinite", "Logged"]
+           "NonFinite"]
 
 class Primitive(Node):
     """A condition on one series; ``point()`` is called with each finite value (``nonfinite`` gets them all)."""
@@ -111,19 +111,12 @@ class Sign(Primitive):
         return ok, {"value": value, "score": -value if self.negative else value} if ok else None
 
 
-class Logged(Primitive):
-    """``logged``: the series has a value at this point (a condition on which trainer this is: one that logs
-    preference accuracy trains on preference pairs)."""
-
-    def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
-        return True, {"value": value, "score": 0.0}
-
-
 class Spike(Primitive):
     """``spike``: the value jumps above a robust baseline of the points before it. Every point enters the window
     (a spike is one point of ``window``: it does not move the median, so a second spike after the first is judged
-    against the usual level, not against the first spike); ``over_max`` compares with the largest *usual* point of
-    the window (points that were not spikes), so a series alternating between two usual levels is no spike."""
+    against the usual level, not against the first spike); ``over_usual`` compares with the 95th percentile of the
+    *usual* points (those that were no spike) of the last 5 x window, so a series alternating between two usual
+    levels is no spike."""
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -132,12 +125,13 @@ class Spike(Primitive):
         self.use_max = spec.params.get("baseline", "median") == "max"
         self.floor = float(spec.params.get("floor", 0.0))
         self.at_least = spec.params.get("at_least")
-        self.over_max = spec.params.get("over_max")
+        self.over_usual = spec.params.get("over_usual")
         self.min_points = int(spec.params.get("min_points", 5))
         self.window = Window(int(spec.params.get("window", 20)))
-        # the usual points (those that were no spike) of a longer window, 5 x `window`: a level the series returns
-        # to now and then (GRPO steps whose groups all have equal rewards alternate with the others) is usual
-        self.usual: Window | None = Window(5 * self.window.n) if self.over_max is not None else None
+        # the usual points (those that were no spike) of a longer window, 5 x `window`, and their 95th percentile:
+        # a level the series returns to now and then (GRPO steps whose groups all have equal rewards alternate
+        # with the others) is usual, one earlier spike or two are not
+        self.usual: Window | None = Window(5 * self.window.n) if self.over_usual is not None else None
         self._flags: deque[tuple[float, bool]] = deque()
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
@@ -149,11 +143,13 @@ class Spike(Primitive):
             ok = value - base > self.floor and value > med
             score = 0.0
             if ok and self.factor is not None:
-                ok = base > 0 and value >= self.factor * base
-                score = value / base if base > 0 else 0.0
+                # a baseline at or below 0 (a KL of 0 at the first step) has no ratio: the absolute floor decides
+                ok = value >= self.factor * base if base > 0 else self.at_least is not None
+                score = value / base if base > 0 else value
             if ok and self.usual is not None:
-                top = self.usual.sorted[-1] if self.usual.sorted else 0.0
-                ok = value >= self.over_max * top
+                u = self.usual.sorted
+                high = u[int(0.95 * (len(u) - 1))] if u else 0.0
+                ok = value >= self.over_usual * high
             if ok and self.mads is not None:
                 spread = MAD_SD * w.mad(med)
                 spread = max(spread, 1e-9 * max(abs(med), 1.0))
@@ -184,7 +180,8 @@ class Collapse(Primitive):
     """``collapse``: below ``to`` x a reference level. ``reference: early`` (default): the mean of the first
     ``early`` points after ``skip``; ``reference: peak``: the highest median of ``early`` consecutive points so far
     (a level held for a few points, not one outlier; a collapse in the first points is measured from the level
-    before it, not from an early mean that already contains it)."""
+    before it, not from an early mean that already contains it), with ``within: N`` of the last N points only (a
+    fast fall, not a slow decline over the run), held against that level for as long as the collapse lasts."""
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -192,10 +189,13 @@ class Collapse(Primitive):
         self.early_n = int(spec.params.get("early", 5))
         self.skip = int(spec.params.get("skip", 0))
         self.peak_mode = spec.params.get("reference", "early") == "peak"
+        self.within = spec.params.get("within")
         self.seen = 0
         self.early_sum = 0.0
         self.early: float | None = None
         self.recent: deque[float] = deque(maxlen=self.early_n)
+        self.peaks = SlidingBest(int(self.within), True) if self.within is not None else None
+        self.frozen: float | None = None
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         self.seen += 1
@@ -203,10 +203,23 @@ class Collapse(Primitive):
             self.recent.append(value)
             if len(self.recent) == self.early_n:
                 med = sorted(self.recent)[(self.early_n - 1) // 2]
-                if self.early is None or med > self.early:
+                if self.peaks is not None:
+                    self.peaks.add(med)
+                    self.early = self.peaks.best()      # the highest level of the last `within` points
+                elif self.early is None or med > self.early:
                     self.early = med
             if self.early is None:
                 return False, None
+            if self.peaks is not None:
+                if self._run > 0 and self.frozen is not None:
+                    ref = self.frozen                   # a collapse goes on against the level it fell from
+                else:
+                    ref = self.frozen = self.early
+                if ref <= 0:
+                    return False, None
+                ok = value < self.to * ref
+                return ok, {"value": value, "early": ref, "fraction": value / ref, "reference": "peak",
+                            "score": -value / ref} if ok else None
         elif self.early is None:
             if self.seen > self.skip:
                 self.early_sum += value
@@ -323,7 +336,8 @@ class NoGain(Primitive):
 class Flat(Primitive):
     """``flat``: after at least ``2 x window`` points, the mean of the last ``window`` points is no better (in the
     metric's direction) than the mean of the first ``window`` by more than ``sigmas`` standard errors of that
-    difference (the series' own point noise x sqrt(2 / window)) and ``min``: it has not improved. ``headroom: F``:
+    difference (the series' own point noise x sqrt(2 / window)) and ``min``, and no rolling mean so far was better
+    by more than twice that: it has not improved (one that rose and fell back collapsed). ``headroom: F``:
     not when that first mean is within F x the best point seen (a series that starts at its best, a reward at its
     maximum, has no room to improve)."""
 
@@ -339,6 +353,7 @@ class Flat(Primitive):
         self.n = 0
         self.first: float | None = None
         self.best: float | None = None
+        self.top: float | None = None           # the best rolling mean so far (signed)
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         self.n += 1
@@ -351,11 +366,15 @@ class Flat(Primitive):
             return False, None
         if self.first is None:
             self.first = m
+        signed_m = m * self.sign
+        if self.top is None or signed_m > self.top:
+            self.top = signed_m
         if self.n < 2 * self.win:
             return False, None
         gain = (m - self.first) * self.sign
         margin = max(self.min, self.sigmas * self.noise.sd() * math.sqrt(2.0 / self.win))
-        ok = gain <= margin
+        # no better now, and never clearly better (a series that rose and fell back is a collapse, not flat)
+        ok = gain <= margin and self.top - self.first * self.sign <= 2 * margin
         if ok and self.headroom is not None and self.best is not None:
             # the series started within `headroom` of the best point it reached: no room to improve is shown
             ok = self.first * self.sign < self.best - self.headroom * abs(self.best)
