@@ -213,7 +213,9 @@ PPO from `trl.experimental.ppo` of TRL 1.12.0, the last release that has it) tra
 (tests/_support/tiny_trl.py, warm-started on generated sentences) and synthetic rewards, each configured so that one
 pathology of the seeds really happens, or nothing goes wrong; each wrote what a user's run writes, the Trainer's
 `trainer_state.json` (`runs/<name>/`, beside `config.json`: the config that produced it). {real} are real public
-logs of tests/data/real/ (provenance in its SOURCES.yaml), referred to by path.
+logs of tests/data/real/ (provenance in its SOURCES.yaml), referred to by path. A run is named after its config: a
+`*_healthy_*` config whose run shows a symptom all the same (most often one gradient spike, a bad batch) is
+labelled with it and not counted healthy.
 
 The labels are in `labels.yaml` (machine-readable): each symptom, in the seeds' words, has the set of check ids
 that count as finding it (empty: no check reads it yet, so it counts as a miss); each run has the symptoms an
