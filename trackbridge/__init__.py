@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 __all__ = ["__version__", "init", "Run", "NoOpRun", "LoggerOptions", "translate", "Translator", "Translation", "wrap",
-           "unwrap", "register_tracker", "unregister_tracker", "TrackBridgeError", "UsageError", "Weighted"]
+           "unwrap", "register_tracker", "unregister_tracker", "TrackBridgeError", "UsageError", "Weighted", "read"]
 
 from .errors import TrackBridgeError, UsageError  # noqa: E402
 
@@ -17,12 +17,13 @@ from .errors import TrackBridgeError, UsageError  # noqa: E402
 _LAZY = {"translate": "translate", "Translator": "translate", "Translation": "translate",
          "init": "logger", "Run": "logger", "NoOpRun": "logger", "LoggerOptions": "logger",
          "wrap": "integrations", "unwrap": "integrations",
-         "register_tracker": "trackers", "unregister_tracker": "trackers", "Weighted": "ranked"}
+         "register_tracker": "trackers", "unregister_tracker": "trackers", "Weighted": "ranked", "read": "read"}
 
 if TYPE_CHECKING:       # pragma: no cover
     from .integrations import unwrap, wrap
     from .logger import LoggerOptions, NoOpRun, Run, init
     from .ranked import Weighted
+    from .read import read
     from .trackers import register_tracker, unregister_tracker
     from .translate import Translation, Translator, translate
 
