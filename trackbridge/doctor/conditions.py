@@ -15,7 +15,8 @@ Primitive conditions read one series (``of``; ``ratio`` reads two logged in the 
 ``spike``     the value jumps above a baseline of the ``window`` points before it (at least ``min_points``):
               at least ``factor`` x the baseline (the lower median, or the maximum with ``baseline: max``) and/or
               at least ``mads`` robust standard deviations (1.4826 x the median absolute deviation) above the
-              median; always by more than ``floor``, to at least ``at_least`` (an absolute floor), and with
+              median; always by more than ``floor``, to at least ``at_least`` (an absolute floor), with
+              ``over_last`` at least that many times the point before (a jump, not a ramp), and with
               ``over_usual`` at least that many times the 95th percentile of the usual points (no spikes) of the
               last 5 x ``window``
 ``collapse``  the value is below ``to`` x its reference level, for ``for`` points (a positive quantity: entropy,

@@ -126,6 +126,8 @@ class Spike(Primitive):
         self.floor = float(spec.params.get("floor", 0.0))
         self.at_least = spec.params.get("at_least")
         self.over_usual = spec.params.get("over_usual")
+        self.over_last = spec.params.get("over_last")
+        self.last: float | None = None
         self.min_points = int(spec.params.get("min_points", 5))
         self.window = Window(int(spec.params.get("window", 20)))
         # the usual points (those that were no spike) of a longer window, 5 x `window`, and their 95th percentile:
@@ -146,9 +148,11 @@ class Spike(Primitive):
                 # a baseline at or below 0 (a KL of 0 at the first step) has no ratio: the absolute floor decides
                 ok = value >= self.factor * base if base > 0 else self.at_least is not None
                 score = value / base if base > 0 else value
+            if ok and self.over_last is not None and self.last is not None and self.last > 0:
+                ok = value >= self.over_last * self.last      # a jump from the point before, not a ramp
             if ok and self.usual is not None:
                 u = self.usual.sorted
-                high = u[int(0.95 * (len(u) - 1))] if u else 0.0
+                high = u[math.ceil(0.95 * (len(u) - 1))] if u else 0.0
                 ok = value >= self.over_usual * high
             if ok and self.mads is not None:
                 spread = MAD_SD * w.mad(med)
@@ -161,6 +165,7 @@ class Spike(Primitive):
                 if self.factor is not None and base > 0:
                     detail["ratio"] = value / base
         w.add(value)
+        self.last = value
         u = self.usual
         if u is not None:
             # the usual points among the last 5 x window points (a spike is not usual)
