@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zipfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 MESSAGES = "messages.json"
 EXPERIMENT = "experiment.json"
@@ -71,21 +72,52 @@ class Archive:
         return obj if isinstance(obj, dict) else None
 
     def lines(self) -> Iterator[tuple[int, str, bool]]:
-        """``(line number, text, complete)`` of ``messages.json``."""
+        """``(line number, text, complete)`` of every line of ``messages.json`` that holds more than white space (the
+        readers skip those anyway): found in 1 MB chunks by a regular expression, so runs of blank lines cost C time,
+        not a Python step each (16 MB of bare newlines in a 16 KB zip took minutes), and the work is linear in the
+        uncompressed size. A last line without its newline is ``complete=False`` in a ``.partial`` folder (cut short
+        while written); a zip's members are whole."""
         if self.partial:
             target = self.path / MESSAGES
             if target.is_file():
-                with open(target, encoding="utf-8", errors="replace") as fh:
-                    for i, line in enumerate(fh, 1):
-                        yield i, line, line.endswith("\n")
+                with open(target, "rb") as fh:
+                    yield from _content_lines(fh, last_complete=False)
             return
         try:
             with zipfile.ZipFile(self.path) as z, z.open(MESSAGES) as fh:
-                for i, raw in enumerate(fh, 1):
-                    line = raw.decode("utf-8", errors="replace")
-                    yield i, line, True
+                yield from _content_lines(fh, last_complete=True)
         except (OSError, zipfile.BadZipFile, KeyError):
             return
+
+
+_CONTENT = re.compile(rb"[^\n]*\S[^\n]*")      # a line with something other than white space
+_CHUNK = 1 << 20
+
+
+def _content_lines(fh: IO[bytes], *, last_complete: bool) -> Iterator[tuple[int, str, bool]]:
+    """The non-blank lines of a binary stream with their line numbers (see :meth:`Archive.lines`)."""
+    lineno, tail = 1, b""
+    pending: list[bytes] = []                       # chunks of one long line, joined once its newline comes
+    while True:
+        chunk = fh.read(_CHUNK)
+        if not chunk:
+            break
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            continue
+        data = b"".join([tail, *pending, chunk])
+        pending = []
+        end = data.rfind(b"\n") + 1                 # whole lines only; the rest waits for the next chunk
+        pos = 0
+        for m in _CONTENT.finditer(data, 0, end):
+            lineno += data.count(b"\n", pos, m.start())
+            pos = m.start()
+            yield lineno, data[m.start():m.end() + 1].decode("utf-8", errors="replace"), True
+        lineno += data.count(b"\n", pos, end)
+        tail = data[end:]
+    tail = b"".join([tail, *pending])
+    if tail.strip():
+        yield lineno, tail.decode("utf-8", errors="replace"), last_complete
 
 
 def archives(location: Path) -> list[Archive]:
