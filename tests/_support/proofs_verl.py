@@ -529,6 +529,7 @@ class StepRun:
     lr_after: float                     # the scheduler's learning rate after the step
     rollout: Rollout
     cap_critic: Capture | None = None
+    critic_lr_after: float | None = None    # the critic scheduler's learning rate after the step (critic=True)
 
 
 def actor_config(**overrides):
@@ -643,7 +644,8 @@ def run_step(r: Rollout, *, mini_batch_size: int = 8, micro_size: int = 2, epoch
     n_opt = (r.n // WORLD) // (mini_batch_size // WORLD) * epochs
     return StepRun(metrics={k: float(v) for k, v in metrics.items() if _is_number(v)}, cap=cap, n_opt_steps=n_opt,
                    lr_after=float(engines[0].lr_scheduler.get_last_lr()[0]), rollout=r,
-                   cap_critic=cap_critic if critic else None)
+                   cap_critic=cap_critic if critic else None,
+                   critic_lr_after=float(critic_engines[0].lr_scheduler.get_last_lr()[0]) if critic else None)
 
 
 def _is_number(v) -> bool:
@@ -718,3 +720,77 @@ def legacy_data_metrics(r: Rollout, max_prompt_length: int, max_response_length:
                        "advantages": adv, "returns": adv}, batch_size=[n])
     out = c.metric_utils.compute_data_metrics(c.DataProto(batch=td), use_critic=False)
     return {k: float(v) for k, v in out.items() if _is_number(v)}
+
+
+# --------------------------------------------------------------------------------------------- driver inputs
+@dataclass
+class DriverInputs:
+    """What the V1 trainer's ``_compute_metrics`` handed to metric_utils while veRL ran: the padded DataProto
+    ``compute_data_metrics`` was given (and its ``use_critic``), and the timings, GPU count and per-sequence token
+    counts (``meta_info["global_token_num"]``) ``compute_timing_metrics`` / ``compute_throughout_metrics`` got."""
+    data: Any = None
+    use_critic: bool | None = None
+    timing: dict | None = None
+    n_gpus: int | None = None
+    global_token_num: list | None = None
+    timing_batch: Any = None
+
+
+def run_step_driver(r: Rollout, **kw) -> tuple[StepRun, DriverInputs]:
+    """:func:`run_step`, recording what veRL's driver metric functions were called with (veRL's own functions
+    still compute every logged value: the wrappers only look at their arguments)."""
+    c = code()
+    got = DriverInputs()
+    real_data = c.v1_ns["compute_data_metrics"]
+    real_timing = c.v1_ns["compute_timing_metrics"]
+    real_thr = c.v1_ns["compute_throughout_metrics"]
+
+    def data_metrics(batch, use_critic=True):
+        got.data, got.use_critic = batch, use_critic
+        return real_data(batch=batch, use_critic=use_critic)
+
+    def timing_metrics(batch, timing_raw):
+        got.timing_batch = batch
+        return real_timing(batch=batch, timing_raw=timing_raw)
+
+    def throughput(batch, timing_raw, n_gpus):
+        got.timing, got.n_gpus = dict(timing_raw), n_gpus
+        got.global_token_num = list(batch.meta_info["global_token_num"])
+        return real_thr(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus)
+
+    with _patched_ns(c.v1_ns, compute_data_metrics=data_metrics, compute_timing_metrics=timing_metrics,
+                     compute_throughout_metrics=throughput):
+        run = run_step(r, **kw)
+    return run, got
+
+
+# --------------------------------------------------------------------------------------------- validation
+@functools.lru_cache(maxsize=None)
+def val_metrics_update():
+    """The V1 trainer's ``PPOTrainer._val_metrics_update`` (trainer/ppo/v1/trainer_base.py), compiled from the
+    file's own text, with metric_utils' own ``process_validation_metrics``: validation samples in, the logged
+    ``val-core/...`` / ``val-aux/...`` dict out."""
+    import verl
+    c = code()
+    root = Path(verl.__file__).resolve().parent
+    ns = {"np": c.np, "process_validation_metrics": c.metric_utils.process_validation_metrics}
+    return _compile(root / "trainer/ppo/v1/trainer_base.py", ["_val_metrics_update"], ns,
+                    cls="PPOTrainer")["_val_metrics_update"]
+
+
+def run_validation(data_sources: list, uids: list, infos: dict) -> tuple[dict[str, float], list]:
+    """veRL's validation metrics of the samples (``_val_metrics_update`` -> ``process_validation_metrics``) and
+    every call of ``bootstrap_metric`` made on the way, in order: (subset_size, the data, the (mean, std) pairs it
+    returned)."""
+    c = code()
+    calls: list = []
+    real = c.metric_utils.bootstrap_metric
+
+    def bootstrap_metric(data, subset_size, reduce_fns, n_bootstrap=1000, seed=42):
+        out = real(data=data, subset_size=subset_size, reduce_fns=reduce_fns, n_bootstrap=n_bootstrap, seed=seed)
+        calls.append((subset_size, list(data), out))
+        return out
+
+    with _patched(c.metric_utils, bootstrap_metric=bootstrap_metric):
+        out = val_metrics_update()(types.SimpleNamespace(), data_sources, uids, infos, [])
+    return {k: float(v) for k, v in out.items()}, calls

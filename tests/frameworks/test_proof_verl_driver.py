@@ -1,0 +1,347 @@
+"""Fingerprints of veRL 0.9.1's driver-side metrics (issue 33 item 1): the data, timing and throughput metrics of one
+V1 training step (trainer/ppo/v1/trainer_base.py ``_compute_metrics`` -> metric_utils' ``compute_data_metrics``,
+``compute_timing_metrics``, ``compute_throughout_metrics``), the load-balance metrics of ``seqlen_balancing``, and the
+validation metrics (``_val_metrics_update`` -> ``process_validation_metrics``), all run by the installed wheel's code
+(tests/_support/proofs_verl.py). What the proofs compare the logged values with is what veRL's functions were
+*given* (the padded DataProto of the step, the timings, the validation samples; bootstrap results captured as veRL
+returns them), never a value this file computes the metric from: each logged value is fingerprinted against every
+candidate reduction of that population, on layouts where the candidates give different numbers, and must be the
+reduction mappings/verl.yaml states and no other."""
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tensordict")
+pytest.importorskip("verl", reason="make test installs verl --no-deps")
+
+from _support import proofs_verl as V  # noqa: E402
+from _support.proven import close, proof  # noqa: E402
+
+WORLD, MICRO, MINI, EPOCHS = V.WORLD, 2, 8, 2
+ROLLOUT = V.Rollout(
+    prompt_lens=[3, 4, 2, 6, 3, 5, 4, 2, 5, 3, 2, 4, 3, 6, 2, 4],
+    resp_lens=[2, 5, 3, 9, 1, 4, 6, 2, 3, 7, 2, 5, 9, 1, 6, 3],
+    tool=[[], [0, 1, 1], [], [0, 0, 1, 1, 1], [], [0, 1], [], [], [], [0, 0, 1, 1], [], [], [0, 1, 1, 1], [],
+          [0, 0, 0, 1], []],
+    scores=[1, 0, .5, 1, 0, 0, 1, .25, 1, 0, .5, 0, 1, 1, 0, .5])
+BASE = {"data.train_batch_size": ROLLOUT.n, "actor_rollout_ref.actor.ppo_mini_batch_size": MINI,
+        "actor_rollout_ref.actor.ppo_epochs": EPOCHS, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": MICRO,
+        "critic.ppo_mini_batch_size": MINI, "critic.ppo_epochs": EPOCHS,
+        "actor_rollout_ref.rollout.n": 1, "trainer.n_gpus_per_node": WORLD, "trainer.nnodes": 1,
+        "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.calculate_entropy": True,
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools.yaml",
+        "data.max_prompt_length": 8, "data.max_response_length": 12}
+DRIVER = ("micro_batches", "processes")        # the levels a driver metric over the whole batch could be split in
+
+_RUNS: dict = {}
+
+
+def step() -> tuple[V.StepRun, V.DriverInputs]:
+    """One V1 training step (with a critic) of veRL's code on ROLLOUT, and what its metric functions were given."""
+    if "run" not in _RUNS:
+        _RUNS["run"] = V.run_step_driver(ROLLOUT, mini_batch_size=MINI, micro_size=MICRO, epochs=EPOCHS, critic=True)
+    return _RUNS["run"]
+
+
+# ------------------------------------------------------------------------------------------------ layouts
+def layout(values: list, shares: tuple) -> list:
+    """Values cut into uneven groups ([rank][group][item]): a driver metric is computed once over the whole batch,
+    so any layout is one it could have been averaged over instead; uneven groups make those alternatives differ."""
+    out, i = [], 0
+    for rank in shares:
+        groups = []
+        for size in rank:
+            groups.append(values[i:i + size])
+            i += size
+        out.append(groups)
+    assert i == len(values), (i, len(values))
+    return out
+
+
+SHARES_16 = ((3, 1, 3), (2, 4, 1, 2))
+SHARES_ENDS = ((6, 1, 1), (1, 1, 6))      # the sorted extremes all in one group: first or last of its rank
+
+
+def per_seq_observations(logged: float, values: list[float], shares: tuple = SHARES_16,
+                         ends: tuple = SHARES_ENDS) -> list:
+    """The one logged value against five layouts of the same per-sequence values (as given, sorted up, sorted
+    down, cut into ``shares``; sorted up and down, cut into ``ends``): a value computed over the whole batch is the
+    pooled one in every layout, while a selection (a group's max, the last group, rank 0's) or an unweighted mean of
+    groups changes with the layout, even when many sequences tie on the extreme value."""
+    seqs = [[float(v)] for v in values]
+    up, down = sorted(seqs), sorted(seqs, reverse=True)
+    return [(logged, [[layout(order, cut)]]) for order, cut in ((list(seqs), shares), (up, shares), (down, shares),
+                                                                (up, ends), (down, ends))]
+
+
+def token_observations(logged: float, seqs: list[list[float]], shares: tuple = SHARES_16) -> list:
+    """The same for per-token values (ragged sequences): the sequences as given, reversed, and sorted by their
+    longest-first order, each cut into uneven groups of sequences."""
+    orders = (list(seqs), list(reversed(seqs)), sorted(seqs, key=lambda s: (-len(s), s)))
+    return [(logged, [[layout(order, shares)]]) for order in orders]
+
+
+def ragged(values, mask) -> list[list[float]]:
+    """Each sequence's values where ``mask`` is set (veRL's own padded tensors, padding and tool tokens left out)."""
+    mask = mask.tolist() if hasattr(mask, "tolist") else mask
+    return [[float(v) for v, m in zip(row, mrow) if m] for row, mrow in zip(values.tolist(), mask)]
+
+
+# ------------------------------------------------------------------------------------------------ data metrics
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_data_metrics_token_stats_are_over_the_whole_batchs_valid_tokens(p):
+    """critic/advantages, returns and values (mean, max, min): compute_data_metrics masks the padded batch with
+    response_mask (tool-output tokens out) and reduces all the batch's valid tokens at once (torch.masked_select),
+    not per sequence nor per group; the values are the rollout-time ones the batch holds."""
+    run, got = step()
+    m, d = run.metrics, got.data.batch
+    p.check(got.use_critic is True, "compute_data_metrics was not asked for the critic metrics")
+    mask = d["response_mask"].bool()
+    p.check(int(mask.sum()) < int(d["response_length"].sum()), "the batch has no tool-output tokens to leave out")
+    for name in ("advantages", "returns", "values"):
+        seqs = ragged(d[name], mask)
+        p.check(len({len(s) for s in seqs}) > 3, f"{name}: the sequences are not ragged")
+        for stat in ("mean", "max", "min"):
+            key = f"critic/{name}/{stat}"
+            p.assert_stated(key, token_observations(m[key], seqs), levels=DRIVER,
+                            tokens=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"), stats=(stat,))
+        flat = [v for s in seqs for v in s]
+        seq_means = [statistics.fmean(s) for s in seqs]
+        p.check(not close(m[f"critic/{name}/mean"], statistics.fmean(seq_means)),
+                f"critic/{name}/mean equals the mean of sequence means: the batch does not tell them apart")
+        p.check(close(m[f"critic/{name}/max"], max(flat)) and close(m[f"critic/{name}/min"], min(flat)),
+                f"critic/{name}: max/min are not the batch's extreme valid tokens")
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_data_metrics_sequence_stats_are_over_the_batchs_sequences(p):
+    """critic/score and critic/rewards (mean, max, min: each sequence's summed token-level scores / rewards) and
+    prompt_length (mean, max, min): one value per sequence, reduced over the whole batch at once; the clip ratios:
+    the fraction of sequences as long as the padded width, which the V1 trainer pads to the batch's longest."""
+    run, got = step()
+    m, d = run.metrics, got.data.batch
+    scores = [float(x) for x in d["token_level_scores"].sum(-1).tolist()]
+    rewards = [float(x) for x in d["token_level_rewards"].sum(-1).tolist()]
+    p.check(all(x > 0 for x in d["response_length"].tolist()), "an aborted sequence: score/rewards leave it out")
+    for name, values in (("score", scores), ("rewards", rewards)):
+        for stat in ("mean", "max", "min"):
+            key = f"critic/{name}/{stat}"
+            p.assert_stated(key, per_seq_observations(m[key], values), levels=DRIVER, tokens=("per_seq",),
+                            stats=(stat,))
+    prompts = [float(x) for x in d["prompt_length"].tolist()]
+    p.check(prompts == [float(n) for n in ROLLOUT.prompt_lens], (prompts, ROLLOUT.prompt_lens))
+    for stat in ("mean", "max", "min"):
+        key = f"prompt_length/{stat}"
+        p.assert_stated(key, per_seq_observations(m[key], prompts), levels=DRIVER, tokens=("per_seq",), stats=(stat,))
+    # clip ratios: per sequence, 1 when its length is the padded width (the batch's longest in the V1 trainer)
+    for key, lengths, width in (("prompt_length/clip_ratio", prompts, d["prompts"].shape[-1]),
+                                ("response_length/clip_ratio", [float(x) for x in d["response_length"].tolist()],
+                                 d["responses"].shape[-1])):
+        p.check(width == max(lengths) and width < max(BASE["data.max_prompt_length"],
+                                                       BASE["data.max_response_length"]),
+                f"{key}: the padded width {width} is not the batch's longest {max(lengths)}")
+        clipped = [1.0 if n == width else 0.0 for n in lengths]
+        p.check(0 < sum(clipped) < len(clipped) / 2, f"{key}: {sum(clipped)} of {len(clipped)} clipped")
+        p.assert_stated(key, per_seq_observations(m[key], clipped), levels=DRIVER, tokens=("per_seq",))
+        _, res = p.entry(key)
+        p.check(res.fields["clip_length"] == "batch_longest", (key, res.fields))
+
+
+def test_vf_explained_var_is_one_number_over_the_valid_tokens():
+    """critic/vf_explained_var: 1 - Var(returns - values) / (Var(returns) + 1e-5) over all the batch's valid tokens
+    at once (response_mask: tool-output tokens out), not the mean of per-sequence explained variances nor over every
+    response position. Not a registered proof: the fingerprint candidates are means, extrema, sums and standard
+    deviations, which an explained variance is none of; checked here against its alternatives instead."""
+    run, got = step()
+    d = got.data.batch
+    mask = d["response_mask"].bool()
+    valid = d["response_length"].long()
+    positions = [[1 if j < int(n) else 0 for j in range(mask.shape[-1])] for n in valid.tolist()]
+
+    def explained(ret, val):
+        diff = [r - v for r, v in zip(ret, val)]
+        return 1 - statistics.variance(diff) / (statistics.variance(ret) + 1e-5)
+
+    def pooled(m):
+        return ([v for s in ragged(d["returns"], m) for v in s], [v for s in ragged(d["values"], m) for v in s])
+
+    logged = run.metrics["critic/vf_explained_var"]
+    assert close(logged, explained(*pooled(mask)), 1e-5), (logged, explained(*pooled(mask)))
+    assert not close(logged, explained(*pooled(positions)), 1e-3), "tool tokens do not change it: a weak batch"
+    per_seq = [explained(r, v) for r, v in zip(ragged(d["returns"], mask), ragged(d["values"], mask)) if len(r) > 1]
+    assert not close(logged, statistics.fmean(per_seq), 1e-3)
+
+
+# ------------------------------------------------------------------------------------------------ timing, throughput
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_timings_and_throughput_are_the_steps_own_numbers(p):
+    """timing_s/{stage} (step, gen, update_actor) and perf/time_per_step are the seconds the trainer timed, as they
+    are (no unit change, no sign); timing_per_token_ms/{stage} is the stage's seconds x 1000 per token (response
+    tokens for gen, prompt + response tokens for the others); perf/total_num_tokens the step's prompt + response
+    tokens (global_token_num) and perf/throughput those tokens per second per GPU. One number each: fingerprinted
+    as the one value it is (sign and scale), with the alternatives (another unit, another token count) checked
+    to give other numbers."""
+    run, got = step()
+    m, t = run.metrics, got.timing
+    p.check(set(t) >= {"step", "gen", "update_actor"} and len(set(t.values())) == len(t), t)
+    for stage, secs in t.items():
+        p.assert_stated(f"timing_s/{stage}", m[f"timing_s/{stage}"], [[[[[[float(secs)]]]]]], levels=())
+        p.check(m[f"timing_s/{stage}"] == secs and not close(m[f"timing_s/{stage}"], secs * 1000), stage)
+    p.assert_stated("perf/time_per_step", m["perf/time_per_step"], [[[[[[float(t["step"])]]]]]], levels=())
+    d = got.timing_batch.batch
+    resp = float(d["response_length"].sum())
+    total = resp + float(d["prompt_length"].sum())
+    p.check(resp < total and total == sum(got.global_token_num), (resp, total, got.global_token_num))
+    for stage, tokens, other in (("gen", resp, total), ("update_actor", total, resp)):
+        per_token = t[stage] * 1000 / tokens
+        key = f"timing_per_token_ms/{stage}"
+        p.assert_stated(key, m[key], [[[[[[per_token]]]]]], levels=())
+        p.check(not close(m[key], t[stage] * 1000 / other) and not close(m[key], t[stage] / tokens), key)
+    # total tokens: the per-sequence counts summed over the whole batch (not a mean, not one rank's)
+    p.check(len(got.global_token_num) == ROLLOUT.n, got.global_token_num)
+    p.assert_stated("perf/total_num_tokens", m["perf/total_num_tokens"], [[[[[[total]]]]]], levels=())
+    p.check(not close(m["perf/total_num_tokens"], total / WORLD), "perf/total_num_tokens is per rank")
+    p.check(got.n_gpus == WORLD, got.n_gpus)
+    tput = total / (t["step"] * WORLD)
+    p.assert_stated("perf/throughput", m["perf/throughput"], [[[[[[tput]]]]]], levels=())
+    p.check(not close(m["perf/throughput"], total / t["step"]), "perf/throughput is not per GPU")
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_step_counters_are_the_step_and_epoch_passed(p):
+    """training/global_step and training/epoch: the counters _compute_metrics is called with (global_steps=1,
+    epoch=0 in tests/_support/proofs_verl.py run_step), logged as they are."""
+    run, _ = step()
+    p.assert_stated("training/global_step", run.metrics["training/global_step"], [[[[[[1.0]]]]]], levels=())
+    p.assert_stated("training/epoch", run.metrics["training/epoch"], [[[[[[0.0]]]]]], levels=())
+    p.check(run.metrics["training/global_step"] == 1.0 and run.metrics["training/epoch"] == 0.0, run.metrics)
+
+
+# ------------------------------------------------------------------------------------------------ load balance
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_global_seqlen_is_per_partition_token_sums(p):
+    """global_seqlen/* (seqlen_balancing.log_seqlen_unbalance, as the trainer calls it with the balanced
+    partitions): sums of sequence lengths per data-parallel partition; min/max over the contiguous shares before
+    balancing and balanced_min/balanced_max over the partitions after, mean the total over the partitions,
+    minmax_diff max - min. Each logged as the one number it is."""
+    c = V.code()
+    from verl.utils import seqlen_balancing as SB
+    seqlens = [p_ + r for p_, r in zip(ROLLOUT.prompt_lens, ROLLOUT.resp_lens)]
+    k = 4
+    partitions = SB.get_seqlen_balanced_partitions(seqlens, k_partitions=k, equal_size=True)
+    out = {key: float(v) for key, v in SB.log_seqlen_unbalance(seqlens, partitions, prefix="global_seqlen").items()}
+    size = len(seqlens) // k
+    shares = [sum(seqlens[i:i + size]) for i in range(0, len(seqlens), size)]
+    balanced = [sum(seqlens[i] for i in part) for part in partitions]
+    p.check(len(set(shares)) > 1 and max(balanced) - min(balanced) < max(shares) - min(shares),
+            (shares, balanced))
+    for key, value in (("global_seqlen/min", min(shares)), ("global_seqlen/max", max(shares)),
+                       ("global_seqlen/minmax_diff", max(shares) - min(shares)),
+                       ("global_seqlen/balanced_min", min(balanced)), ("global_seqlen/balanced_max", max(balanced)),
+                       ("global_seqlen/mean", sum(seqlens) / k)):
+        p.assert_stated(key, out[key], [[[[[[float(value)]]]]]], levels=())
+    p.check(not close(out["global_seqlen/mean"], statistics.fmean(seqlens)), "mean is per sequence")
+    p.check(c.release == "0.9.1", c.release)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+DS = "openai/gsm8k"            # a data source with '/' in it, as the entries' {data_source:path} allows
+N_PROMPTS, N_SAMPLES = 16, 4
+
+
+def validation_samples(seed: int = 5):
+    """16 prompts x 4 samples of one data source: a continuous reward (the core variable: no acc), a second
+    continuous variable (val-aux), and a prediction to vote on (maj@)."""
+    rng = random.Random(seed)
+    ds, uids, reward, fmt, pred = [], [], [], [], []
+    for q in range(N_PROMPTS):
+        spread = rng.uniform(0.05, 1.5)          # prompts of uneven spread: per-prompt stds differ
+        centre = rng.uniform(-1, 1)
+        for _ in range(N_SAMPLES):
+            ds.append(DS)
+            uids.append(f"q{q}")
+            reward.append(round(centre + rng.uniform(-spread, spread), 6))
+            fmt.append(round(rng.uniform(0, 1), 6))
+            pred.append(rng.choice("ABC"))
+    return ds, uids, {"reward": reward, "format": fmt, "pred": pred}
+
+
+def per_prompt(values: list, uids: list) -> list[list[float]]:
+    out: dict = {}
+    for v, u in zip(values, uids):
+        out.setdefault(u, []).append(float(v))
+    return list(out.values())
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_validation_metrics_average_per_prompt_values_over_prompts(p):
+    """val-core/{data_source}/{var}/mean@{n}, std@{n}, best@{n}/mean|std, worst@{n}/mean|std, maj@{n}/mean|std
+    (the V1 trainer's _val_metrics_update -> process_validation_metrics): each prompt's n samples give the prompt's
+    value (their mean; their population std; veRL's bootstrap of best/worst/majority of n, captured as
+    bootstrap_metric returned it), and the logged value is the unweighted mean of the prompts' values over the
+    data source (np.mean over uids): fingerprinted against the prompts' values cut into uneven groups. val-core
+    holds mean/best/maj at the largest n of the core variable; the rest goes to val-aux."""
+    ds, uids, infos = validation_samples()
+    logged, calls = V.run_validation(ds, uids, infos)
+    prompts = {var: per_prompt(infos[var], uids) for var in ("reward", "format")}
+    p.check(all(len(s) == N_SAMPLES for s in prompts["reward"]) and len(prompts["reward"]) == N_PROMPTS, prompts)
+    # the prompts' own values: what veRL reduced per prompt (mean / population std of the n samples), and what its
+    # bootstrap returned per prompt
+    boot: dict = {}
+    for size, data, out in calls:
+        if isinstance(data[0], dict):
+            boot[("maj", size, tuple(d["val"] for d in data))] = out[0]
+        else:
+            boot[("best", size, tuple(data))] = out[0]
+            boot[("worst", size, tuple(data))] = out[1]
+    pref = {"reward": "val-core", "format": "val-aux"}
+    checked = 0
+    for var, groups in prompts.items():
+        sec = pref[var]
+        for name, values in ((f"mean@{N_SAMPLES}", [statistics.fmean(g) for g in groups]),
+                             (f"std@{N_SAMPLES}", [statistics.pstdev(g) for g in groups])):
+            key = f"{'val-aux' if name.startswith('std') else sec}/{DS}/{var}/{name}"
+            p.assert_stated(key, per_seq_observations(logged[key], values), levels=DRIVER, tokens=("per_seq",))
+            checked += 1
+        for kind in ("best", "worst", "maj"):
+            for n in (2, N_SAMPLES):
+                pairs = [boot[(kind, n, tuple(g))] for g in groups]
+                core = sec == "val-core" and kind != "worst" and n == N_SAMPLES
+                for i, stat in enumerate(("mean", "std")):
+                    key = f"{'val-core' if core else 'val-aux'}/{DS}/{var}/{kind}@{n}/{stat}"
+                    p.assert_stated(key, per_seq_observations(logged[key], [pr[i] for pr in pairs]),
+                                    levels=DRIVER, tokens=("per_seq",))
+                    checked += 1
+    p.check(checked == 2 * (2 + 3 * 2 * 2), checked)
+    # population std, not the sample std; the mean over prompts, not over the pooled samples (equal here: every
+    # prompt has n samples) nor the sample std of the pooled samples
+    key = f"val-aux/{DS}/reward/std@{N_SAMPLES}"
+    p.check(not close(logged[key], statistics.fmean(statistics.stdev(g) for g in prompts["reward"])), key)
+    p.check(not close(logged[key], statistics.pstdev([v for g in prompts["reward"] for v in g])), key)
+
+
+def test_validation_layouts_tell_the_prompt_reductions_apart():
+    """The prompts' values in the validation proof's layouts make the mean differ from a mean of group means, the
+    last group's and a group max: else the per_seq fingerprint of an unweighted prompt mean proves nothing."""
+    ds, uids, infos = validation_samples()
+    values = [statistics.fmean(g) for g in per_prompt(infos["reward"], uids)]
+    for _, batch in per_seq_observations(0.0, values):
+        groups = [[s[0] for s in g] for rank in batch[0][0] for g in rank]
+        mean = statistics.fmean(values)
+        assert not close(mean, statistics.fmean(statistics.fmean(g) for g in groups))
+        assert not close(mean, statistics.fmean(groups[-1]))
+
+
+def test_rollouts_of_another_seed_give_other_data_metrics():
+    """The data-metrics proofs read the batch veRL was given: another seed (the same shapes) changes the logged
+    advantages, so the fingerprints follow the data rather than a fixed layout."""
+    run, _ = step()
+    other, got = V.run_step_driver(dataclasses.replace(ROLLOUT, seed=11), mini_batch_size=MINI, micro_size=MICRO,
+                                   epochs=1, critic=False)
+    assert not close(run.metrics["critic/advantages/mean"], other.metrics["critic/advantages/mean"])
+    assert got.use_critic is False and "critic/values/mean" not in other.metrics
