@@ -616,3 +616,33 @@ def test_a_gradient_norm_alternating_between_two_usual_levels_is_no_explosion(tm
     s["optim/grad_norm"][100] = 2.0                      # 25x the upper level: an explosion all the same
     f = only(doctor(tmp_path, spec, s), "grad-norm-explosion")
     assert (f.first_step, f.last_step) == (100, 100)
+
+
+def test_no_update_dpo_zero_learning_rate_and_a_margin_of_exactly_zero(tmp_path):
+    spec = "trl/dpo@1.16.0"                              # no KL: DPO's reward margin is 0 when policy = reference
+    s = R.healthy(spec)
+    for t in range(N):
+        s["optim/lr"][t] = 0.0
+        s["preference/reward/margin"][t] = 0.0
+    f = only(doctor(tmp_path, spec, s), "no-update")
+    assert (f.first_step, f.last_step) == (0, N - 1) and set(f.series) == {"lr", "margin"}
+
+
+def test_no_update_a_gradient_norm_vanishing_to_a_ten_thousandth_of_its_peak(tmp_path):
+    spec = "trl/dpo@1.16.0"                              # a saturated model: the loss is 0, so is its gradient
+    s = R.healthy(spec)
+    for t in range(14, N):
+        s["optim/grad_norm"][t] = 1e-6 * (1 + 0.1 * (t % 3))
+    f = only(doctor(tmp_path, spec, s), "no-update")
+    assert (f.first_step, f.last_step) == (14, N - 1) and set(f.series) == {"grad", "lr"}
+
+
+@pytest.mark.parametrize("spec", RL)
+def test_loss_kl_and_grad_norm_jumping_three_steps_apart_are_together(tmp_path, spec):
+    s = R.healthy(spec)
+    loss = "loss/total" if "loss/total" in s else "loss/policy"
+    s[kl_name(s)][90] *= 10
+    s["optim/grad_norm"][90] = 3.0
+    s[loss][93] = 0.5                                    # the loss follows 3 steps later
+    f = only(doctor(tmp_path, spec, s), "loss-kl-grad-spike-together")
+    assert (f.first_step, f.last_step) == (93, 93)
