@@ -69,3 +69,25 @@ def test_names_framework(tmp_path, capsys):
 def test_names_unknown_framework(tmp_path, capsys):
     rc, _, err = doctor(capsys, "doctor", truncated_run(tmp_path), "--names", "nosuch")
     assert rc == USAGE and "nosuch" in err and len(err.strip().splitlines()) == 1
+
+
+def test_with_names_replaces_whole_names_only():
+    from trackbridge.doctor import Finding, load_checks
+    from trackbridge.doctor.report import with_names
+    check = next(iter(load_checks()))
+    f = Finding(check=check, run="r", severity="info", series={}, names={"kl/ref": "kl", "kl/ref/k3": "kl_k3"})
+    text = "kl/ref/k3 = 2 and kl/ref = 3; kl/ref/k3 again; kl/reference untouched."
+    assert with_names(text, f) == ("kl/ref/k3 (your kl_k3) = 2 and kl/ref (your kl) = 3; kl/ref/k3 again; "
+                                   "kl/reference untouched.")
+    assert with_names("at the end kl/ref.", f) == "at the end kl/ref (your kl)."
+    assert with_names(text, f, "verl").startswith("kl/ref/k3 (verl: kl_k3) = 2")
+
+
+def test_live_alert_reads_back_the_live_text():
+    from trackbridge.doctor.report import live_alert
+    text = "critical: Gradient norm explodes [grad-norm-explosion] at step 70: optim/grad_norm = 5."
+    assert live_alert("doctor/grad-norm-explosion", text) == (
+        "grad-norm-explosion", "critical", "trackbridge doctor: Gradient norm explodes", text)
+    assert live_alert("doctor/other-id", text) is None            # the key names another check
+    assert live_alert("doctor/grad-norm-explosion", 5.0) is None
+    assert live_alert("loss", text) is None
