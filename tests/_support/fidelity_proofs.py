@@ -560,6 +560,12 @@ SOURCE_ONLY: dict[str, str] = {
                   "CriticPPOTrainer), but a pair proof against veRL's engine-path critic is not written yet",
     "response/length/max": "",
     "response/length/min": "",
+    "perf/mfu/policy_update": "MFU: the engine's estimated FLOPs over the device's promised FLOPs (veRL's "
+                              "FlopsCounter needs a real accelerator and model config); nothing to fingerprint on CPU",
+    "perf/mfu/critic_update": "MFU: the engine's estimated FLOPs over the device's promised FLOPs (veRL's "
+                              "FlopsCounter needs a real accelerator and model config); nothing to fingerprint on CPU",
+    "perf/mfu/policy_logprob": "MFU of the old-log-prob pass: needs a real device FLOPs estimate (and veRL 0.9.1's "
+                               "V1 trainer does not log it); nothing to fingerprint on CPU",
 }
 
 
