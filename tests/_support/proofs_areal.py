@@ -192,11 +192,13 @@ ACTOR_METHODS = ("__init__", "_log_configuration", "_compute_logp", "_compute_ad
 
 @functools.lru_cache(maxsize=None)
 def _actor_code() -> tuple[Any, ...]:
-    """actor.py's top-level functions and PPOActor's ACTOR_METHODS, compiled from the wheel's text once (parsing
+    """actor.py's top-level functions and constants and PPOActor's ACTOR_METHODS, compiled from the wheel's text once (parsing
     in the ranks' threads trips CPython 3.11's AST recursion check)."""
     path = _actor_support().root / "trainer/ppo/actor.py"
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    # every top-level function and constant (_EPSILON); not the imports (see areal_actor) nor `logger = ...`
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) or (
+        isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id != "logger" for t in n.targets))]
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOActor"]
     methods = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in ACTOR_METHODS]
     assert {n.name for n in methods} == set(ACTOR_METHODS), f"{path}: PPOActor lost one of {ACTOR_METHODS}"

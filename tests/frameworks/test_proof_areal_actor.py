@@ -248,6 +248,11 @@ def prove_pair(p, config: dict, prox: str, old: str) -> None:
         if pooled(clip[c]) != pooled(clip[prox]):
             p.check(logged[key] != pooled(clip[c]), f"{key} is not the clip fraction of pi_theta / pi_{c}")
     p.check(len({pooled(clip[c]) for c in CANDIDATES}) > 1, "the clip fractions of the candidates differ")
+    entry, res = p.entry(key)
+    stated_deviation = res.fields.get("deviation", "none") != "none"
+    p.check(stated_deviation == (prox != "recomputed"),
+            f"{key} under {config}: the ratio's pi_prox is the {prox} log-prob; the entry ({entry.file}:{entry.line}) "
+            f"{'states' if stated_deviation else 'states no'} deviation")
     # a fraction of 0/1 values: one batch leaves candidate reductions equal, so the fingerprint observes three
     observed = [(logged[key], clip[prox])]
     for seed in (1, 2):
@@ -305,3 +310,25 @@ def test_recompute_logprob_false_explicitly_is_the_default():
     b, _, _ = run_actor({**BASE, "actor.recompute_logprob": False, "actor.use_decoupled_loss": False})
     assert a[0]["ppo_actor/update/approx_kl/avg"] == pytest.approx(b[0]["ppo_actor/update/approx_kl/avg"])
     assert a[0] == b[0]
+
+
+LOGLINEAR = {**BASE, "actor.use_decoupled_loss": True, "actor.prox_logp_method": "loglinear"}
+
+
+@proof("areal", trainer="ppo", release="1.0.4", config=LOGLINEAR)
+def test_areal_decoupled_loglinear_compares_the_policy_with_an_interpolated_proximal_policy(p):
+    """prox_logp_method loglinear: no forward pass (should_compute_prox_logp false); grpo_loss_fn's
+    _resolve_proximal_logp interpolates pi_prox between the inference engine's log-prob and pi_theta by the tokens'
+    versions (compute_prox_logp_approximations): approx_kl is (1 - alpha) (log pi_theta - log pi_behave), neither
+    the trainer's recomputed policy nor the inference engine's."""
+    prove_pair(p, LOGLINEAR, prox="loglinear", old="inference")
+
+
+METRICS = {**BASE, "actor.use_decoupled_loss": True, "actor.prox_logp_method": "metrics"}
+
+
+@proof("areal", trainer="ppo", release="1.0.4", config=METRICS)
+def test_areal_decoupled_metrics_trains_on_the_recomputed_proximal_policy(p):
+    """prox_logp_method metrics: recomputes as 'recompute' does and logs the approximations beside; approx_kl and
+    the ratio still compare with the recomputed proximal policy."""
+    prove_pair(p, METRICS, prox="recomputed", old="inference")
