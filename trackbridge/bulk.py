@@ -263,12 +263,21 @@ def migrate_ray(runs: list[InputRun], *, src: str, dst: str, source: str, names:
     (default: as many as the cluster runs at once). Returns one result per run, in the source's order."""
     ray = _ray()
     started = False
+    loopback: Callable[[], None] | None = None
     if not ray.is_initialized():
         kw: dict[str, Any] = {"address": address, "namespace": NAMESPACE, "log_to_driver": False,
                               "include_dashboard": False}
-        if address is None and not os.environ.get("RAY_ADDRESS") and jobs > 1:
-            kw["num_cpus"] = jobs
-        ray.init(**kw)
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            if jobs > 1:
+                kw["num_cpus"] = jobs
+            kw["_node_ip_address"] = "127.0.0.1"
+            loopback = loopback_only()          # a cluster trackbridge starts: reachable from this machine only
+        try:
+            ray.init(**kw)
+        except BaseException:
+            if loopback is not None:
+                loopback()
+            raise
         started = True
     limiter = None
     try:
@@ -326,6 +335,44 @@ def migrate_ray(runs: list[InputRun], *, src: str, dst: str, source: str, names:
                 pass
         if started:
             ray.shutdown()
+        if loopback is not None:
+            loopback()
+
+
+#: Ray's switch for a single-machine cluster (its ``ray_constants.ENABLE_RAY_CLUSTER``, read from this variable)
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only() -> Callable[[], None]:
+    """Make the local cluster about to be started listen on 127.0.0.1 only; returns what undoes it.
+
+    Given ``_node_ip_address="127.0.0.1"`` alone, Ray (2.x on Linux) still binds its GCS server, raylet, workers
+    and the driver's core worker to every interface (``::``) and its runtime-env agent to the machine's address.
+    What makes every one of them bind loopback is Ray's single-machine mode: ``ENABLE_RAY_CLUSTER`` false
+    (``ray/_private/ray_constants.py``, from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``; the default on Windows and
+    macOS, where ``services.get_node_ip_address`` then answers ``get_localhost_ip()``). The variable is set for the
+    processes the cluster starts, and the constant for this one (Ray read it when it was imported); both are put
+    back when the cluster is shut down. Checked by listing the cluster's sockets
+    (``tests/trackers/test_ray_loopback.py``)."""
+    before = os.environ.get(LOCAL_ONLY_ENV)
+    os.environ[LOCAL_ONLY_ENV] = "0"
+    constants = None
+    old_constant = None
+    try:
+        import ray._private.ray_constants as constants
+        old_constant = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+        constants.ENABLE_RAY_CLUSTER = False
+    except (ImportError, AttributeError):      # another Ray layout: the variable alone
+        constants = None
+
+    def undo() -> None:
+        if before is None:
+            os.environ.pop(LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[LOCAL_ONLY_ENV] = before
+        if constants is not None and old_constant is not None:
+            constants.ENABLE_RAY_CLUSTER = old_constant
+    return undo
 
 
 def _say(enabled: bool, text: str) -> None:
