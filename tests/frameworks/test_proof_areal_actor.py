@@ -129,7 +129,10 @@ def run_actor(config: dict, seed: int = 0) -> tuple[list[dict], list[dict], list
     def rank(r: int):
         st = rank_stats_tracker()
         A = areal_actor(st)
-        cfg = A.PPOActorConfig(**{k.removeprefix("actor."): v for k, v in config.items()})
+        settings = {k.removeprefix("actor."): v for k, v in config.items()}
+        if isinstance(settings.get("rejection_sampling"), dict):           # the nested config, as hydra builds it
+            settings["rejection_sampling"] = A.RejectionSamplingConfig(**settings["rejection_sampling"])
+        cfg = A.PPOActorConfig(**settings)
         batch = _batch(r, seed)
         engine = Engine(batch)
         actor = A.PPOActor(cfg, engine)
@@ -332,3 +335,42 @@ def test_areal_decoupled_metrics_trains_on_the_recomputed_proximal_policy(p):
     """prox_logp_method metrics: recomputes as 'recompute' does and logs the approximations beside; approx_kl and
     the ratio still compare with the recomputed proximal policy."""
     prove_pair(p, METRICS, prox="recomputed", old="inference")
+
+
+REJECT = {**BASE, "actor.use_decoupled_loss": True,
+          "actor.rejection_sampling": {"level": "token", "action": "mask", "metric": "ratio", "upper": 1.15}}
+
+
+def test_areal_rejection_sampling_behave_statistics_compare_the_proximal_policy_with_the_inference_engine():
+    """Decoupled PPO with token-level rejection sampling (mask, ratio pi_prox / pi_behave above 1.15): the behave_*
+    statistics compare the recomputed proximal policy with the inference engine's over the tokens kept
+    (denominator unclipped_behave_tokens); approx_kl still pools every valid token (grpo_loss_fn's denominator is
+    the loss mask before rejection), while the importance weight and the clip mask of a rejected token are 0 and
+    still counted in that denominator. Not a fingerprint proof: the behave_* and importance_weight keys are
+    unmapped (no reduction stated)."""
+    exports, batches, calls = run_actor(REJECT)
+    logged = exports[0]
+    assert exports[0] == exports[1]
+    log_ratio = token_steps(batches, calls, lambda P, _c: P["recomputed"] - P["inference"])
+    flat = [v for mini in log_ratio[0] for rank in mini for micro in rank for seq in micro for v in seq]
+    kept = [v for v in flat if math.exp(v) <= 1.15]
+    assert 0 < len(kept) < len(flat), "the batch has tokens rejection sampling keeps and tokens it rejects"
+    assert logged["ppo_actor/update/unclipped_behave_tokens"] == len(kept)
+    assert logged["ppo_actor/update/behave_approx_kl/avg"] == pytest.approx(sum(kept) / len(kept), rel=1e-5)
+    assert logged["ppo_actor/update/behave_approx_kl/avg"] != pytest.approx(sum(flat) / len(flat), rel=1e-3)
+    assert logged["ppo_actor/update/behave_imp_weight/avg"] == pytest.approx(
+        sum(math.exp(v) for v in kept) / len(kept), rel=1e-5)
+    assert logged["ppo_actor/update/behave_imp_weight/max"] == pytest.approx(math.exp(max(kept)), rel=1e-5)
+    # approx_kl: theta - prox over every valid token, the rejected ones included
+    kl = token_steps(batches, calls, lambda P, _c: P["theta"] - P["recomputed"])
+    assert logged["ppo_actor/update/approx_kl/avg"] == pytest.approx(pooled(kl), rel=1e-5)
+    # importance weight: exp(theta - prox) on the kept tokens, 0 on the rejected, over every valid token
+    keep = lambda P: torch.exp(P["recomputed"] - P["inference"]) <= 1.15       # noqa: E731
+    iw = token_steps(batches, calls, lambda P, _c: torch.where(keep(P), torch.exp(P["theta"] - P["recomputed"]), 0.0))
+    iw_kept_only = [v for mini in iw[0] for rank in mini for micro in rank for seq in micro for v in seq if v != 0.0]
+    assert logged["ppo_actor/update/importance_weight/avg"] == pytest.approx(pooled(iw), rel=1e-5)
+    assert logged["ppo_actor/update/importance_weight/avg"] < sum(iw_kept_only) / len(iw_kept_only)
+    assert logged["ppo_actor/update/importance_weight/min"] == 0.0, "a rejected token's ratio is logged as 0"
+    clip = token_steps(batches, calls, lambda P, call: (keep(P) & clipped(torch.exp(P["theta"] - P["recomputed"]),
+                                                                           call["adv"])).float())
+    assert logged["ppo_actor/update/clip_ratio/avg"] == pytest.approx(pooled(clip), rel=1e-6)
