@@ -133,11 +133,29 @@ class Composite(Node):
             self.detail = {"parts": [(p.detail or {}) if p.last_true is not None else {} for p in self.parts]}
 
 
-def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str]) -> Node:
+def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str],
+          shared: dict[tuple[Any, ...], Primitive] | None = None, names: Mapping[str, str] | None = None) -> Node:
     """The node tree of ``spec``; ``config``: canonical config values (bounds from the config); ``better``: role ->
-    the bound metric's direction (``no_gain``)."""
+    the bound metric's direction (``no_gain``). ``shared`` (with ``names``, role -> the canonical name bound): the
+    primitives already built for this run, by kind, parameters and names read; an identical one is reused, so one
+    series judged the same way by several checks is judged once per point."""
     if spec.parts:
-        return Composite(spec, [build(p, config, better) for p in spec.parts])
+        return Composite(spec, [build(p, config, better, shared, names) for p in spec.parts])
+    roles = sorted(spec.roles())
+    key = None
+    if shared is not None and names is not None and all(r in names for r in roles):
+        key = (spec.kind, tuple(sorted((k, repr(v)) for k, v in spec.params.items() if k not in ("of", "to"))),
+               tuple(names[r] for r in roles), tuple(better.get(r, "higher") for r in roles))
+        found = shared.get(key)
+        if found is not None:
+            return found
+    node = _primitive(spec, config, better)
+    if key is not None and shared is not None:
+        shared[key] = node
+    return node
+
+
+def _primitive(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str]) -> Primitive:
     kind = spec.kind
     if kind in ("above", "below"):
         return Bound(spec, config)

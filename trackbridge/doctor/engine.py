@@ -185,7 +185,8 @@ class _Instance:
         self._patterns = {role: [(n, None if not is_template(n) else template_regex(n)) for n in names]
                           for role, names in check.reads.items()}
 
-    def bind(self, metrics: Mapping[str, Any], new_keys: list[str]) -> bool:
+    def bind(self, metrics: Mapping[str, Any], new_keys: list[str],
+             shared: dict[tuple[Any, ...], Primitive] | None = None) -> bool:
         """Bind unbound roles to names in this record; True when every role is bound (the node is then built)."""
         for role, pats in self._patterns.items():
             if role in self.bound:
@@ -205,7 +206,7 @@ class _Instance:
         if self.node is None:
             better = {role: self.check.better.get(role, {}).get(self._pattern_of(role, name), "higher")
                       for role, name in self.bound.items()}
-            self.node = build(self.check.when, self.config, better)
+            self.node = build(self.check.when, self.config, better, shared, self.bound)
             self.prims = primitives(self.node)
             if not self.node.applicable:
                 need = sorted(p.p["config"] for p in self.prims if isinstance(p, Bound) and not p.applicable)
@@ -232,10 +233,7 @@ class _Instance:
         the check held at it for the first time in the run."""
         node = self.node
         assert node is not None
-        fired = self._judge(node, step)
-        for p in self.prims:
-            p.fresh = False                 # the next record starts unfed
-        return fired
+        return self._judge(node, step)
 
     def _judge(self, node: Node, step: float) -> bool:
         node.update(step)
@@ -281,6 +279,7 @@ class _Instance:
             if isinstance(p, Bound) and "config" in p.p and p.role in series:
                 caveats.append(f"the bound of {self.bound.get(p.role, p.role)} is {fmt(p.p.get('times', 1))} x the "
                                f"run config's {p.p['config']} = {fmt(self.config.get(p.p['config']))}")
+        caveats = list(dict.fromkeys(caveats))
         return Finding(check=self.check, run=run, severity=self.severity, series=series,
                        stretches=list(self.stretches), count=self.count, notes=list(self.notes), caveats=caveats,
                        order=self.order)
@@ -313,7 +312,8 @@ class Doctor:
         self._waiting = [i for i in self.instances if i.why_not is None]     # roles not all bound yet
         self._running: list[_Instance] = []
         self._seen: set[str] = set()
-        self._subs: dict[str, list[tuple[_Instance, Primitive, str | None, bool]]] = {}   # name -> who reads it
+        self._subs: dict[str, list[list[Any]]] = {}     # name -> [primitive, other name, takes NaN, its checks]
+        self._shared: dict[tuple[Any, ...], Primitive] = {}     # identical primitives of several checks: one
         self._index = 0
         self.derived: set[str] = set()
         self.records = 0
@@ -333,7 +333,7 @@ class Doctor:
             still = []
             for inst in self._waiting:
                 started = inst.node is not None
-                if inst.bind(metrics, new):
+                if inst.bind(metrics, new, self._shared):
                     if inst.why_not is None and not started:
                         self._running.append(inst)
                     if len(inst.bound) < len(inst.check.reads) and inst.why_not is None:
@@ -346,6 +346,7 @@ class Doctor:
         # point is judged (a check none of whose series is in the record is not touched: its state is unchanged)
         subs = self._subs
         touched: list[_Instance] = []
+        fed: list[Primitive] = []
         mark = self.records
         for name, v in metrics.items():
             readers = subs.get(name)
@@ -356,7 +357,7 @@ class Doctor:
                     continue
             v = float(v)
             finite = math.isfinite(v)
-            for inst, p, other, nonfinite in readers:
+            for p, other, nonfinite, insts in readers:
                 if other is not None:
                     o = metrics.get(other)
                     if o is None or (o.__class__ not in _NUMBER and not _number(o)) or not o \
@@ -367,21 +368,31 @@ class Doctor:
                     p.point(step, v)
                 else:
                     continue
-                if inst.mark != mark:
-                    inst.mark = mark
-                    touched.append(inst)
+                fed.append(p)
+                for inst in insts:
+                    if inst.mark != mark:
+                        inst.mark = mark
+                        touched.append(inst)
         fired = []
         for inst in touched:
             if inst.judge(step):
                 fired.append(inst.finding(self.label, approximate or {}, self.derived))
+        for p in fed:
+            p.fresh = False                 # judged by every check that reads it: the next record starts unfed
         return fired
 
     def _subscribe(self) -> None:
         """Who reads each canonical name: worked out again only when a record bound new roles."""
-        subs: dict[str, list[tuple[_Instance, Primitive, str | None, bool]]] = {}
+        subs: dict[str, list[list[Any]]] = {}
+        index: dict[tuple[str, int], list[Any]] = {}
         for inst in self._running:
             for p, name, other, nonfinite in inst.feeds():
-                subs.setdefault(name, []).append((inst, p, other, nonfinite))
+                entry = index.get((name, id(p)))
+                if entry is None:           # a primitive shared by several checks is fed once per point
+                    entry = index[(name, id(p))] = [p, other, nonfinite, []]
+                    subs.setdefault(name, []).append(entry)
+                if inst not in entry[3]:
+                    entry[3].append(inst)
         self._subs = subs
 
     def warm(self, records: Iterable[Record], prefix: str = "doctor/") -> None:
