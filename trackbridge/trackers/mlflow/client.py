@@ -69,7 +69,7 @@ def make_client(location: str) -> MlflowClient:
 
 
 # -- a locked store: waited for ------------------------------------------------------------------------------
-LOCKED_PATIENCE = 180.0          # seconds one call keeps trying a locked store before its error is raised
+LOCKED_PATIENCE = 60.0           # seconds one call keeps trying a locked store before its error is raised
 _LOCKED = ("database is locked", "database table is locked", "sqlite_busy")
 T = TypeVar("T")
 
