@@ -15,6 +15,28 @@ the metric code are loaded by file from the installed wheel, under empty package
 ``get_world_size``) is the simulated data-parallel group of :mod:`_support.framework_code`: every rank runs in its
 own thread with its own ``DistributedStatsTracker`` and the collectives meet at a barrier. Nothing here computes a
 metric itself: the proofs call the tracker the way ``areal/trainer/ppo/actor.py`` does (cited per call).
+
+The PPO actor (:func:`areal_actor`, tests/frameworks/test_proof_areal_actor.py) runs from the same wheel:
+
+* ``areal/trainer/ppo/actor.py``: ``PPOActor.__init__``, ``_log_configuration``, ``_compute_logp``,
+  ``_compute_advantages`` and every top-level function and constant (``grpo_loss_fn``, ``_resolve_proximal_logp``,
+  ``compute_prox_logp_approximations``, ``_log_proximal_approximation_stats``, ...), compiled from the file's text
+  against one process's stats_tracker (:func:`rank_stats_tracker`). Its imports that these do not use are not
+  loaded: ``areal.api.TrainEngine`` (an annotation, given as ``Any``), ``GatewayTrainController``,
+  ``TrainController``, ``serialize_value`` (the controller classes), ``trace_perf`` (decorates the public methods,
+  not compiled), ``Normalization`` (adv_norm/reward_norm, None by default), ``batched_call`` and
+  ``split_padded_tensor_dict_into_mb_list`` (``ppo_update``'s per-trajectory concat and mini-batch split, done by
+  the test module as ``_ppo_update`` does);
+* ``areal/utils/functional/functional.py``: the whole file (``ppo_actor_loss_fn``, ``apply_rejection_sampling``);
+  its two imports are modules holding the real classes compiled from their files' text (``areal.api.cli_args``:
+  RejectionSamplingConfig; ``areal.utils.data``: KLEstimator), since cli_args.py imports hydra, the engines and
+  numba, and data.py einops, torchdata and numba;
+* ``areal/api/cli_args.py``: ``PPOActorConfig`` (defaults, ``__post_init__``, ``should_compute_prox_logp``),
+  ``NormConfig``, ``RejectionSamplingConfig``, from the file's text. The one stand-in: PPOActorConfig's base
+  ``TrainEngineConfig`` is compiled with only the field the actor reads (``temperature``, :data:`ENGINE_FIELDS`,
+  its default from the file) and a ``__post_init__`` that does nothing (the real one validates the optimizer,
+  backend and scheduling settings, none of which the code under test reads);
+* ``areal/utils/constants.py`` and ``areal/trainer/ppo/stats.py`` (``infer_token_denominator``): whole files.
 """
 from __future__ import annotations
 
@@ -89,37 +111,20 @@ def areal() -> types.SimpleNamespace:
 
 
 # ------------------------------------------------------------------ the PPO actor's loss and statistics (issue 33)
-#: what :func:`areal_actor` runs, from the installed wheel
-ACTOR_CODE = {
-    "areal/trainer/ppo/actor.py": "PPOActor.__init__, _log_configuration, _compute_logp, _compute_advantages; every "
-                                  "top-level function (grpo_loss_fn, _resolve_proximal_logp, "
-                                  "compute_prox_logp_approximations, _log_proximal_approximation_stats, ...)",
-    "areal/utils/functional/functional.py": "the whole file (ppo_actor_loss_fn, apply_rejection_sampling, ...)",
-    "areal/api/cli_args.py": "PPOActorConfig (its defaults, __post_init__, should_compute_prox_logp), NormConfig, "
-                             "RejectionSamplingConfig",
-    "areal/utils/data.py": "KLEstimator",
-    "areal/utils/constants.py": "the whole file",
-    "areal/trainer/ppo/stats.py": "the whole file (infer_token_denominator)",
-}
-
-
 #: the fields of TrainEngineConfig (PPOActorConfig's base) that PPOActor reads: actor.py@v1.0.4:64
 ENGINE_FIELDS = ("temperature",)
 
 
 def _defs_from_source(path: Path, namespace: dict[str, Any], *, classes: tuple[str, ...] = (),
-                      functions: bool = False, bases: dict[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
+                      functions: bool = False) -> dict[str, Any]:
     """The named top-level classes (decorators included) and, with ``functions``, every top-level function of the
-    file at ``path``, compiled from its own text into ``namespace``; ``bases`` renames a class's bases."""
+    file at ``path``, compiled from its own text into ``namespace``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     nodes = [n for n in tree.body if (isinstance(n, ast.ClassDef) and n.name in classes)
              or (functions and isinstance(n, ast.FunctionDef))]
     missing = set(classes) - {n.name for n in nodes}
     if missing:
         raise ImportError(f"{path}: no {sorted(missing)}")
-    for n in nodes:
-        if isinstance(n, ast.ClassDef) and bases and n.name in bases:
-            n.bases = [ast.Name(id=b, ctx=ast.Load()) for b in bases[n.name]]
     exec(compile(ast.fix_missing_locations(ast.Module(body=nodes, type_ignores=[])), str(path), "exec"),
          namespace)                                                  # noqa: S102 - the wheel's own code
     return namespace
@@ -182,7 +187,6 @@ def _actor_support() -> types.SimpleNamespace:
     data_mod.KLEstimator = data["KLEstimator"]
     functional = _load_file("areal.utils.functional.functional", root / "utils/functional/functional.py",
                             {"areal.api.cli_args": cli_mod, "areal.utils.data": data_mod})
-    functional.dist = A.stats_tracker.dist                   # the simulated group (sequence-level rejection only)
     return types.SimpleNamespace(constants=constants, stats=stats, cli=cli_mod, data=data_mod,
                                  functional=functional, logging=logging_mod, root=root)
 
@@ -192,8 +196,8 @@ ACTOR_METHODS = ("__init__", "_log_configuration", "_compute_logp", "_compute_ad
 
 @functools.lru_cache(maxsize=None)
 def _actor_code() -> tuple[Any, ...]:
-    """actor.py's top-level functions and constants and PPOActor's ACTOR_METHODS, compiled from the wheel's text once (parsing
-    in the ranks' threads trips CPython 3.11's AST recursion check)."""
+    """actor.py's top-level functions and constants and PPOActor's ACTOR_METHODS, compiled from the wheel's text
+    once (parsing in the ranks' threads trips CPython 3.11's AST recursion check)."""
     path = _actor_support().root / "trainer/ppo/actor.py"
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     # every top-level function and constant (_EPSILON); not the imports (see areal_actor) nor `logger = ...`
@@ -209,12 +213,7 @@ def areal_actor(stats_tracker: types.ModuleType) -> types.SimpleNamespace:
     """AReaL 1.0.4's PPO actor (areal/trainer/ppo/actor.py) compiled from the wheel's text against one process's
     ``stats_tracker`` (:func:`rank_stats_tracker`): ``PPOActor`` (``__init__``, ``_log_configuration``,
     ``_compute_logp``, ``_compute_advantages``), every top-level function of the file (``grpo_loss_fn`` and its
-    helpers) and ``PPOActorConfig``. The file's imports that these do not use are left out: ``areal.api``
-    (TrainEngine, an annotation), ``GatewayTrainController``, ``TrainController`` and ``serialize_value`` (the
-    controllers' bases and RPC), ``trace_perf`` (decorates compute_logp/compute_advantages/ppo_update, which are
-    not compiled: the proofs call the undecorated methods they wrap), ``Normalization``, ``batched_call`` and
-    ``split_padded_tensor_dict_into_mb_list`` (areal/utils/data.py: adv_norm, off by default, and the per-trajectory
-    concat and mini-batch split of ``ppo_update``, which the proofs do as _ppo_update does: see the test module)."""
+    helpers) and ``PPOActorConfig``; which of the file's imports are left out, and why: the module docstring."""
     import torch
 
     S = _actor_support()
