@@ -345,3 +345,60 @@ def test_rollouts_of_another_seed_give_other_data_metrics():
                                    epochs=1, critic=False)
     assert not close(run.metrics["critic/advantages/mean"], other.metrics["critic/advantages/mean"])
     assert got.use_critic is False and "critic/values/mean" not in other.metrics
+
+
+# ------------------------------------------------------------------------------------------------ rollout vs trainer
+def debug_batch(seed: int = 7):
+    """A padded batch as _compute_old_log_prob hands calculate_debug_metrics (rollout.calculate_log_probs): the
+    trainer's old log-probs beside the inference engine's, ragged responses (response_mask), tool tokens out."""
+    c = V.code()
+    torch = c.torch
+    g = torch.Generator().manual_seed(seed)
+    lens = ROLLOUT.resp_lens
+    n, width = len(lens), max(lens)
+    mask = torch.zeros(n, width, dtype=torch.long)
+    for i, k in enumerate(lens):
+        mask[i, :k] = 1
+        for j, t in enumerate(ROLLOUT.tool[i][:k]):
+            mask[i, j] = 0 if t else 1
+    old = -torch.rand(n, width, generator=g) * 2 - 0.05
+    rollout = old + (torch.rand(n, width, generator=g) - 0.5) * 0.6
+    td = c.TensorDict({"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask,
+                       "responses": torch.full((n, width), 5)}, batch_size=[n])
+    return c.DataProto(batch=td), old, rollout, mask
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=dict(BASE, **{
+    "actor_rollout_ref.rollout.calculate_log_probs": True}))
+def test_rollout_probs_diff_mean_is_over_the_batchs_valid_tokens(p):
+    """training/rollout_probs_diff_mean (utils/debug/metrics.py calculate_debug_metrics): the mean of
+    |p_old - p_rollout| over every valid response token of the batch at once (masked_select), not per sequence."""
+    from verl.utils.debug.metrics import calculate_debug_metrics
+    data, old, rollout, mask = debug_batch()
+    logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
+    diffs = ragged((old.exp() - rollout.exp()).abs(), mask.bool())
+    p.assert_stated("training/rollout_probs_diff_mean", token_observations(logged["training/rollout_probs_diff_mean"],
+                                                                           diffs),
+                    levels=DRIVER, tokens=("token_mean", "seq_mean_token_mean"))
+    p.check(not close(logged["training/rollout_probs_diff_mean"], statistics.fmean(statistics.fmean(d) for d in diffs)),
+            "the token mean equals the mean of sequence means: the batch does not tell them apart")
+
+
+def test_rollout_probs_diff_other_stats_are_not_the_templates_mean():
+    """The {stat} template states the token mean, which is right for _mean only: veRL's _max is the batch's largest
+    valid token, _std the sample std over the valid tokens, _valid a 1 flag (metrics.py@v0.9.1:116-119). No
+    canonical sampling/probs_diff/max|std|valid exists to give them entries of their own (mappings/verl.yaml's
+    note says so); this test keeps the difference visible until they do."""
+    from _support.fingerprint import fingerprint
+    from verl.utils.debug.metrics import calculate_debug_metrics
+    data, old, rollout, mask = debug_batch()
+    logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
+    diffs = ragged((old.exp() - rollout.exp()).abs(), mask.bool())
+    pooled = [v for d in diffs for v in d]
+    found = fingerprint(token_observations(logged["training/rollout_probs_diff_max"], diffs),
+                        tokens=("token_mean", "seq_mean_token_mean"), stats=("max",))
+    assert found.stat == "max" and close(logged["training/rollout_probs_diff_max"], max(pooled))
+    std = logged["training/rollout_probs_diff_std"]
+    assert close(std, statistics.stdev(pooled)) and not close(std, statistics.pstdev(pooled)), std
+    assert logged["training/rollout_probs_diff_valid"] == 1.0
+    assert not close(logged["training/rollout_probs_diff_max"], statistics.fmean(pooled))
