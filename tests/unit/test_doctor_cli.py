@@ -72,7 +72,8 @@ def test_exit_codes(tmp_path, capsys):
     bad.write_text("format: trackbridge.checks/1\nchecks:\n  - id: x\n")
     assert code("doctor", sick, "--mappings", bad) == USAGE
     err = capsys.readouterr().err
-    assert "bad_checks.yaml:3" in err and "the run holds no records" in err and "no-such-check" in err
+    # an empty file is refused before it is read (the one input rule), naming it
+    assert "bad_checks.yaml:3" in err and "empty.jsonl: an empty file" in err and "no-such-check" in err
 
 
 def test_checks_can_be_chosen(tmp_path, capsys):
