@@ -646,3 +646,14 @@ def test_loss_kl_and_grad_norm_jumping_three_steps_apart_are_together(tmp_path, 
     s[loss][93] = 0.5                                    # the loss follows 3 steps later
     f = only(doctor(tmp_path, spec, s), "loss-kl-grad-spike-together")
     assert (f.first_step, f.last_step) == (93, 93)
+
+
+def test_ppo_a_drastic_first_update_approx_kl_above_1_and_clip_fraction_for_5_points(tmp_path):
+    spec = "trl/ppo@0.12.0"                              # lr 0.1: the first update is far too drastic
+    s = R.healthy(spec)
+    s["kl/old_policy/k2"][0] = 14.8                      # the first point: no baseline yet, 1 nat is beyond any
+    for t, v in zip(range(0, 8), [0.44, 0.33, 0.34, 0.26, 0.25, 0.10, 0.31, 0.3]):
+        s["policy/clip_frac"][t] = v                     # above 0.2 at steps 0-4, a dip at 5
+    d = doctor(tmp_path, spec, s)
+    a, c = only(d, "approx-kl-spike"), only(d, "clip-fraction-high")
+    assert (a.first_step, a.last_step, c.first_step, c.last_step) == (0, 0, 0, 4)
