@@ -794,3 +794,26 @@ def run_validation(data_sources: list, uids: list, infos: dict) -> tuple[dict[st
     with _patched(c.metric_utils, bootstrap_metric=bootstrap_metric):
         out = val_metrics_update()(types.SimpleNamespace(), data_sources, uids, infos, [])
     return {k: float(v) for k, v in out.items()}, calls
+
+
+# --------------------------------------------------------------------------------------------- KL in the reward
+def run_kl_penalty(data, kl_ctrl, kl_penalty: str = "kl") -> tuple[Any, dict[str, float], list]:
+    """``apply_kl_penalty`` (trainer/ppo/ray_trainer.py, which the V1 trainer's ``_compute_advantage`` imports and
+    calls under algorithm.use_kl_in_reward), compiled from the file's own text (the module imports Ray's worker
+    groups) with veRL's own ``core_algos`` and ``masked_mean``; returns the data, the logged metrics and the
+    per-token KL matrices ``core_algos.kl_penalty`` returned (captured)."""
+    import verl
+    c = code()
+    root = Path(verl.__file__).resolve().parent
+    seen: list = []
+
+    def kl_penalty_fn(*a, **kw):
+        out = c.core_algos.kl_penalty(*a, **kw)
+        seen.append(out.detach().clone())
+        return out
+
+    algos = types.SimpleNamespace(kl_penalty=kl_penalty_fn, AdaptiveKLController=c.core_algos.AdaptiveKLController)
+    ns = {"torch": c.torch, "DataProto": c.DataProto, "core_algos": algos, "masked_mean": c.verl_F.masked_mean}
+    fn = _compile(root / "trainer/ppo/ray_trainer.py", ["apply_kl_penalty"], ns)["apply_kl_penalty"]
+    data, metrics = fn(data, kl_ctrl=kl_ctrl, kl_penalty=kl_penalty)
+    return data, {k: float(v) for k, v in metrics.items()}, seen

@@ -402,3 +402,49 @@ def test_rollout_probs_diff_other_stats_are_not_the_templates_mean():
     assert close(std, statistics.stdev(pooled)) and not close(std, statistics.pstdev(pooled)), std
     assert logged["training/rollout_probs_diff_valid"] == 1.0
     assert not close(logged["training/rollout_probs_diff_max"], statistics.fmean(pooled))
+
+
+# ------------------------------------------------------------------------------------------------ KL in the reward
+def kl_batch(seed: int = 9):
+    """The padded batch _compute_advantage builds (response_mask, rm_scores as token_level_scores, the old and
+    reference log-probs) for ROLLOUT's ragged responses, tool tokens out of the mask."""
+    c = V.code()
+    torch = c.torch
+    data, old, _, mask = debug_batch(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    ref = old + (torch.rand(old.shape, generator=g) - 0.5) * 0.8
+    td = c.TensorDict({"old_log_probs": old, "ref_log_prob": ref, "response_mask": mask,
+                       "token_level_scores": torch.zeros(old.shape), "responses": torch.full(old.shape, 5)},
+                      batch_size=[old.shape[0]])
+    return c.DataProto(batch=td), mask
+
+
+KL_IN_REWARD = dict(BASE, **{"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "kl",
+                             "algorithm.kl_ctrl.kl_coef": 0.05, "algorithm.kl_ctrl.type": "adaptive"})
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=KL_IN_REWARD)
+def test_reward_kl_penalty_is_the_mean_of_sequence_token_means(p):
+    """actor/reward_kl_penalty (apply_kl_penalty under algorithm.use_kl_in_reward, kl_penalty kl = k1): the k1 KL
+    core_algos.kl_penalty returns, masked with response_mask, averaged per sequence and then over sequences (not the
+    batch's token mean); actor/reward_kl_penalty_coeff: the controller's beta the rewards were penalised with,
+    read before the adaptive controller's update."""
+    c = V.code()
+    data, mask = kl_batch()
+    old, ref = data.batch["old_log_probs"].clone(), data.batch["ref_log_prob"].clone()
+    ctrl = c.core_algos.AdaptiveKLController(init_kl_coef=0.05, target_kl=0.01, horizon=100)
+    data, logged, seen = V.run_kl_penalty(data, ctrl, "kl")
+    p.check(len(seen) == 1, seen)
+    kld = ragged(seen[0], mask.bool())
+    p.check(all(close(v, o - r) for v, o, r in zip([x for s in kld for x in s],
+                                                    [x for s in ragged(old, mask.bool()) for x in s],
+                                                    [x for s in ragged(ref, mask.bool()) for x in s])),
+            "the KL veRL computed is not k1 = old - ref")
+    p.assert_stated("actor/reward_kl_penalty", token_observations(logged["actor/reward_kl_penalty"], kld),
+                    levels=DRIVER, tokens=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"))
+    p.check(not close(logged["actor/reward_kl_penalty"], statistics.fmean(v for s in kld for v in s)),
+            "the mean of sequence means equals the token mean: the batch does not tell them apart")
+    p.assert_stated("actor/reward_kl_penalty_coeff", logged["actor/reward_kl_penalty_coeff"], [[[[[[0.05]]]]]],
+                    levels=())
+    p.check(logged["actor/reward_kl_penalty_coeff"] == 0.05 and not close(ctrl.value, 0.05),
+            (logged["actor/reward_kl_penalty_coeff"], ctrl.value))
