@@ -46,14 +46,17 @@ KEYS = ["actor/pg_loss", "critic/score/mean", "response_length/mean", "custom/a"
 def cluster():
     """A one-node Ray cluster for this module: 2 CPUs (tasks take 1 each), 80 MB of object store, no dashboard."""
     tmp = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))       # short: Ray's socket paths must stay < 108 bytes
+    from trackbridge.bulk import loopback_only
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")      # a cluster on 127.0.0.1 only; no token written to ~/.ray
+        undo = loopback_only()                      # every socket on 127.0.0.1 (the address alone binds ::)
         ray.init(address="local", num_cpus=2, object_store_memory=80 * 2 ** 20, include_dashboard=False,
                  log_to_driver=False, namespace="trackbridge", _node_ip_address="127.0.0.1", _temp_dir=str(tmp))
         try:
             yield ray.get_runtime_context().gcs_address
         finally:
             ray.shutdown()
+            undo()
             shutil.rmtree(tmp, ignore_errors=True)
 
 
