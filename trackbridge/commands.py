@@ -70,9 +70,19 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                    "it to canonical names with derived metrics, and write a self-contained "
                                    "report.html, one PNG per metric, summary.csv and summary.md to --out. "
                                    "One run gives the same report for a single run.")
-    p.add_argument("runs", nargs="+", metavar="RUN",
+    p.add_argument("runs", nargs="*", metavar="RUN",
                    help="run locator or LABEL=LOCATOR, e.g. grpo=trainer-state:out/trainer_state.json "
                         "verl=console:verl.log; a plain path a reader recognises works too (verl=verl.log)")
+    p.add_argument("--group", action="append", default=[], metavar="LABEL=RUN,RUN,...",
+                   help="aggregate seeds: a group of runs (each a RUN label given or a locator), repeatable; the "
+                        "report adds per group the mean curve with its band, the IQM, final performance and "
+                        "area under the curve with rliable's intervals, and the runs behind each point")
+    p.add_argument("--group-by", default=None, metavar="CONFIG_KEY",
+                   help="aggregate the runs given by the value of a config key, e.g. trainer.algorithm")
+    p.add_argument("--band", default="ci", choices=["ci", "iqr"],
+                   help="the groups' band: ci (95%% bootstrap interval of the mean, seeded; default) or iqr")
+    p.add_argument("--last", type=int, default=10, metavar="K",
+                   help="a run's final performance: the mean of its last K points (default 10)")
     p.add_argument("--metrics", default=None, metavar="NAMES|PRESET",
                    help="comma-separated canonical names, patterns (kl/*) or presets: effectiveness, stability, "
                         "efficiency, data (default: every metric)")
@@ -188,7 +198,8 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         result = compare_runs(args.runs, metrics=args.metrics, x=args.x, smooth=args.smooth,
                               smooth_kind=args.smooth_kind, out=out, mappings=args.mappings or None,
-                              title=args.title)
+                              title=args.title, groups=args.group or None, group_by=args.group_by,
+                              band=args.band, last=args.last)
     except (ValueError, OSError, RuntimeError) as exc:     # a run that cannot be read: bad input
         print(f"trackbridge compare: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -209,6 +220,11 @@ def _compare(args: argparse.Namespace) -> int:
             if names:
                 shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
                 print(f"warning: {len(names)} {_CAVEAT[g]}: {shown}", file=sys.stderr)
+    for group, labels in result.group_members.items():
+        print(f"group {group}: {len(labels)} run{'s' if len(labels) != 1 else ''} ({', '.join(labels)})"
+              + ("; one run: no band" if len(labels) == 1 else ""), file=sys.stderr)
+    if result.groups:
+        print(f"groups: {result.group_fidelity_line()}", file=sys.stderr)
     if result.html is not None:
         print(f"{len(result.metrics)} metrics, {len(result.pngs)} charts", file=sys.stderr)
         print(result.html)

@@ -20,6 +20,12 @@ chart;
 the report says so when one run has one and another run the other. With ``into=SINK`` every run is also written,
 under canonical names, into one tracker (:mod:`.into`). One run gives the same report for a single run.
 
+With ``groups=`` (``{"TRL": [RUN, ...], "veRL": [...]}`` or ``["TRL=RUN,RUN", ...]``; a RUN is a locator or the
+label of a run given in ``locators``) or ``group_by=CONFIG_KEY`` the runs are also aggregated per group (seeds):
+the mean curve with its band, the IQM and the final-performance and area-under-curve summaries with rliable's
+intervals, and the runs behind each point (:mod:`.groups`), in :attr:`CompareResult.groups` and the report's
+"Groups" section.
+
 Runs are streamed (:mod:`.load`): memory holds each run's statistics and the points its charts draw, not its
 records, so it does not grow with the inputs' size.
 """
@@ -28,15 +34,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..schema.proofs import only_unproven
 from .align import SMOOTH_KINDS, X_KINDS, Axis, run_axis, series
+from .groups import BANDS, LAST, REPS, SEED, GroupMetric
 from .load import LoadedRun, load_runs
 from .presets import LOOK_ALIKES, PRESETS, preset_of, select
 from .stats import MetricStats
 
 if TYPE_CHECKING:       # pragma: no cover
+    from collections.abc import Mapping, Sequence
+
     from ..doctor import Finding
     from ..schema.model import CanonicalSchema
 
@@ -91,6 +100,14 @@ class CompareResult:
     # trackbridge doctor's findings, per run (in run order, each run's ordered by what to look at first), shown
     # above the key charts, each linked to the charts of the metrics it read; empty: no findings section
     findings: list[Finding] = field(default_factory=list)
+    # seeds aggregated (groups= / group_by=): group label -> its runs' labels, and per group and metric the aggregate
+    group_members: dict[str, list[str]] = field(default_factory=dict)
+    groups: list[GroupMetric] = field(default_factory=list)
+    group_chart_reports: dict[str, MetricReport] = field(default_factory=dict)  # metric -> caveats over all groups
+    band: str = "ci"
+    last: int = LAST
+    reps: int = REPS
+    seed: int = SEED
 
     def metric(self, name: str) -> MetricReport | None:
         return next((m for m in self.metrics if m.name == name), None)
@@ -99,17 +116,16 @@ class CompareResult:
         """How many charted series are the same quantity in every run (``exact``), differ in meaning in some run
         (``differs``: their reductions differ, said per run with the fields), or are equal as stated but not yet
         proven by running a framework's code (``unproven``)."""
-        out = {"exact": 0, "differs": 0, "unproven": 0}
-        for mr in self.metrics:
-            out["differs" if mr.differs else "unproven" if mr.unproven else "exact"] += 1
-        return out
+        return fidelity_counts(self.metrics)
 
     def fidelity_line(self) -> str:
         """One line of :meth:`fidelity_counts`, as the CLI, report.html and summary.md say it."""
-        c = self.fidelity_counts()
-        return (f"{len(self.metrics)} series: {c['exact']} the same quantity in every run, {c['differs']} not the "
-                f"same quantity (the reductions differ: each says how), {c['unproven']} the same as stated but not "
-                "yet proven by running the framework's code")
+        return fidelity_line(self.metrics)
+
+    def group_fidelity_line(self) -> str:
+        """:meth:`fidelity_line` of the group aggregates, each over its group's runs."""
+        return fidelity_line([g.fidelity for g in self.groups if g.fidelity is not None], what="aggregates",
+                             where="every run of its group")
 
     def warn(self, group: str, text: str, metric: str | None = None, *, first: bool = False) -> None:
         """Add a warning to :attr:`warnings` (the flat list the CLI prints) and to its group."""
@@ -122,6 +138,22 @@ class CompareResult:
             items.insert(0, (metric, text))
         else:
             items.append((metric, text))
+
+
+def fidelity_counts(reports: "Iterable[MetricReport]") -> dict[str, int]:
+    """How many of ``reports`` are the same quantity in every run, differ in some, or are equal but unproven."""
+    out = {"exact": 0, "differs": 0, "unproven": 0}
+    for mr in reports:
+        out["differs" if mr.differs else "unproven" if mr.unproven else "exact"] += 1
+    return out
+
+
+def fidelity_line(reports: "list[MetricReport]", what: str = "series", where: str = "every run") -> str:
+    """The one line of :func:`fidelity_counts` the CLI, report.html and summary.md say."""
+    c = fidelity_counts(reports)
+    return (f"{len(reports)} {what}: {c['exact']} the same quantity in {where}, {c['differs']} not the "
+            f"same quantity (the reductions differ: each says how), {c['unproven']} the same as stated but not "
+            "yet proven by running the framework's code")
 
 
 # the report's warning groups, in the order shown (each an expandable list with its count)
@@ -139,14 +171,22 @@ WARNING_GROUPS = {
 def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]" = None, x: str = "step",
                  smooth: int = 0, smooth_kind: str = "ema", out: "Path | str | None" = Path("compare-report"),
                  into: str | None = None, mappings: "list[str] | None" = None, source: str = "auto",
-                 title: str | None = None, doctor: bool = True) -> CompareResult:
+                 title: str | None = None, doctor: bool = True,
+                 groups: "Mapping[str, Sequence[str]] | Sequence[str] | None" = None, group_by: str | None = None,
+                 band: str = "ci", last: int = LAST, reps: int = REPS, seed: int = SEED) -> CompareResult:
     """Compare runs (locators, optionally ``LABEL=LOCATOR``) and write the report to ``out`` (None: no report).
 
     ``metrics``: None (all), a preset (``effectiveness``, ``stability``, ``efficiency``, ``data``), canonical names
     or patterns, comma-separated or as a list. ``x``: step, samples, tokens or time. ``smooth``: N > 1 draws an
     EMA of span N (``smooth_kind="mean"``: a trailing mean of N points) over the faint raw line; the tables always
     use the raw values. ``into``: a sink locator to write every run into as well. ``doctor``: run the diagnostic
-    checks (:mod:`trackbridge.doctor`) over each run as it is read; the report opens with their findings."""
+    checks (:mod:`trackbridge.doctor`) over each run as it is read; the report opens with their findings.
+
+    ``groups`` / ``group_by``: aggregate seeds (see the module docstring and :mod:`.groups`); ``band``: ``ci`` (the
+    95% bootstrap interval of the mean) or ``iqr``; ``last``: the points of a run its final performance averages;
+    ``reps`` and ``seed``: the bootstrap's resamples and seed."""
+    locators = list(locators)
+    specs = _group_options(groups, group_by, band, last, reps)
     if x not in X_KINDS:
         raise ValueError(f"unknown x axis {x!r}; expected one of {', '.join(X_KINDS)}")
     if smooth_kind not in SMOOTH_KINDS:
@@ -161,9 +201,10 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         from ..locators import parse
         from ..trackers import kinds, sink_class
         sink_class(parse(into, kinds=kinds("sink")).kind)
-    runs = load_runs(list(locators), mappings=mappings, source=source, doctor=doctor)
+    runs, members = _load_grouped(locators, specs, mappings=mappings, source=source, doctor=doctor)
     result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
-                           summary_md=None, runs=runs, x=x, smooth=smooth)
+                           summary_md=None, runs=runs, x=x, smooth=smooth, band=band, last=int(last),
+                           reps=int(reps), seed=int(seed))
     schema = _schema(mappings)
     available: dict[str, None] = {}
     for r in runs:
@@ -214,6 +255,17 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
                 "unproven" if mr.approximate else "look_alike"
             result.warn(group, f"{mr.name}: {mr.warning}", mr.name)
 
+    if group_by:
+        from .groups import group_by as by_config
+        members, without = by_config(runs, group_by)
+        if not members:
+            raise ValueError(f"--group-by {group_by}: no run's config has this key")
+        if without:
+            result.warn("reading", f"--group-by {group_by}: not in any group (no such config key): "
+                                   + ", ".join(without))
+    if members:
+        _aggregate(result, members, axes, schema)
+
     if into:
         from .into import write_into
         result.into = write_into(runs, into)
@@ -222,6 +274,105 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         from .report import write_report
         write_report(result, axes, smooth_kind=smooth_kind, title=title)
     return result
+
+
+def _group_options(groups: "Mapping[str, Sequence[str]] | Sequence[str] | None", group_by: str | None,
+                   band: str, last: int, reps: int) -> dict[str, list[str]]:
+    """The groups as given, checked with the aggregation's settings before any run is read."""
+    from .groups import group_specs
+    if groups and group_by:
+        raise ValueError("--group and --group-by: give one of them")
+    if group_by is not None and not str(group_by).strip():
+        raise ValueError("--group-by: an empty config key")
+    if band not in BANDS:
+        raise ValueError(f"--band {band}: expected one of {', '.join(BANDS)}")
+    if int(last) < 1:
+        raise ValueError(f"--last {last}: must be at least 1")
+    if int(reps) < 100:
+        raise ValueError(f"reps={reps}: at least 100 bootstrap resamples")
+    if isinstance(groups, str):
+        groups = [groups]
+    return group_specs(groups) if groups else {}
+
+
+def _load_grouped(locators: list[str], specs: dict[str, list[str]], **kw: Any) -> \
+        tuple[list[LoadedRun], dict[str, list[str]]]:
+    """Read the runs given and those the groups name by locator; each group's members as run labels. A group's
+    RUN is the label of a run given (every run of it, when its locator held several), a locator given, or a locator
+    of its own (read like the others)."""
+    from ..locators import Locator, parse_many
+    from ..trackers import kinds, source_locator
+    from .groups import members as named
+    if not locators and not specs:
+        raise ValueError("compare needs at least one run locator")
+    runs = load_runs(locators, **kw) if locators else []
+    labels = [r.label for r in runs]
+    own = {t: loc.label for t, loc in zip(locators, parse_many([source_locator(t) for t in locators],
+                                                               kinds=kinds("source")))}
+    extra: dict[str, str] = {}                                 # a group's own locator -> its runs' label
+    for label, items in specs.items():
+        for item in items:
+            if item in own or item in extra or named(item, labels):
+                continue
+            try:
+                (loc,) = parse_many([source_locator(item)], kinds=kinds("source"))
+            except ValueError as exc:
+                raise ValueError(f"--group {label}: {item!r} is not the label of a run given, nor a run locator: "
+                                 f"{str(exc).splitlines()[0]}") from None
+            base = name = loc.label or "run"
+            n = 2
+            while named(name, labels) or name in extra.values():
+                name, n = f"{base}-{n}", n + 1
+            try:
+                found = load_runs([f"{name}={Locator(loc.kind, loc.location, dict(loc.options))}"], **kw)
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"--group {label}: {item}: {str(exc).splitlines()[0]}") from None
+            runs += found
+            labels += [r.label for r in found]
+            extra[item] = name
+    out: dict[str, list[str]] = {}
+    for label, items in specs.items():
+        got: dict[str, None] = {}
+        for item in items:
+            got.update(dict.fromkeys(named(own.get(item) or extra.get(item) or item, labels)))
+        out[label] = list(got)
+    return runs, out
+
+
+def _aggregate(result: CompareResult, members: dict[str, list[str]], axes: dict[str, Axis],
+               schema: CanonicalSchema | None) -> None:
+    """Every charted metric aggregated over every group that has it; the caveats of the group's runs with it."""
+    from .groups import aggregate
+    by_label = {r.label: r for r in result.runs}
+    result.group_members = members
+    grouped = [by_label[lab] for lab in dict.fromkeys(lab for ms in members.values() for lab in ms)]
+    for mr in result.metrics:
+        for group, labels in members.items():
+            mine = [by_label[lab] for lab in labels if by_label[lab].has_metric(mr.name)]
+            if not mine:
+                continue
+            gm = aggregate(group, mr.name, {r.label: series(r, mr.name, axes[r.label]) for r in mine},
+                           band=result.band, last=result.last, reps=result.reps, seed=result.seed)
+            gm.fidelity = _metric_report(mr.name, mine, axes, schema)
+            bucketed = [r.label for r in mine if (r.metric_stats(mr.name) or _NO_STATS).points > _series_cap()]
+            if bucketed:
+                gm.notes.append("aggregated over the points the chart keeps (each bucket's lowest and highest) of "
+                                + ", ".join(bucketed))
+            result.groups.append(gm)
+        if any(g.metric == mr.name for g in result.groups):
+            result.group_chart_reports[mr.name] = _metric_report(mr.name, grouped, axes, schema)
+
+
+class _NoStats:
+    points = 0
+
+
+_NO_STATS = _NoStats()
+
+
+def _series_cap() -> int:
+    from .load import SERIES_POINTS
+    return SERIES_POINTS
 
 
 def disjoint_steps(runs: "list[LoadedRun]") -> str | None:

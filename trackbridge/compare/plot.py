@@ -1,4 +1,5 @@
-"""One PNG per metric, all runs overlaid (matplotlib, Agg backend: no display needed)."""
+"""One PNG per metric, all runs overlaid (matplotlib, Agg backend: no display needed); with groups, one PNG per
+metric with one line per group, its band, and below it the number of runs behind each point."""
 from __future__ import annotations
 
 import gc
@@ -47,9 +48,37 @@ def _mpl() -> ModuleType:
     return plt
 
 
-def draw(chart: Chart, path: Path) -> Path:
+@dataclass
+class GroupLine:
+    """One group's mean curve, its band (NaN where it has none) and the runs behind each point."""
+
+    label: str
+    xs: list[float]
+    mean: list[float]
+    lo: list[float]
+    hi: list[float]
+    count: list[int]
+    color: str | None = None
+
+
+@dataclass
+class GroupChart:
+    """One metric's chart of groups: a line per group with its band, the runs behind each point underneath."""
+
+    metric: str
+    ylabel: str
+    xlabel: str
+    lines: list[GroupLine]
+    band: str                                  # what the band is, for the legend
+    warning: str | None = None
+
+
+def draw(chart: "Chart | GroupChart", path: Path) -> Path:
     """Draw ``chart`` into the PNG file ``path`` (its folder is created); returns ``path``."""
-    _render(chart, path)
+    if isinstance(chart, GroupChart):
+        _render_groups(chart, path)
+    else:
+        _render(chart, path)
     # a figure sits in reference cycles, and with it Agg's buffers (~90 MB for 10,000 noisy points): freed only by
     # the cycle collector, which might not run before the next chart; collected here (the figure is out of scope:
     # _render has returned), the peak memory of a report is one chart's, not one per chart
@@ -96,6 +125,47 @@ def _render(chart: Chart, path: Path) -> None:
         v = ys_all[0]
         pad = abs(v) * 0.05 or 0.05
         ax.set_ylim(v - pad, v + pad)
+    for k, line in enumerate(note_lines):
+        fig.text(0.02, 0.02 + 0.045 * (len(note_lines) - 1 - k), line, fontsize=9, color="#8a1c00",
+                 ha="left", va="bottom")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format="png")
+    plt.close(fig)
+
+
+def _render_groups(chart: GroupChart, path: Path) -> None:
+    plt = _mpl()
+    fig = plt.figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    note_lines = textwrap.wrap("\u26a0 " + chart.warning, 120) if chart.warning else []
+    bottom = 0.1 + 0.045 * len(note_lines)
+    height = 0.91 - bottom
+    ax = fig.add_axes((0.09, bottom + 0.3 * height, 0.88, 0.7 * height))
+    cnt = fig.add_axes((0.09, bottom, 0.88, 0.22 * height), sharex=ax)
+    top = 1
+    for i, ln in enumerate(chart.lines):
+        if not ln.xs:
+            continue
+        color = ln.color or COLORS[i % len(COLORS)]
+        few = len(ln.xs) <= 40
+        ax.fill_between(ln.xs, ln.lo, ln.hi, color=color, alpha=0.2, linewidth=0)
+        ax.plot(ln.xs, ln.mean, color=color, linewidth=1.8, label=f"{ln.label} (n={max(ln.count)})",
+                marker="o" if few else None, markersize=3)
+        cnt.step(ln.xs, ln.count, where="mid", color=color, linewidth=1.2)
+        top = max(top, max(ln.count))
+    ax.set_title(chart.metric, fontsize=12, loc="left")
+    ax.set_title(f"mean per group; band: {chart.band}", fontsize=9, loc="right", color="#555555")
+    ax.set_ylabel(chart.ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelbottom=False)
+    if any(ln.xs for ln in chart.lines):
+        ax.legend(loc="best", fontsize=9, framealpha=0.85)
+    else:
+        ax.text(0.5, 0.5, "no points on this x axis", ha="center", va="center", transform=ax.transAxes,
+                color="#666666")
+    cnt.set_ylim(0, top + 0.5)
+    cnt.set_ylabel("runs", fontsize=9)
+    cnt.set_xlabel(chart.xlabel)
+    cnt.grid(True, alpha=0.3)
     for k, line in enumerate(note_lines):
         fig.text(0.02, 0.02 + 0.045 * (len(note_lines) - 1 - k), line, fontsize=9, color="#8a1c00",
                  ha="left", va="bottom")

@@ -1,4 +1,6 @@
-"""The report: ``report.html`` (self-contained), ``charts/*.png``, ``summary.csv`` and ``summary.md``.
+"""The report: ``report.html`` (self-contained), ``charts/*.png``, ``summary.csv`` and ``summary.md``; with groups
+(seeds aggregated, :mod:`.groups`) also ``charts/groups_*.png``, ``groups.csv`` and a "Groups" section in
+``report.html`` and ``summary.md``.
 
 The HTML loads nothing: the charts are embedded as base64 data URIs, the style is inline, there is no script, and a
 Content-Security-Policy forbids any other load, so it opens offline and from an e-mail attachment alike.
@@ -29,12 +31,16 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from .._version import __version__ as _tb_version
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
-from .plot import Chart, Line, charting, draw
+from .groups import COLUMNS as GROUP_COLUMNS
+from .groups import CONFIDENCE
+from .groups import row as group_row
+from .plot import Chart, GroupChart, GroupLine, Line, charting, draw
 from .presets import PRESETS
 from .stats import COLUMNS, MetricStats, fmt_csv, fmt_short
 
 if TYPE_CHECKING:       # pragma: no cover  (the package imports this module on use: no import at run time)
     from . import CompareResult, MetricReport
+    from .groups import GroupMetric
     from .load import LoadedRun
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -200,7 +206,10 @@ def write_report(result: CompareResult, axes: dict[str, Axis], *, smooth_kind: s
     out = result.out
     assert out is not None, "write_report: the comparison has no output folder"
     charts = [f"charts/{i:03d}_{slug(mr.name)}.png" for i, mr in enumerate(result.metrics, 1)]
-    manifest = OutputManifest.prepare(out, "compare", [*charts, "report.html", "summary.csv", "summary.md"])
+    charts += [f"charts/{_group_png(i, mr.name)}" for i, mr in enumerate(result.metrics, 1)
+               if mr.name in result.group_chart_reports]
+    manifest = OutputManifest.prepare(out, "compare", [*charts, "report.html", "summary.csv", "summary.md",
+                                                        *(["groups.csv"] if result.groups else [])])
     charts_dir = out / "charts"
     charts_dir.mkdir(parents=True, exist_ok=True)
     by_label = {r.label: r for r in result.runs}
@@ -218,10 +227,129 @@ def write_report(result: CompareResult, axes: dict[str, Axis], *, smooth_kind: s
             draw(Chart(mr.name, ylabel, xlabel, lines, warning=footnote(mr)), path)
             mr.chart = path
             result.pngs.append(path)
+            if mr.name in result.group_chart_reports:
+                result.pngs.append(_draw_groups(result, i, mr, charts_dir / _group_png(i, mr.name), xlabel))
     result.summary_csv = _write_csv(result, out / "summary.csv")
+    if result.groups:
+        _write_groups_csv(result, out / "groups.csv")
     result.summary_md = _write_md(result, out / "summary.md", title)
     result.html = _write_html(result, out / "report.html", title, smooth_kind)
     manifest.save()
+
+
+def _group_png(i: int, name: str) -> str:
+    from . import slug
+    return f"groups_{i:03d}_{slug(name)}.png"
+
+
+def _group_band(result: CompareResult) -> str:
+    return (f"{int(CONFIDENCE * 100)}% bootstrap CI of the mean ({result.reps} resamples, seed {result.seed})"
+            if result.band == "ci" else "interquartile range")
+
+
+def _draw_groups(result: CompareResult, i: int, mr: MetricReport, path: Path, xlabel: str) -> Path:
+    """The metric's chart of groups: one line per group, its band, and the runs behind each point."""
+    from .plot import COLORS
+    lines = []
+    for k, group in enumerate(result.group_members):
+        gm = next((g for g in result.groups if g.group == group and g.metric == mr.name), None)
+        if gm is None or gm.x is None:
+            continue
+        lines.append(GroupLine(group, gm.x.tolist(), gm.mean.tolist(), gm.lo.tolist(), gm.hi.tolist(),
+                               gm.count.tolist(), color=COLORS[k % len(COLORS)]))
+    ylabel = mr.name + (f" [{mr.unit}]" if mr.unit else "")
+    band = f"{int(CONFIDENCE * 100)}% bootstrap CI of the mean" if result.band == "ci" else "interquartile range"
+    return draw(GroupChart(mr.name, ylabel, xlabel, lines, band,
+                           warning=footnote(result.group_chart_reports[mr.name])), path)
+
+
+def _group_rows(result: CompareResult) -> Iterator[tuple[GroupMetric, list]]:
+    for gm in result.groups:
+        yield gm, group_row(gm, result.band)
+
+
+def _write_groups_csv(result: CompareResult, path: Path) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow([*GROUP_COLUMNS, "fidelity"])
+        for gm, cells in _group_rows(result):
+            fid = gm.fidelity.warning if gm.fidelity is not None else None
+            w.writerow([csv_text(c) if isinstance(c, str) else fmt_csv(c) for c in cells] + [csv_text(fid or "")])
+    return path
+
+
+def _group_md(result: CompareResult) -> list[str]:
+    """summary.md's "Groups" section: who is in each group, how the numbers are made, one row per aggregate."""
+    lines = ["## Groups", ""]
+    for group, labels in result.group_members.items():
+        lines.append(f"- {_md_cell(group)}: {len(labels)} run{'s' if len(labels) != 1 else ''} "
+                     f"({_md_cell(', '.join(labels))})")
+    lines.append("")
+    lines.append(_groups_said(result))
+    lines.append("")
+    if result.groups:
+        lines.append(f"{result.group_fidelity_line()}.")
+        lines.append("")
+    head = ["group", "metric", "runs", "runs per point", "final (mean [band])", "final IQM [CI]", "auc (mean [band])",
+            "auc IQM [CI]", "note"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join("---" for _ in head) + "|")
+    for gm, cells in _group_rows(result):
+        lines.append("| " + " | ".join(_md_cell(c) for c in _group_cells(gm, cells)) + " |")
+    lines.append("")
+    return lines
+
+
+def _groups_said(result: CompareResult) -> str:
+    return (f"Per group and metric on the x axis ({X_LABELS[result.x]}): the mean over the runs with a point at each "
+            f"x (the union of the runs' x values; a run counts only where it has a point) and its band, "
+            f"{_group_band(result)}; final = each run's mean of its last {result.last} points, auc = the area under "
+            "each run's curve (trapezoid rule on the x axis); over the runs their mean with the band and their IQM "
+            f"(interquartile mean) with its stratified bootstrap {int(CONFIDENCE * 100)}% CI, as rliable computes "
+            "them. A group of one run has no band.")
+
+
+def _group_cells(gm: GroupMetric, cells: list) -> list[str]:
+    _g, _m, runs, per_point, _band, *nums, note = cells
+
+    def est(v: object, lo: object, hi: object) -> str:
+        return fmt_short(v) + (f" [{fmt_short(lo)}, {fmt_short(hi)}]" if lo is not None else "")
+    brief = _brief(gm.fidelity) if gm.fidelity is not None and gm.fidelity.warning else ""
+    return [gm.group, f"`{gm.metric}`", str(runs), per_point, est(*nums[0:3]), est(*nums[3:6]), est(*nums[6:9]),
+            est(*nums[9:12]), "; ".join(t for t in (brief, note) if t)]
+
+
+def _group_html(result: CompareResult, e: Callable[[object], str]) -> str:
+    """report.html's "Groups" section: the groups, the chart of each metric, the caveats, the table."""
+    h = ["<section id=\"groups\"><h2>Groups</h2><ul>"]
+    for group, labels in result.group_members.items():
+        h.append(f"<li><b>{e(group)}</b>: {len(labels)} run{'s' if len(labels) != 1 else ''} "
+                 f"({e(', '.join(labels))})</li>")
+    h.append(f"</ul><p class=\"meta\">{e(_groups_said(result))} {e(result.group_fidelity_line())}. "
+             "The same table: <a href=\"groups.csv\">groups.csv</a>.</p>")
+    head = ["group", "runs", "runs per point", "final (mean [band])", "final IQM [CI]", "auc (mean [band])",
+            "auc IQM [CI]", "note"]
+    for i, mr in enumerate(result.metrics, 1):
+        chart_mr = result.group_chart_reports.get(mr.name)
+        if chart_mr is None:
+            continue
+        h.append(f"<div class=\"metric\" id=\"g-{_anchor(mr.name)[2:]}\"><h3>{e(mr.name)}</h3>")
+        png = result.out / "charts" / _group_png(i, mr.name) if result.out is not None else None
+        if png is not None and png.is_file():
+            data = base64.b64encode(png.read_bytes()).decode("ascii")
+            h.append(f"<a href=\"charts/{_e(png.name)}\"><img alt=\"groups chart of {e(mr.name)}\" width=\"900\" "
+                     f"height=\"500\" src=\"data:image/png;base64,{data}\"></a>")
+        if chart_mr.warning:
+            h.append(f"<div class=\"warn\"><b>&#9888; {e(mr.name)}:</b> {e(chart_mr.warning)}</div>")
+        h.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>")
+        for gm, cells in _group_rows(result):
+            if gm.metric == mr.name:
+                c = _group_cells(gm, cells)
+                h.append("<tr>" + f"<td>{e(c[0])}</td>" + "".join(f"<td class=\"num\">{e(v)}</td>" for v in c[2:8])
+                         + f"<td>{e(c[8])}</td></tr>")
+        h.append("</table></div>")
+    h.append("</section>")
+    return "\n".join(h)
 
 
 def _color(runs: list[LoadedRun], label: str) -> str:
@@ -293,6 +421,8 @@ def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
         lines.append("")
         lines += [f"- {_md_cell(w)}" for w in result.warnings]
         lines.append("")
+    if result.group_members:
+        lines += _group_md(result)
     lines.append("## Summary")
     lines.append("")
     lines.append("| " + " | ".join(COLUMNS) + " |")
@@ -430,6 +560,8 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
     h.append(f"<p class=\"meta\">{runs_txt} &middot; x axis: {e(X_LABELS[result.x])} &middot; {e(smooth_txt)}"
              + (f" &middot; <a href=\"#warnings\">&#9888; {n_warn} warning{'s' if n_warn != 1 else ''}</a>"
                 if n_warn else "")
+             + (f" &middot; <a href=\"#groups\">{len(result.group_members)} groups</a>" if result.group_members
+                else "")
              + f" &middot; <a href=\"#contents\">all {len(result.metrics)} metrics</a> &middot; "
              "<a href=\"summary.csv\">summary.csv</a> &middot; <a href=\"summary.md\">summary.md</a> &middot; "
              f"trackbridge {e(_tb_version)} &middot; {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>")
@@ -447,6 +579,10 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
             h.append(_section(mr, e))
     else:
         h.append("<p>No metric to show.</p>")
+
+    # seeds aggregated
+    if result.group_members:
+        h.append(_group_html(result, e))
 
     # warnings, grouped
     if result.warnings:
