@@ -133,3 +133,61 @@ def test_dual_clip_batches_differ():
     values = [r.metrics["actor/pg_clipfrac_lower"] for r in runs]
     assert len(set(values)) == 3, values
     assert statistics.pstdev(values) > 0
+
+
+def by_rank(values: list, micro: int = MICRO) -> list:
+    """Per-sequence (or per-token) values of the whole batch in the worker layout [rank][micro-batch][sequence]."""
+    per = len(values) // WORLD
+    return [[values[r * per + u:r * per + u + micro] for u in range(0, per, micro)] for r in range(WORLD)]
+
+
+KL_TYPES = {"kl": "k1", "mse": "k2", "abs": "abs"}
+
+
+def kl_config(kind: str) -> dict:
+    return dict(BASE, **{"actor_rollout_ref.actor.kl_loss_type": kind})
+
+
+def _kl_loss_proof(kind: str):
+    def proof_fn(p):
+        run = step(critic=False, kl_loss_type=kind)
+        base = step(critic=False)                           # the default low_var_kl run: the same first policy
+        steps = run.cap.batch("kl", run.n_opt_steps)
+        p.assert_stated("actor/kl_loss", run.metrics["actor/kl_loss"], steps, levels=LEVELS, tokens=TOKENS)
+        _, res = p.entry("actor/kl_loss")
+        p.check(res.fields["estimator"] == KL_TYPES[kind], (kind, res.fields))
+        # the first optimizer step sees the policy before any update in both runs: the per-token values are this
+        # estimator of the same log-ratio whose k3 the default run logged (k3 = exp(-d) - 1 + d, d = log p - log ref)
+        first = flat([steps[0][:1]])
+        k3 = flat([base.cap.batch("kl", base.n_opt_steps)[0][:1]])
+        p.check(len(first) == len(k3) and len(first) > 10, (len(first), len(k3)))
+        if kind == "kl":
+            p.check(any(v < 0 for v in first) and any(v > 0 for v in first), "k1 of a moved policy has both signs")
+        else:
+            p.check(all(v >= 0 for v in first), f"{kind}: a negative value")
+        p.check(not all(close(a, b) for a, b in zip(first, k3)), f"{kind}: the same values as low_var_kl")
+    proof_fn.__name__ = f"test_kl_loss_type_{kind}_keeps_the_engine_loss_reduction"
+    proof_fn.__doc__ = (f"actor/kl_loss with actor.kl_loss_type={kind} ({KL_TYPES[kind]}): the entry of that "
+                        "estimator, reduced like the default's (each optimizer step's pooled token mean, averaged "
+                        "over the optimizer steps); the per-token values are that estimator's, not low_var_kl's.")
+    # named before registering: the registry keys a proof by its function's name
+    return proof("verl", trainer="ppo", release="0.9.1", config=kl_config(kind))(proof_fn)
+
+
+test_kl_loss_type_kl_keeps_the_engine_loss_reduction = _kl_loss_proof("kl")
+test_kl_loss_type_mse_keeps_the_engine_loss_reduction = _kl_loss_proof("mse")
+test_kl_loss_type_abs_keeps_the_engine_loss_reduction = _kl_loss_proof("abs")
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=dict(BASE, **{
+    "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum"}))
+def test_entropy_with_seq_mean_token_sum(p):
+    """actor/entropy with actor.loss_agg_mode=seq-mean-token-sum: the old-log-prob pass's entropy aggregated on
+    the driver with that mode (the mean over sequences of each sequence's entropy sum), its own entry."""
+    run = step(critic=False, loss_agg_mode="seq-mean-token-sum")
+    ent = run.cap.driver[0]
+    p.check(ent["mode"] == "seq-mean-token-sum", ent["mode"])
+    p.assert_stated("actor/entropy", run.metrics["actor/entropy"], [[by_rank(ent["values"])]],
+                    levels=("micro_batches", "processes"), tokens=TOKENS)
+    _, res = p.entry("actor/entropy")
+    p.check(res.fields["tokens"] == "seq_mean_token_sum", res.fields)
