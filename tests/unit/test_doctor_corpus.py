@@ -36,11 +36,14 @@ DOCTOR = DATA / "doctor"
 LABELS = DOCTOR / "labels.yaml"
 
 # Floors: what today's checks reach on the corpus (set at the last re-measure; see the README's score table).
-PRECISION_FLOOR = 0.0
-RECALL_FLOOR = 0.0
+PRECISION_FLOOR = 0.94         # 112/119 findings right (2026-12-02 15:23 UTC)
+RECALL_FLOOR = 0.89            # 117/131 symptoms found
 
 # Healthy runs on which a check fires today: a strict xfail naming the check (remove the entry when it is fixed).
-KNOWN_FALSE_ALARMS: dict[str, set[str]] = {}
+KNOWN_FALSE_ALARMS: dict[str, set[str]] = {
+    # step 9: loss 0.031 against +-0.02 around it, grad norm 0.31 and KL 0.003 (still ramping from 0): nothing jumps
+    "grpo_healthy_b64_lr5": {"loss-kl-grad-spike-together"},
+}
 
 
 # ------------------------------------------------------------------------------------------------ the labels
