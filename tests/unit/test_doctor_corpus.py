@@ -231,6 +231,10 @@ The seeds: [glossary] Hands-on Modern RL, Training Metrics Glossary (docs/en/app
 metrics-glossary.md); [trl-faq] TRL Training FAQ (docs/source/how_to_train.md); [trl-logging] TRL Logging, PPO
 (docs/source/logging.md); [trl-grpo] TRL GRPO Trainer (frac_reward_zero_std); as cited in mappings/checks.yaml.
 
+Not reproduced: a negative KL through the sampling settings (TRL's FAQ: top-k, min_length). RLOO (its `kl` is the
+k1 estimate, paid inside the reward) with top_k 2, 3 and 5 and beta 0.5-3 kept the k1 KL at or above 0 on this tiny
+model (`rloo_top_k` is kept for what did happen: with top_k=2 the reward never varies); GRPO's k3 cannot go negative.
+
 This file is generated: `python tests/unit/test_doctor_corpus.py --readme` (the labels and runs tables are checked
 by the test; the score table is as of the last `--readme`).
 """
