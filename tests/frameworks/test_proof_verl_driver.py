@@ -368,20 +368,20 @@ def debug_batch(seed: int = 7):
     return c.DataProto(batch=td), old, rollout, mask
 
 
-@proof("verl", trainer="ppo", release="0.9.1", config=dict(BASE, **{
-    "actor_rollout_ref.rollout.calculate_log_probs": True}))
-def test_rollout_probs_diff_mean_is_over_the_batchs_valid_tokens(p):
+def test_rollout_probs_diff_mean_is_over_the_batchs_valid_tokens():
     """training/rollout_probs_diff_mean (utils/debug/metrics.py calculate_debug_metrics): the mean of
-    |p_old - p_rollout| over every valid response token of the batch at once (masked_select), not per sequence."""
+    |p_old - p_rollout| over every valid response token of the batch at once (masked_select), not per sequence, as
+    the {stat} template states. Not a registered proof: the template's one reduce is wrong for its max, std and
+    valid (next test), so recording the entry proven would vouch for them too."""
+    from _support.fingerprint import fingerprint
     from verl.utils.debug.metrics import calculate_debug_metrics
     data, old, rollout, mask = debug_batch()
     logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
     diffs = ragged((old.exp() - rollout.exp()).abs(), mask.bool())
-    p.assert_stated("training/rollout_probs_diff_mean", token_observations(logged["training/rollout_probs_diff_mean"],
-                                                                           diffs),
-                    levels=DRIVER, tokens=("token_mean", "seq_mean_token_mean"))
-    p.check(not close(logged["training/rollout_probs_diff_mean"], statistics.fmean(statistics.fmean(d) for d in diffs)),
-            "the token mean equals the mean of sequence means: the batch does not tell them apart")
+    found = fingerprint(token_observations(logged["training/rollout_probs_diff_mean"], diffs),
+                        tokens=("token_mean", "seq_mean_token_mean"))
+    assert found.tokens == "token_mean" and found.stat == "mean", found
+    assert not close(logged["training/rollout_probs_diff_mean"], statistics.fmean(statistics.fmean(d) for d in diffs))
 
 
 def test_rollout_probs_diff_other_stats_are_not_the_templates_mean():
@@ -448,3 +448,80 @@ def test_reward_kl_penalty_is_the_mean_of_sequence_token_means(p):
                     levels=())
     p.check(logged["actor/reward_kl_penalty_coeff"] == 0.05 and not close(ctrl.value, 0.05),
             (logged["actor/reward_kl_penalty_coeff"], ctrl.value))
+
+
+# ------------------------------------------------------------------------------------------------ turns, aborted
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_num_turns_are_per_sequence_over_the_batch(p):
+    """num_turns/{mean,max,min} (compute_data_metrics on the __num_turns__ the V1 trainer exposes from the rollout's
+    num_turns): one value per sequence, over the whole batch."""
+    run, got = step()
+    turns = [float(x) for x in got.data.non_tensor_batch["__num_turns__"].tolist()]
+    p.check(len(set(turns)) > 1, turns)
+    seqs = [[v] for v in turns]
+    for stat in ("mean", "max", "min"):
+        key = f"num_turns/{stat}"
+        # most sequences tie on the extremes (1 or 2 turns): layouts that put all of one extreme in one group, first
+        # or last of its rank, so that a group's or a rank's selection misses it
+        n, lo, hi = len(turns), turns.count(min(turns)), turns.count(max(turns))
+        up, down = sorted(seqs), sorted(seqs, reverse=True)
+        extra = [(run.metrics[key], [[layout(order, cut)]]) for order, cut in
+                 ((up, ((lo, 1), (1, 1, n - lo - 3))), (up, ((1, 1, n - hi - 3), (1, hi))),
+                  (down, ((hi, 1), (1, 1, n - hi - 3))), (down, ((1, 1, n - lo - 3), (1, lo))))]
+        p.assert_stated(key, per_seq_observations(run.metrics[key], turns) + extra, levels=DRIVER,
+                        tokens=("per_seq",), stats=(stat,))
+
+
+def aborted_batch():
+    """The V1 trainer's metrics batch (_compute_metrics: prompt_length / response_length beside the padded
+    tensors) of 16 sequences, 3 of them aborted (response length 0), the rest ragged and none truncated."""
+    c = V.code()
+    torch = c.torch
+    resp = [2, 0, 3, 9, 1, 4, 0, 2, 3, 7, 2, 5, 9, 0, 6, 3]
+    prompt = ROLLOUT.prompt_lens
+    n, width, pw = len(resp), max(resp), max(prompt)
+    mask = torch.zeros(n, width, dtype=torch.long)
+    for i, k in enumerate(resp):
+        mask[i, :k] = 1
+    g = torch.Generator().manual_seed(13)
+    scores = torch.zeros(n, width)
+    for i, k in enumerate(resp):
+        if k:
+            scores[i, k - 1] = float(ROLLOUT.scores[i])
+    adv = torch.randn(n, width, generator=g) * mask
+    td = c.TensorDict({"prompts": torch.full((n, pw), 5), "responses": torch.full((n, width), 5),
+                       "response_mask": mask, "token_level_scores": scores, "token_level_rewards": scores,
+                       "advantages": adv, "returns": adv, "prompt_length": torch.tensor(prompt).float(),
+                       "response_length": torch.tensor(resp).float()}, batch_size=[n])
+    return c.DataProto(batch=td), resp
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_aborted_sequences_are_left_out_of_the_non_aborted_stats(p):
+    """response/aborted_ratio: the fraction of sequences with an empty response; response_length_non_aborted/*:
+    the lengths (mean, max, min, clip ratio against the padded width, the batch's longest in the V1 trainer) over
+    the non-aborted sequences only; response_length/mean counts the aborted ones as 0 (metric_utils.py
+    compute_data_metrics on the batch the V1 trainer builds)."""
+    c = V.code()
+    data, resp = aborted_batch()
+    m = {k: float(v) for k, v in c.metric_utils.compute_data_metrics(data, use_critic=False).items()}
+    aborted = [1.0 if k == 0 else 0.0 for k in resp]
+    p.check(0 < sum(aborted) < len(resp) / 4, aborted)
+    p.assert_stated("response/aborted_ratio", per_seq_observations(m["response/aborted_ratio"], aborted),
+                    levels=DRIVER, tokens=("per_seq",))
+    kept = [float(k) for k in resp if k]
+    shares = ((3, 1, 2), (2, 3, 1, 1))          # 13 sequences left
+    for stat in ("mean", "max", "min"):
+        key = f"response_length_non_aborted/{stat}"
+        p.assert_stated(key, per_seq_observations(m[key], kept, shares, ((5, 1, 1), (1, 1, 4))), levels=DRIVER,
+                        tokens=("per_seq",), stats=(stat,))
+    p.check(not close(m["response_length_non_aborted/mean"], m["response_length/mean"]),
+            "the aborted sequences do not change the mean")
+    width = data.batch["responses"].shape[-1]
+    clipped = [1.0 if k == width else 0.0 for k in kept]
+    p.check(0 < sum(clipped) and width == max(resp), (clipped, width))
+    p.assert_stated("response_length_non_aborted/clip_ratio",
+                    per_seq_observations(m["response_length_non_aborted/clip_ratio"], clipped, shares,
+                                         ((5, 1, 1), (1, 1, 4))), levels=DRIVER, tokens=("per_seq",))
+    p.check(not close(m["response_length_non_aborted/clip_ratio"], m["response_length/clip_ratio"]),
+            "the clip ratios over all and over the non-aborted sequences coincide")
