@@ -116,9 +116,11 @@ class Run:
     lr_jump: tuple[int, float] | None = None   # (step, factor): the learning rate is multiplied by factor from there
     data: str = "default"                # dpo/kto: "default" (a learnable preference), "tiny" (8 pairs: overfit)
     note: str = ""                       # what the config is for
+    tensorboard: bool = False            # also report_to="tensorboard" (kept as runs/<name>/tensorboard/)
 
     def config(self) -> dict[str, Any]:
         return {"trainer": self.trainer, "steps": self.steps, "seed": self.seed, "args": self.args,
+                "tensorboard": self.tensorboard,
                 "reward": self.reward, "lr_jump": list(self.lr_jump) if self.lr_jump else None, "data": self.data,
                 "note": self.note}
 
@@ -174,6 +176,9 @@ RUNS: list[Run] = [
         note="plain SGD at lr 2 with gradient clipping off"),
     Run("grpo_lr_jump", "grpo", 120, reward="reward_target", seed=0, lr_jump=(60, 100.0),
         args={"lr_scheduler_type": "constant"}, note="lr 1e-3, multiplied by 100 at step 60 (a bad schedule)"),
+    Run("grpo_lr_jump_tb", "grpo", 120, reward="reward_target", seed=0, lr_jump=(60, 100.0),
+        args={"lr_scheduler_type": "constant"}, tensorboard=True,
+        note="grpo_lr_jump again, also written to TensorBoard (report_to='tensorboard')"),
     Run("grpo_beta_weak", "grpo", 150, reward="reward_yes_fraction", seed=0,
         args={"beta": 0.001, "learning_rate": 3e-3}, note="KL coefficient 0.001, lr 3e-3, a reward that pays 'yes'"),
     Run("grpo_beta_strong", "grpo", 150, reward="reward_target", seed=0, args={"beta": 20.0},
@@ -238,6 +243,8 @@ RUNS: list[Run] = [
         note="16 pairs a step, lr 3e-4"),
     Run("dpo_overfit", "dpo", 150, seed=0, data="tiny", args={"learning_rate": 3e-3},
         note="8 random training pairs (nothing to generalise), 150 steps, lr 3e-3"),
+    Run("dpo_overfit_tb", "dpo", 150, seed=0, data="tiny", args={"learning_rate": 3e-3}, tensorboard=True,
+        note="dpo_overfit again, also written to TensorBoard (report_to='tensorboard')"),
     Run("dpo_lr_high", "dpo", 100, seed=0, args={"learning_rate": 0.2}, note="learning rate 200x too high"),
     Run("dpo_lr_zero", "dpo", 60, seed=0, args={"learning_rate": 0.0}, note="learning rate 0"),
     Run("kto_healthy_s0", "kto", 120, seed=0, note="the DPO pairs, unpaired; lr 1e-3"),
@@ -380,6 +387,9 @@ def train(run: Run) -> dict[str, Any]:
     base = base_model()
     args = {**BASE_ARGS[run.trainer], **run.args}
     common = _common(run, out)
+    if run.tensorboard:             # transformers' TensorBoardCallback, into a folder of the run's own
+        common["report_to"] = ["tensorboard"]
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
     t0 = time.time()
     model = AutoModelForCausalLM.from_pretrained(base)
     tok = AutoTokenizer.from_pretrained(base)
@@ -406,7 +416,10 @@ def train(run: Run) -> dict[str, Any]:
         trainer = _ppo_trainer(run, model, tok, base, common, args)
     else:
         raise SystemExit(f"{run.name}: unknown trainer {run.trainer}")
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        os.environ.pop("TENSORBOARD_LOGGING_DIR", None)
     wall = time.time() - t0
     write_state(trainer.state, out / "trainer_state.json")
     conf_out = {**run.config(), "args": {**args, **run.args}, "trl": trl.__version__,

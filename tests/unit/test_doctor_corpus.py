@@ -314,7 +314,7 @@ def test_the_corpus_has_30_runs_a_third_healthy_every_file_present():
     assert len({r.run for r in runs}) == len(runs)
     known = {c.id for c in load_checks()}
     for r in runs:
-        assert r.file.is_file(), r.path
+        assert r.file.exists(), r.path
         assert r.healthy == (not r.symptoms), r.run          # healthy: no symptom; sick: at least one
         for lab in r.symptoms:
             assert lab.symptom in symptoms, (r.run, lab.symptom)
