@@ -378,6 +378,21 @@ def test_no_finding_on_a_healthy_run(name):
     assert not known, f"{name}: {sorted(known)} no longer fire: remove the KNOWN_FALSE_ALARMS entry"
 
 
+def test_the_same_findings_through_trainer_state_and_tensorboard():
+    """A run written both ways (report_to='tensorboard', and the Trainer's trainer_state.json): the same findings,
+    check by check and stretch by stretch."""
+    _, runs = labels()
+    twins = [r for r in runs if r.path.endswith("/tensorboard")]
+    assert len(twins) >= 2
+    by_name = {s.run.run: s for s in scored()}
+    for r in twins:
+        tb = by_name[r.run]
+        state = by_name[r.run.removesuffix("_tb")]
+        assert state.run.path.endswith("trainer_state.json")
+        want = sorted((f.check, tuple(f.stretches)) for f in state.findings)
+        assert want and sorted((f.check, tuple(f.stretches)) for f in tb.findings) == want, r.run
+
+
 def test_the_readme_tables_are_current():
     text = (DOCTOR / "README.md").read_text()
     assert labels_tables() in text, "run: python tests/unit/test_doctor_corpus.py --readme"
