@@ -292,6 +292,9 @@ def _group_options(groups: "Mapping[str, Sequence[str]] | Sequence[str] | None",
         raise ValueError(f"reps={reps}: at least 100 bootstrap resamples")
     if isinstance(groups, str):
         groups = [groups]
+    if groups or group_by:
+        from .groups import _np
+        _np()                                           # numpy (the [plot] extra), before any run is read
     return group_specs(groups) if groups else {}
 
 

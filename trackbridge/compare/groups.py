@@ -44,6 +44,7 @@ _CHUNK = 2_000_000      # floats held at once by the curve's bootstrap
 
 
 def _np() -> Any:
+    """numpy, or :class:`~trackbridge.extras.MissingExtra` naming the [plot] extra that installs it."""
     from ..extras import PLOT, require
     require(("numpy",), PLOT[1], "compare's group statistics")
     import numpy

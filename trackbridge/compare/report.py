@@ -288,7 +288,8 @@ def _group_md(result: CompareResult) -> list[str]:
     lines.append(_groups_said(result))
     lines.append("")
     if result.groups:
-        lines.append(f"{result.group_fidelity_line()}.")
+        lines.append(f"{result.group_fidelity_line()}. The same table in full precision, with each caveat's "
+                     "reason: groups.csv.")
         lines.append("")
     head = ["group", "metric", "runs", "runs per point", "final (mean [band])", "final IQM [CI]", "auc (mean [band])",
             "auc IQM [CI]", "note"]
