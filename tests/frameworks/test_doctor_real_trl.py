@@ -68,20 +68,33 @@ def test_a_real_grpo_run(tmp_path, tiny_model):
     assert starts, clipped                           # the random model: most completions hit the 8 tokens
     first_clipped = starts[0]
     # live: each logged once, at the step where its evidence was complete (20 points; 5 points)
+    # ... or at the first point where every completion was cut (one point is enough)
+    every = [i + 1 for i, c in enumerate(clipped) if c > 0.99]
+    truncated_at = min([first_clipped + 4, *every[:1]])
+    # every reward is 0 and so is the gradient (beta's KL term is 0 at the reference): no learning signal from the
+    # first row, no update (gradient norm exactly 0 with lr 1e-3) from 3 points, the KL exactly 0 with beta 0.04
+    assert all(r["grad_norm"] == 0.0 and r["reward"] == 0.0 and r["kl"] == 0.0 for r in rows)
     texts = [(rec.step, k) for _s, rec in read_stream(run.spool_path) for k in rec.metrics if k.startswith("doctor/")]
-    assert sorted(texts) == sorted([(20, "doctor/no-learning-signal"),
-                                    (first_clipped + 4, "doctor/responses-truncated")])
+    assert sorted(texts) == sorted([(1, "doctor/no-learning-signal"), (3, "doctor/no-update"),
+                                    (5, "doctor/kl-exactly-zero"), (truncated_at, "doctor/responses-truncated")])
     found = {f.id: f for f in run.findings}
-    assert set(found) == {"no-learning-signal", "responses-truncated"}
-    assert (found["no-learning-signal"].first_step, found["no-learning-signal"].last_step) == (1, STEPS)
-    assert found["responses-truncated"].first_step == first_clipped
+    assert set(found) == {"no-learning-signal", "no-update", "kl-exactly-zero", "responses-truncated"}
+    for cid in ("no-learning-signal", "no-update", "kl-exactly-zero"):
+        assert (found[cid].first_step, found[cid].last_step) == (1, STEPS), cid
+    assert found["responses-truncated"].first_step == min([first_clipped, *every[:1]])
+    # the consequences are listed after their cause, the groups without learning signal
+    assert [f.id for f in run.findings][0] == "no-learning-signal"
     want = {f.id: (f.first_step, f.last_step, f.count) for f in run.findings}
     # the same findings from the stored run, through TRL's names (trainer_state.json) and from the spool; every
     # other check that reads TRL's GRPO names ran on it and stayed quiet
     for path in (state, run.spool_path):
         (r,) = open_runs(str(path), rows=True)
         d = diagnose(r)
-        assert {x.id: (x.first_step, x.last_step, x.count) for x in d.findings} == want, path
+        # kl-exactly-zero needs the run config's beta, which a file without the config does not carry
+        ran = {k: v for k, v in want.items() if k in d.ran}
+        assert set(want) - set(ran) <= {"kl-exactly-zero"}, (path, d.not_run)
+        assert all("kl_coef" in d.not_run[k] for k in set(want) - set(ran)), d.not_run
+        assert {x.id: (x.first_step, x.last_step, x.count) for x in d.findings} == ran, path
         assert {"kl-spike", "entropy-collapse", "clip-fraction-high", "grad-norm-explosion",
                 "loss-kl-grad-spike-together"} <= set(d.ran), d.not_run
     assert d.source.startswith("canonical")            # the spool: canonical names, translated from TRL's

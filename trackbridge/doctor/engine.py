@@ -243,9 +243,13 @@ class _Instance:
             self.open = False
             return False
         first = node.since if node.since is not None else step
-        if self.open and self.stretches and not first > self.stretches[-1].last:
-            st = self.stretches[-1]         # the same event goes on (evidence that began after it is a new one)
-            st.last, st.records, st.detail = step, st.records + 1, node.detail
+        last = self.stretches[-1] if self.stretches else None
+        if last is not None and (self.open and not first > last.last or not self.open and first <= last.last):
+            # the same event goes on (evidence that began after it is a new one), or evidence that began within the
+            # last stretch completes after a pause (a sustained bound's 5th point after a one-point form): one event
+            last.first = min(last.first, first)
+            last.last, last.records, last.detail = step, last.records + 1, node.detail
+            self.open = True
         else:
             self.count += 1
             self.open = True
