@@ -19,10 +19,12 @@ What runs, per simulated data-parallel rank (two, in threads; the tracker's own 
   the trained policy's log-probs, which move after each mini-batch's optimizer step.
 
 Asserted per configuration (the default; ``recompute_logprob``; ``use_decoupled_loss``; both; decoupled with
-``prox_logp_method: loglinear``): which pair of policies ``approx_kl`` (log pi_theta - log pi_prox), the importance
-weight (its avg, min and max: pi_theta / pi_prox) and the clip ratio compare, which log-prob ``old_logp`` logs, the
-reduction of approx_kl and clip_ratio (``p.assert_stated`` against the mappings/areal.yaml entry trackbridge picks
-for the config), and that the entry states a deviation exactly when the pair is not the trainer's own.
+``prox_logp_method`` metrics and loglinear): which pair of policies ``approx_kl`` (log pi_theta - log pi_prox), the
+importance weight (its avg, min and max: pi_theta / pi_prox), the clip ratio and the policy loss's ratio compare,
+which log-prob ``old_logp`` logs, the reduction of approx_kl, clip_ratio and actor_loss (``p.assert_stated`` against
+the mappings/areal.yaml entry trackbridge picks for the config), and that the approx_kl and clip_ratio entries
+state a deviation exactly when the pair is not the trainer's own (pi_prox recomputed by the trainer). Decoupled PPO
+with rejection sampling (behave_* statistics) is checked without a fingerprint: those keys are unmapped.
 """
 from __future__ import annotations
 
@@ -263,6 +265,16 @@ def prove_pair(p, config: dict, prox: str, old: str) -> None:
         observed.append((ex[0][key], token_steps(bs, cs, lambda P, call: clipped(torch.exp(P["theta"] - P[prox]),
                                                                                   call["adv"]).float())))
     p.assert_stated(key, observed, levels=("micro_batches", "mini_batches", "processes"))
+    # actor_loss: the per-token clipped surrogate max(-A r, -A clip(r, 1 - eps, 1 + eps)) of r = pi_theta / pi_prox
+    def surrogate(P, call, c):
+        r = torch.exp(P["theta"] - P[c])
+        return torch.maximum(-call["adv"] * r, -call["adv"] * r.clamp(0.8, 1.2))
+    loss = {c: token_steps(batches, calls, lambda P, call, c=c: surrogate(P, call, c)) for c in CANDIDATES}
+    key = "ppo_actor/update/actor_loss/avg"
+    p.check(math.isclose(logged[key], pooled(loss[prox]), rel_tol=1e-5), f"{key}: surrogate of pi_theta / pi_{prox}")
+    for c in others:
+        p.check(not math.isclose(logged[key], pooled(loss[c]), rel_tol=1e-4), f"{key} is not the surrogate of {c}")
+    p.assert_stated(key, logged[key], loss[prox], levels=("micro_batches", "mini_batches", "processes"))
     # old_logp: which log-prob the loss's "old" is (pi_behave under the decoupled loss)
     olds = {c: token_steps(batches, calls, lambda P, _c, c=c: P[c]) for c in ("recomputed", "inference")}
     p.check(math.isclose(logged["ppo_actor/update/old_logp/avg"], pooled(olds[old]), rel_tol=1e-5),
