@@ -356,7 +356,7 @@ def loopback_only() -> Callable[[], None]:
     (``tests/trackers/test_ray_loopback.py``)."""
     before = os.environ.get(LOCAL_ONLY_ENV)
     os.environ[LOCAL_ONLY_ENV] = "0"
-    constants = None
+    constants: Any = None
     old_constant = None
     try:
         import ray._private.ray_constants as constants

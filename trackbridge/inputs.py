@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TextIO
 
-from .errors import TrackBridgeError
 from .record import Record, RunInfo, iter_json_objects
 from .stream import is_header
+from .tracking.inputfile import InputError
+from .tracking.inputfile import input_problem as _input_problem
 from .tracking.source import TIME_AXIS, Problem, RunReader
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -55,95 +56,31 @@ class Row:
     shape: str = "dict"  # "dict" (plain logged dict) or "record" (stream record)
 
 
-class InputError(TrackBridgeError, ValueError):
-    """An input file that cannot be opened."""
+# -- the one rule for an input file (trackbridge/tracking/inputfile.py); each format's facts come from its reader
+#: logged dicts read as rows (``translate``, ``detect``): JSON or JSON lines
+_ROWS_TEXT = "JSON or JSON lines"
 
 
-# -- the one rule for an input file ------------------------------------------------------------------------------
-# What a file that is not what its name says really is, by its first bytes (so the message can say so).
-_MAGIC: tuple[tuple[bytes, str], ...] = (
-    (b"SQLite format 3\x00", "an SQLite database"), (b"\x89PNG\r\n\x1a\n", "a PNG image"),
-    (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"), (b"%PDF-", "a PDF document"),
-    (b"PAR1", "a Parquet file"), (b"PK\x03\x04", "a zip archive"), (b"\x1f\x8b", "a gzip file"),
-    (b":W&B", "a wandb transaction log"), (b"\x7fELF", "an executable"), (b"BZh", "a bzip2 file"),
-    (b"\xfd7zXZ\x00", "an xz file"), (b"\x93NUMPY", "a NumPy array"))
-# The formats that are a file with a signature of their own: what the file must start with, and what it is.
-_SIGNED: dict[str, tuple[bytes, str]] = {
-    "wandb": (b":W&B", "a wandb transaction log (.wandb)"),
-    "neptune": (b"PAR1", "a Parquet file"),
-    "comet": (b"PK\x03\x04", "a zip archive (Comet's offline experiment)"),
-    "clearml": (b"PK\x03\x04", "a zip archive (ClearML's offline session)"),
-    "mlflow": (b"SQLite format 3\x00", "an SQLite database (an MLflow store)"),
-    "trackio": (b"SQLite format 3\x00", "an SQLite database (a Trackio project)"),
-}
-# The text formats: a file of one of them must not be one of the formats above.
-_TEXT = {"jsonl": "JSON lines", "trainer-state": "a trainer_state.json (JSON)", "csv": "a CSV file",
-         "console": "a console log (text)", None: "JSON or JSON lines"}
-
-
-def _kind_of_file(mode: int) -> str:
-    import stat
-    for test, what in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return what
-    return "not a plain file"
+def _format_facts(kind: str | None) -> dict[str, Any]:
+    """What the reader registered as ``kind`` declares of its files (signature, text form, head check)."""
+    if kind is None:
+        return {"text": _ROWS_TEXT}
+    if not kind:
+        return {}
+    try:
+        from .trackers import source_class
+        cls = source_class(kind)
+    except Exception:       # noqa: BLE001 - an unknown kind or a missing extra: said when the reader is opened
+        return {}
+    return {"signature": getattr(cls, "signature", None), "text": getattr(cls, "text_form", None),
+            "head_check": getattr(cls, "head_problem", None)}
 
 
 def input_problem(path: str | Path, kind: str | None = None) -> str | None:
-    """Why ``path`` cannot be read as an input of ``kind`` (a reader's kind, None for logged dicts), or None.
-
-    The one rule every input file is held to before anything reads it: it is a **regular file** (a FIFO would
-    block the reader forever, ``/dev/zero`` feed it forever; a symlink is followed, and named when it leads to
-    one), it is **not empty**, and it is **what its name says** by its first bytes (a ``.wandb`` transaction log
-    starts with ``:W&B``, a Parquet file with ``PAR1``, an SQLite store with SQLite's header, a TensorBoard event
-    file with a TFRecord frame whose length CRC holds; a text format must not be an SQLite database, an image or an
-    archive). A folder is left to its reader (which holds each file it opens to this rule)."""
-    import os
-    import stat
-    p = Path(path)
-    try:
-        st = os.stat(p)                     # follows a symlink: what is read is what it points to
-    except OSError as exc:
-        return f"cannot open ({exc.strerror or exc})"
-    link = f" (a link to {os.path.realpath(p)})" if p.is_symlink() else ""
-    if stat.S_ISDIR(st.st_mode):
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return f"not a regular file: {_kind_of_file(st.st_mode)}{link}; nothing was read from it"
-    if st.st_size == 0:
-        return f"an empty file (0 bytes){link}: nothing to read"
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(64)
-    except OSError as exc:
-        return f"cannot open ({exc.strerror or exc})"
-    found = next((what for magic, what in _MAGIC if head.startswith(magic)), None)
-    if kind in _SIGNED:
-        magic, what = _SIGNED[kind]
-        if not head.startswith(magic):
-            if found is None:
-                found = "it is text" if head.isascii() and b"\x00" not in head else \
-                    "it does not start with its signature"
-            return f"not {what}: {found} ({st.st_size:,} bytes)"
-        return None
-    if kind == "tensorboard":
-        return _event_file_problem(head, st.st_size, found)
-    if kind in _TEXT and found is not None:
-        return f"{found}, not {_TEXT[kind]} ({st.st_size:,} bytes); nothing was read from it"
-    return None
-
-
-def _event_file_problem(head: bytes, size: int, found: str | None) -> str | None:
-    """A TensorBoard event file starts with a TFRecord frame: an 8-byte length and its masked CRC-32C."""
-    import struct
-
-    from .trackers.tensorboard.events import masked_crc32c
-    if found is not None:
-        return f"{found}, not a TensorBoard event file ({size:,} bytes)"
-    if len(head) < 12 or struct.unpack_from("<I", head, 8)[0] != masked_crc32c(head[:8]):
-        return f"not a TensorBoard event file: its first record's header does not hold ({size:,} bytes)"
-    return None
+    """Why ``path`` cannot be read as an input of ``kind`` (a reader's kind, None for logged dicts, "" for a file
+    whose reader is not known yet), or None: :func:`trackbridge.tracking.inputfile.input_problem` with what the
+    kind's reader declares."""
+    return _input_problem(path, **_format_facts(kind))
 
 
 def check_input(path: str | Path, kind: str | None = None) -> None:

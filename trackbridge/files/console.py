@@ -380,6 +380,7 @@ def _joined_step_lines(lines: Iterator[tuple[int, str, bool]]) -> Iterator[tuple
 
 class ConsoleSource(Source):
     """A console log file, or a folder of them (``*.log``, ``*.txt``, ``*.out``, ``*.err``; one run per file)."""
+    text_form = "a console log (text)"
 
     kind = "console"
     option_names = ("step",)

@@ -230,6 +230,7 @@ class _Lines:
 
 class CsvSource(Source):
     """A W&B CSV export (history or panel layout); a folder means every ``*.csv`` in it."""
+    text_form = "a CSV file"
 
     kind = "csv"
     option_names = ("step",)

@@ -272,6 +272,7 @@ class TrainerStateRun(RunReader):
 
 class TrainerStateSource(Source):
     """A trainer_state.json file, or a training output folder (its own or its latest checkpoint's state)."""
+    text_form = "a trainer_state.json (JSON)"
 
     kind = "trainer-state"
     option_names = ("key",)

@@ -51,7 +51,7 @@ def user_frame(depth: int = 2) -> Any:
     except ValueError:
         return None
     outside = None
-    f = frame
+    f: Any = frame
     while f is not None:
         name = f.f_code.co_filename
         if not name.startswith(_PACKAGE):

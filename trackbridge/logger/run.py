@@ -76,7 +76,7 @@ class Run(RunView):
                  tags: dict[str, str] | None, doctor: bool = False, on_finding: Any = None,
                  stop_on: str | None = None) -> None:
         self._on_finding, self._stop_on = live_options(doctor, on_finding, stop_on)
-        self._said: collections.deque = collections.deque()    # findings still to be said in the caller's thread
+        self._said: collections.deque[Any] = collections.deque()    # findings still to be said in the caller's thread
         self.should_stop = False
         self._stop_finding: Any = None      # the finding that set should_stop
         self.options = options
@@ -410,7 +410,7 @@ class Run(RunView):
         if self._doctor is None:
             return []
         from ..doctor import name_findings
-        found = self._doctor.finish(dict(self.info.approximate))
+        found: list[Any] = self._doctor.finish(dict(self.info.approximate))
         name_findings(found, dict(self._dispatcher.user_names))
         return found
 

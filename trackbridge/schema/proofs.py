@@ -92,11 +92,13 @@ def proven_entries(docs: Iterable[tuple[str, Any]], frameworks: dict[str, Framew
             hit = None
             if fw is not None:
                 hit = next((e for e in [*fw.entries, *fw.template_entries] if e.key == want.get("key")
-                            and e.file in shipped and e.reduce is not None and identity(e, fw, canonical) == want), None)
+                            and e.file in shipped and e.reduce is not None
+                            and identity(e, fw, canonical) == want), None)
             if hit is None:
                 warnings.append(MappingError(
                     f"proven[{i}]: no entry {want.get('framework')} {want.get('key')!r} as the proof saw it (its "
-                    "meaning: reduction, sign or scale, canonical target; or its releases or trainers changed since): unproven until the proofs run again "
+                    "meaning: reduction, sign or scale, canonical target; or its releases or trainers changed "
+                    "since): unproven until the proofs run again "
                     "(python tests/_support/fidelity_proofs.py)", file=f))
                 continue
             found.setdefault((hit.file, hit.line), []).extend(str(p) for p in rec.get("proofs") or [])

@@ -85,6 +85,8 @@ class Sink(ABC):
     #: made from a locator gets them from its registration (:func:`trackbridge.trackers.register_tracker`)
     requires: tuple[str, ...] = ()
     extra: str = ""
+    #: set by the logger with init(doctor=True): a sink whose tracker has alerts of its own raises one per finding
+    alerts: bool = False
     #: how the run ended, set before ``close()``: "finished"; "failed" when training raised or exited with a
     #: non-zero code; "killed" when it was interrupted, terminated or killed (trackers that keep a run status record
     #: it: MLflow FAILED / KILLED, wandb exit code 1 / :attr:`exit_code`; the others store it with the run info)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import TrackBridgeError
 from ..record import Record, RunInfo, split_by_axis
@@ -164,6 +164,13 @@ class Source(ABC):
     #: the locator options (``?name=value``) this reader reads; any other is refused, naming these (None: not
     #: declared, anything is taken)
     option_names: tuple[str, ...] | None = None
+    #: what a file of this format starts with, and what the format is, for the one input rule
+    #: (:mod:`trackbridge.tracking.inputfile`): a file named as this kind that does not start so is refused
+    signature: tuple[bytes, str] | None = None
+    #: the name of this text format (``"JSON lines"``): a file of it must not be an SQLite store, an image or an archive
+    text_form: str | None = None
+    #: the format's own test of a file's first 64 bytes, ``(head, size, what its magic bytes say) -> problem | None``
+    head_problem: Callable[[bytes, int, str | None], str | None] | None = None
 
     def __init__(self, location: str, **options: str) -> None:
         self.location = location

@@ -144,6 +144,7 @@ class ClearmlRunReader(RunReader):
 
 class ClearmlSource(Source):
     """ClearML offline sessions (see the module docstring)."""
+    signature = (b"PK\x03\x04", "a zip archive (ClearML's offline session)")
 
     kind = "clearml"
     option_names = ("run",)
@@ -163,10 +164,10 @@ class ClearmlSource(Source):
                 raise SourceError(f"clearml:{s.path}: task.json has no task id: not a ClearML offline session "
                                   f"trackbridge knows (clearml 2.1)")
             if not s.zip:               # the file the points are read from: the one rule, before it is opened
-                from ...inputs import check_input
+                from ...tracking.inputfile import check_input
                 metrics = s.path / METRICS_FILE
                 if os.path.lexists(metrics) and not metrics.is_file():
-                    check_input(metrics, "jsonl")           # a FIFO, /dev/zero: an error naming it
+                    check_input(metrics, text="JSON lines")     # a FIFO, /dev/zero: an error naming it
             reader = ClearmlRunReader(s, task)
             if want and want not in (reader.task_id, reader.info.run_id, reader.info.name):
                 continue

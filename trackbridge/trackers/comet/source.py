@@ -120,6 +120,7 @@ class CometRunReader(RunReader):
 
 class CometSource(Source):
     """Comet offline experiments (see the module docstring)."""
+    signature = (b"PK\x03\x04", "a zip archive (Comet's offline experiment)")
 
     kind = "comet"
     option_names = ("run",)

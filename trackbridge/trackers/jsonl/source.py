@@ -112,6 +112,7 @@ def _is_unix_seconds(v: Any) -> bool:
 
 class JsonlSource(Source):
     """A ``.jsonl`` file or a folder of them (not recursive). Option: ``run=ID`` (id or name)."""
+    text_form = "JSON lines"
 
     kind = "jsonl"
     option_names = ("run",)

@@ -290,6 +290,7 @@ def _same_value(a: Any, b: Any) -> bool:
 
 class MlflowSource(Source):
     """Runs in an MLflow store, filtered by ``experiment``, ``run`` and ``name``."""
+    signature = (b"SQLite format 3\x00", "an SQLite database (an MLflow store)")
 
     kind = "mlflow"
     option_names = ("experiment", "run", "name")

@@ -152,6 +152,7 @@ class NeptuneRunReader(RunReader):
 
 class NeptuneSource(Source):
     """Runs in neptune-exporter's Parquet layout (see the module docstring)."""
+    signature = (b"PAR1", "a Parquet file")
 
     kind = "neptune"
     option_names = ("project", "run", "step_multiplier")

@@ -94,6 +94,16 @@ def frame(data: bytes) -> bytes:
                      struct.pack("<I", masked_crc32c(data))))
 
 
+def event_file_problem(head: bytes, size: int, found: str | None) -> str | None:
+    """The input rule's test of an event file's first bytes (trackbridge/tracking/inputfile.py): a TensorBoard event
+    file starts with a TFRecord frame, an 8-byte length and its masked CRC-32C."""
+    if found is not None:
+        return f"{found}, not a TensorBoard event file ({size:,} bytes)"
+    if len(head) < 12 or struct.unpack_from("<I", head, 8)[0] != masked_crc32c(head[:8]):
+        return f"not a TensorBoard event file: its first record's header does not hold ({size:,} bytes)"
+    return None
+
+
 def event_files(folder: Path) -> list[Path]:
     """The event files directly inside ``folder``, in the order TensorBoard reads them (by name)."""
     out = []
@@ -103,8 +113,8 @@ def event_files(folder: Path) -> list[Path]:
         if not p.is_file():
             # a FIFO, a link to /dev/zero, a dangling link: an error naming it (the one rule of trackbridge.inputs),
             # never silently no file at all
-            from ...inputs import check_input
-            check_input(p, "tensorboard")
+            from ...tracking.inputfile import check_input
+            check_input(p, head_check=event_file_problem)
         out.append(p)
     return out
 

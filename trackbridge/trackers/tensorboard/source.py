@@ -44,7 +44,15 @@ from typing import Any, Iterator
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.source import WALL_TIME_TOLERANCE, RunReader, Source, SourceError, mark_derived, same_row, splits_of
-from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, read_event_records
+from .events import (
+    DERIVED_DESCRIPTION,
+    HPARAMS_TAG,
+    INFO_FILE,
+    RUN_TAG,
+    event_file_problem,
+    event_files,
+    read_event_records,
+)
 
 _INFO_SCAN_EVENTS = 64     # how many events at the start of each file are searched for run metadata
 # text tags that transformers' TensorBoardCallback writes at train begin: the run's config, not metrics
@@ -314,6 +322,7 @@ _UNSUPPORTED = object()
 class TensorBoardSource(Source):
     """Every folder under ``DIR`` holding event files. Options: ``run=NAME`` (folder path or run name/id),
     ``verify=0`` (skip data CRC checks)."""
+    head_problem = staticmethod(event_file_problem)
 
     kind = "tensorboard"
     option_names = ("run", "verify")

@@ -116,6 +116,7 @@ class TrackioRunReader(RunReader):
 
 class TrackioSource(Source):
     """Every run of every project database in a trackio directory (filtered by ``project``, ``run``, ``name``)."""
+    signature = (b"SQLite format 3\x00", "an SQLite database (a Trackio project)")
 
     kind = "trackio"
     option_names = ("project", "run", "name")

@@ -272,6 +272,7 @@ class WandbRunReader(RunReader):
 
 class WandbSource(Source):
     """wandb runs under a folder (see the module doc). Option: ``run=ID`` (run id or name)."""
+    signature = (b":W&B", "a wandb transaction log (.wandb)")
 
     kind = "wandb"
     option_names = ("mode", "run")
