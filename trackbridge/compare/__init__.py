@@ -307,7 +307,7 @@ def _load_grouped(locators: list[str], specs: dict[str, list[str]], **kw: Any) -
     from ..trackers import kinds, source_locator
     from .groups import members as named
     if not locators and not specs:
-        raise ValueError("compare needs at least one run locator")
+        raise ValueError("compare needs at least one run: RUN ... or --group LABEL=RUN,RUN,...")
     runs = load_runs(locators, **kw) if locators else []
     labels = [r.label for r in runs]
     own = {t: loc.label for t, loc in zip(locators, parse_many([source_locator(t) for t in locators],
