@@ -98,6 +98,10 @@ def test_trl_vs_verl_three_seeds_each_by_hand_and_as_rliable(seeds, tmp_path, ca
     assert "<section id=\"groups\">" in html and "groups chart of policy/entropy" in html
     assert sorted(p.name for p in (out / "charts").glob("groups_*.png")) == ["groups_001_policy_entropy.png",
                                                                             "groups_002_reward_score_mean.png"]
+    from trackbridge.compare.plot import PNG_SIZE
+    head = (out / "charts" / "groups_001_policy_entropy.png").read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == PNG_SIZE
 
 
 def test_group_by_a_config_key_and_the_iqr_band(seeds, tmp_path, capsys):
