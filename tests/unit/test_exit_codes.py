@@ -145,7 +145,8 @@ def test_migrate(spool, tmp_path, capsys):
     assert code("migrate", src, f"failing:{tmp_path / 'f'}", "--quiet") == PROBLEMS        # the tracker failed
     junk = tmp_path / "junk.jsonl"
     junk.write_bytes(b"\x00\x01\x02 binary \xff\xfe\n" * 4)
-    assert code("migrate", f"jsonl:{junk}", f"jsonl:{tmp_path / 'out2'}", "--quiet") == USAGE  # nothing readable: bad input
+    # nothing readable: bad input (the one input rule), nothing written
+    assert code("migrate", f"jsonl:{junk}", f"jsonl:{tmp_path / 'out2'}", "--quiet") == USAGE
     skipped = _stream(tmp_path / "skipped.jsonl", [{"loss/total": 1.0}])
     with open(skipped, "a") as fh:
         fh.write("not json\n")

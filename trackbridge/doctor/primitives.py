@@ -151,9 +151,9 @@ class Spike(Primitive):
             if ok and self.over_last is not None and self.last is not None and self.last > 0:
                 ok = value >= self.over_last * self.last      # a jump from the point before, not a ramp
             if ok and self.usual is not None:
-                u = self.usual.sorted
-                high = u[math.ceil(0.95 * (len(u) - 1))] if u else 0.0
-                ok = value >= self.over_usual * high
+                usual = self.usual.sorted
+                high = usual[math.ceil(0.95 * (len(usual) - 1))] if usual else 0.0
+                ok = value >= float(self.over_usual or 0.0) * high
             if ok and self.mads is not None:
                 spread = MAD_SD * w.mad(med)
                 spread = max(spread, 1e-9 * max(abs(med), 1.0))
