@@ -65,15 +65,16 @@ def test_a_proven_pair_with_trl_is_exact_when_trl_logs_every_step():
 
 
 def test_stated_equal_but_unproven_is_approximate_and_says_which_entry():
-    # veRL's critic/advantages/max was never fingerprinted; AReaL's ppo_actor/advantages/max was
-    res = trackbridge.translate({"critic/advantages/max": 1.0}, source="verl/ppo@0.9.1", target="areal/ppo@1.0.4")
+    # NeMo-RL's train/advantages/max cannot be fingerprinted here (no release on the package index); AReaL's
+    # ppo_actor/advantages/max was
+    res = trackbridge.translate({"train/advantages/max": 1.0}, source="nemo_rl/grpo@0.4.0", target="areal/ppo@1.0.4")
     why = res.approximate["ppo_actor/advantages/max"]
     assert only_unproven(why), why
-    assert "confirm verl 'critic/advantages/max' yet" in why and "confirm areal" not in why
+    assert "confirm nemo_rl 'train/advantages/max' yet" in why and "confirm areal" not in why
     # both unproven: both named
-    res = trackbridge.translate({"train/advantages/max": 1.0}, source="nemo_rl/grpo@0.4.0", target="verl/ppo@0.9.1")
+    res = trackbridge.translate({"train/advantages/max": 1.0}, source="nemo_rl/grpo@0.4.0", target="roll")
     why = res.approximate["critic/advantages/max"]
-    assert only_unproven(why) and "nemo_rl 'train/advantages/max' and verl 'critic/advantages/max' yet" in why
+    assert only_unproven(why) and "nemo_rl 'train/advantages/max' and roll 'critic/advantages/max' yet" in why
 
 
 def test_against_the_canonical_definition_too():
