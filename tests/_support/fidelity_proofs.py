@@ -566,6 +566,11 @@ SOURCE_ONLY: dict[str, str] = {
                               "FlopsCounter needs a real accelerator and model config); nothing to fingerprint on CPU",
     "perf/mfu/policy_logprob": "MFU of the old-log-prob pass: needs a real device FLOPs estimate (and veRL 0.9.1's "
                                "V1 trainer does not log it); nothing to fingerprint on CPU",
+    "perf/memory/max_reserved_gb": "the accelerator's peak reserved memory (torch.cuda / the device's allocator): "
+                                   "a device reading, not computed from a batch; none on CPU",
+    "value/explained_variance": "1 - Var(returns - values) / Var(returns) is none of the fingerprint's candidate "
+                                "statistics; veRL's is checked against its alternatives on the V1 step's batch "
+                                "(tests/frameworks/test_proof_verl_driver.py), not fingerprinted",
 }
 
 
