@@ -29,8 +29,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("dst", help="destination locator, e.g. mlflow:sqlite:///new.db, tensorboard:out/tb, jsonl:out")
     p.add_argument("--from", dest="source", default="auto", help="source names: auto, canonical or "
                                                                  "FRAMEWORK[/TRAINER][@VERSION]")
-    p.add_argument("--names", default="canonical", help="names to write: canonical (default), keep, or "
-                                                        "FRAMEWORK[/TRAINER][@VERSION]")
+    p.add_argument("--names", default=None, help="names to write: canonical (default), keep, or "
+                                                 "FRAMEWORK[/TRAINER][@VERSION]; asked for when DST already holds "
+                                                 "runs under their frameworks' own names")
+    p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
+                   help="only the runs whose label, name or id contains this regular expression")
+    p.add_argument("--metrics", dest="select_metrics", action="append", default=[], metavar="GLOB",
+                   help="only the metrics whose written name matches this glob (repeatable: 'reward/*')")
     p.add_argument("--derive", action="store_true", help="also write derived metrics (marked as derived)")
     p.add_argument("--dry-run", action="store_true", help="print what would be written, name by name")
     p.add_argument("--jobs", type=int, default=1, help="runs migrated in parallel (default 1; with --engine ray: "
@@ -111,6 +116,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                    "0 no finding at or above --fail-on, 1 findings, 2 bad usage or input.")
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run locator or LABEL=LOCATOR (any locator or path the other commands take)")
+    p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
+                   help="of the runs a locator holds, only those whose label, name or id contains this regular "
+                        "expression")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--fail-on", default="warning", choices=["critical", "warning", "info"],
                    help="exit 1 when a finding is at least this severe (default: warning)")
@@ -159,15 +167,23 @@ def check_destination(text: str) -> str | None:
 
 def _migrate(args: argparse.Namespace) -> int:
     from .errors import UsageError
-    from .migrate import migrate, summary
+    from .migrate import migrate, names_clash, summary
     from .tracking.sink import SinkError
     from .tracking.source import SourceError
     try:
-        result = migrate(args.src, args.dst, source=args.source, names=args.names, derive=args.derive,
-                         dry_run=args.dry_run, jobs=max(1, args.jobs), mappings=args.mappings or None,
-                         progress=not args.quiet, engine=args.engine, ray_address=args.ray_address,
-                         batch_runs=args.batch_runs, requests_per_s=args.requests_per_s,
-                         points_per_s=args.points_per_s)
+        # the default renames: say so first when DST holds runs under other names (not in a dry run, which reads
+        # nothing of DST: a tracker's SQLite store read back would gain its WAL files)
+        if args.names is None and not args.dry_run:
+            clash = names_clash(args.dst, mappings=args.mappings or None)
+            if clash:
+                print(f"trackbridge migrate: {clash}", file=sys.stderr)
+                return ExitCode.USAGE
+        result = migrate(args.src, args.dst, source=args.source, names=args.names or "canonical",
+                         derive=args.derive, dry_run=args.dry_run, jobs=max(1, args.jobs),
+                         mappings=args.mappings or None, progress=not args.quiet, engine=args.engine,
+                         ray_address=args.ray_address, batch_runs=args.batch_runs,
+                         requests_per_s=args.requests_per_s, points_per_s=args.points_per_s,
+                         runs=args.select_runs, metrics=args.select_metrics or None)
     except (SourceError, SinkError, UsageError) as exc:     # nothing readable, a refused destination, no Ray
         print(f"trackbridge migrate: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -318,9 +334,11 @@ def _doctor(args: argparse.Namespace) -> int:
             config = json.load(fh)
     runs = []
     for text in args.runs:
-        found = open_runs(text, config=config, rows=True, allow_label=True)   # unreadable: exit 2
+        found = open_runs(text, config=config, rows=True, allow_label=True,   # unreadable: exit 2
+                          runs=args.select_runs)
         if not found:
-            print(f"trackbridge doctor: {text}: no runs found", file=sys.stderr)
+            what = f" matching --runs {args.select_runs!r}" if args.select_runs else ""
+            print(f"trackbridge doctor: {text}: no runs found{what}", file=sys.stderr)
             return ExitCode.USAGE
         for i, run in enumerate(found):
             label = run.label or None

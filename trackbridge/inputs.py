@@ -29,11 +29,13 @@ import copy
 import itertools
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TextIO
 
+from .errors import UsageError
 from .record import Record, RunInfo, iter_json_objects
 from .stream import is_header
 from .tracking.inputfile import InputError
@@ -362,6 +364,7 @@ class InputRun:
         self._info: RunInfo | None = None
         self._has_time: bool | None = None
         self._pending: Iterator[Record] | None = None
+        self.metrics: list[str] = []     # glob patterns of the names its pipeline keeps (open_runs' ``metrics``)
 
     @property
     def problems(self) -> list[Problem]:
@@ -409,7 +412,7 @@ class InputRun:
         are (default: the locator's ``?from=``, else ``auto``)."""
         from .pipeline import Pipeline
         return Pipeline.for_run(self.info, names, source=source or self.source or "auto", mappings=mappings,
-                                derive=derive, registry=registry)
+                                derive=derive, registry=registry, select=self.metrics or None)
 
     def resolve(self, source: str | None = None, *, mappings: Iterable[str] | None = None,
                 registry: Registry | None = None) -> Pipeline:
@@ -426,7 +429,33 @@ class InputRun:
 
 
 def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool = False,
-              allow_label: bool = False) -> list[InputRun]:
+              allow_label: bool = False, runs: str | None = None,
+              metrics: Iterable[str] | None = None) -> list[InputRun]:
+    """Every run that ``text`` names (:func:`_open_runs`), selected: ``runs``, a regular expression searched in each
+    run's label, name and id (the runs it matches none of are left out); ``metrics``, glob patterns (``fnmatch``:
+    ``reward/*``) of the names a run's pipeline writes (:meth:`InputRun.pipeline`: every command that reads the run
+    keeps only those). The same selection for ``migrate``, ``doctor``, ``compare`` and ``trackbridge.read``."""
+    pattern = _runs_pattern(runs)
+    out = _open_runs(text, config=config, rows=rows, allow_label=allow_label)
+    if pattern is not None:
+        out = [r for r in out if any(pattern.search(str(t)) for t in (r.label, r.info.name, r.info.run_id) if t)]
+    keep = [str(m) for m in metrics or ()]
+    for r in out:
+        r.metrics = keep
+    return out
+
+
+def _runs_pattern(runs: str | None) -> re.Pattern[str] | None:
+    if not runs:
+        return None
+    try:
+        return re.compile(runs)
+    except re.error as exc:
+        raise UsageError(f"--runs {runs!r} is not a regular expression ({exc})") from None
+
+
+def _open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool = False,
+               allow_label: bool = False) -> list[InputRun]:
     """Every run that ``text`` names (one for a file, several for a TensorBoard root or an MLflow experiment).
 
     ``text``: ``KIND:LOCATION[?options]``, a plain path a reader recognises (:func:`~trackbridge.trackers.

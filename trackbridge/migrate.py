@@ -154,13 +154,15 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
             dry_run: bool = False, jobs: int = 1, mappings: list[str] | None = None, progress: bool = True,
             out: TextIO | None = None, engine: str = "local", requests_per_s: float | None = None,
             points_per_s: float | None = None, ray_address: str | None = None,
-            batch_runs: int | None = None) -> MigrationResult:
+            batch_runs: int | None = None, runs: str | None = None,
+            metrics: list[str] | None = None) -> MigrationResult:
     """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way.
 
     ``engine``: ``local`` (one run after the other, ``jobs`` at a time in threads) or ``ray`` (batches of runs as
     Ray tasks, ``jobs`` in flight at most, ``batch_runs`` runs per task; ``ray_address``: the cluster, default
     ``RAY_ADDRESS`` or a new local one: see :mod:`trackbridge.bulk`). ``requests_per_s`` / ``points_per_s``: what
-    all workers together may send to the destination."""
+    all workers together may send to the destination. ``runs``: a regular expression a run's label, name or id
+    must contain; ``metrics``: glob patterns of the written names to keep (:func:`trackbridge.inputs.open_runs`)."""
     if engine not in ENGINES:
         raise ValueError(f"migrate: unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
     limiter = RateLimiter(requests_per_s, points_per_s)      # checks the numbers before anything is read
@@ -177,23 +179,23 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
         parse_spec(names, reg, allow_auto=False)
         if source not in ("auto", "keep"):
             parse_spec(source, reg)
-    runs = open_runs(str(src_loc), allow_label=True)     # as translate, detect and compare read a run
+    found = open_runs(str(src_loc), allow_label=True, runs=runs, metrics=metrics)  # as every command reads a run
     result = MigrationResult(destination=dst_loc.kind,
                              resolution=tuple(sink_class(dst_loc.kind).capabilities.resolution))
-    if not runs:
+    if not found:
         return result
     if engine == "ray" and not dry_run:
         from .bulk import migrate_ray
         result.runs = migrate_ray(
-            runs, src=src, dst=dst, source=source, names=names, derive=derive, jobs=jobs, mappings=mappings,
+            found, src=src, dst=dst, source=source, names=names, derive=derive, jobs=jobs, mappings=mappings,
             dest_missing=not _destination_exists(dst), state_root=state_dir(),
-            prog=Progress(len(runs), enabled=progress), run_one=_migrate_run, result=RunResult,
+            prog=Progress(len(found), enabled=progress), run_one=_migrate_run, result=RunResult,
             requests_per_s=requests_per_s, points_per_s=points_per_s,
             address=ray_address, batch_runs=batch_runs)
         result.seconds = time.monotonic() - t0
         return result
     throttle = limiter.acquire if limiter.limited else None
-    prog = Progress(len(runs), enabled=progress and not dry_run)
+    prog = Progress(len(found), enabled=progress and not dry_run)
     dest_missing = not _destination_exists(dst)        # checked once, before the first run recreates it
 
     def one(args: tuple[int, InputRun]) -> RunResult:
@@ -209,7 +211,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
             res.problems = list(run.problems)
             return res
 
-    items = list(enumerate(runs))
+    items = list(enumerate(found))
     if jobs > 1 and len(items) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             result.runs = list(pool.map(one, items))
@@ -370,6 +372,34 @@ def _until_unreadable(records: Iterable[Record], res: RunResult) -> Iterator[Rec
         yield from records
     except NothingReadable as exc:
         res.unreadable = str(exc)
+
+
+def names_clash(dst: str, *, mappings: list[str] | None = None, look: int = 20) -> str | None:
+    """Why ``migrate`` must be told ``--names`` before writing into ``dst``: the destination already holds runs (of
+    the first ``look``) whose keys are a framework's own names, not canonical ones, so the default (canonical names)
+    would put a second set of names beside theirs and break the dashboards built on them. None when ``dst`` is new,
+    holds canonical runs, or cannot be read as a source (a server: nothing is refused on a guess)."""
+    if not _destination_exists(dst):
+        return None
+    try:
+        held = open_runs(dst)
+    except Exception:       # noqa: BLE001 - a destination that cannot be read back: nothing to compare with
+        return None
+    for run in held[:look]:
+        try:
+            if run.info.names == "canonical":
+                continue
+            pipe = run.resolve(mappings=mappings)
+        except Exception:   # noqa: BLE001 - one run that cannot be read says nothing of the others
+            continue
+        src = pipe.stats.source or ""
+        if src and not src.startswith(("unknown", "canonical", "kept")):
+            label = run.info.name or run.info.run_id or run.locator
+            return (f"{dst} already holds runs under their framework's own names ({label}: {src.split(' (')[0]}); "
+                    "the default --names canonical would write canonical names beside them and break dashboards "
+                    "built on those: pass --names keep (or --names FRAMEWORK) to match them, or --names canonical "
+                    "to write canonical names anyway")
+    return None
 
 
 def _destination_exists(dst: str) -> bool:

@@ -55,7 +55,8 @@ class Pipeline:
 
     def __init__(self, source: str = "auto", names: str = "canonical", *, config: dict[str, Any] | None = None,
                  mappings: Iterable[str] | None = None, derive: bool = True, registry: Registry | None = None,
-                 origin: str | None = None, fidelity: Mapping[str, str] | None = None) -> None:
+                 origin: str | None = None, fidelity: Mapping[str, str] | None = None,
+                 select: Iterable[str] | None = None) -> None:
         self.source = source
         self.names = names
         self.config = dict(config or {})
@@ -67,6 +68,9 @@ class Pipeline:
         self.stats = Stats()
         self.translator: Translator | None = None
         self._kept = False
+        # ``select``: glob patterns of the output names to keep (the last stage; a run's selection, open_runs)
+        self.select = [str(p) for p in select or ()]
+        self._selected: dict[str, bool] = {}
 
     @classmethod
     def for_run(cls, info: RunInfo, names: str = "canonical", *, source: str = "auto", **kw: Any) -> "Pipeline":
@@ -116,6 +120,8 @@ class Pipeline:
             out.extra["canonical_config"] = canon
         kept = info.approximate if (self._kept or self.names == info.names) else {}
         out.approximate = {**(kept or {}), **self.stats.approximate}
+        if self.select:                 # the marks of the names written only
+            out.approximate = {k: v for k, v in out.approximate.items() if self._selected.get(k)}
         return out
 
     # ------------------------------------------------------------------------------------------------ streaming
@@ -145,9 +151,23 @@ class Pipeline:
             res.notes = []                      # collected once, at the end
             st.merge(res)
             out = Record(rec.step, rec.wall_time, res.metrics, derived, rec.axis)
+        if self.select:
+            out = self._keep_selected(out)
         st.records += 1
         st.points += len(out.metrics)
         return out
+
+    def _keep_selected(self, rec: Record) -> Record:
+        """Only the metrics whose output name matches one of :attr:`select`'s patterns (each name judged once)."""
+        import fnmatch
+        seen = self._selected
+        for k in rec.metrics:
+            if k not in seen:
+                seen[k] = any(fnmatch.fnmatchcase(k, p) for p in self.select)
+        if all(seen[k] for k in rec.metrics):
+            return rec
+        kept = {k: v for k, v in rec.metrics.items() if seen[k]}
+        return Record(rec.step, rec.wall_time, kept, [d for d in rec.derived if d in kept], rec.axis)
 
     def finish_notes(self) -> list[str]:
         """The run's notes, the translator's included, each once (also left in ``stats.notes``)."""

@@ -22,7 +22,6 @@ patterns of the output names, ``fnmatch`` rules: ``policy/*``), ``steps`` (an in
 """
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
@@ -86,10 +85,12 @@ class Reading:
         self.mappings = list(mappings or [])
         self.steps = steps
         self.config = dict(config or {})
-        try:
-            self._runs_re = re.compile(runs) if runs else None
-        except re.error as exc:
-            raise UsageError(f"read: runs={runs!r} is not a regular expression ({exc})") from None
+        self.runs_re = runs
+        if runs:
+            try:
+                re.compile(runs)
+            except re.error as exc:
+                raise UsageError(f"read: runs={runs!r} is not a regular expression ({exc})") from None
         self._opened: list[tuple[InputRun, str]] | None = None
         self.runs: list[RunData] = []          # filled as the rows are read
 
@@ -100,14 +101,12 @@ class Reading:
             from ..inputs import open_runs
             opened: list[tuple[InputRun, str]] = []
             for loc in self.locators:
-                for run in open_runs(loc, rows=True, config=self.config or None, allow_label=True):
+                for run in open_runs(loc, rows=True, config=self.config or None, allow_label=True, runs=self.runs_re,
+                                     metrics=self.metrics):
                     label = run.label or run.info.name or run.info.run_id or run.locator
-                    if self._runs_re is not None and not any(
-                            self._runs_re.search(str(t)) for t in (label, run.info.name, run.info.run_id) if t):
-                        continue
                     opened.append((run, _unique(label, [lbl for _, lbl in opened])))
             if not opened:
-                what = f" matching runs={self._runs_re.pattern!r}" if self._runs_re is not None else ""
+                what = f" matching runs={self.runs_re!r}" if self.runs_re else ""
                 raise UsageError(f"read: no run{what} in {', '.join(self.locators)}")
             self._opened = opened
         return self._opened
@@ -130,18 +129,12 @@ class Reading:
                                       mappings=self.mappings or None)
         carried = dict(run.info.approximate or {}) if run.info.names == self.names else {}
         lo, hi = self.steps or (None, None)
-        wanted: dict[str, bool] = {}
         for rec in pipe.process(run.records()):
             if (lo is not None and (rec.step is None or rec.step < lo)) or \
                     (hi is not None and (rec.step is None or rec.step > hi)):
                 continue
             derived = set(rec.derived)
-            for key, value in rec.metrics.items():
-                ok = wanted.get(key)
-                if ok is None:
-                    ok = wanted[key] = not self.metrics or any(fnmatch.fnmatchcase(key, p) for p in self.metrics)
-                if not ok:
-                    continue
+            for key, value in rec.metrics.items():        # the pipeline kept only the names asked for
                 number = _number(value)
                 if number is None:
                     data.non_numeric += 1
@@ -151,8 +144,9 @@ class Reading:
                             self._fidelity(key, derived, pipe, carried, keep))
         data.source = pipe.stats.source
         data.config = dict(run.info.config or {})
-        data.reasons = {k: v for k, v in {**carried, **pipe.stats.approximate}.items() if wanted.get(k)}
-        data.unmapped = [k for k in pipe.stats.unmapped if wanted.get(k)]
+        seen = pipe._selected if self.metrics else None
+        data.reasons = {k: v for k, v in {**carried, **pipe.stats.approximate}.items() if seen is None or seen.get(k)}
+        data.unmapped = [k for k in pipe.stats.unmapped if seen is None or seen.get(k)]
 
     @staticmethod
     def _fidelity(key: str, derived: set[str], pipe: Pipeline, carried: dict[str, str], keep: bool) -> str:

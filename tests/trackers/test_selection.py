@@ -1,0 +1,81 @@
+"""Selection (issue 34 item 3): runs by a regular expression and metrics by glob for ``migrate``, ``doctor`` and
+``trackbridge.read``, applied by the one pipeline every command builds; and ``migrate`` asking for ``--names`` before
+it writes canonical names into a destination that holds runs under their framework's own names."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import trackbridge
+
+pytest.importorskip("tensorboard")
+
+KEYS = ("actor/pg_loss", "actor/entropy", "critic/score/mean", "response_length/mean")
+
+
+def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trackbridge", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def _tb_runs(tmp_path, names: str = "verl/ppo@0.9.1"):
+    """Two runs in one TensorBoard root, written as veRL's own names (what a veRL user's dashboards hold)."""
+    tb = tmp_path / "tb"
+    for run_id, name in (("a1", "grpo-seed1"), ("b2", "ppo-seed2")):
+        run = trackbridge.init(project="p", name=name, run_id=run_id, spool=str(tmp_path / f"spool-{run_id}"),
+                               sinks=[f"tensorboard:{tb}"], source="verl/ppo@0.9.1", names=names)
+        for step in range(1, 11):
+            run.log({k: 0.1 * step + i for i, k in enumerate(KEYS)}, step=step)
+        run.finish()
+    return tb
+
+
+def test_migrate_only_the_runs_and_metrics_asked_for(tmp_path):
+    tb = _tb_runs(tmp_path)
+    out = tmp_path / "out"
+    r = _cli("migrate", f"tensorboard:{tb}", f"jsonl:{out}", "--runs", "seed1", "--metrics", "policy/*",
+             "--metrics", "reward/*", "--quiet")
+    assert r.returncode == 0, r.stderr
+    df = trackbridge.read(f"jsonl:{out}").to_pandas()
+    assert set(df["run"]) == {"grpo-seed1"}
+    assert set(df["key"]) == {"policy/entropy", "reward/score/mean"} and len(df) == 2 * 10
+    everything = trackbridge.read(f"tensorboard:{tb}").to_pandas()
+    assert {"loss/policy", "policy/entropy"} <= set(everything["key"])    # the source held more: left out, not lost
+    r = _cli("migrate", f"tensorboard:{tb}", f"jsonl:{tmp_path / 'none'}", "--runs", "nothing-like-this", "--quiet")
+    assert r.returncode == 1 and "no runs found" in r.stderr
+    r = _cli("migrate", f"tensorboard:{tb}", f"jsonl:{tmp_path / 'bad'}", "--runs", "(", "--quiet")
+    assert r.returncode == 2 and "is not a regular expression" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_migrate_asks_for_names_before_renaming_into_a_destination_of_framework_names(tmp_path):
+    tb = _tb_runs(tmp_path)                             # the destination: runs under veRL's own names
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(f'{{"step": {s}, "actor/pg_loss": {0.5 / s}, "critic/score/mean": {0.1 * s}}}\n'
+                            for s in range(1, 6)))
+    r = _cli("migrate", f"jsonl:{more}", f"tensorboard:{tb}", "--from", "verl/ppo@0.9.1", "--quiet")
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "already holds runs under their framework's own names" in line and "--names keep" in line
+    assert len(trackbridge.read(f"tensorboard:{tb}").labels()) == 2          # nothing was written
+    r = _cli("migrate", f"jsonl:{more}", f"tensorboard:{tb}", "--from", "verl/ppo@0.9.1", "--names", "keep",
+             "--quiet")
+    assert r.returncode == 0, r.stderr
+    # a destination of canonical runs is no clash: the default goes ahead
+    canon = _tb_runs(tmp_path / "c", names="canonical")
+    r = _cli("migrate", f"jsonl:{more}", f"tensorboard:{canon}", "--from", "verl/ppo@0.9.1", "--quiet")
+    assert r.returncode == 0, r.stderr
+
+
+def test_doctor_and_read_select_runs(tmp_path):
+    tb = _tb_runs(tmp_path)
+    r = _cli("doctor", f"tensorboard:{tb}", "--runs", "ppo-", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    import json
+    out = json.loads(r.stdout)                      # one run: its diagnosis; several: a list of them
+    assert isinstance(out, dict) and out["run"] == "ppo-seed2" and out["records"] == 10
+    r = _cli("doctor", f"tensorboard:{tb}", "--runs", "zzz")
+    assert r.returncode == 2 and "no runs found matching --runs 'zzz'" in r.stderr
+    assert trackbridge.read(f"tensorboard:{tb}", runs="seed2").labels() == ["ppo-seed2"]
