@@ -70,7 +70,11 @@ for step in range(5):
         "reward/score/dist": scores.tolist(),
         "response/length/max": Weighted(float(lens.max()), n_seq),
         "response/length/min": Weighted(float(lens.min()), n_seq),
-        "optim/lr": 1e-6,                                  # rank 0's (no weight)
+        "optim/lr": 1e-6,                                  # the same on every rank (no weight)
+        # without a weight, on every rank: merged by the statistic the canonical name states where none is needed
+        "reward/score/max": float(scores.max()),           # the max of the ranks' maxima
+        "sampling/num_samples": n_seq,                     # a count: the sum of the ranks' counts
+        "response/length/mean": float(lens.double().mean()),   # a mean needs counts: rank 0's, marked and said
     }
     if rank != 0 or step % 2 == 0:                         # two calls at one step on rank 0 merge too
         run.log(local, step=step, weights={"policy/entropy": tokens, "policy/clip_frac_low": tokens,
@@ -102,6 +106,8 @@ for step in range(5):
                          "reward/score/mean": float(sc.mean()), "reward/score/std": float(sc.std()),
                          "reward/score/dist": sorted(sc.tolist()),
                          "response/length/max": float(max(lens_all)), "response/length/min": float(min(lens_all)),
+                         "reward/score/max": float(sc.max()), "sampling/num_samples": len(lens_all),
+                         "rank0_length_mean": sum(parts[0]["lens"]) / len(parts[0]["lens"]),
                          "mean_of_rank_means": sum(p["local_ent_mean"] for p in parts) / len(parts)})
     if rank == die_after and step == 2:
         time.sleep(0.5)        # a rank's file has what it logged flush_interval / 2 (0.1 s here) after log()
@@ -172,6 +178,9 @@ def _check_step(rec, ref) -> None:
         assert math.isclose(rec.metrics[k], ref[k], rel_tol=1e-12, abs_tol=1e-15), (k, rec.step, rec.metrics[k], ref[k])
     assert sorted(rec.metrics["reward/score/dist"].values) == pytest.approx(ref["reward/score/dist"], rel=1e-15)
     assert rec.metrics["optim/lr"] == 1e-6
+    assert rec.metrics["reward/score/max"] == ref["reward/score/max"]          # not rank 0's maximum
+    assert rec.metrics["sampling/num_samples"] == ref["sampling/num_samples"]  # not rank 0's count
+    assert rec.metrics["response/length/mean"] == pytest.approx(ref["rank0_length_mean"], rel=1e-12)
     assert "policy/clip_frac" in rec.derived
     assert rec.metrics["policy/clip_frac"] == pytest.approx(ref["policy/clip_frac_low"] + ref["policy/clip_frac_high"],
                                                             rel=1e-12)
@@ -197,7 +206,9 @@ def test_three_ranks_merge_to_the_whole_batch(tmp_path):
             assert tb[(k, step)] == pytest.approx(ref[k], rel=1e-6), (k, step)
     info = scan_stream(spool).info
     assert info is not None and info.extra["ranks"]["world_size"] == 3
-    assert not got["problems"], got["problems"]
+    # the one problem: a mean logged without a weight on every rank is rank 0's value, said (and marked approximate)
+    assert len(got["problems"]) == 1 and "'response/length/mean' logged without a weight on 3 ranks: rank 0's " \
+        "value, not the batch's" in got["problems"][0], got["problems"]
     assert not (tmp_path / "spool" / "job-1.ranks" / "rank-00003.jsonl").exists()
     for r in range(3):          # each rank's own file ends with its end line
         lines = (tmp_path / "spool" / "job-1.ranks" / f"rank-{r:05d}.jsonl").read_text().splitlines()

@@ -21,9 +21,12 @@ loop never waits on the network. What survives what:
   system otherwise (``spool=`` names it, the same on every rank). ``run_id`` must be the same on every rank (given,
   or torchrun's ``TORCHELASTIC_RUN_ID``).
 
-Values logged without a weight are rank 0's, as without ``merge_ranks`` (other ranks' plain values are kept in their
-files, not merged). Steps must not go back within a run with merged ranks: a share that arrives for a step already
-handed on is left out and reported (it stays in its rank's file).
+Values logged without a weight are merged where their canonical name's statistic needs no weight (the max of the
+ranks' maxima, the sum of their sums or counts, a value the same on every rank); a mean or a std logged without a
+weight, with different values on different ranks, is rank 0's value, marked approximate and said once. Steps must
+not go back within a run with merged ranks: a share that arrives for a step already handed on is left out and
+reported (it stays in its rank's file). Rank 0 stats every rank's file each poll and opens only those that grew; the
+poll interval doubles from 50 ms up to 1 s while nothing arrives (benchmarks/bench_merge_ranks.py).
 """
 from __future__ import annotations
 
@@ -48,7 +51,12 @@ from .device import capture_or_read
 from .noop import NoOpRun
 
 RANK_TIMEOUT = 60.0
-_POLL = 0.05
+_POLL = 0.05            # seconds between polls while lines arrive
+_POLL_IDLE = 1.0        # at most this long between polls when nothing arrives (the interval doubles up to it)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def ranks_folder(spool_dir: Path, run_id: str) -> Path:
@@ -210,6 +218,7 @@ class _Step:
     wall0: float | None = None      # rank 0's first call at the step: the record's wall time
     wall_min: float | None = None   # else the earliest of any rank
     plain: dict[str, Any] = field(default_factory=dict)
+    others: dict[str, list[tuple[int, Any]]] = field(default_factory=dict)   # other ranks' values without a weight
     shares: dict[str, list[Share]] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)
     waiting_since: float | None = None
@@ -230,6 +239,7 @@ class Merger:
         self.reduction = reduction
         self.rank_timeout = rank_timeout
         self.on_incomplete = on_incomplete
+        self.on_plain: Callable[[str, str], None] | None = None     # a key kept as rank 0's value, and why
         self.report = report or warn
         self.emitted = after_step            # steps up to here are handed on (or were, before a resume)
         self.resumed_at = after_step         # a resumed run: the files' earlier lines up to here are in the spool
@@ -245,15 +255,19 @@ class Merger:
         self.thread = threading.Thread(target=self._main, name="trackbridge-merge-ranks", daemon=True)
 
     # -- reading ------------------------------------------------------------------------------------------------
-    def _read(self, r: int, st: _Rank, now: float) -> None:
+    def _read(self, r: int, st: _Rank, now: float) -> bool:
+        """Read what rank ``r`` appended since the last poll; False when nothing was (one ``stat``, no open: rank 0
+        polls every rank's file, so an idle rank costs a system call, not an open and a read)."""
         try:
+            if os.stat(st.path).st_size <= st.offset:
+                return False
             with open(st.path, "rb") as fh:
                 fh.seek(st.offset)
                 data = fh.read()
         except FileNotFoundError:
-            return
+            return False
         if not data:
-            return
+            return False
         st.offset += len(data)
         data = st.buf + data
         cut = data.rfind(b"\n") + 1
@@ -275,6 +289,7 @@ class Merger:
                 st.ended = True
             elif kind is None and isinstance(obj.get("step"), int):
                 self._take(r, st, obj)
+        return True
 
     def _take(self, r: int, st: _Rank, obj: dict[str, Any]) -> None:
         step = obj["step"]
@@ -303,6 +318,8 @@ class Merger:
                 group.shares.setdefault(k, []).append(Share(r, v, float(s[0]), s[1], s[2]))
             elif r == 0:
                 group.plain[k] = v           # rank 0's own value (the last call at the step wins, as in wandb)
+            else:
+                group.others.setdefault(k, []).append((r, v))     # merged by its stated statistic, or said
 
     # -- handing on ---------------------------------------------------------------------------------------------
     def _passed(self, r: int, st: _Rank, step: int) -> bool:
@@ -331,6 +348,7 @@ class Merger:
 
     def _hand_on(self, step: int, group: _Step, missing: list[int]) -> None:
         values = dict(group.plain)
+        merged_plain = self._merge_plain(group, values)
         for key, shares in group.shares.items():
             stated = {s.reduce for s in shares if s.reduce}
             if len(stated) > 1:
@@ -349,10 +367,42 @@ class Merger:
                 self._once(f"note:{key}", note)
             values[key] = value
         if missing and self.on_incomplete is not None:
-            self.on_incomplete(step, missing, sorted(group.shares))
+            self.on_incomplete(step, missing, sorted({*group.shares, *merged_plain}))
         wall = group.wall0 if group.wall0 is not None else group.wall_min if group.wall_min is not None else time.time()
         self.emitted = step if self.emitted is None else max(self.emitted, step)
         self.emit(wall, step, values)
+
+    def _merge_plain(self, group: _Step, values: dict[str, Any]) -> list[str]:
+        """Values several ranks logged without a weight: merged by the statistic their canonical name states where
+        no weight is needed (the max of the ranks' maxima, the sum of their sums or counts, a value the same on every
+        rank); a mean or a std cannot be merged without the ranks' counts, so rank 0's value stays, marked
+        approximate and said once (never rank 0's value passed off as the batch's). Returns the keys merged."""
+        merged = []
+        for key, rest in group.others.items():
+            shares = [Share(r, v, 1.0, None, None) for r, v in rest]
+            if key in group.plain:
+                shares.insert(0, Share(0, group.plain[key], 1.0, None, None))
+            reduce, _sample = self.reduction(key)
+            if reduce in ("max", "min", "sum", "value"):
+                try:
+                    value, note = merge(key, reduce, shares)
+                except MergeError as exc:
+                    self._once(f"plain:{key}", f"{exc}; rank 0's value is logged instead")
+                    continue
+                if note:
+                    self._once(f"note:{key}", note)
+                values[key] = value
+                merged.append(key)
+                continue
+            if all(_same_value(s.value, shares[0].value) for s in shares[1:]):
+                continue                     # the same on every rank (a learning rate): rank 0's is the batch's
+            why = (f"logged without a weight on {len({s.rank for s in shares})} ranks: rank 0's value, not the "
+                   f"batch's ({reduce or 'no statistic stated'} cannot be merged without each rank's count: log "
+                   f"trackbridge.Weighted(value, count))")
+            if self.on_plain is not None:
+                self.on_plain(key, why)
+            self._once(f"plain:{key}", f"metric {key!r} {why}")
+        return merged
 
     def _once(self, key: str, message: str) -> None:
         if key not in self._said:
@@ -360,17 +410,22 @@ class Merger:
             self.report(message)
 
     # -- the thread -----------------------------------------------------------------------------------------------
-    def poll(self, force: bool = False) -> None:
+    def poll(self, force: bool = False) -> bool:
+        """Read every rank's new lines and hand on the steps that are ready; True when any rank wrote."""
         with self._lock:
             now = time.monotonic()
+            wrote = False
             for r, st in self.ranks.items():
-                self._read(r, st, now)
+                wrote = self._read(r, st, now) or wrote
             self._ready(now, force)
+            return wrote
 
     def _main(self) -> None:
+        interval = _POLL
         try:
-            while not self._stop.wait(_POLL):
-                self.poll()
+            while not self._stop.wait(interval):
+                # idle ranks: the interval doubles up to _POLL_IDLE (the files are stat'ed, not read, meanwhile)
+                interval = _POLL if self.poll() else min(interval * 2, _POLL_IDLE)
         except Exception as exc:      # never let the merger take training down; say what stopped it
             warn(f"trackbridge: merging the ranks stopped ({type(exc).__name__}: {exc}); the ranks' files keep "
                  f"their shares in {self.folder}")
@@ -425,6 +480,7 @@ class RankLink:
         self.merger = Merger(folder, world_size, emit=self._emit, reduction=self._reduction,
                              rank_timeout=rank_timeout, after_step=after, on_incomplete=self._incomplete,
                              report=say)
+        self.merger.on_plain = self._plain
         self.merger.start()
 
     def log(self, metrics: Any, step: Any, weights: dict[str, Any] | None, wall_time: float) -> None:
@@ -453,6 +509,9 @@ class RankLink:
                             f"{', '.join(map(str, missing))}, which sent nothing for it within rank_timeout="
                             f"{self.merger.rank_timeout:g} s (every step merged without a rank is listed in the run "
                             f"info, extra['ranks']['incomplete'])")
+
+    def _plain(self, key: str, why: str) -> None:
+        self.run.info.approximate.setdefault(key, why)
 
     def finish(self, deadline: float) -> None:
         self.file.close(max(1.0, deadline - time.monotonic()))
