@@ -64,7 +64,7 @@ lint: $(VENV)/.test-installed
 lock:
 	rm -rf .venv-lock
 	$(MAKE) VENV=.venv-lock LOCK= .venv-lock/.test-installed
-	{ sed -n '/^#/p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable | sed -E 's/\+cpu$$//'; } > $(LOCK).new
+	{ sed -n '/^#/p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable | sed -E 's/\+cpu$$//; s/^([A-Za-z0-9_.-]+) @ .*$$/\1/'; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK) && rm -rf .venv-lock
 
 clean:
