@@ -78,6 +78,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("runs", nargs="*", metavar="RUN",
                    help="run locator or LABEL=LOCATOR, e.g. grpo=trainer-state:out/trainer_state.json "
                         "verl=console:verl.log; a plain path a reader recognises works too (verl=verl.log)")
+    p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
+                   help="of the runs a locator holds, only those whose label, name or id contains this regular "
+                        "expression")
     p.add_argument("--group", action="append", default=[], metavar="LABEL=RUN,RUN,...",
                    help="aggregate seeds: a group of runs (each a RUN label given or a locator), repeatable; the "
                         "report adds per group the mean curve with its band, the IQM, final performance and "
@@ -215,7 +218,7 @@ def _compare(args: argparse.Namespace) -> int:
         result = compare_runs(args.runs, metrics=args.metrics, x=args.x, smooth=args.smooth,
                               smooth_kind=args.smooth_kind, out=out, mappings=args.mappings or None,
                               title=args.title, groups=args.group or None, group_by=args.group_by,
-                              band=args.band, last=args.last)
+                              band=args.band, last=args.last, runs_matching=args.select_runs)
     except (ValueError, OSError, RuntimeError) as exc:     # a run that cannot be read: bad input
         print(f"trackbridge compare: {exc}", file=sys.stderr)
         return ExitCode.USAGE

@@ -79,3 +79,14 @@ def test_doctor_and_read_select_runs(tmp_path):
     r = _cli("doctor", f"tensorboard:{tb}", "--runs", "zzz")
     assert r.returncode == 2 and "no runs found matching --runs 'zzz'" in r.stderr
     assert trackbridge.read(f"tensorboard:{tb}", runs="seed2").labels() == ["ppo-seed2"]
+
+
+def test_compare_selects_runs(tmp_path):
+    tb = _tb_runs(tmp_path)
+    from trackbridge.compare import compare_runs
+    every = compare_runs([f"tensorboard:{tb}"], out=None, doctor=False)
+    res = compare_runs([f"tensorboard:{tb}"], out=None, runs_matching="seed2", doctor=False)
+    assert len(every.runs) == 2 and len(res.runs) == 1
+    r = _cli("compare", f"tensorboard:{tb}", "--runs", "nope", "--out", str(tmp_path / "rep"))
+    assert r.returncode == 2 and "no runs found matching --runs 'nope'" in r.stderr
+    assert not (tmp_path / "rep" / "report.html").exists()

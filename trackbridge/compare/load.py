@@ -292,7 +292,8 @@ class LoadedRun:
 
 
 def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None = None,
-              source: str = "auto", derive: bool = True, doctor: bool = True) -> list[LoadedRun]:
+              source: str = "auto", derive: bool = True, doctor: bool = True,
+              runs_matching: str | None = None) -> list[LoadedRun]:
     """Open every locator (``LOCATOR`` or ``LABEL=LOCATOR``) and read all its runs as canonical records.
 
     Runs are opened as every command opens them (:func:`trackbridge.inputs.open_runs`: the same config, the same
@@ -309,9 +310,10 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
     runs: list[LoadedRun] = []
     for loc in locs:
         plain = str(Locator(loc.kind, loc.location, dict(loc.options)))
-        found = open_runs(plain)
+        found = open_runs(plain, runs=runs_matching)
         if not found:
-            raise ValueError(f"{plain}: no runs found")
+            raise ValueError(f"{plain}: no runs found" + (f" matching --runs {runs_matching!r}" if runs_matching
+                                                          else ""))
         for i, run in enumerate(found):
             info = run.info
             label = loc.label or "run"
