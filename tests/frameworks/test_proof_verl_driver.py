@@ -373,8 +373,9 @@ def test_rollout_probs_diff_mean_is_over_the_batchs_valid_tokens():
     |p_old - p_rollout| over every valid response token of the batch at once (masked_select), not per sequence, as
     the {stat} template states. Not a registered proof: the template's one reduce is wrong for its max, std and
     valid (next test), so recording the entry proven would vouch for them too."""
-    from _support.fingerprint import fingerprint
     from verl.utils.debug.metrics import calculate_debug_metrics
+
+    from _support.fingerprint import fingerprint
     data, old, rollout, mask = debug_batch()
     logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
     diffs = ragged((old.exp() - rollout.exp()).abs(), mask.bool())
@@ -389,8 +390,9 @@ def test_rollout_probs_diff_other_stats_are_not_the_templates_mean():
     valid token, _std the sample std over the valid tokens, _valid a 1 flag (metrics.py@v0.9.1:116-119). No
     canonical sampling/probs_diff/max|std|valid exists to give them entries of their own (mappings/verl.yaml's
     note says so); this test keeps the difference visible until they do."""
-    from _support.fingerprint import fingerprint
     from verl.utils.debug.metrics import calculate_debug_metrics
+
+    from _support.fingerprint import fingerprint
     data, old, rollout, mask = debug_batch()
     logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
     diffs = ragged((old.exp() - rollout.exp()).abs(), mask.bool())
