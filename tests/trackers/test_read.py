@@ -3,6 +3,7 @@ trackers really wrote, checked against the trackers' own readers (tbparse for Te
 SQLite store) and against translate() for the names and the fidelity marks."""
 from __future__ import annotations
 
+import collections
 import math
 import sys
 
@@ -133,3 +134,51 @@ def test_a_missing_extra_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(MissingExtra, match=r"\[arrow\] extra"):
         trackbridge.read(str(VERL_LOG)).to_arrow()
+
+
+def test_read_gives_every_tracker_the_points_its_own_tools_give(tmp_path, wandb_env):
+    """All nine trackers written at once by the logger, then ``trackbridge.read`` on each: the same (key, step, value)
+    points the tracker's own tools give (TensorBoard's EventFileLoader, MLflow's client, sqlite3 on Trackio's
+    store, wandb's protobufs on its transaction log, SwanLab's DataStoreReader, ClearML's session files, Comet's
+    schemas, the Parquet parts; tests/_support/readback.py, tracker_files.py)."""
+    from _support import readback as RB
+    from _support import tracker_files as TF
+    sinks = {"jsonl": f"jsonl:{tmp_path}/jsonl", "tensorboard": f"tensorboard:{tmp_path}/tb",
+             "mlflow": f"mlflow:sqlite:///{tmp_path}/ml.db", "wandb": f"wandb:{tmp_path}/wb",
+             "trackio": f"trackio:{tmp_path}/tio", "swanlab": f"swanlab:{tmp_path}/sw",
+             "clearml": f"clearml:{tmp_path}/cl", "comet": f"comet:{tmp_path}/cm", "neptune": f"neptune:{tmp_path}/np"}
+    run = trackbridge.init(project="nine", name="all", run_id="nine", sinks=list(sinks.values()),
+                           spool=str(tmp_path / "spool"), source="canonical")
+    n = 30
+    for i in range(n):
+        run.log({"custom/loss": 1.0 / (i + 1), "custom/reward": i * 0.5}, step=i)
+    st = run.finish()
+    assert [s["state"] for s in st["sinks"]] == ["closed"] * 10, st
+    keys = ("custom/loss", "custom/reward")
+
+    def own(kind: str) -> dict[tuple[str, int], int]:
+        if kind in ("swanlab", "clearml", "comet", "neptune"):
+            pts = {"swanlab": TF.swanlab_points(tmp_path / "sw"), "clearml": TF.clearml_points(tmp_path / "cl"),
+                   "comet": TF.comet_points(tmp_path / "cm"), "neptune": TF.neptune_points(tmp_path / "np")}[kind][0]
+            return dict(collections.Counter((k, s) for k, s, _t, _v in pts if k in keys))
+        if kind == "tensorboard":
+            counted = RB.tensorboard_points(tmp_path / "tb")
+        elif kind == "mlflow":
+            counted = RB.mlflow_points(f"sqlite:///{tmp_path}/ml.db", "nine")
+        elif kind == "trackio":
+            counted = RB.trackio_points(tmp_path / "tio" / "nine.db", "nine")      # the project's database
+        elif kind == "wandb":
+            counted = RB.wandb_points(tmp_path / "wb", "nine")
+        else:
+            counted, _ = RB.spool_points(tmp_path / "jsonl" / "nine.jsonl")
+        return {(k, s): c for k in keys for s, c in counted.get(k, {}).items()}
+
+    checked = []
+    for kind, loc in sinks.items():
+        df = trackbridge.read(loc, names="keep", metrics=list(keys)).to_pandas()
+        mine = dict(collections.Counter(zip(df["key"], df["step"].astype(int))))
+        assert mine == own(kind) and len(df) == 2 * n, (kind, len(df))
+        loss = df[df["key"] == "custom/loss"].sort_values("step")["value"].tolist()
+        assert loss == pytest.approx([1.0 / (i + 1) for i in range(n)], rel=1e-6), kind
+        checked.append(kind)
+    assert checked == list(sinks)
