@@ -34,6 +34,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                                  "runs under their frameworks' own names")
     p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
                    help="only the runs whose label, name or id contains this regular expression")
+    p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
+                   help="only the runs that hold this tag (repeatable; KEY alone: the tag exists)")
     p.add_argument("--metrics", dest="select_metrics", action="append", default=[], metavar="GLOB",
                    help="only the metrics whose written name matches this glob (repeatable: 'reward/*')")
     p.add_argument("--derive", action="store_true", help="also write derived metrics (marked as derived)")
@@ -81,6 +83,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
                    help="of the runs a locator holds, only those whose label, name or id contains this regular "
                         "expression")
+    p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
+                   help="only the runs that hold this tag (repeatable; KEY alone: the tag exists)")
     p.add_argument("--group", action="append", default=[], metavar="LABEL=RUN,RUN,...",
                    help="aggregate seeds: a group of runs (each a RUN label given or a locator), repeatable; the "
                         "report adds per group the mean curve with its band, the IQM, final performance and "
@@ -122,6 +126,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
                    help="of the runs a locator holds, only those whose label, name or id contains this regular "
                         "expression")
+    p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
+                   help="only the runs that hold this tag (repeatable; KEY alone: the tag exists)")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--fail-on", default="warning", choices=["critical", "warning", "info"],
                    help="exit 1 when a finding is at least this severe (default: warning)")
@@ -170,6 +176,7 @@ def check_destination(text: str) -> str | None:
 
 def _migrate(args: argparse.Namespace) -> int:
     from .errors import UsageError
+    from .inputs import parse_tags
     from .migrate import migrate, names_clash, summary
     from .tracking.sink import SinkError
     from .tracking.source import SourceError
@@ -186,7 +193,8 @@ def _migrate(args: argparse.Namespace) -> int:
                          mappings=args.mappings or None, progress=not args.quiet, engine=args.engine,
                          ray_address=args.ray_address, batch_runs=args.batch_runs,
                          requests_per_s=args.requests_per_s, points_per_s=args.points_per_s,
-                         runs=args.select_runs, metrics=args.select_metrics or None)
+                         runs=args.select_runs, metrics=args.select_metrics or None,
+                         tags=parse_tags(args.select_tags) or None)
     except (SourceError, SinkError, UsageError) as exc:     # nothing readable, a refused destination, no Ray
         print(f"trackbridge migrate: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -208,6 +216,7 @@ _CAVEAT = {"differs": "series not the same quantity in every run",
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs
+    from .inputs import parse_tags
     if args.into:
         bad = check_destination(args.into)
         if bad:
@@ -218,7 +227,8 @@ def _compare(args: argparse.Namespace) -> int:
         result = compare_runs(args.runs, metrics=args.metrics, x=args.x, smooth=args.smooth,
                               smooth_kind=args.smooth_kind, out=out, mappings=args.mappings or None,
                               title=args.title, groups=args.group or None, group_by=args.group_by,
-                              band=args.band, last=args.last, runs_matching=args.select_runs)
+                              band=args.band, last=args.last, runs_matching=args.select_runs,
+                              tags=parse_tags(args.select_tags) or None)
     except (ValueError, OSError, RuntimeError) as exc:     # a run that cannot be read: bad input
         print(f"trackbridge compare: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -321,7 +331,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from .doctor import checks_for, diagnose
     from .doctor.engine import severity_rank
     from .doctor.report import text_report
-    from .inputs import open_runs
+    from .inputs import open_runs, parse_tags
     from .schema.loader import load_registry
     reg = load_registry(args.mappings or None)
     checks = checks_for(reg, args.mappings)           # a bad checks file: MappingError, exit 2
@@ -338,7 +348,7 @@ def _doctor(args: argparse.Namespace) -> int:
     runs = []
     for text in args.runs:
         found = open_runs(text, config=config, rows=True, allow_label=True,   # unreadable: exit 2
-                          runs=args.select_runs)
+                          runs=args.select_runs, tags=parse_tags(args.select_tags) or None)
         if not found:
             what = f" matching --runs {args.select_runs!r}" if args.select_runs else ""
             print(f"trackbridge doctor: {text}: no runs found{what}", file=sys.stderr)

@@ -430,18 +430,34 @@ class InputRun:
 
 def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool = False,
               allow_label: bool = False, runs: str | None = None,
-              metrics: Iterable[str] | None = None) -> list[InputRun]:
+              metrics: Iterable[str] | None = None, tags: Mapping[str, str] | None = None) -> list[InputRun]:
     """Every run that ``text`` names (:func:`_open_runs`), selected: ``runs``, a regular expression searched in each
-    run's label, name and id (the runs it matches none of are left out); ``metrics``, glob patterns (``fnmatch``:
+    run's label, name and id (the runs it matches none of are left out); ``tags``, tags a run must hold with these
+    values (its tracker's tags: ``{"team": "rl"}``; a tag given with an empty value only needs to exist);
+    ``metrics``, glob patterns (``fnmatch``:
     ``reward/*``) of the names a run's pipeline writes (:meth:`InputRun.pipeline`: every command that reads the run
     keeps only those). The same selection for ``migrate``, ``doctor``, ``compare`` and ``trackbridge.read``."""
     pattern = _runs_pattern(runs)
     out = _open_runs(text, config=config, rows=rows, allow_label=allow_label)
     if pattern is not None:
         out = [r for r in out if any(pattern.search(str(t)) for t in (r.label, r.info.name, r.info.run_id) if t)]
+    if tags:
+        out = [r for r in out if all(k in (r.info.tags or {}) and (not v or str(r.info.tags[k]) == str(v))
+                                     for k, v in tags.items())]
     keep = [str(m) for m in metrics or ()]
     for r in out:
         r.metrics = keep
+    return out
+
+
+def parse_tags(items: Iterable[str]) -> dict[str, str]:
+    """``--tag KEY=VALUE`` (or ``--tag KEY``: the tag exists) items as a dict; a bad item is a one-line error."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, _, value = str(item).partition("=")
+        if not key.strip():
+            raise UsageError(f"--tag {item!r}: expected KEY=VALUE or KEY")
+        out[key.strip()] = value.strip()
     return out
 
 

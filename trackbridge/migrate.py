@@ -155,14 +155,15 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
             out: TextIO | None = None, engine: str = "local", requests_per_s: float | None = None,
             points_per_s: float | None = None, ray_address: str | None = None,
             batch_runs: int | None = None, runs: str | None = None,
-            metrics: list[str] | None = None) -> MigrationResult:
+            metrics: list[str] | None = None, tags: dict[str, str] | None = None) -> MigrationResult:
     """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way.
 
     ``engine``: ``local`` (one run after the other, ``jobs`` at a time in threads) or ``ray`` (batches of runs as
     Ray tasks, ``jobs`` in flight at most, ``batch_runs`` runs per task; ``ray_address``: the cluster, default
     ``RAY_ADDRESS`` or a new local one: see :mod:`trackbridge.bulk`). ``requests_per_s`` / ``points_per_s``: what
     all workers together may send to the destination. ``runs``: a regular expression a run's label, name or id
-    must contain; ``metrics``: glob patterns of the written names to keep (:func:`trackbridge.inputs.open_runs`)."""
+    must contain; ``tags``: tags a run must hold; ``metrics``: glob patterns of the written names to keep
+    (:func:`trackbridge.inputs.open_runs`)."""
     if engine not in ENGINES:
         raise ValueError(f"migrate: unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
     limiter = RateLimiter(requests_per_s, points_per_s)      # checks the numbers before anything is read
@@ -179,7 +180,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
         parse_spec(names, reg, allow_auto=False)
         if source not in ("auto", "keep"):
             parse_spec(source, reg)
-    found = open_runs(str(src_loc), allow_label=True, runs=runs, metrics=metrics)  # as every command reads a run
+    found = open_runs(str(src_loc), allow_label=True, runs=runs, metrics=metrics, tags=tags)  # as every command
     result = MigrationResult(destination=dst_loc.kind,
                              resolution=tuple(sink_class(dst_loc.kind).capabilities.resolution))
     if not found:

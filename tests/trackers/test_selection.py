@@ -90,3 +90,21 @@ def test_compare_selects_runs(tmp_path):
     r = _cli("compare", f"tensorboard:{tb}", "--runs", "nope", "--out", str(tmp_path / "rep"))
     assert r.returncode == 2 and "no runs found matching --runs 'nope'" in r.stderr
     assert not (tmp_path / "rep" / "report.html").exists()
+
+
+def test_runs_selected_by_their_trackers_tags(tmp_path):
+    out = tmp_path / "jsonl"
+    for run_id, team in (("t1", "rl"), ("t2", "sft"), ("t3", "rl")):
+        run = trackbridge.init(project="p", name=f"run-{run_id}", run_id=run_id, spool=str(tmp_path / f"s-{run_id}"),
+                               sinks=[f"jsonl:{out}"], source="canonical", tags={"team": team})
+        run.log({"loss/total": 1.0}, step=1)
+        run.finish()
+    assert sorted(trackbridge.read(f"jsonl:{out}", tags={"team": "rl"}).labels()) == ["run-t1", "run-t3"]
+    assert len(trackbridge.read(f"jsonl:{out}", tags={"team": ""}).labels()) == 3         # the tag exists
+    r = _cli("migrate", f"jsonl:{out}", f"jsonl:{tmp_path / 'rl'}", "--tag", "team=sft", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert trackbridge.read(f"jsonl:{tmp_path / 'rl'}").labels() == ["run-t2"]
+    r = _cli("doctor", f"jsonl:{out}", "--tag", "team=nobody")
+    assert r.returncode == 2 and "no runs found" in r.stderr
+    r = _cli("migrate", f"jsonl:{out}", f"jsonl:{tmp_path / 'x'}", "--tag", "=x", "--quiet")
+    assert r.returncode == 2 and "--tag '=x': expected KEY=VALUE or KEY" in r.stderr and "Traceback" not in r.stderr

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeGuard
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, TypeGuard
 
 from ..locators import Locator, parse_many
 from ..record import Histogram, Record, RunInfo
@@ -293,7 +293,7 @@ class LoadedRun:
 
 def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None = None,
               source: str = "auto", derive: bool = True, doctor: bool = True,
-              runs_matching: str | None = None) -> list[LoadedRun]:
+              runs_matching: str | None = None, tags: "Mapping[str, str] | None" = None) -> list[LoadedRun]:
     """Open every locator (``LOCATOR`` or ``LABEL=LOCATOR``) and read all its runs as canonical records.
 
     Runs are opened as every command opens them (:func:`trackbridge.inputs.open_runs`: the same config, the same
@@ -310,10 +310,10 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
     runs: list[LoadedRun] = []
     for loc in locs:
         plain = str(Locator(loc.kind, loc.location, dict(loc.options)))
-        found = open_runs(plain, runs=runs_matching)
+        found = open_runs(plain, runs=runs_matching, tags=tags)
         if not found:
             raise ValueError(f"{plain}: no runs found" + (f" matching --runs {runs_matching!r}" if runs_matching
-                                                          else ""))
+                                                          else "") + (" with the tags asked for" if tags else ""))
         for i, run in enumerate(found):
             info = run.info
             label = loc.label or "run"

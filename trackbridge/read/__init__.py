@@ -77,7 +77,7 @@ class Reading:
 
     def __init__(self, locators: Sequence[str], *, metrics: Sequence[str] | None, names: str, source: str | None,
                  mappings: Sequence[str] | None, runs: str | None, steps: tuple[int | None, int | None] | None,
-                 config: dict[str, Any] | None) -> None:
+                 config: dict[str, Any] | None, tags: dict[str, str] | None = None) -> None:
         self.locators = list(locators)
         self.metrics = list(metrics or [])
         self.names = names
@@ -86,6 +86,7 @@ class Reading:
         self.steps = steps
         self.config = dict(config or {})
         self.runs_re = runs
+        self.tags = dict(tags or {})
         if runs:
             try:
                 re.compile(runs)
@@ -102,7 +103,7 @@ class Reading:
             opened: list[tuple[InputRun, str]] = []
             for loc in self.locators:
                 for run in open_runs(loc, rows=True, config=self.config or None, allow_label=True, runs=self.runs_re,
-                                     metrics=self.metrics):
+                                     metrics=self.metrics, tags=self.tags or None):
                     label = run.label or run.info.name or run.info.run_id or run.locator
                     opened.append((run, _unique(label, [lbl for _, lbl in opened])))
             if not opened:
@@ -210,12 +211,14 @@ def arrow_schema() -> pyarrow.Schema:
 
 def read(locators: str | Iterable[str], *, metrics: str | Iterable[str] | None = None, names: str = "canonical",
          source: str | None = None, mappings: Iterable[str] | None = None, runs: str | None = None,
-         steps: tuple[int | None, int | None] | None = None, config: dict[str, Any] | None = None) -> Reading:
+         steps: tuple[int | None, int | None] | None = None, config: dict[str, Any] | None = None,
+         tags: dict[str, str] | None = None) -> Reading:
     """The points of the runs ``locators`` name (a locator or a list: a file, a tracker folder or store, ``LABEL=``
     in front to name a run), translated into ``names`` (``canonical``, ``FRAMEWORK[/TRAINER][@VERSION]`` or
     ``keep``) from ``source`` (detected by default, or the locator's ``?from=``). ``metrics``: glob patterns of the
     output names to keep; ``runs``: a regular expression a run's label, name or id must contain; ``steps``: an
-    inclusive (first, last) range, ``None`` for an open end; ``config``: added over each run's config. Nothing is read
+    inclusive (first, last) range, ``None`` for an open end; ``config``: added over each run's config; ``tags``: tags
+    a run must hold (an empty value: the tag exists). Nothing is read
     until the result is iterated or turned into a table (``.to_pandas()``, ``.to_arrow()``, ``.batches()``)."""
     locs = [locators] if isinstance(locators, str) else list(locators)
     if not locs:
@@ -224,7 +227,7 @@ def read(locators: str | Iterable[str], *, metrics: str | Iterable[str] | None =
     if steps is not None and (len(steps) != 2 or not all(s is None or isinstance(s, int) for s in steps)):
         raise UsageError(f"read: steps={steps!r} must be (first, last), each an int or None")
     return Reading(locs, metrics=pats, names=names, source=source, mappings=list(mappings or []), runs=runs,
-                   steps=steps, config=config)
+                   steps=steps, config=config, tags=tags)
 
 
 def _number(v: Any) -> float | None:
