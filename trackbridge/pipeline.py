@@ -76,9 +76,14 @@ class Pipeline:
     def for_run(cls, info: RunInfo, names: str = "canonical", *, source: str = "auto", **kw: Any) -> "Pipeline":
         """The pipeline for a stored run. With ``source="auto"``, a run trackbridge wrote under canonical names is
         read as canonical and remembers where its names came from (``info.source``: the target's trainer and the
-        fidelity are judged from it); any other run is detected from its keys (and config)."""
-        if source == "auto" and info.names == "canonical":
+        fidelity are judged from it); one it wrote under a framework's names (``info.names``) is read as that
+        framework's; any other run is detected from its keys (and config)."""
+        if source == "auto" and (info.names or "").split("@")[0] == "canonical":
             source = "canonical"
+        elif source == "auto" and info.names and info.names not in ("raw", "keep"):
+            # written by trackbridge under a framework's names (migrate --names verl): those are its names, and the
+            # names it had none for were kept canonical, which pass through; detecting would see a mix of the two
+            source = info.names
         return cls(source, names, config=info.config, origin=info.source, fidelity=info.approximate, **kw)
 
     # ------------------------------------------------------------------------------------------------ setup
