@@ -77,15 +77,18 @@ def test_areal_pools_every_level_of_its_token_statistics(reg):
     for cfg in ({}, {"actor.ppo_n_minibatches": 8}):
         v = verdicts(reg, "areal", "ppo", "v1.0.4", cfg)
         for key in ("ppo_actor/update/actor_loss/avg", "ppo_actor/update/entropy/avg",
-                    "ppo_actor/update/clip_ratio/avg", "ppo_actor/task_reward/avg", "ppo_actor/advantages/avg",
-                    "rollout/reward", "eval-rollout/reward"):
+                    "ppo_actor/task_reward/avg", "ppo_actor/advantages/avg", "rollout/reward", "eval-rollout/reward"):
             assert v[key] is None, (cfg, key, v[key])
-        # pi_old is the inference engine's log-prob under the defaults (issue 29's audit: cli_args.py@v1.0.4:1479-1489)
+        # pi_old is the inference engine's log-prob under the defaults (issue 29's audit: cli_args.py@v1.0.4:1543-1554;
+        # the clip ratio too, as AReaL's own actor code shows: tests/frameworks/test_proof_areal_actor.py)
         assert "inference engine" in v["ppo_actor/update/approx_kl/avg"], (cfg, v["ppo_actor/update/approx_kl/avg"])
+        assert "pi_inference" in v["ppo_actor/update/clip_ratio/avg"] and \
+            "[deviation]" in v["ppo_actor/update/clip_ratio/avg"], (cfg, v["ppo_actor/update/clip_ratio/avg"])
     v = verdicts(reg, "areal", "ppo", "v1.0.4", {})
     assert "averages its 4 mini-batches" in v["ppo_actor/update/grad_norm"]          # actor.ppo_n_minibatches = 4
     recomputed = verdicts(reg, "areal", "ppo", "v1.0.4", {"actor.recompute_logprob": True})
     assert recomputed["ppo_actor/update/approx_kl/avg"] is None     # the trainer's own pi_old: PPO's approx KL
+    assert recomputed["ppo_actor/update/clip_ratio/avg"] is None
     assert verdicts(reg, "areal", "ppo", "v1.0.4", {"actor.ppo_n_minibatches": 1})["ppo_actor/update/grad_norm"] is None
     assert "[clip_length]" in v["ppo_actor/no_eos_ratios/avg"] and "longest" in v["ppo_actor/no_eos_ratios/avg"]
     assert "[padding]" in v["ppo_actor/n_tokens"]

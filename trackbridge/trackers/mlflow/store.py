@@ -149,6 +149,7 @@ def create_sqlite_store(path: Path) -> None:
     """Make a new MLflow store at ``path`` when there is none (the file missing or empty), whole or not at all (see
     the module docstring). Threads and processes making it at the same time wait for each other
     (:func:`store_lock`): the first makes it, the others find it made."""
+    _remove_stale(path)                 # temporary stores of creations whose process is gone (killed mid-way)
     if _complete(path):
         return                          # the common case: no lock taken
     try:
