@@ -23,19 +23,8 @@ from _support import proofs_verl as V  # noqa: E402
 from _support.proven import close, proof  # noqa: E402
 
 WORLD, MICRO, MINI, EPOCHS = V.WORLD, 2, 8, 2
-ROLLOUT = V.Rollout(
-    prompt_lens=[3, 4, 2, 6, 3, 5, 4, 2, 5, 3, 2, 4, 3, 6, 2, 4],
-    resp_lens=[2, 5, 3, 9, 1, 4, 6, 2, 3, 7, 2, 5, 9, 1, 6, 3],
-    tool=[[], [0, 1, 1], [], [0, 0, 1, 1, 1], [], [0, 1], [], [], [], [0, 0, 1, 1], [], [], [0, 1, 1, 1], [],
-          [0, 0, 0, 1], []],
-    scores=[1, 0, .5, 1, 0, 0, 1, .25, 1, 0, .5, 0, 1, 1, 0, .5])
-BASE = {"data.train_batch_size": ROLLOUT.n, "actor_rollout_ref.actor.ppo_mini_batch_size": MINI,
-        "actor_rollout_ref.actor.ppo_epochs": EPOCHS, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": MICRO,
-        "critic.ppo_mini_batch_size": MINI, "critic.ppo_epochs": EPOCHS,
-        "actor_rollout_ref.rollout.n": 1, "trainer.n_gpus_per_node": WORLD, "trainer.nnodes": 1,
-        "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.calculate_entropy": True,
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools.yaml",
-        "data.max_prompt_length": 8, "data.max_response_length": 12}
+ROLLOUT = V.UNEVEN                                     # the shared uneven batch (proofs_verl.py)
+BASE = V.base_config(ROLLOUT)
 DRIVER = ("micro_batches", "processes")        # the levels a driver metric over the whole batch could be split in
 
 _RUNS: dict = {}

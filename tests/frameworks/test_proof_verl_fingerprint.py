@@ -29,20 +29,8 @@ MAX_PROMPT, MAX_RESPONSE = 8, 12                      # the configured maxima: n
 
 # 16 sequences (8 per rank: 2 mini-batches of 4, micro-batches of 2), lengths uneven at every level; tool-output
 # tokens (1) inside some responses; the longest response (9 tokens) twice, none truncated (< MAX_RESPONSE)
-ROLLOUT = V.Rollout(
-    prompt_lens=[3, 4, 2, 6, 3, 5, 4, 2, 5, 3, 2, 4, 3, 6, 2, 4],
-    resp_lens=[2, 5, 3, 9, 1, 4, 6, 2, 3, 7, 2, 5, 9, 1, 6, 3],
-    tool=[[], [0, 1, 1], [], [0, 0, 1, 1, 1], [], [0, 1], [], [], [], [0, 0, 1, 1], [], [], [0, 1, 1, 1], [],
-          [0, 0, 0, 1], []],
-    scores=[1, 0, .5, 1, 0, 0, 1, .25, 1, 0, .5, 0, 1, 1, 0, .5])
-
-BASE = {"data.train_batch_size": ROLLOUT.n, "actor_rollout_ref.actor.ppo_mini_batch_size": MINI,
-        "actor_rollout_ref.actor.ppo_epochs": EPOCHS, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": MICRO,
-        "critic.ppo_mini_batch_size": MINI, "critic.ppo_epochs": EPOCHS,
-        "actor_rollout_ref.rollout.n": 1, "trainer.n_gpus_per_node": WORLD, "trainer.nnodes": 1,
-        "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.calculate_entropy": True,
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools.yaml",
-        "data.max_prompt_length": MAX_PROMPT, "data.max_response_length": MAX_RESPONSE}
+ROLLOUT = V.UNEVEN                                     # the shared uneven batch (proofs_verl.py)
+BASE = V.base_config(ROLLOUT)
 SEQ_MEAN = dict(BASE, **{"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"})
 ONE_MINI = dict(BASE, **{"actor_rollout_ref.actor.ppo_mini_batch_size": ROLLOUT.n,
                          "actor_rollout_ref.actor.ppo_epochs": 1, "critic.ppo_mini_batch_size": ROLLOUT.n,
