@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 WIDTH_IN, HEIGHT_IN, DPI = 9.0, 5.0, 100
 PNG_SIZE = (int(WIDTH_IN * DPI), int(HEIGHT_IN * DPI))      # (width, height) in pixels of every chart
@@ -125,6 +126,11 @@ def _render(chart: Chart, path: Path) -> None:
         v = ys_all[0]
         pad = abs(v) * 0.05 or 0.05
         ax.set_ylim(v - pad, v + pad)
+    _save(plt, fig, note_lines, path)
+
+
+def _save(plt: Any, fig: Any, note_lines: list[str], path: Path) -> None:
+    """The warning's lines under the chart, then the PNG written and the figure closed."""
     for k, line in enumerate(note_lines):
         fig.text(0.02, 0.02 + 0.045 * (len(note_lines) - 1 - k), line, fontsize=9, color="#8a1c00",
                  ha="left", va="bottom")
@@ -166,12 +172,7 @@ def _render_groups(chart: GroupChart, path: Path) -> None:
     cnt.set_ylabel("runs", fontsize=9)
     cnt.set_xlabel(chart.xlabel)
     cnt.grid(True, alpha=0.3)
-    for k, line in enumerate(note_lines):
-        fig.text(0.02, 0.02 + 0.045 * (len(note_lines) - 1 - k), line, fontsize=9, color="#8a1c00",
-                 ha="left", va="bottom")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, format="png")
-    plt.close(fig)
+    _save(plt, fig, note_lines, path)
 
 
 @contextmanager
