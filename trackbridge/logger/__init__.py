@@ -84,7 +84,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
     objects; the JSONL spool in ``spool`` is always added. ``source``: naming of what the trainer logs (``auto``,
     ``canonical`` or ``FRAMEWORK[@VERSION]``); ``names``: naming written to the trackers (``canonical`` or
-    ``FRAMEWORK[@VERSION]``; the spool always holds canonical names). ``options``: the tuning knobs
+    ``FRAMEWORK[@VERSION]``; the spool always holds canonical names, and ``keep`` keeps those: to write the names
+    the trainer logs, pass its framework, ``names=source``). ``options``: the tuning knobs
     (:class:`LoggerOptions`: flush interval, queue and batch sizes, retries, timeouts); each is also a keyword here,
     which wins over ``options``. ``rank``: override the rank taken from the environment. ``doctor``: run the
     diagnostic checks (:mod:`trackbridge.doctor`) on the records as they are logged, in the dispatcher thread (off
