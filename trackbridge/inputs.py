@@ -74,8 +74,7 @@ def _format_facts(kind: str | None) -> dict[str, Any]:
         cls = source_class(kind)
     except Exception:       # noqa: BLE001 - an unknown kind or a missing extra: said when the reader is opened
         return {}
-    return {"signature": getattr(cls, "signature", None), "text": getattr(cls, "text_form", None),
-            "head_check": getattr(cls, "head_problem", None)}
+    return {"signature": cls.signature, "text": cls.text_form, "head_check": cls.head_problem}
 
 
 def input_problem(path: str | Path, kind: str | None = None) -> str | None:
@@ -437,7 +436,7 @@ def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool 
     ``metrics``, glob patterns (``fnmatch``:
     ``reward/*``) of the names a run's pipeline writes (:meth:`InputRun.pipeline`: every command that reads the run
     keeps only those). The same selection for ``migrate``, ``doctor``, ``compare`` and ``trackbridge.read``."""
-    pattern = _runs_pattern(runs)
+    pattern = runs_pattern(runs)
     out = _open_runs(text, config=config, rows=rows, allow_label=allow_label)
     if pattern is not None:
         out = [r for r in out if any(pattern.search(str(t)) for t in (r.label, r.info.name, r.info.run_id) if t)]
@@ -461,13 +460,14 @@ def parse_tags(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _runs_pattern(runs: str | None) -> re.Pattern[str] | None:
+def runs_pattern(runs: str | None, what: str = "--runs ") -> re.Pattern[str] | None:
+    """The compiled run selection (None: every run); a bad expression is a one-line error naming ``what``."""
     if not runs:
         return None
     try:
         return re.compile(runs)
     except re.error as exc:
-        raise UsageError(f"--runs {runs!r} is not a regular expression ({exc})") from None
+        raise UsageError(f"{what}{runs!r} is not a regular expression ({exc})") from None
 
 
 def _open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool = False,

@@ -124,7 +124,7 @@ def merge(key: str, reduce: str, shares: list[Share], *, sample_std: bool = True
         values.append(v)
     if reduce == "value":
         first = values[0]
-        differ = any(not _same(v, first) for v in values[1:])
+        differ = any(not same_value(v, first) for v in values[1:])
         note = (f"metric {key!r}: the ranks logged different values for a value that is the same on every rank "
                 f"({', '.join(f'rank {s.rank}: {v!r}' for s, v in zip(shares[:4], values[:4]))}); "
                 f"rank {shares[0].rank}'s is kept") if differ else None
@@ -160,7 +160,8 @@ def merge(key: str, reduce: str, shares: list[Share], *, sample_std: bool = True
     raise MergeError(f"metric {key!r}: unknown reduction {reduce!r}")
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN (two ranks' copies of one value)."""
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 

@@ -960,7 +960,7 @@ def coverage(reg, records: dict, outs: list[Outcome]) -> list[str]:
              "|---|---|---|---|---|---|"]
     tot = [0, 0, 0, 0]
     for name, fw in sorted(reg.frameworks.items()):
-        es = [e for e in [*fw.entries, *fw.template_entries]]
+        es = [*fw.entries, *fw.template_entries]
         n_proven = sum((e.file, e.line) in proven for e in es)
         mine = [o for o in outs if name in (o.pair.a.framework, o.pair.b.framework)]
         row = [len(es), n_proven, len(mine), sum(o.exact for o in mine)]

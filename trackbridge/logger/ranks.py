@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UsageError
-from ..ranked import MergeError, Share, merge, reduction_of, split_weighted
+from ..ranked import MergeError, Share, merge, reduction_of, same_value, split_weighted
 from ..record import decode_value, dumps, encode_value
 from ..stream import SUFFIX, stream_file
 from .checks import validate_call
@@ -53,10 +53,6 @@ from .noop import NoOpRun
 RANK_TIMEOUT = 60.0
 _POLL = 0.05            # seconds between polls while lines arrive
 _POLL_IDLE = 1.0        # at most this long between polls when nothing arrives (the interval doubles up to it)
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def ranks_folder(spool_dir: Path, run_id: str) -> Path:
@@ -394,7 +390,7 @@ class Merger:
                 values[key] = value
                 merged.append(key)
                 continue
-            if all(_same_value(s.value, shares[0].value) for s in shares[1:]):
+            if all(same_value(s.value, shares[0].value) for s in shares[1:]):
                 continue                     # the same on every rank (a learning rate): rank 0's is the batch's
             why = (f"logged without a weight on {len({s.rank for s in shares})} ranks: rank 0's value, not the "
                    f"batch's ({reduce or 'no statistic stated'} cannot be merged without each rank's count: log "

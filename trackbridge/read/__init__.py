@@ -22,12 +22,12 @@ patterns of the output names, ``fnmatch`` rules: ``policy/*``), ``steps`` (an in
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ..errors import UsageError
 from ..extras import require
+from ..inputs import runs_pattern
 from ..schema.proofs import only_unproven
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -87,11 +87,7 @@ class Reading:
         self.config = dict(config or {})
         self.runs_re = runs
         self.tags = dict(tags or {})
-        if runs:
-            try:
-                re.compile(runs)
-            except re.error as exc:
-                raise UsageError(f"read: runs={runs!r} is not a regular expression ({exc})") from None
+        runs_pattern(runs, "read: runs=")        # a bad expression is said now, not when the rows are read
         self._opened: list[tuple[InputRun, str]] | None = None
         self.runs: list[RunData] = []          # filled as the rows are read
 
@@ -130,37 +126,39 @@ class Reading:
                                       mappings=self.mappings or None)
         carried = dict(run.info.approximate or {}) if run.info.names == self.names else {}
         lo, hi = self.steps or (None, None)
+        names: set[str] = set()             # every name the pipeline wrote (it kept only those asked for)
+        marks: dict[str, str] = {}          # name -> its fidelity, judged once: the mark is set when it first comes
         for rec in pipe.process(run.records()):
+            names.update(rec.metrics)
             if (lo is not None and (rec.step is None or rec.step < lo)) or \
                     (hi is not None and (rec.step is None or rec.step > hi)):
                 continue
-            derived = set(rec.derived)
-            for key, value in rec.metrics.items():        # the pipeline kept only the names asked for
+            derived = rec.derived
+            for key, value in rec.metrics.items():
                 number = _number(value)
                 if number is None:
                     data.non_numeric += 1
                     continue
                 data.points += 1
+                mark = marks.get(key)
+                if mark is None:
+                    mark = marks[key] = self._fidelity(key, pipe, carried, keep)
                 yield Point(label, rec.step, rec.wall_time, key, number,
-                            self._fidelity(key, derived, pipe, carried, keep))
+                            "derived" if not keep and key in derived else mark)
         data.source = pipe.stats.source
         data.config = dict(run.info.config or {})
-        seen = pipe._selected if self.metrics else None
-        data.reasons = {k: v for k, v in {**carried, **pipe.stats.approximate}.items() if seen is None or seen.get(k)}
-        data.unmapped = [k for k in pipe.stats.unmapped if seen is None or seen.get(k)]
+        data.reasons = {k: v for k, v in {**carried, **pipe.stats.approximate}.items() if k in names}
+        data.unmapped = [k for k in pipe.stats.unmapped if k in names]
 
     @staticmethod
-    def _fidelity(key: str, derived: set[str], pipe: Pipeline, carried: dict[str, str], keep: bool) -> str:
+    def _fidelity(key: str, pipe: Pipeline, carried: dict[str, str], keep: bool) -> str:
+        """A logged (not derived) name's mark."""
         if keep:
             return "as stored"
-        if key in derived:
-            return "derived"
         why = pipe.stats.approximate.get(key) or carried.get(key)
         if why is not None:
             return "unproven" if only_unproven(why) else "approximate"
-        if key in _unmapped(pipe):
-            return "unmapped"
-        return "exact"
+        return "unmapped" if key in pipe.stats.unmapped else "exact"
 
     # ------------------------------------------------------------------------------------------------ tables
     def batches(self, rows: int = BATCH_ROWS) -> Iterator[pyarrow.RecordBatch]:
@@ -242,15 +240,6 @@ def _number(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None
-
-
-def _unmapped(pipe: Pipeline) -> set[str]:
-    cache = pipe.__dict__.get("_read_unmapped")
-    src = pipe.stats.unmapped
-    if cache is None or cache[0] != len(src):
-        cache = (len(src), set(src))
-        pipe.__dict__["_read_unmapped"] = cache
-    return cache[1]
 
 
 def _unique(label: str, taken: list[str]) -> str:
