@@ -4,11 +4,44 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .exitcodes import ExitCode
 
+if TYPE_CHECKING:       # pragma: no cover
+    from .selection import Selection
+
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def _selection_options(p: argparse.ArgumentParser, *, metrics: bool = False, within: str = "") -> None:
+    """The run selection every reading command takes (:class:`~trackbridge.selection.Selection`)."""
+    p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
+                   help=f"{within}only the runs whose label, name or id contains this regular expression")
+    p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
+                   help="only the runs that hold this tag (repeatable; KEY alone: the tag exists)")
+    p.add_argument("--since", dest="select_since", default=None, metavar="WHEN",
+                   help="only the runs started at or after WHEN: a date (2026-11-01), a date-time (UTC unless it has "
+                        "an offset) or a duration before now (7d, 36h); a run with no wall times is left out, said")
+    p.add_argument("--until", dest="select_until", default=None, metavar="WHEN",
+                   help="only the runs started at or before WHEN (a date alone: the whole day)")
+    if metrics:
+        p.add_argument("--metrics", dest="select_metrics", action="append", default=[], metavar="GLOB",
+                       help="only the metrics whose written name matches this glob (repeatable: 'reward/*')")
+
+
+def _selection(args: argparse.Namespace) -> "Selection":
+    """The selection the options of :func:`_selection_options` give (a bad one: UsageError, exit 2)."""
+    from .inputs import parse_tags
+    from .selection import Selection
+    return Selection.build(runs=args.select_runs, tags=parse_tags(args.select_tags),
+                           metrics=getattr(args, "select_metrics", None) or None,
+                           since=args.select_since, until=args.select_until)
+
+
+def _left_out(command: str, select: "Selection") -> None:
+    for line in select.left_out:
+        print(f"trackbridge {command}: left out {line}", file=sys.stderr)
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -32,12 +65,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--names", default=None, help="names to write: canonical (default), keep, or "
                                                  "FRAMEWORK[/TRAINER][@VERSION]; asked for when DST already holds "
                                                  "runs under their frameworks' own names")
-    p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
-                   help="only the runs whose label, name or id contains this regular expression")
-    p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
-                   help="only the runs that hold this tag (repeatable; KEY alone: the tag exists)")
-    p.add_argument("--metrics", dest="select_metrics", action="append", default=[], metavar="GLOB",
-                   help="only the metrics whose written name matches this glob (repeatable: 'reward/*')")
+    _selection_options(p, metrics=True)
     p.add_argument("--derive", action="store_true", help="also write derived metrics (marked as derived)")
     p.add_argument("--dry-run", action="store_true", help="print what would be written, name by name")
     p.add_argument("--jobs", type=int, default=1, help="runs migrated in parallel (default 1; with --engine ray: "
@@ -80,11 +108,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("runs", nargs="*", metavar="RUN",
                    help="run locator or LABEL=LOCATOR, e.g. grpo=trainer-state:out/trainer_state.json "
                         "verl=console:verl.log; a plain path a reader recognises works too (verl=verl.log)")
-    p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
-                   help="of the runs a locator holds, only those whose label, name or id contains this regular "
-                        "expression")
-    p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
-                   help="only the runs that hold this tag (repeatable; KEY alone: the tag exists)")
+    _selection_options(p, within="of the runs a locator holds, ")
     p.add_argument("--group", action="append", default=[], metavar="LABEL=RUN,RUN,...",
                    help="aggregate seeds: a group of runs (each a RUN label given or a locator), repeatable; the "
                         "report adds per group the mean curve with its band, the IQM, final performance and "
@@ -123,11 +147,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                    "0 no finding at or above --fail-on, 1 findings, 2 bad usage or input.")
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run locator or LABEL=LOCATOR (any locator or path the other commands take)")
-    p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
-                   help="of the runs a locator holds, only those whose label, name or id contains this regular "
-                        "expression")
-    p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
-                   help="only the runs that hold this tag (repeatable; KEY alone: the tag exists)")
+    _selection_options(p, within="of the runs a locator holds, ")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--fail-on", default="warning", choices=["critical", "warning", "info"],
                    help="exit 1 when a finding is at least this severe (default: warning)")
@@ -176,11 +196,11 @@ def check_destination(text: str) -> str | None:
 
 def _migrate(args: argparse.Namespace) -> int:
     from .errors import UsageError
-    from .inputs import parse_tags
     from .migrate import migrate, names_clash, summary
     from .tracking.sink import SinkError
     from .tracking.source import SourceError
     try:
+        selection = _selection(args)        # a bad --runs/--since ...: exit 2 before anything is read
         # the default renames: say so first when DST holds runs under other names (not in a dry run, which reads
         # nothing of DST: a tracker's SQLite store read back would gain its WAL files)
         if args.names is None and not args.dry_run:
@@ -193,14 +213,14 @@ def _migrate(args: argparse.Namespace) -> int:
                          mappings=args.mappings or None, progress=not args.quiet, engine=args.engine,
                          ray_address=args.ray_address, batch_runs=args.batch_runs,
                          requests_per_s=args.requests_per_s, points_per_s=args.points_per_s,
-                         runs=args.select_runs, metrics=args.select_metrics or None,
-                         tags=parse_tags(args.select_tags) or None)
+                         selection=selection)
     except (SourceError, SinkError, UsageError) as exc:     # nothing readable, a refused destination, no Ray
         print(f"trackbridge migrate: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    _left_out("migrate", selection)
     print(summary(result, dry_run=args.dry_run), file=sys.stderr if not args.dry_run else sys.stdout)
     if not result.runs:
-        print(f"trackbridge: no runs found in {args.src}", file=sys.stderr)
+        print(f"trackbridge: no runs found in {args.src}{selection.describe()}", file=sys.stderr)
         return ExitCode.PROBLEMS
     if not result.ok or result.left_out:       # a run failed, or points its tracker could not take were left out
         return ExitCode.PROBLEMS
@@ -216,22 +236,25 @@ _CAVEAT = {"differs": "series not the same quantity in every run",
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs
-    from .inputs import parse_tags
     if args.into:
         bad = check_destination(args.into)
         if bad:
             print(f"trackbridge compare: --into {args.into}: {bad}", file=sys.stderr)
             return ExitCode.USAGE
     out = args.out if args.out else (None if args.into else "compare-report")
+    selection = None
     try:
+        selection = _selection(args)
         result = compare_runs(args.runs, metrics=args.metrics, x=args.x, smooth=args.smooth,
                               smooth_kind=args.smooth_kind, out=out, mappings=args.mappings or None,
                               title=args.title, groups=args.group or None, group_by=args.group_by,
-                              band=args.band, last=args.last, runs_matching=args.select_runs,
-                              tags=parse_tags(args.select_tags) or None)
+                              band=args.band, last=args.last, selection=selection)
     except (ValueError, OSError, RuntimeError) as exc:     # a run that cannot be read: bad input
+        if selection is not None:
+            _left_out("compare", selection)
         print(f"trackbridge compare: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    _left_out("compare", selection)
     for r in result.runs:
         print(f"{r.label}: {len(r.records)} records, translated from {r.source}", file=sys.stderr)
     for f in result.findings:
@@ -331,7 +354,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from .doctor import checks_for, diagnose
     from .doctor.engine import severity_rank
     from .doctor.report import text_report
-    from .inputs import open_runs, parse_tags
+    from .inputs import open_runs
     from .schema.loader import load_registry
     reg = load_registry(args.mappings or None)
     checks = checks_for(reg, args.mappings)           # a bad checks file: MappingError, exit 2
@@ -345,13 +368,14 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.config:                                   # a JSON file, as translate's and detect's --config
         with open(args.config, encoding="utf-8") as fh:
             config = json.load(fh)
+    selection = _selection(args)                      # a bad --runs/--since ...: UsageError, exit 2
     runs = []
     for text in args.runs:
-        found = open_runs(text, config=config, rows=True, allow_label=True,   # unreadable: exit 2
-                          runs=args.select_runs, tags=parse_tags(args.select_tags) or None)
+        found = open_runs(text, config=config, rows=True, allow_label=True, select=selection)  # unreadable: 2
+        _left_out("doctor", selection)
+        selection.left_out.clear()
         if not found:
-            what = f" matching --runs {args.select_runs!r}" if args.select_runs else ""
-            print(f"trackbridge doctor: {text}: no runs found{what}", file=sys.stderr)
+            print(f"trackbridge doctor: {text}: no runs found{selection.describe()}", file=sys.stderr)
             return ExitCode.USAGE
         for i, run in enumerate(found):
             label = run.label or None

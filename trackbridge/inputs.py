@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TextIO
 
 from .errors import UsageError
 from .record import Record, RunInfo, iter_json_objects
+from .selection import Selection
 from .stream import is_header
 from .tracking.inputfile import InputError
 from .tracking.inputfile import input_problem as _input_problem
@@ -362,6 +363,7 @@ class InputRun:
         self._config = dict(config or {})
         self._info: RunInfo | None = None
         self._has_time: bool | None = None
+        self._first: Record | None = None
         self._pending: Iterator[Record] | None = None
         self.metrics: list[str] = []     # glob patterns of the names its pipeline keeps (open_runs' ``metrics``)
 
@@ -380,8 +382,20 @@ class InputRun:
                 it = iter(self.reader.records())
                 first = next(it, None)
                 self._pending = it if first is None else itertools.chain([first], it)
+                self._first = first
                 self._has_time = first is None or first.wall_time is not None
         return self._has_time
+
+    @property
+    def started(self) -> float | None:
+        """When the run started: its first record's wall time (seconds since the epoch), or None when the run has
+        no wall times of its own or no records (what ``--since``/``--until`` select on)."""
+        if not self.has_wall_time or self._first is None or self._first.wall_time is None:
+            return None
+        try:
+            return float(self._first.wall_time)
+        except (TypeError, ValueError):
+            return None
 
     @property
     def info(self) -> RunInfo:
@@ -428,24 +442,17 @@ class InputRun:
 
 
 def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool = False,
-              allow_label: bool = False, runs: str | None = None,
-              metrics: Iterable[str] | None = None, tags: Mapping[str, str] | None = None) -> list[InputRun]:
-    """Every run that ``text`` names (:func:`_open_runs`), selected: ``runs``, a regular expression searched in each
-    run's label, name and id (the runs it matches none of are left out); ``tags``, tags a run must hold with these
-    values (its tracker's tags: ``{"team": "rl"}``; a tag given with an empty value only needs to exist);
-    ``metrics``, glob patterns (``fnmatch``:
-    ``reward/*``) of the names a run's pipeline writes (:meth:`InputRun.pipeline`: every command that reads the run
-    keeps only those). The same selection for ``migrate``, ``doctor``, ``compare`` and ``trackbridge.read``."""
-    pattern = runs_pattern(runs)
+              allow_label: bool = False, select: Selection | None = None) -> list[InputRun]:
+    """Every run that ``text`` names (:func:`_open_runs`) that ``select`` keeps (:class:`~trackbridge.selection.
+    Selection`: runs by name pattern, tags and start date; its ``metrics`` globs are handed to each run, whose
+    pipeline keeps only those names: :meth:`InputRun.pipeline`). The same selection for ``migrate``, ``doctor``,
+    ``compare`` and ``trackbridge.read``."""
     out = _open_runs(text, config=config, rows=rows, allow_label=allow_label)
-    if pattern is not None:
-        out = [r for r in out if any(pattern.search(str(t)) for t in (r.label, r.info.name, r.info.run_id) if t)]
-    if tags:
-        out = [r for r in out if all(k in (r.info.tags or {}) and (not v or str(r.info.tags[k]) == str(v))
-                                     for k, v in tags.items())]
-    keep = [str(m) for m in metrics or ()]
+    if select is None:
+        return out
+    out = [r for r in out if select.keep(r)]
     for r in out:
-        r.metrics = keep
+        r.metrics = list(select.metrics)
     return out
 
 

@@ -33,6 +33,7 @@ from .locators import parse
 from .pipeline import Stats
 from .ratelimit import RateLimiter
 from .record import Record, RunInfo
+from .selection import Selection
 from .trackers import check_options, kinds, make_sink, sink_class, source_locator
 from .tracking.source import Problem
 
@@ -154,16 +155,14 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
             dry_run: bool = False, jobs: int = 1, mappings: list[str] | None = None, progress: bool = True,
             out: TextIO | None = None, engine: str = "local", requests_per_s: float | None = None,
             points_per_s: float | None = None, ray_address: str | None = None,
-            batch_runs: int | None = None, runs: str | None = None,
-            metrics: list[str] | None = None, tags: dict[str, str] | None = None) -> MigrationResult:
+            batch_runs: int | None = None, selection: Selection | None = None) -> MigrationResult:
     """Copy every run of ``src`` into ``dst`` (both run locators), translating names on the way.
 
     ``engine``: ``local`` (one run after the other, ``jobs`` at a time in threads) or ``ray`` (batches of runs as
     Ray tasks, ``jobs`` in flight at most, ``batch_runs`` runs per task; ``ray_address``: the cluster, default
     ``RAY_ADDRESS`` or a new local one: see :mod:`trackbridge.bulk`). ``requests_per_s`` / ``points_per_s``: what
-    all workers together may send to the destination. ``runs``: a regular expression a run's label, name or id
-    must contain; ``tags``: tags a run must hold; ``metrics``: glob patterns of the written names to keep
-    (:func:`trackbridge.inputs.open_runs`)."""
+    all workers together may send to the destination. ``selection``: the runs (name pattern, tags, start date) and
+    metrics (globs of the written names) to migrate (:class:`~trackbridge.selection.Selection`; default: all)."""
     if engine not in ENGINES:
         raise ValueError(f"migrate: unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
     limiter = RateLimiter(requests_per_s, points_per_s)      # checks the numbers before anything is read
@@ -180,7 +179,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
         parse_spec(names, reg, allow_auto=False)
         if source not in ("auto", "keep"):
             parse_spec(source, reg)
-    found = open_runs(str(src_loc), allow_label=True, runs=runs, metrics=metrics, tags=tags)  # as every command
+    found = open_runs(str(src_loc), allow_label=True, select=selection)  # as every command
     result = MigrationResult(destination=dst_loc.kind,
                              resolution=tuple(sink_class(dst_loc.kind).capabilities.resolution))
     if not found:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:       # pragma: no cover
 
     from ..doctor import Finding
     from ..schema.model import CanonicalSchema
+    from ..selection import Selection
 
 __all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS", "WARNING_GROUPS"]
 
@@ -174,7 +175,7 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
                  title: str | None = None, doctor: bool = True,
                  groups: "Mapping[str, Sequence[str]] | Sequence[str] | None" = None, group_by: str | None = None,
                  band: str = "ci", last: int = LAST, reps: int = REPS, seed: int = SEED,
-                 runs_matching: str | None = None, tags: "Mapping[str, str] | None" = None) -> CompareResult:
+                 selection: "Selection | None" = None) -> CompareResult:
     """Compare runs (locators, optionally ``LABEL=LOCATOR``) and write the report to ``out`` (None: no report).
 
     ``metrics``: None (all), a preset (``effectiveness``, ``stability``, ``efficiency``, ``data``), canonical names
@@ -185,9 +186,9 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
 
     ``groups`` / ``group_by``: aggregate seeds (see the module docstring and :mod:`.groups`); ``band``: ``ci`` (the
     95% bootstrap interval of the mean) or ``iqr``; ``last``: the points of a run its final performance averages;
-    ``reps`` and ``seed``: the bootstrap's resamples and seed. ``runs_matching``: of the runs a locator holds, only
-    those whose label, name or id contains this regular expression (``compare --runs``); ``tags``: only those that
-    hold these tags (``compare --tag``)."""
+    ``reps`` and ``seed``: the bootstrap's resamples and seed. ``selection``: of the runs a locator holds, only those it
+    keeps (:class:`~trackbridge.selection.Selection`: name pattern, tags, start date; ``compare --runs/--tag/--since/
+    --until``)."""
     locators = list(locators)
     specs = _group_options(groups, group_by, band, last, reps)
     if x not in X_KINDS:
@@ -205,7 +206,7 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         from ..trackers import kinds, sink_class
         sink_class(parse(into, kinds=kinds("sink")).kind)
     runs, members = _load_grouped(locators, specs, mappings=mappings, source=source, doctor=doctor,
-                                  runs_matching=runs_matching, tags=tags)
+                                  selection=selection)
     result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
                            summary_md=None, runs=runs, x=x, smooth=smooth, band=band, last=int(last),
                            reps=int(reps), seed=int(seed))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, TypeGuard
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeGuard
 
 from ..locators import Locator, parse_many
 from ..record import Histogram, Record, RunInfo
@@ -23,6 +23,7 @@ from ..record import Histogram, Record, RunInfo
 if TYPE_CHECKING:       # pragma: no cover
     from ..doctor import Finding
     from ..inputs import InputRun
+    from ..selection import Selection
     from .stats import MetricStats
 
 SERIES_POINTS = 10_000          # points kept per run and metric for the chart before buckets take over
@@ -293,13 +294,13 @@ class LoadedRun:
 
 def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None = None,
               source: str = "auto", derive: bool = True, doctor: bool = True,
-              runs_matching: str | None = None, tags: "Mapping[str, str] | None" = None) -> list[LoadedRun]:
+              selection: "Selection | None" = None) -> list[LoadedRun]:
     """Open every locator (``LOCATOR`` or ``LABEL=LOCATOR``) and read all its runs as canonical records.
 
     Runs are opened as every command opens them (:func:`trackbridge.inputs.open_runs`: the same config, the same
     source resolution, the same time axis). A locator option ``from=FRAMEWORK[/TRAINER][@VERSION]``
     (``console:verl.log?from=verl@v0.3.0.post1``) names the framework the run's names come from instead of
-    detecting it; ``source`` does so for every run without one."""
+    detecting it; ``source`` does so for every run without one. ``selection``: only the runs it keeps."""
     from ..inputs import open_runs
     from ..trackers import kinds, source_locator
 
@@ -310,10 +311,9 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
     runs: list[LoadedRun] = []
     for loc in locs:
         plain = str(Locator(loc.kind, loc.location, dict(loc.options)))
-        found = open_runs(plain, runs=runs_matching, tags=tags)
+        found = open_runs(plain, select=selection)
         if not found:
-            raise ValueError(f"{plain}: no runs found" + (f" matching --runs {runs_matching!r}" if runs_matching
-                                                          else "") + (" with the tags asked for" if tags else ""))
+            raise ValueError(f"{plain}: no runs found" + (selection.describe() if selection else ""))
         for i, run in enumerate(found):
             info = run.info
             label = loc.label or "run"

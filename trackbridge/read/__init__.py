@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ..errors import UsageError
 from ..extras import require
-from ..inputs import runs_pattern
 from ..schema.proofs import only_unproven
+from ..selection import Selection
 
 if TYPE_CHECKING:       # pragma: no cover
     import pandas
@@ -77,7 +77,8 @@ class Reading:
 
     def __init__(self, locators: Sequence[str], *, metrics: Sequence[str] | None, names: str, source: str | None,
                  mappings: Sequence[str] | None, runs: str | None, steps: tuple[int | None, int | None] | None,
-                 config: dict[str, Any] | None, tags: dict[str, str] | None = None) -> None:
+                 config: dict[str, Any] | None, tags: dict[str, str] | None = None, since: object = None,
+                 until: object = None) -> None:
         self.locators = list(locators)
         self.metrics = list(metrics or [])
         self.names = names
@@ -85,9 +86,9 @@ class Reading:
         self.mappings = list(mappings or [])
         self.steps = steps
         self.config = dict(config or {})
-        self.runs_re = runs
-        self.tags = dict(tags or {})
-        runs_pattern(runs, "read: runs=")        # a bad expression is said now, not when the rows are read
+        # every part checked now (a bad expression or date is said here, not when the rows are read)
+        self.selection = Selection.build(runs=runs, tags=tags, metrics=self.metrics, since=since, until=until,
+                                         prefix="read: ")
         self._opened: list[tuple[InputRun, str]] | None = None
         self.runs: list[RunData] = []          # filled as the rows are read
 
@@ -98,13 +99,13 @@ class Reading:
             from ..inputs import open_runs
             opened: list[tuple[InputRun, str]] = []
             for loc in self.locators:
-                for run in open_runs(loc, rows=True, config=self.config or None, allow_label=True, runs=self.runs_re,
-                                     metrics=self.metrics, tags=self.tags or None):
+                for run in open_runs(loc, rows=True, config=self.config or None, allow_label=True,
+                                     select=self.selection):
                     label = run.label or run.info.name or run.info.run_id or run.locator
                     opened.append((run, _unique(label, [lbl for _, lbl in opened])))
             if not opened:
-                what = f" matching runs={self.runs_re!r}" if self.runs_re else ""
-                raise UsageError(f"read: no run{what} in {', '.join(self.locators)}")
+                why = "".join(f"; left out {line}" for line in self.selection.left_out)
+                raise UsageError(f"read: no run{self.selection.describe()} in {', '.join(self.locators)}{why}")
             self._opened = opened
         return self._opened
 
@@ -210,13 +211,16 @@ def arrow_schema() -> pyarrow.Schema:
 def read(locators: str | Iterable[str], *, metrics: str | Iterable[str] | None = None, names: str = "canonical",
          source: str | None = None, mappings: Iterable[str] | None = None, runs: str | None = None,
          steps: tuple[int | None, int | None] | None = None, config: dict[str, Any] | None = None,
-         tags: dict[str, str] | None = None) -> Reading:
+         tags: dict[str, str] | None = None, since: object = None, until: object = None) -> Reading:
     """The points of the runs ``locators`` name (a locator or a list: a file, a tracker folder or store, ``LABEL=``
     in front to name a run), translated into ``names`` (``canonical``, ``FRAMEWORK[/TRAINER][@VERSION]`` or
     ``keep``) from ``source`` (detected by default, or the locator's ``?from=``). ``metrics``: glob patterns of the
     output names to keep; ``runs``: a regular expression a run's label, name or id must contain; ``steps``: an
     inclusive (first, last) range, ``None`` for an open end; ``config``: added over each run's config; ``tags``: tags
-    a run must hold (an empty value: the tag exists). Nothing is read
+    a run must hold (an empty value: the tag exists); ``since`` / ``until``: the run started (its first wall time)
+    at or after / at or before this (a date, an ISO date-time, UTC unless it has an offset, a ``datetime``, epoch
+    seconds, or a duration before now such as ``"7d"``; a run without wall times is left out and named in
+    ``.selection.left_out``). Nothing is read
     until the result is iterated or turned into a table (``.to_pandas()``, ``.to_arrow()``, ``.batches()``)."""
     locs = [locators] if isinstance(locators, str) else list(locators)
     if not locs:
@@ -225,7 +229,7 @@ def read(locators: str | Iterable[str], *, metrics: str | Iterable[str] | None =
     if steps is not None and (len(steps) != 2 or not all(s is None or isinstance(s, int) for s in steps)):
         raise UsageError(f"read: steps={steps!r} must be (first, last), each an int or None")
     return Reading(locs, metrics=pats, names=names, source=source, mappings=list(mappings or []), runs=runs,
-                   steps=steps, config=config, tags=tags)
+                   steps=steps, config=config, tags=tags, since=since, until=until)
 
 
 def _number(v: Any) -> float | None:
