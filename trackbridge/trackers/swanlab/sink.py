@@ -96,6 +96,7 @@ class SwanlabSink(PointStoreSink):
         self._num = 0
         self._hist: set[str] = set()
         self._next_step = 0
+        self._stale = False                  # the config is to be saved again (a write that saved it failed)
 
     # -- open --------------------------------------------------------------------------------------------
     @classmethod
@@ -125,19 +126,28 @@ class SwanlabSink(PointStoreSink):
         if found is not None and not resume:
             run_id, found = f"{run_id}-{uuid.uuid4().hex[:6]}", None      # a new run that reuses an id
         self.run_id = run_id
-        if found is not None:
-            self.path = found
-            self._load(found)
-            self._log = store.LogWriter(found, create=False)
-        else:
-            folder = self.logdir / f"run-{datetime.now():%Y%m%d_%H%M%S}-{store.safe_id(run_id)}"
-            (folder / "files").mkdir(parents=True, exist_ok=True)
-            (folder / "media").mkdir(exist_ok=True)
-            self.path = folder / f"run-{store.safe_id(run_id)}.swanlab"
-            self._log = store.LogWriter(self.path, create=True)
-            self._start()
-        self._save_config()
-        self._log.flush()
+        try:
+            if found is not None:
+                self.path = found
+                self._load(found)
+                self._log = store.LogWriter(found, create=False)
+            else:
+                folder = self.logdir / f"run-{datetime.now():%Y%m%d_%H%M%S}-{store.safe_id(run_id)}"
+                (folder / "files").mkdir(parents=True, exist_ok=True)
+                (folder / "media").mkdir(exist_ok=True)
+                self.path = folder / f"run-{store.safe_id(run_id)}.swanlab"
+                self._log = store.LogWriter(self.path, create=True)
+                self._start()
+            self._save_config()
+            self._log.flush()
+        except (OSError, SinkError) as exc:
+            if self._log is not None:           # what this open framed is taken back; the file stays whole
+                self._log.rollback()
+                self._log.fh.close()
+                self._log = None
+            if isinstance(exc, SinkError):
+                raise
+            raise SinkError(f"swanlab:{self.location}: cannot write {self.path}: {exc}") from None
 
     def _load(self, path: Path) -> None:
         """What an earlier session of the run holds: record numbers, each key's last step, the name map."""
@@ -194,6 +204,7 @@ class SwanlabSink(PointStoreSink):
                                           sort_keys=False), encoding="utf-8")
             os.replace(tmp, target)
         except OSError as exc:
+            tmp.unlink(missing_ok=True)
             raise SinkError(f"swanlab:{self.location}: cannot write {target}: {exc}") from None
         self._record(store.CONFIG_NUM, save=save_pb2.SaveRecord(name="config", source_path=str(target),
                                                                 type=save_pb2.SaveType.SAVE_TYPE_CONFIG))
@@ -202,6 +213,23 @@ class SwanlabSink(PointStoreSink):
     def write(self, records: list[Record]) -> None:
         if self._log is None:
             raise SinkError(f"swanlab:{self.location}: write() before open() or after close()")
+        # a write that fails is taken back whole (the file cut back to its last complete record, what the sink knows
+        # of the run as before), so the logger's retry writes the batch once and SwanLab's one-value-per-step rule
+        # never refuses a value only a failed attempt had
+        state = (dict(self._last), self._num, self._next_step, set(self._hist))
+        try:
+            self._write(records)
+        except BaseException as exc:
+            self._last, self._num, self._next_step, self._hist = state
+            self._log.rollback()
+            self._stale = True
+            if isinstance(exc, OSError):
+                raise SinkError(f"swanlab:{self.location}: cannot write {self.path}: {exc}") from None
+            raise
+        self.progress += 1
+
+    def _write(self, records: list[Record]) -> None:
+        assert self._log is not None
         _r, _run, column_pb2, data_pb2, _s = self._pb
         hist_before = len(self._hist)
         for rec in records:
@@ -253,13 +281,10 @@ class SwanlabSink(PointStoreSink):
         new = self._names.take_new()
         if new:
             self.record_sanitized(new)
-        if self.note_derived(records) or new or len(self._hist) != hist_before:
+        if self.note_derived(records) or new or len(self._hist) != hist_before or self._stale:
             self._save_config()
-        try:
-            self._log.flush()
-        except OSError as exc:
-            raise SinkError(f"swanlab:{self.location}: cannot write {self.path}: {exc}") from None
-        self.progress += 1
+        self._log.flush()
+        self._stale = False
 
     def close(self) -> None:
         if self._log is None:
@@ -267,13 +292,19 @@ class SwanlabSink(PointStoreSink):
         run_pb2 = self._pb[1]
         state = {"failed": run_pb2.RunState.RUN_STATE_CRASHED,
                  "killed": run_pb2.RunState.RUN_STATE_ABORTED}.get(self.outcome, run_pb2.RunState.RUN_STATE_FINISHED)
+        log = self._log
         try:
             self._save_config()
             self._record(store.FINISH_NUM, finish=run_pb2.FinishRecord(state=state,
                                                                        finished_at=_timestamp(time.time())))
+            log.close()
+        except OSError as exc:
+            raise SinkError(f"swanlab:{self.location}: cannot write {self.path}: {exc}") from None
         finally:
-            self._log.close()
             self._log = None
+            if not log.fh.closed:
+                log.rollback()
+                log.fh.close()
 
     # -- what the run holds ------------------------------------------------------------------------------
     def stored_points(self, since: int | None) -> list[tuple[str, int]] | None:

@@ -150,25 +150,37 @@ def valid_end(path: Path) -> int:
 
 
 class LogWriter:
-    """Appends records to a ``.swanlab`` file in the LevelDB log framing (see the module docstring)."""
+    """Appends records to a ``.swanlab`` file in the LevelDB log framing (see the module docstring).
+
+    Records are framed in memory and written by :meth:`flush`; the file holds whole records only: a flush that fails
+    (a full disk) or is cut short is taken back whole (the file is cut to the end of the last flush that completed,
+    :attr:`durable`) and raises, so a batch retried after it is written once, never after a torn tail."""
 
     def __init__(self, path: Path, *, create: bool) -> None:
         self.fh: IO[bytes]
+        self._buf = bytearray()
         if create:
-            self.fh = open(path, "xb")
-            self.fh.write(HEADER)
+            self.fh = open(path, "xb", buffering=0)
+            self.durable = 0
+            self._buf += HEADER
             self.pos = CHUNK_HEADER
+            try:
+                self.flush()
+            except OSError:
+                self.fh.close()
+                path.unlink(missing_ok=True)        # no run file rather than one without its header
+                raise
         else:
             end = valid_end(path)
-            self.fh = open(path, "r+b")
+            self.fh = open(path, "r+b", buffering=0)
             self.fh.truncate(end)           # a torn tail left by a killed writer is cut off before appending
             self.fh.seek(end)
-            self.pos = end
+            self.pos = self.durable = end
 
     def write(self, payload: bytes) -> None:
         room = BLOCK - self.pos % BLOCK
         if room < CHUNK_HEADER:
-            self.fh.write(b"\x00" * room)
+            self._buf += b"\x00" * room
             self.pos += room
             room = BLOCK
         if len(payload) + CHUNK_HEADER <= room:
@@ -182,15 +194,46 @@ class LogWriter:
         self._chunk(rest, LAST)
 
     def _chunk(self, data: bytes, typ: int) -> None:
-        self.fh.write(struct.pack("<IHB", zlib.crc32(data, _CRC[typ]) & 0xFFFFFFFF, len(data), typ))
-        self.fh.write(data)
+        self._buf += struct.pack("<IHB", zlib.crc32(data, _CRC[typ]) & 0xFFFFFFFF, len(data), typ)
+        self._buf += data
         self.pos += CHUNK_HEADER + len(data)
 
     def flush(self) -> None:
-        self.fh.flush()
+        """Write what :meth:`write` framed since the last flush; on failure cut the file back to :attr:`durable`,
+        drop the framed records and raise the OSError."""
+        if not self._buf:
+            return
+        view = memoryview(self._buf)
+        done = 0
+        try:
+            while done < len(view):
+                n = self.fh.write(view[done:])
+                if not n:
+                    raise OSError(f"wrote nothing at offset {self.durable + done}")
+                done += n
+        except OSError:
+            self.rollback()
+            raise
+        finally:
+            view.release()
+        self.durable += done
+        self._buf.clear()
+
+    def rollback(self) -> None:
+        """Forget the records framed since the last complete flush, and cut the file back to its end (cutting a file
+        shorter needs no room)."""
+        self._buf.clear()
+        self.pos = self.durable
+        try:
+            self.fh.truncate(self.durable)
+        finally:
+            self.fh.seek(self.durable)
 
     def close(self) -> None:
-        self.fh.close()
+        try:
+            self.flush()
+        finally:
+            self.fh.close()
 
 
 # -- where runs are ----------------------------------------------------------------------------------------
