@@ -97,6 +97,7 @@ class NeptuneSink(PointStoreSink):
         self._done = 0                   # how many of self._rows are in self._table
         self._next_step = 0
         self._created = 0
+        self._stale = False                  # the run rows are to be written again (a write that had them failed)
 
     # -- open --------------------------------------------------------------------------------------------
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
@@ -121,6 +122,8 @@ class NeptuneSink(PointStoreSink):
             raise SinkError(f"neptune:{self.location}: cannot create {self.folder}: {exc}") from None
         self._part = (int(PART.match(parts[-1].name).group("n")) + 1) if parts else 0   # type: ignore[union-attr]
         self._rows, self._table, self._done = [], None, 0
+        for stale in self.folder.glob(f"{self._prefix}_part_*.parquet.tmp"):
+            stale.unlink(missing_ok=True)           # a part a killed writer was writing: the part it replaces stands
         self._created = int(time.time() * 1000)
         last = self.last_step()
         self._next_step = 0 if last is None else last + 1
@@ -164,7 +167,21 @@ class NeptuneSink(PointStoreSink):
         if self.folder is None:
             raise SinkError(f"neptune:{self.location}: write() before open()")
         rows = self._rows
-        before = len(rows)
+        before, next_step = len(rows), self._next_step
+        try:
+            self._write(records, rows)
+            if len(rows) > before:
+                self._flush()
+            self._stale = False
+        except BaseException:
+            # taken back whole: the rows of a batch whose part could not be written are not kept for the next
+            # write (the logger retries the batch: kept, they were written twice into the part)
+            del rows[before:]
+            self._next_step = next_step
+            self._stale = True                  # the run rows of that batch (new derived marks) go with the next
+            raise
+
+    def _write(self, records: list[Record], rows: list[tuple[Any, ...]]) -> None:
         for rec in records:
             step = int(rec.step) if rec.step is not None else self._next_step
             if not -STEP_MAX <= step <= STEP_MAX:
@@ -192,10 +209,8 @@ class NeptuneSink(PointStoreSink):
                         rows.append(self._row(name, "histogram_series", step, ms, histogram_value=hv))
                 else:
                     self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
-        if self.note_derived(records):
+        if self.note_derived(records) or self._stale:
             rows.extend(self._run_rows())
-        if len(rows) > before:
-            self._flush()
 
     def _flush(self) -> None:
         """Write the current part whole (a temporary file moved into place); begin the next part when it is full."""
@@ -218,6 +233,7 @@ class NeptuneSink(PointStoreSink):
             os.replace(tmp, path)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
+            del self._rows[self._done:]         # the part on disk is as it was: so is what the sink holds
             raise SinkError(f"neptune:{self.location}: cannot write {path}: {exc}") from None
         self.progress += 1
         self._table, self._done = table, len(self._rows)     # what the part holds, converted once
