@@ -13,4 +13,9 @@ class UsageError(TrackBridgeError, ValueError):
     """A bad argument or setting (an unknown sink, an impossible option, a run that already exists ...)."""
 
 
-__all__ = ["TrackBridgeError", "UsageError"]
+class ConfigTooLarge(UsageError):
+    """A run config beyond what trackbridge takes (:mod:`trackbridge.logger.limits`): too many keys, a value or the
+    whole config too big. Raised by ``init`` before anything is written, and by ``migrate`` for that run."""
+
+
+__all__ = ["ConfigTooLarge", "TrackBridgeError", "UsageError"]

@@ -112,7 +112,11 @@ class Pipeline:
         return self.translator.translate_config(self.config)
 
     def run_info(self, info: RunInfo) -> RunInfo:
-        """The RunInfo to write: names scheme, source and canonical config names recorded."""
+        """The RunInfo to write: names scheme, source and canonical config names recorded. A config beyond
+        :mod:`trackbridge.logger.limits` raises :class:`~trackbridge.errors.ConfigTooLarge` (before any destination
+        opens the run: ``migrate`` fails that run alone, naming the key and the limit)."""
+        from .logger.limits import check_config
+        check_config(info.config, f"run {info.name or info.run_id or ''!r}")
         out = copy.copy(info)
         out.__dict__.update({k: dict(v) for k, v in info.__dict__.items() if isinstance(v, dict)})
         out.names = self.names if not self._kept else info.names

@@ -62,6 +62,7 @@ from typing import Any
 
 from .. import _rank
 from .common import STEP_AXIS, LoggerWarning
+from .limits import check_config
 from .noop import NoOpRun
 from .options import LoggerOptions
 from .run import Run
@@ -104,8 +105,11 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     :mod:`trackbridge.logger.ranks`; ``run_id`` the same on every rank; a rank silent for ``rank_timeout`` seconds
     while the others are past a step is merged without, and the run says so).
 
-    Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder.
+    Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder, and
+    :class:`~trackbridge.errors.ConfigTooLarge` (a ``ValueError``) for a config beyond :mod:`.limits` (more than
+    10,000 keys, a value over 1 MB, over 10 MB in all), before anything is written.
     """
+    check_config(config)        # every rank alike, before anything is claimed, opened or written (.limits)
     opts = LoggerOptions.build(options, {
         "flush_interval": flush_interval, "queue_size": queue_size, "batch_size": batch_size, "retries": retries,
         "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,
@@ -143,6 +147,7 @@ def _merged(r: int, world_size: int | None, rank_timeout: float, *, rank_zero_on
     spool_dir = spool_place(spool)[0]
     if r != 0:
         return RankRun(r, world_size=size, run_id=run_id, spool_dir=spool_dir, flush_interval=options.flush_interval,
+                       rank_timeout=rank_timeout,
                        project=kw["project"], name=kw["name"], config=kw["config"], names=kw["names"],
                        resume=kw["resume"], options=options)
     run = Run(run_id=run_id, spool=spool, options=options, **kw)
