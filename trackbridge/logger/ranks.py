@@ -39,7 +39,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
 from ..ranked import MergeError, Share, merge, reduction_of, same_value, split_weighted
@@ -49,6 +49,10 @@ from .checks import validate_call
 from .common import STOP, log, warn
 from .device import capture_or_read
 from .noop import NoOpRun
+from .parts import Part, merge_parts, rank_of
+
+if TYPE_CHECKING:
+    from .nodes import NodeWatch
 
 RANK_TIMEOUT = 60.0
 _POLL = 0.05            # seconds between polls while lines arrive
@@ -207,6 +211,7 @@ class _Rank:
     ended: bool = False
     gone: bool = False              # timed out: not waited for until it writes again
     seen_at: float = 0.0
+    skip: int | None = None         # a node taken over: steps up to here came from its node file
 
 
 @dataclass
@@ -218,6 +223,9 @@ class _Step:
     shares: dict[str, list[Share]] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)
     waiting_since: float | None = None
+    wparts: dict[str, list[Part]] = field(default_factory=dict)     # nodes' parts of weighted keys (nodes.py)
+    pparts: dict[str, list[Part]] = field(default_factory=dict)     # nodes' parts of values without a weight
+    node_missing: set[int] = field(default_factory=set)             # ranks a node merged without
 
 
 class Merger:
@@ -228,7 +236,7 @@ class Merger:
                  reduction: Callable[[str], tuple[str | None, bool]], rank_timeout: float = RANK_TIMEOUT,
                  after_step: int | None = None,
                  on_incomplete: Callable[[int, list[int], list[str]], None] | None = None,
-                 report: Callable[[str], None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None, ranks: list[int] | None = None) -> None:
         self.folder = folder
         self.world_size = world_size
         self.emit = emit
@@ -237,11 +245,13 @@ class Merger:
         self.on_incomplete = on_incomplete
         self.on_plain: Callable[[str, str], None] | None = None     # a key kept as rank 0's value, and why
         self.report = report or warn
-        self.emitted = after_step            # steps up to here are handed on (or were, before a resume)
+        self.emitted: int | None = after_step   # steps up to here are handed on (or were, before a resume)
         self.resumed_at = after_step         # a resumed run: the files' earlier lines up to here are in the spool
         self.replayed = 0                    # such lines, skipped without a word
         self.started = time.monotonic()
-        self.ranks = {r: _Rank(rank_path(folder, r), seen_at=self.started) for r in range(world_size)}
+        self.ranks = {r: _Rank(rank_path(folder, r), seen_at=self.started)
+                      for r in (range(world_size) if ranks is None else ranks)}
+        self.nodes: NodeWatch | None = None  # node pre-merge: the other nodes' files (nodes.py)
         self.pending: dict[int, _Step] = {}
         self.late: dict[int, int] = {}       # rank -> shares left out because their step was handed on
         self._said: set[str] = set()
@@ -290,6 +300,8 @@ class Merger:
     def _take(self, r: int, st: _Rank, obj: dict[str, Any]) -> None:
         step = obj["step"]
         st.top = step if st.top is None else max(st.top, step)
+        if st.skip is not None and step <= st.skip:
+            return                           # its node's file held this step (a node taken over)
         if self.resumed_at is not None and step <= self.resumed_at:
             self.replayed += 1               # merged before the resume (the spool holds it)
             return
@@ -325,34 +337,52 @@ class Merger:
         for step in sorted(self.pending):
             group = self.pending[step]
             waiting = [r for r, st in self.ranks.items() if not self._passed(r, st, step)]
-            if waiting and not force:
+            nodes = self.nodes.waiting(step) if self.nodes is not None else []
+            if (waiting or nodes) and not force:
                 if group.waiting_since is None:
-                    if len(waiting) < self.world_size or any(st.top is not None and st.top > step
-                                                             for st in self.ranks.values()):
+                    if (len(waiting) < len(self.ranks) or (self.nodes is not None and self.nodes.passed_any(step))
+                            or any(st.top is not None and st.top > step for st in self.ranks.values())):
                         group.waiting_since = now
-                if group.waiting_since is None or now - group.waiting_since < self.rank_timeout:
+                waited = None if group.waiting_since is None else now - group.waiting_since
+                if nodes:                # a node is never merged without: its ranks' files are read instead
+                    if self.nodes is not None and self.nodes.stalled(nodes, waited, now):
+                        return
+                    if waiting and waited is not None and waited >= self.rank_timeout:
+                        for r in waiting:
+                            if r not in group.ranks:
+                                self.ranks[r].gone = True
+                    return
+                if waited is None or waited < self.rank_timeout:
                     return               # in step order: nothing after this step goes first
                 for r in waiting:
                     if r not in group.ranks:
                         self.ranks[r].gone = True
             # missing: ranks that neither logged at this step nor went past it (gone, or not waited for any more);
             # a rank that finished, or logged a later step without this one, simply had nothing here
-            missing = [r for r, st in self.ranks.items()
-                       if r not in group.ranks and not st.ended and (st.top is None or st.top < step)]
+            missing = sorted({r for r, st in self.ranks.items()
+                              if r not in group.ranks and not st.ended and (st.top is None or st.top < step)}
+                             | group.node_missing)
             self._hand_on(step, group, missing)
             del self.pending[step]
 
     def _hand_on(self, step: int, group: _Step, missing: list[int]) -> None:
         values = dict(group.plain)
         merged_plain = self._merge_plain(group, values)
-        for key, shares in group.shares.items():
-            stated = {s.reduce for s in shares if s.reduce}
+        for key in {**group.shares, **group.wparts}:
+            # in rank order (a rank's calls in their order): the lowest rank's value is the one a ``value`` keeps
+            shares = sorted(group.shares.get(key, ()), key=lambda s: s.rank)
+            parts = group.wparts.get(key)
+            stated = {s.reduce for s in shares if s.reduce}.union(*(p.stated for p in parts or ()))
             if len(stated) > 1:
                 self._once(f"reduce:{key}", f"metric {key!r}: the ranks state different reductions "
                                             f"({', '.join(sorted(stated))}); {sorted(stated)[0]!r} is used")
             reduce, sample = (sorted(stated)[0], True) if stated else self.reduction(key)
             try:
-                value, note = merge(key, reduce or "mean", shares, sample_std=sample)
+                if parts:                # nodes' parts (node pre-merge): the same value as every share would give
+                    items: list[Share | Part] = sorted([*shares, *parts], key=rank_of)
+                    value, note = merge_parts(key, reduce or "mean", items, sample_std=sample)
+                else:
+                    value, note = merge(key, reduce or "mean", shares, sample_std=sample)
             except MergeError as exc:
                 self._once(f"merge:{key}", f"{exc}; rank 0's value is logged instead")
                 own = [s for s in shares if s.rank == 0]
@@ -363,7 +393,7 @@ class Merger:
                 self._once(f"note:{key}", note)
             values[key] = value
         if missing and self.on_incomplete is not None:
-            self.on_incomplete(step, missing, sorted({*group.shares, *merged_plain}))
+            self.on_incomplete(step, missing, sorted({*group.shares, *group.wparts, *merged_plain}))
         wall = group.wall0 if group.wall0 is not None else group.wall_min if group.wall_min is not None else time.time()
         self.emitted = step if self.emitted is None else max(self.emitted, step)
         self.emit(wall, step, values)
@@ -374,14 +404,18 @@ class Merger:
         rank); a mean or a std cannot be merged without the ranks' counts, so rank 0's value stays, marked
         approximate and said once (never rank 0's value passed off as the batch's). Returns the keys merged."""
         merged = []
-        for key, rest in group.others.items():
-            shares = [Share(r, v, 1.0, None, None) for r, v in rest]
+        for key in {**group.others, **group.pparts}:
+            items: list[Share | Part] = [Share(r, v, 1.0, None, None) for r, v in group.others.get(key, ())]
+            items = sorted([*items, *group.pparts.get(key, ())], key=rank_of)
             if key in group.plain:
-                shares.insert(0, Share(0, group.plain[key], 1.0, None, None))
+                items.insert(0, Share(0, group.plain[key], 1.0, None, None))
             reduce, _sample = self.reduction(key)
             if reduce in ("max", "min", "sum", "value"):
                 try:
-                    value, note = merge(key, reduce, shares)
+                    if key in group.pparts:
+                        value, note = merge_parts(key, reduce, items)
+                    else:
+                        value, note = merge(key, reduce, items)    # type: ignore[arg-type]
                 except MergeError as exc:
                     self._once(f"plain:{key}", f"{exc}; rank 0's value is logged instead")
                     continue
@@ -390,9 +424,18 @@ class Merger:
                 values[key] = value
                 merged.append(key)
                 continue
-            if all(same_value(s.value, shares[0].value) for s in shares[1:]):
+            if key in group.pparts:
+                total = Part()
+                for x in items:
+                    total.add_part(x) if isinstance(x, Part) else total.add_share(x)
+                same, ranks = total.same, len(total.ranks)
+            else:
+                shares: list[Share] = items     # type: ignore[assignment]
+                same = all(same_value(s.value, shares[0].value) for s in shares[1:])
+                ranks = len({s.rank for s in shares})
+            if same:
                 continue                     # the same on every rank (a learning rate): rank 0's is the batch's
-            why = (f"logged without a weight on {len({s.rank for s in shares})} ranks: rank 0's value, not the "
+            why = (f"logged without a weight on {ranks} ranks: rank 0's value, not the "
                    f"batch's ({reduce or 'no statistic stated'} cannot be merged without each rank's count: log "
                    f"trackbridge.Weighted(value, count))")
             if self.on_plain is not None:
@@ -411,8 +454,10 @@ class Merger:
         with self._lock:
             now = time.monotonic()
             wrote = False
-            for r, st in self.ranks.items():
+            for r, st in list(self.ranks.items()):
                 wrote = self._read(r, st, now) or wrote
+            if self.nodes is not None:
+                wrote = self.nodes.poll(now) or wrote
             self._ready(now, force)
             return wrote
 
@@ -438,16 +483,20 @@ class Merger:
         while time.monotonic() < deadline:
             self.poll()
             now = time.monotonic()
+            if self.nodes is not None:
+                self.nodes.finishing(now)      # a silent node: its ranks' files are read instead
             open_ranks = [r for r, st in self.ranks.items() if not (st.ended or st.gone)]
-            if not open_ranks:
+            open_nodes = self.nodes.open() if self.nodes is not None else []
+            if not open_ranks and not open_nodes:
                 break
-            if all(now - self.ranks[r].seen_at >= self.rank_timeout for r in open_ranks):
+            if open_ranks and all(now - self.ranks[r].seen_at >= self.rank_timeout for r in open_ranks):
                 for r in open_ranks:
                     self.ranks[r].gone = True
                 self._once(f"finish:{open_ranks}", f"rank(s) {', '.join(map(str, open_ranks))} did not finish "
                                                    f"within rank_timeout={self.rank_timeout:g} s of their last "
                                                    f"line; their last steps are merged without them")
-                break
+                if not open_nodes:
+                    break
             time.sleep(_POLL)
         self.poll(force=True)
 
@@ -473,10 +522,16 @@ class RankLink:
         self._source = info.source or "auto"
         self._mappings = (info.extra or {}).get("mappings")
         after = run._next_step - 1 if run.resume and run._next_step > 0 else None
+        from .nodes import NODE_TIMEOUT, NodeWatch, node_layout
+        layout = node_layout(0, world_size)
+        own = None if layout is None or layout.node else layout.ranks_of(0)
         self.merger = Merger(folder, world_size, emit=self._emit, reduction=self._reduction,
                              rank_timeout=rank_timeout, after_step=after, on_incomplete=self._incomplete,
-                             report=say)
+                             report=say, ranks=own)
         self.merger.on_plain = self._plain
+        if layout is not None and own is not None:      # node pre-merge: this node's ranks, the others' node files
+            info.extra["ranks"]["nodes"] = {"nodes": layout.nodes, "per_node": layout.per_node, "taken_over": []}
+            self.merger.nodes = NodeWatch(self.merger, layout, min(rank_timeout, NODE_TIMEOUT), on_take=self._taken)
         self.merger.start()
 
     def log(self, metrics: Any, step: Any, weights: dict[str, Any] | None, wall_time: float) -> None:
@@ -505,6 +560,9 @@ class RankLink:
                             f"{', '.join(map(str, missing))}, which sent nothing for it within rank_timeout="
                             f"{self.merger.rank_timeout:g} s (every step merged without a rank is listed in the run "
                             f"info, extra['ranks']['incomplete'])")
+
+    def _taken(self, node: int, covered: int, why: str) -> None:
+        self.run.info.extra["ranks"]["nodes"]["taken_over"].append({"node": node, "after_step": covered, "why": why})
 
     def _plain(self, key: str, why: str) -> None:
         self.run.info.approximate.setdefault(key, why)
@@ -536,10 +594,16 @@ class RankRun(NoOpRun):
     ``finish()`` writes the end line (also at interpreter exit)."""
 
     def __init__(self, rank: int, *, world_size: int, run_id: str, spool_dir: Path, flush_interval: float,
-                 **noop: Any) -> None:
+                 rank_timeout: float = RANK_TIMEOUT, **noop: Any) -> None:
         super().__init__(rank, run_id=run_id, **noop)
-        self.rank_file = RankFile(ranks_folder(spool_dir, run_id), rank, world_size, run_id,
-                                  flush_interval=flush_interval, report=self._report)
+        folder = ranks_folder(spool_dir, run_id)
+        self.rank_file = RankFile(folder, rank, world_size, run_id, flush_interval=flush_interval,
+                                  report=self._report)
+        from .nodes import make_pre_merger, node_layout
+        layout = node_layout(rank, world_size)
+        # node pre-merge (nodes.py): another node's local rank 0 merges its node's ranks into the node's file
+        self.pre_merger = (make_pre_merger(folder, world_size, layout, rank_timeout)
+                           if layout is not None and layout.node > 0 and layout.local_rank == 0 else None)
         atexit.register(self.finish)
 
     def _report(self, problems: list[str]) -> None:
@@ -558,7 +622,12 @@ class RankRun(NoOpRun):
 
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Write what is queued and the end line; returns :attr:`status`."""
-        self.rank_file.close(30.0 if timeout is None else max(0.0, float(timeout)))
+        wait = 30.0 if timeout is None else max(0.0, float(timeout))
+        end = time.monotonic() + wait
+        self.rank_file.close(wait)
+        if self.pre_merger is not None:          # the node's other ranks' last steps, then the node file's end
+            pre, self.pre_merger = self.pre_merger, None
+            pre.finish(end)
         try:
             atexit.unregister(self.finish)
         except Exception:
