@@ -94,6 +94,9 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .schema.spec import SpecError
     from .schema.yamlfile import MappingError
     try:
+        if getattr(args, "mappings", None) and args.command != "mappings":
+            from .mappings_views import check_user_files
+            check_user_files(args.mappings)     # a file mappings lint rejects is rejected here too, naming it
         if args.command == "translate":
             return cmd_translate(args)
         if args.command == "detect":

@@ -11,6 +11,19 @@ from .schema.model import Entry, FrameworkMapping, condition_value_text
 from .schema.yamlfile import MappingError, MappingErrors
 
 
+def check_user_files(paths: list[str]) -> Registry:
+    """What ``mappings lint`` checks of the user's files, for every command's ``--mappings``: the mapping entries,
+    the derived rules and the diagnostic checks among them (a file lint rejects is rejected everywhere). Raises
+    :class:`~trackbridge.schema.yamlfile.MappingError` naming file and line; returns the registry."""
+    from .derive import lint_rules
+    from .doctor import lint_checks
+    from .schema.loader import load_registry
+    reg = load_registry(paths)
+    lint_rules(reg, [str(p) for p in paths])
+    lint_checks(reg, [str(p) for p in paths])
+    return reg
+
+
 def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | None = None) -> int:
     """Check the shipped mappings plus ``paths``; print every problem as ``file:line: entry: message``. Entries whose
     reduction is unstated are warnings (one line per file, or each with ``unstated``), errors with

@@ -146,7 +146,8 @@ def load_yaml(path: str | Path) -> Any:
         try:
             _parse(_PyLoader, text, str(path))
         except _SyntaxProblem as exc:
-            problem = exc
+            if exc.line is not None or problem.line is None:
+                problem = exc
         except MappingError:
             pass
     raise MappingError(problem.message, file=str(path), line=problem.line)
@@ -168,6 +169,8 @@ def _parse(loader_cls: type, text: str, name: str) -> Any:
         raise _SyntaxProblem(f"YAML syntax error: {exc.problem or exc}", mark.line + 1 if mark else None) from None
     except yaml.YAMLError as exc:
         raise _SyntaxProblem(f"YAML error: {exc}", None) from None
+    except RecursionError:          # the pure-Python parser or the constructors, thousands of levels down
+        raise _SyntaxProblem("YAML nested too deeply to read (a mapping file nests a few levels)", None) from None
     finally:
         loader.dispose()
 
