@@ -20,6 +20,7 @@ from .. import stream
 from ..errors import UsageError
 from ..holdings import Holdings
 from ..record import Record, RunInfo
+from ..trackers.jsonl.sink import closing_header, learnt
 from ..tracking.sink import Capabilities, Sink
 from .common import warn
 from .worker import RunContext, Worker
@@ -51,10 +52,12 @@ class SpoolFile(Sink):
         self.fsync = fsync
         self.new_header = False      # resuming: write the run info again (it changed: config_changes)
         self._writer = stream.StreamWriter(path, fsync=fsync, reject=self.reject)
+        self._learnt: str | None = None      # what the run info had learnt when the header was written
 
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
         self._writer.open(run, resume=resume, header=self.new_header)
+        self._learnt = learnt(run)
 
     def write(self, records: list[Record]) -> None:
         self._writer.write(records)
@@ -72,6 +75,15 @@ class SpoolFile(Sink):
         return self._writer.recreate()
 
     def close(self) -> None:
+        """The closing header first, when the run learnt something the other trackers store at the end (the steps
+        ``merge_ranks`` merged without a rank: see :func:`~trackbridge.trackers.jsonl.sink.closing_header`)."""
+        head = closing_header(self.run, self._learnt, self._writer.schema) if self._writer.is_open else None
+        if head is not None:
+            try:
+                self._writer.write_bytes(head)
+                self._learnt = learnt(self.run)
+            except OSError:         # a full disk: the records are what matters; the note says what is missing
+                pass
         self._writer.close()
 
     def last_step(self) -> int | None:

@@ -4,6 +4,13 @@ The line format, its durability and its reading rules are :mod:`trackbridge.stre
 same stream through it directly); this sink only makes it a :class:`~trackbridge.tracking.sink.Sink`: a folder, one file
 per run id, the header written with the run info the sink is opened with. Options: ``fsync=1`` (force every batch to
 the disk: survives a machine crash, costs a disk round trip per batch). Needs nothing but the standard library.
+
+What the run learns while it logs and the other trackers store with the run when it closes (``init(merge_ranks=True)``'s
+steps merged without a rank, ``extra["ranks"]["incomplete"]``) is written as a **closing header**: the run info as it
+stands at ``close()``, one more header line at the end of the stream (:func:`closing_header`), when it differs from
+the header written at ``open()`` in what was learnt. The stream's readers take the last header of the run as its run
+info (:func:`trackbridge.stream.scan_stream`, the ``jsonl`` source), so the list reaches whatever reads the stream.
+The spool writes its closing header the same way.
 """
 from __future__ import annotations
 
@@ -12,11 +19,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ... import stream
-from ...record import Record, RunInfo
+from ...record import Record, RunInfo, dumps
 from ...tracking.sink import Capabilities, Sink, SinkError
 
 if TYPE_CHECKING:       # pragma: no cover
     from ...holdings import Holdings
+
+
+#: the run info's ``extra`` entries learnt while logging that a closing header carries (see the module docstring)
+LEARNT = ("ranks",)
+
+
+def learnt(run: RunInfo | None) -> str:
+    """What the run learnt while logging, as text to compare (:data:`LEARNT`)."""
+    extra = (run.extra or {}) if run is not None else {}
+    return dumps({k: extra.get(k) for k in LEARNT})
+
+
+def closing_header(run: RunInfo | None, at_open: str | None, schema: str | None = None) -> bytes | None:
+    """The closing header line of ``run`` (the run info as it stands now), or None when it learnt nothing since the
+    header written at open (``at_open``: :func:`learnt` then)."""
+    if run is None or at_open is None or learnt(run) == at_open:
+        return None
+    return (dumps(stream.header_json(run, schema or stream.schema_stamp())) + "\n").encode("utf-8")
 
 
 def _truthy(value: str | None) -> bool:
@@ -37,6 +62,7 @@ class JsonlSink(Sink):
         self.fsync = _truthy(options.get("fsync"))
         self.path: Path | None = None
         self._writer: stream.StreamWriter | None = None
+        self._learnt: str | None = None      # what the run info had learnt when the header was written
 
     def stream_file(self, run_id: str) -> Path:
         """The file this sink writes the run ``run_id`` to (the logger leaves out a sink that would write the
@@ -57,6 +83,7 @@ class JsonlSink(Sink):
         except OSError as exc:
             raise SinkError(f"jsonl sink: cannot write {self.path}: {exc}") from None
         self._writer = writer
+        self._learnt = learnt(run)
 
     def write(self, records: list[Record]) -> None:
         if self._writer is None:
@@ -66,6 +93,10 @@ class JsonlSink(Sink):
     def close(self) -> None:
         if self._writer is not None:
             try:
+                head = closing_header(self.run, self._learnt, self._writer.schema)
+                if head is not None:        # the run info as the other trackers store it at the end
+                    self._writer.write_bytes(head)
+                    self._learnt = learnt(self.run)
                 self._writer.close()
             finally:
                 self._writer = None

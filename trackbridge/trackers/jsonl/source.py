@@ -18,6 +18,7 @@ Option ``run=ID`` keeps only runs whose id or name matches.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,11 +43,15 @@ class JsonlRunReader(RunReader):
         return self._info
 
     def _read_header(self) -> RunInfo:
-        """The first header line (the run info), or a RunInfo named after the file when there is none."""
+        """The run info: the last header line of the run (a resumed run's, or the closing header written at the end:
+        what the run learnt while logging, such as the steps merged without a rank), else the first; a RunInfo named
+        after the file when there is none."""
         if sniff_binary(self.path) is None:
             for line in stream.iter_lines(self.path, complete_only=False):
                 if line.obj is not None and stream.is_header(line.obj):
-                    return RunInfo.from_json(line.obj)
+                    first = RunInfo.from_json(line.obj)
+                    last = _last_header(self.path, line.offset + len(line.raw))
+                    return last if last is not None and last.run_id == first.run_id else first
                 break
         return RunInfo(name=self.path.stem, run_id=self.path.stem)
 
@@ -98,6 +103,37 @@ class JsonlRunReader(RunReader):
                        if k not in taken and (isinstance(v, (int, float, str)) or v is None)}
             return Record(step=step, wall_time=wall, metrics=metrics)
         return decoder.record(obj)
+
+
+#: how a header line the stream's writer wrote starts (compact JSON, ``type`` first: ``stream.header_json``)
+_HEADER_START = b'\n{"type":"run"'
+
+
+def _last_header(path: Path, after: int) -> RunInfo | None:
+    """The last complete header line of ``path`` after byte ``after`` (None: none), found without decoding the
+    record lines: a search of the file's bytes for the start of a header line."""
+    import mmap
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size <= after:
+                return None
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                at = mm.rfind(_HEADER_START, max(0, after - 1))
+                if at < 0:
+                    return None
+                end = mm.find(b"\n", at + 1)
+                if end < 0:             # a header cut off by a crash: not one
+                    return None
+                obj, _error = stream.parse_line(mm[at + 1:end])
+    except (OSError, ValueError):
+        return None
+    if obj is None or not stream.is_header(obj):
+        return None
+    try:
+        return RunInfo.from_json(obj)
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 _PLAIN_AXES = {"step", "_step", "global_step", "wall_time", "_timestamp", "_runtime"}
