@@ -29,7 +29,7 @@ from ...record import Histogram, Record, RunInfo
 from ...tracking.names import NameCache
 from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import flat_config, printable
-from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Session, split_key, stored
+from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Appender, Session, split_key, stored
 
 if TYPE_CHECKING:       # pragma: no cover
     pass
@@ -89,8 +89,9 @@ class ClearmlSink(PointStoreSink):
         self.folder: Path | None = None
         self.task_id = ""
         self._names = NameCache(lambda n: stored(*split_key(n)))
-        self._fh: Any = None
+        self._fh: Appender | None = None
         self._next_step = 0
+        self._stale = False          # task.json is to be written again (a write that wrote it failed)
 
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
@@ -106,10 +107,15 @@ class ClearmlSink(PointStoreSink):
             metrics = folder / METRICS_FILE
             if metrics.exists():
                 self._load(metrics)
-            self._fh = open(metrics, "a", encoding="utf-8")
+            self._fh = Appender(metrics)
         except OSError as exc:
             raise SinkError(f"clearml:{self.location}: cannot write {folder}: {exc}") from None
-        self._write_task()
+        try:
+            self._write_task()
+        except SinkError:
+            self._fh.close()
+            self._fh = None
+            raise
 
     def _load(self, metrics: Path) -> None:
         """An earlier session of the run: its name map, the next step; a last line cut short is cut off."""
@@ -160,6 +166,7 @@ class ClearmlSink(PointStoreSink):
             tmp.write_text(json.dumps(task, indent=1, default=str, ensure_ascii=False), encoding="utf-8")
             os.replace(tmp, target)
         except OSError as exc:
+            tmp.unlink(missing_ok=True)
             raise SinkError(f"clearml:{self.location}: cannot write {target}: {exc}") from None
 
     def write(self, records: list[Record]) -> None:
@@ -205,17 +212,18 @@ class ClearmlSink(PointStoreSink):
                     self.reject(printable(name), step, "ClearML keeps console text, not text series; not written")
                 else:
                     self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
-        if events:
-            try:
-                self._fh.write(json.dumps(events, ensure_ascii=False, allow_nan=False) + "\n")
-                self._fh.flush()
-            except (OSError, ValueError) as exc:
-                raise SinkError(f"clearml:{self.location}: cannot write {METRICS_FILE}: {exc}") from None
         new = self._names.take_new()
         if new:
             self.record_sanitized(new)
-        if self.note_derived(records) or new:
+        if self.note_derived(records) or new or self._stale:       # the task first: a line then fails alone
+            self._stale = True
             self._write_task()
+            self._stale = False
+        if events:
+            try:
+                self._fh.append((json.dumps(events, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8"))
+            except (OSError, ValueError) as exc:        # the line is not in the file (taken back): retried whole
+                raise SinkError(f"clearml:{self.location}: cannot write {METRICS_FILE}: {exc}") from None
         self.progress += 1
 
     def close(self) -> None:
@@ -229,6 +237,8 @@ class ClearmlSink(PointStoreSink):
             self._fh = None
             self._zip()
         finally:
+            if self._fh is not None:
+                self._fh.close()
             self._fh = None
 
     def _zip(self) -> None:
@@ -251,8 +261,6 @@ class ClearmlSink(PointStoreSink):
         """The scalar and histogram events of the session, per key and iteration (None before open)."""
         if self.folder is None:
             return None
-        if self._fh is not None:
-            self._fh.flush()
         restore = dict(self._names.changed)
         out = []
         for _i, line, complete in Session(self.folder).event_lines():

@@ -34,6 +34,7 @@ from .archive import (
     OTHER,
     PARAMETER,
     PARTIAL,
+    Appender,
     Archive,
     encode_number,
     experiment_key,
@@ -63,11 +64,12 @@ class CometSink(PointStoreSink):
         self.root = Path(location).expanduser()
         self.key = ""
         self.work: Path | None = None
-        self._fh: Any = None
+        self._fh: Appender | None = None
         self._mid = 0
         self._hist: set[str] = set()
         self._next_step = 0
         self._start = 0
+        self._stale = False          # the run info is to be appended again (a batch that had it failed)
 
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
@@ -85,12 +87,17 @@ class CometSink(PointStoreSink):
                 with zipfile.ZipFile(done) as z:           # continue a finished archive: unpack it to append
                     z.extractall(work)
             self._load()
-            self._fh = open(work / MESSAGES, "a", encoding="utf-8")
+            self._fh = Appender(work / MESSAGES)
         except (OSError, zipfile.BadZipFile) as exc:
             raise SinkError(f"comet:{self.location}: cannot write {work}: {exc}") from None
-        if self._mid == 0:
-            self._begin()
-        self._write_experiment()
+        try:
+            if self._mid == 0:
+                self._begin()
+            self._write_experiment()
+        except SinkError:
+            self._fh.close()
+            self._fh = None
+            raise
 
     def _load(self) -> None:
         assert self.work is not None
@@ -162,23 +169,32 @@ class CometSink(PointStoreSink):
             tmp.write_text(json.dumps(exp, default=str), encoding="utf-8")
             os.replace(tmp, target)
         except OSError as exc:
+            tmp.unlink(missing_ok=True)
             raise SinkError(f"comet:{self.location}: cannot write {target}: {exc}") from None
 
     def _append(self, lines: list[str]) -> None:
+        """The lines appended whole, or none of them (an append cut short is taken back, and raises)."""
         if not lines:
             return
+        assert self._fh is not None
         try:
-            fh = self._fh if self._fh is not None else open(self.work / MESSAGES, "a", encoding="utf-8")  # type: ignore[operator]
-            fh.write("".join(line + "\n" for line in lines))
-            fh.flush()
-            if fh is not self._fh:
-                fh.close()
+            self._fh.append("".join(line + "\n" for line in lines).encode("utf-8"))
         except OSError as exc:
             raise SinkError(f"comet:{self.location}: cannot write {MESSAGES}: {exc}") from None
 
     def write(self, records: list[Record]) -> None:
         if self._fh is None:
             raise SinkError(f"comet:{self.location}: write() before open() or after close()")
+        state = (self._mid, self._next_step, set(self._hist))
+        try:
+            self._write(records)
+        except BaseException:
+            # nothing of the batch is in the file (taken back): what the sink knows of the run is as before it
+            self._mid, self._next_step, self._hist = state
+            raise
+        self.progress += 1
+
+    def _write(self, records: list[Record]) -> None:
         lines: list[str] = []
         hist_before = len(self._hist)
         for rec in records:
@@ -210,10 +226,11 @@ class CometSink(PointStoreSink):
                         continue
                     lines.append(self._send(METRIC, {"local_timestamp": ms, "metric": {
                         "metricName": key, "metricValue": number, "step": step, "epoch": None}}))
-        if self.note_derived(records) or len(self._hist) != hist_before:
+        if self.note_derived(records) or len(self._hist) != hist_before or self._stale:
             lines.append(self._info_line())
+        self._stale = True              # the run info goes with the next batch if this one fails
         self._append(lines)
-        self.progress += 1
+        self._stale = False
 
     def close(self) -> None:
         if self._fh is None or self.work is None:
@@ -227,6 +244,8 @@ class CometSink(PointStoreSink):
             self._write_experiment()
             self._zip()
         finally:
+            if self._fh is not None:
+                self._fh.close()
             self._fh = None
 
     def _zip(self) -> None:
@@ -249,8 +268,6 @@ class CometSink(PointStoreSink):
         None before open)."""
         if self.work is None:
             return None
-        if self._fh is not None:
-            self._fh.flush()
         src = self.work if (self.work / MESSAGES).exists() else self.root / f"{self.key}.zip"
         if not src.exists():
             return []
