@@ -3,6 +3,7 @@ isolation of values a tracker refuses. The spool (:mod:`.spool`) and the tracker
 of worker; this module holds what they share. Workers see the run only through a :class:`RunContext`."""
 from __future__ import annotations
 
+import errno
 import math
 import queue
 import threading
@@ -20,6 +21,20 @@ from .options import LoggerOptions
 #: a failed batch is probed record by record for values the tracker refuses (:meth:`Worker._isolate`) only when its
 #: last attempt failed within this many seconds: a refusal is quick, a tracker that is down fails slowly
 ISOLATE_WITHIN = 5.0
+#: errors of a store that cannot be written now (a full disk, a quota, a failing or read-only device): never the
+#: fault of a value, so a write that fails with one (or a sink error raised while handling one) ends the probing
+STORE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
+def store_failing(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from or while handling, is one of :data:`STORE_ERRNOS`."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in STORE_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 @dataclass
@@ -272,6 +287,8 @@ class Worker:
                 self.sink.write([rec])
             except Exception as exc:
                 self.last_error = f"write: {type(exc).__name__}: {exc}"
+                if store_failing(exc):      # the disk is full: the values that did not fit are not refused
+                    raise Down from None
                 return False
             state["proved"] = True
             return True
