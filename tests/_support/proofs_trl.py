@@ -86,7 +86,8 @@ class MetricsRecorder:
 class OptimizerSteps:
     """Per optimizer step: the gradient norm the Trainer computed (the value ``accelerator.clip_grad_norm_``
     returned: the norm before clipping), and the learning rate before and after the scheduler stepped (read in the
-    ``on_optimizer_step`` and ``on_step_end`` callbacks, which the Trainer calls around ``lr_scheduler.step()``)."""
+    ``on_optimizer_step`` and ``on_step_end`` callbacks, which the Trainer calls around ``lr_scheduler.step()``), and
+    the Trainer's ``state.epoch`` as each step ended."""
 
     def __init__(self, trainer: Any) -> None:
         import transformers
@@ -94,6 +95,7 @@ class OptimizerSteps:
         self.grad_norm: list[float] = []
         self.lr_before: list[float] = []
         self.lr_after: list[float] = []
+        self.epoch: list[float] = []            # state.epoch at the end of each optimizer step (what Trainer.log reads)
         clip = trainer.accelerator.clip_grad_norm_
         steps = self
 
@@ -109,6 +111,7 @@ class OptimizerSteps:
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 steps.lr_after.append(trainer.lr_scheduler.get_last_lr()[0])
+                steps.epoch.append(float(state.epoch))
         trainer.add_callback(LR())
 
 
@@ -271,4 +274,36 @@ def run_dpo(workdir: Path, *, n_pairs: int, model_path: str | None = None, **con
                                      "rejected": sentences(n_pairs, 4)})
     rec = log_recorder()
     trainer = DPOTrainer(model=model_path, args=DPOConfig(**args), train_dataset=ds, callbacks=[rec])
+    return train(trainer, rec)
+
+
+def run_sft(workdir: Path, *, n_examples: int, model_path: str | None = None, **config: Any) -> TRLRun:
+    """Train TRL's SFTTrainer on ``n_examples`` generated prompt-completion pairs (completion-only loss: the label
+    tokens are the completions', of uneven lengths), recording what ``compute_loss`` appended and its locals."""
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    model_path = model_path or build_tiny_model(workdir / "model")
+    args = {**COMMON, "output_dir": str(workdir / "out"), "max_length": 24, **config}
+    ds = datasets.Dataset.from_dict({"prompt": sentences(n_examples, 5), "completion": sentences(n_examples, 6)})
+    rec = log_recorder()
+    trainer = SFTTrainer(model=model_path, args=SFTConfig(**args), train_dataset=ds, callbacks=[rec])
+    return train(trainer, rec)
+
+
+def run_kto(workdir: Path, *, n_examples: int, model_path: str | None = None, **config: Any) -> TRLRun:
+    """Train TRL's KTOTrainer on ``n_examples`` generated unpaired examples (desirable and undesirable in an uneven
+    pattern, so micro-batches hold different numbers of each), recording what ``compute_loss``'s metric code
+    appended and its locals."""
+    import datasets
+    from trl import KTOConfig, KTOTrainer
+
+    model_path = model_path or build_tiny_model(workdir / "model")
+    args = {**COMMON, "output_dir": str(workdir / "out"), "max_length": 24, **config}
+    pattern = (1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 1)      # micro-batches of 3: 3:0, 1:2, 2:1 ... desirable:undesirable
+    labels = [bool(pattern[i % len(pattern)]) for i in range(n_examples)]
+    ds = datasets.Dataset.from_dict({"prompt": sentences(n_examples, 7), "completion": sentences(n_examples, 8),
+                                     "label": labels})
+    rec = log_recorder()
+    trainer = KTOTrainer(model=model_path, args=KTOConfig(**args), train_dataset=ds, callbacks=[rec])
     return train(trainer, rec)
