@@ -134,6 +134,33 @@ def test_two_runs_in_one_process(tmp_path, wandb_env):
     assert got == {"para": [1.0], "parb": [2.0]}
 
 
+def test_a_project_or_run_id_wandb_refuses_is_written_and_read_back_whole(tmp_path, wandb_env):
+    # wandb refuses '/', '\\', '#', '?', '%' and ':' in a project name and a run id ("Invalid project name"): the
+    # run went to no wandb at all; now wandb gets them with '-' and the reader gives the run's own back
+    run = RunInfo(name="r", project="team/grpo", run_id="seed/1:a")
+    s = WandbSink(str(tmp_path))
+    s.open(run)
+    s.write([Record(1, 1.0, {"x": 1.0})])
+    s.close()
+    s2 = WandbSink(str(tmp_path))
+    s2.open(RunInfo(name="r", project="team/grpo", run_id="seed/1:a"), resume=True)    # resumes the same run
+    s2.write([Record(2, 2.0, {"x": 2.0})])
+    s2.close()
+    assert len(run_files(tmp_path / "wandb", "seed-1-a")) == 2
+    (reader,) = WandbSource(str(tmp_path)).runs()
+    assert (reader.info.project, reader.info.run_id) == ("team/grpo", "seed/1:a")
+    assert [(r.step, r.metrics["x"]) for r in reader.records()] == [(1, 1.0), (2, 2.0)]
+    (picked,) = WandbSource(str(tmp_path), run="seed/1:a").runs()                 # ?run= the run's own id
+    assert picked.info.run_id == "seed/1:a"
+    # what wandb itself holds: the project and id it accepts
+    exe = Path(sys.executable).parent / "wandb"
+    path = run_files(tmp_path / "wandb", "seed-1-a")[0]
+    summary = subprocess.run([str(exe), "leet", "inspect", "--json", "--summary", str(path)], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "WANDB_MODE": "offline"})
+    got = json.loads(summary.stdout)
+    assert (got["project"], got["run_id"]) == ("team-grpo", "seed-1-a")
+
+
 def test_bad_options():
     with pytest.raises(SinkError, match="mode"):
         WandbSink("x", mode="cloud")

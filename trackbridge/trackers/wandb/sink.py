@@ -76,6 +76,16 @@ def histogram_edges(h: Histogram) -> tuple[list[float], list[float]] | None:
     return _merge_buckets([left] + limits, [float(c) for c in h.counts], MAX_BINS)
 
 
+#: characters wandb refuses in a project name and a run id ("cannot contain characters '/,\\,#,?,%,:'")
+WANDB_REFUSES = "/\\#?%:"
+
+
+def wandb_safe(text: str) -> str:
+    """``text`` with each character wandb refuses in a project or run id as ``-`` (``team/grpo`` -> ``team-grpo``).
+    The run's own project and id are kept whole in the run's trackbridge metadata, which the reader gives back."""
+    return "".join("-" if c in WANDB_REFUSES else c for c in text)
+
+
 OFFLINE_INIT_TIMEOUT = 600.0     # seconds wandb.init may take offline (see open())
 
 
@@ -125,6 +135,7 @@ class WandbSink(Sink):
         if run.run_id is None:
             run.run_id = uuid.uuid4().hex[:12]
         self.run = run
+        self._wid = wandb_safe(run.run_id)
         folder = Path(self.location or ".").expanduser()
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -145,8 +156,9 @@ class WandbSink(Sink):
             kwargs["resume"] = "allow"
         try:
             self._run = wandb.init(
-                mode=self.mode, dir=str(folder), project=self.options.get("project") or run.project or "trackbridge",
-                entity=self.options.get("entity"), name=run.name, id=run.run_id, config=self._config(run),
+                mode=self.mode, dir=str(folder),
+                project=wandb_safe(self.options.get("project") or run.project or "trackbridge"),
+                entity=self.options.get("entity"), name=run.name, id=self._wid, config=self._config(run),
                 tags=tags or None, reinit="create_new", settings=settings, **kwargs)
         except Exception as exc:
             raise SinkError(f"wandb sink: wandb.init failed for run {run.run_id!r} in {folder}: {exc}") from exc
@@ -160,20 +172,20 @@ class WandbSink(Sink):
         if self.mode == "offline":
             run_dir = getattr(self._run, "dir", None)     # .../offline-run-<time>-<id>/files
             if run_dir:
-                self._file = Path(run_dir).parent / f"run-{run.run_id}.wandb"
+                self._file = Path(run_dir).parent / f"run-{self._wid}.wandb"
 
     def _continue_offline(self, folder: Path, run: RunInfo, resume: bool) -> None:
         """Find earlier offline folders of this run id; refuse them without resume, continue after them with."""
         from .source import WandbRunReader
 
         assert run.run_id is not None           # set by open()
-        previous = run_files(folder / "wandb", run.run_id)
+        previous = run_files(folder / "wandb", wandb_safe(run.run_id))
         if not previous:
             return
         if not resume:
             raise SinkError(f"wandb sink: {previous[0].parent} already holds run {run.run_id!r}; open with "
                             f"resume=True to continue it, or use a new run id")
-        reader = WandbRunReader(previous, run_id=run.run_id)
+        reader = WandbRunReader(previous, run_id=wandb_safe(run.run_id))
         last_wstep, last_step = reader.last_steps()
         self._wstep = last_wstep if last_wstep is not None else -1
         self._max_step = last_step

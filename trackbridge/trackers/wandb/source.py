@@ -297,6 +297,6 @@ class WandbSource(Source):
         want = self.options.get("run")
         for run_id, group in by_id.items():
             reader = WandbRunReader(sorted(group, key=folder_order), run_id=run_id)
-            if want and want not in (run_id, reader.info.name):
+            if want and want not in (run_id, reader.info.run_id, reader.info.name):   # the file's id or the run's
                 continue
             yield reader
