@@ -76,8 +76,8 @@ def test_an_archive_made_by_comets_sdk_is_read(tmp_path):
 def test_a_run_killed_before_its_archive_was_zipped(tmp_path):
     sink = _sink(tmp_path)
     sink.write([Record(s, T0 + s, {"a": float(s)}) for s in range(3)])
-    sink._fh.write('{"payload": {"local_times')               # a line cut by the kill; close() never runs
-    sink._fh.flush()
+    with open(sink.work / "messages.json", "a", encoding="utf-8") as fh:
+        fh.write('{"payload": {"local_times')                  # a line cut by the kill; close() never runs
     (reader,) = list(open_source(f"comet:{tmp_path}").runs())
     assert [r.step for r in reader.records()] == [0, 1, 2] and reader.info.extra["comet"]["finished"] is False
     assert "cut short" in reader.problems[0].what
