@@ -164,6 +164,32 @@ def test_more_than_1000_metrics_in_one_write(db):
     assert r.data.metrics["m/1499_x40_k"] == 1499.0
 
 
+def test_a_big_batch_into_sqlite_ticks_progress_per_chunk_and_lands_whole(db):
+    # issue 31: 10,000 keys a step with nine sinks in the writer process got MLflow judged stalled (finish() leaves a
+    # tracker whose `progress` does not move for stall_timeout): the bulk path wrote a whole batch in one
+    # transaction. Now each BULK_CHUNK points are a transaction and a tick; a chunk retried is harmless
+    from trackbridge.trackers.mlflow.sink import BULK_CHUNK
+    sink = make_sink(f"mlflow:{db}?experiment=wide")
+    sink.open(RunInfo(name="wide"))
+    assert sink._bulk is not None                    # the SQLite store takes the bulk path
+    keys, steps = 10_000, 12
+    batch = [Record(step=s, wall_time=T0 + s, metrics={f"k/{i}": float(i + s) for i in range(keys)})
+             for s in range(steps)]
+    before = sink.progress
+    sink.write(batch)
+    chunks = -(-keys * steps // BULK_CHUNK)
+    assert chunks >= 3 and sink.progress - before == chunks
+    sink.write(batch[-2:])                           # the end of the batch again (a retry): nothing doubled
+    sink.close()
+    import sqlite3
+    con = sqlite3.connect(db[len("sqlite:///"):])
+    (n,) = con.execute("SELECT COUNT(*) FROM metrics WHERE run_uuid = ?", (sink.run_id,)).fetchone()
+    (latest,) = con.execute("SELECT value FROM latest_metrics WHERE run_uuid = ? AND key = 'k/9999'",
+                            (sink.run_id,)).fetchone()
+    con.close()
+    assert n == keys * steps and latest == 9999.0 + steps - 1
+
+
 def test_file_store_duplicates_on_rewrite(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     sink = make_sink(f"mlflow:{tmp_path / 'mlruns'}")

@@ -78,6 +78,10 @@ if TYPE_CHECKING:       # pragma: no cover
     from ...holdings import Holdings
 
 MAX_METRICS_PER_BATCH = 1000
+#: points per transaction of the SQLite bulk path: a batch of 10,000 keys x 100 steps is 20 transactions, each a tick
+#: of :attr:`progress`, so that a store busy with a big batch is never judged stalled (and other writers of a shared
+#: store wait for one chunk, not the whole batch); INSERT OR IGNORE makes a chunk retried after a failure harmless
+BULK_CHUNK = 50_000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 MAX_PARAM_VAL = 6000
 MAX_TAG_VAL = 8000
@@ -311,7 +315,9 @@ class MlflowSink(Sink):
         # updates latest_metrics per key of a batch -- 1.75x faster with 500 keys per step (benchmarks/bench_migrate.py)
         metrics.sort(key=_metric_key)
         if self._bulk is not None:
-            retry_locked(self._bulk.write, self.run_id, metrics)    # a store other writers hold: waited for
+            for i in range(0, len(metrics), BULK_CHUNK):
+                retry_locked(self._bulk.write, self.run_id, metrics[i:i + BULK_CHUNK])   # a held store: waited for
+                self.progress += 1
         else:
             for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
                 self._log_metrics(metrics[i:i + MAX_METRICS_PER_BATCH])
