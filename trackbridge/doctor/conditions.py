@@ -57,6 +57,7 @@ from typing import Any, Mapping
 
 from .nodes import COMPOSITES, PRIMITIVES, Node, Spec
 from .primitives import Bound, Collapse, Drop, Flat, NoGain, NonFinite, Primitive, Ratio, Rise, Sign, Spike
+from .windows import Pool
 
 __all__ = ["Spec", "Node", "Primitive", "Composite", "build", "primitives", "PRIMITIVES", "COMPOSITES"]
 
@@ -134,13 +135,15 @@ class Composite(Node):
 
 
 def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str],
-          shared: dict[tuple[Any, ...], Primitive] | None = None, names: Mapping[str, str] | None = None) -> Node:
+          shared: dict[tuple[Any, ...], Primitive] | None = None, names: Mapping[str, str] | None = None,
+          pool: Pool | None = None) -> Node:
     """The node tree of ``spec``; ``config``: canonical config values (bounds from the config); ``better``: role ->
     the bound metric's direction (``no_gain``). ``shared`` (with ``names``, role -> the canonical name bound): the
     primitives already built for this run, by kind, parameters and names read; an identical one is reused, so one
-    series judged the same way by several checks is judged once per point."""
+    series judged the same way by several checks is judged once per point. ``pool``: the windows of the primitives
+    built at this record (:class:`~.windows.Pool`): a series' window is shared by the conditions that keep one."""
     if spec.parts:
-        return Composite(spec, [build(p, config, better, shared, names) for p in spec.parts])
+        return Composite(spec, [build(p, config, better, shared, names, pool) for p in spec.parts])
     roles = sorted(spec.roles())
     key = None
     if shared is not None and names is not None and all(r in names for r in roles):
@@ -149,24 +152,29 @@ def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str],
         found = shared.get(key)
         if found is not None:
             return found
-    node = _primitive(spec, config, better)
+    node = _primitive(spec, config, better, pool or Pool(), (names or {}).get(spec.params["of"]))
     if key is not None and shared is not None:
         shared[key] = node
     return node
 
 
-def _primitive(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str]) -> Primitive:
+def _primitive(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str], pool: Pool,
+               name: str | None) -> Primitive:
+    """``name``: the canonical name the condition reads (None when not bound yet: its windows are its own)."""
     kind = spec.kind
     if kind in ("above", "below"):
         return Bound(spec, config)
-    cls = {"sign": Sign, "spike": Spike, "collapse": Collapse, "drop": Drop, "rise": Rise, "ratio": Ratio,
-           "nonfinite": NonFinite}.get(kind)
+    if kind == "spike":
+        return Spike(spec, pool, name)
+    if kind == "drop":
+        return Drop(spec, pool, name)
+    cls = {"sign": Sign, "collapse": Collapse, "rise": Rise, "ratio": Ratio, "nonfinite": NonFinite}.get(kind)
     if cls is not None:
         return cls(spec)
     if kind == "no_gain":
         return NoGain(spec, better.get(spec.params["of"], "higher"))
     if kind == "flat":
-        return Flat(spec, better.get(spec.params["of"], "higher"))
+        return Flat(spec, better.get(spec.params["of"], "higher"), pool, name)
     raise ValueError(f"unknown condition {kind!r}")
 
 

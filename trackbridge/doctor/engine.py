@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from ..schema.model import Cond
 from ..schema.templates import is_template, template_regex
@@ -37,6 +37,7 @@ from .checks import SEVERITIES, Check, CheckSet
 from .conditions import Node, build, primitives
 from .evidence import evidence
 from .primitives import Bound, Primitive, Ratio
+from .windows import Pool
 from .words import fmt, step_text
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -171,7 +172,6 @@ class _Instance:
         self.notes: list[str] = []
         self._feeds: list[tuple[Primitive, str, str | None, bool]] = []
         self._feeds_for = -1
-        self.mark = -1                                  # the record it was last touched by (Doctor.feed)
         unmet = [f"{k}{v}" if isinstance(v, Cond) else f"{k}={v!r}" for k, v in check.requires
                  if not _test(config.get(k), v)]
         if unmet:
@@ -186,8 +186,9 @@ class _Instance:
                           for role, names in check.reads.items()}
 
     def bind(self, metrics: Mapping[str, Any], new_keys: list[str],
-             shared: dict[tuple[Any, ...], Primitive] | None = None) -> bool:
-        """Bind unbound roles to names in this record; True when every role is bound (the node is then built)."""
+             shared: dict[tuple[Any, ...], Primitive] | None = None, pool: Pool | None = None) -> bool:
+        """Bind unbound roles to names in this record; True when every role is bound (the node is then built;
+        ``pool``: the windows of the primitives built at this record)."""
         for role, pats in self._patterns.items():
             if role in self.bound:
                 continue
@@ -206,7 +207,7 @@ class _Instance:
         if self.node is None:
             better = {role: self.check.better.get(role, {}).get(self._pattern_of(role, name), "higher")
                       for role, name in self.bound.items()}
-            self.node = build(self.check.when, self.config, better, shared, self.bound)
+            self.node = build(self.check.when, self.config, better, shared, self.bound, pool)
             self.prims = primitives(self.node)
             if not self.node.applicable:
                 need = sorted(p.p["config"] for p in self.prims if isinstance(p, Bound) and not p.applicable)
@@ -228,20 +229,11 @@ class _Instance:
                             p.kind == "nonfinite") for p in self.prims if p.role in self.bound]
         return self._feeds
 
-    def judge(self, step: float) -> bool:
-        """Judge the record whose points were just fed to this check's primitives (:meth:`Doctor.feed`); True when
-        the check held at it for the first time in the run."""
+    def held(self, step: float) -> bool:
+        """The check's node holds at the record just fed (:meth:`Doctor.feed` judges it: fed, and holding): the
+        stretch goes on or a new one starts; True when the check held for the first time in the run."""
         node = self.node
         assert node is not None
-        return self._judge(node, step)
-
-    def _judge(self, node: Node, step: float) -> bool:
-        node.update(step)
-        if not node.fresh:
-            return False
-        if not node.holds:
-            self.open = False
-            return False
         first = node.since if node.since is not None else step
         last = self.stretches[-1] if self.stretches else None
         if last is not None and (self.open and not first > last.last or not self.open and first <= last.last):
@@ -302,6 +294,19 @@ def _fill(text: str, config: Mapping[str, Any]) -> str:
     return _PLACEHOLDER.sub(lambda m: fmt(config[m.group(1)]) if m.group(1) in config else m.group(0), text)
 
 
+@dataclass
+class _Series:
+    """Who reads one canonical name: each primitive once (``finite``: their ``point``, given every finite value;
+    ``nonfinite``: those that take NaN and infinities too; ``ratios``: a ratio and the name it divides by), and
+    the checks they belong to."""
+
+    finite: list[Callable[[float, float], None]] = field(default_factory=list)
+    nonfinite: list[Callable[[float, float], None]] = field(default_factory=list)
+    ratios: list[tuple[Primitive, str]] = field(default_factory=list)
+    prims: list[Primitive] = field(default_factory=list)
+    insts: list[_Instance] = field(default_factory=list)
+
+
 class Doctor:
     """Evaluate ``checks`` over one run's canonical records (see the module docstring).
 
@@ -316,7 +321,8 @@ class Doctor:
         self._waiting = [i for i in self.instances if i.why_not is None]     # roles not all bound yet
         self._running: list[_Instance] = []
         self._seen: set[str] = set()
-        self._subs: dict[str, list[list[Any]]] = {}     # name -> [primitive, other name, takes NaN, its checks]
+        self._subs: dict[str, _Series] = {}             # canonical name -> who reads it
+        self._by_keys: dict[tuple[str, ...], tuple[list[tuple[_Instance, Node]], list[Primitive]]] = {}
         self._shared: dict[tuple[Any, ...], Primitive] = {}     # identical primitives of several checks: one
         self._index = 0
         self.derived: set[str] = set()
@@ -335,9 +341,10 @@ class Doctor:
             new = [k for k in metrics if k not in self._seen]
             self._seen.update(new)
             still = []
+            pool = Pool()                   # the primitives built at this record read the same points from now on
             for inst in self._waiting:
                 started = inst.node is not None
-                if inst.bind(metrics, new, self._shared):
+                if inst.bind(metrics, new, self._shared, pool):
                     if inst.why_not is None and not started:
                         self._running.append(inst)
                     if len(inst.bound) < len(inst.check.reads) and inst.why_not is None:
@@ -346,58 +353,85 @@ class Doctor:
                     still.append(inst)
             self._waiting = still
             self._subscribe()
-        # each value is checked once and given to every primitive that reads its name; then each check that got a
-        # point is judged (a check none of whose series is in the record is not touched: its state is unchanged)
+        # each value is checked once and given to every primitive that reads its name; then each check that reads
+        # a name of the record is judged (one none of whose primitives got a point is not fresh: unchanged)
         subs = self._subs
-        touched: list[_Instance] = []
-        fed: list[Primitive] = []
-        mark = self.records
         for name, v in metrics.items():
-            readers = subs.get(name)
-            if readers is None or v is None:
+            series = subs.get(name)
+            if series is None or v is None:
                 continue
             if v.__class__ not in _NUMBER:
                 if not _number(v):
                     continue
             v = float(v)
-            finite = math.isfinite(v)
-            for p, other, nonfinite, insts in readers:
-                if other is not None:
+            if v - v == 0:                  # finite (NaN and infinities give NaN)
+                for point in series.finite:
+                    point(step, v)
+                for p, other in series.ratios:
                     o = metrics.get(other)
                     if o is None or (o.__class__ not in _NUMBER and not _number(o)) or not o \
-                            or not math.isfinite(o) or not finite:
+                            or not math.isfinite(o):
                         continue
                     p.point(step, v / float(o))
-                elif finite or nonfinite:
-                    p.point(step, v)
-                else:
-                    continue
-                fed.append(p)
-                for inst in insts:
-                    if inst.mark != mark:
-                        inst.mark = mark
-                        touched.append(inst)
+            else:
+                for point in series.nonfinite:
+                    point(step, v)
+        touched, fed = self._judged(metrics)
         fired = []
-        for inst in touched:
-            if inst.judge(step):
+        for inst, node in touched:
+            if node.parts_:
+                node.update(step)
+            if not node.fresh:
+                continue
+            if not node.holds:
+                inst.open = False
+            elif inst.held(step):
                 fired.append(inst.finding(self.label, approximate or {}, self.derived))
         for p in fed:
             p.fresh = False                 # judged by every check that reads it: the next record starts unfed
         return fired
 
+    def _judged(self, metrics: Mapping[str, Any]) -> tuple[list[tuple[_Instance, Node]], list[Primitive]]:
+        """The checks that read a name of the record (in the order of its names, then of :meth:`_subscribe`), with
+        their nodes, and the primitives that do: worked out once per set of names (a run logs few)."""
+        key = tuple(metrics)
+        hit = self._by_keys.get(key)
+        if hit is None:
+            if len(self._by_keys) >= 256:   # a run whose records each log other names: bounded all the same
+                self._by_keys.clear()
+            insts: dict[int, _Instance] = {}
+            prims: dict[int, Primitive] = {}
+            for name in key:
+                series = self._subs.get(name)
+                if series is not None:
+                    insts.update((id(i), i) for i in series.insts if id(i) not in insts)
+                    prims.update((id(p), p) for p in series.prims)
+            hit = self._by_keys[key] = ([(i, i.node) for i in insts.values() if i.node is not None],
+                                        list(prims.values()))
+        return hit
+
     def _subscribe(self) -> None:
         """Who reads each canonical name: worked out again only when a record bound new roles."""
-        subs: dict[str, list[list[Any]]] = {}
-        index: dict[tuple[str, int], list[Any]] = {}
+        subs: dict[str, _Series] = {}
+        seen: set[tuple[str, int]] = set()
         for inst in self._running:
             for p, name, other, nonfinite in inst.feeds():
-                entry = index.get((name, id(p)))
-                if entry is None:           # a primitive shared by several checks is fed once per point
-                    entry = index[(name, id(p))] = [p, other, nonfinite, []]
-                    subs.setdefault(name, []).append(entry)
-                if inst not in entry[3]:
-                    entry[3].append(inst)
+                series = subs.get(name)
+                if series is None:
+                    series = subs[name] = _Series()
+                if (name, id(p)) not in seen:   # a primitive shared by several checks is fed once per point
+                    seen.add((name, id(p)))
+                    series.prims.append(p)
+                    if other is not None:
+                        series.ratios.append((p, other))
+                    else:
+                        series.finite.append(p.point)
+                        if nonfinite:
+                            series.nonfinite.append(p.point)
+                if inst not in series.insts:
+                    series.insts.append(inst)
         self._subs = subs
+        self._by_keys.clear()
 
     def warm(self, records: Iterable[Record], prefix: str = "doctor/") -> None:
         """Feed a resumed run's earlier records without reporting: a check that held then counts as reported only

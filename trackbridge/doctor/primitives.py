@@ -10,7 +10,7 @@ from collections import deque
 from typing import Any, Mapping
 
 from .nodes import Node, Spec
-from .windows import MAD_SD, Noise, Rolling, SlidingBest, Window
+from .windows import MAD_SD, Pool, Rolling, SlidingBest, Window
 
 __all__ = ["Primitive", "Bound", "Sign", "Spike", "Collapse", "Drop", "Rise", "NoGain", "Flat", "Ratio",
            "NonFinite"]
@@ -118,7 +118,7 @@ class Spike(Primitive):
     *usual* points (those that were no spike) of the last 5 x window, so a series alternating between two usual
     levels is no spike."""
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, pool: Pool | None = None, name: str | None = None) -> None:
         super().__init__(spec)
         self.factor = spec.params.get("factor")
         self.mads = spec.params.get("mads")
@@ -129,7 +129,8 @@ class Spike(Primitive):
         self.over_last = spec.params.get("over_last")
         self.last: float | None = None
         self.min_points = int(spec.params.get("min_points", 5))
-        self.window = Window(int(spec.params.get("window", 20)))
+        self.window = (pool or Pool()).trailing(name, int(spec.params.get("window", 20)))   # the points before
+        self.n = 0
         # the usual points (those that were no spike) of a longer window, 5 x `window`, and their 95th percentile:
         # a level the series returns to now and then (GRPO steps whose groups all have equal rewards alternate
         # with the others) is usual, one earlier spike or two are not
@@ -138,6 +139,8 @@ class Spike(Primitive):
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         w = self.window
+        self.n += 1
+        w.at(self.n, value)
         ok, detail = False, None
         if len(w.sorted) >= self.min_points and (self.at_least is None or value >= self.at_least):
             med = w.median()
@@ -164,7 +167,6 @@ class Spike(Primitive):
                           "window": len(w.sorted), "score": score}
                 if self.factor is not None and base > 0:
                     detail["ratio"] = value / base
-        w.add(value)
         self.last = value
         u = self.usual
         if u is not None:
@@ -244,7 +246,7 @@ class Drop(Primitive):
     have risen above the first rolling mean by as much (a series that never rose has not collapsed: noise around
     a flat level is not a drop)."""
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, pool: Pool | None = None, name: str | None = None) -> None:
         super().__init__(spec)
         self.by = float(spec.params["by"])
         self.min = float(spec.params.get("min", 0.0))
@@ -252,14 +254,16 @@ class Drop(Primitive):
         self.k = spec.params.get("noise")
         self.after_rise = bool(spec.params.get("after_rise", False))
         self.roll = Rolling(self.win)
-        self.noise = Noise() if self.k is not None or self.after_rise else None
+        self.noise = (pool or Pool()).noise(name) if self.k is not None or self.after_rise else None
+        self.n = 0
         self.first: float | None = None
         self.peak: float | None = None
         self.peak_at: float | None = None
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
+        self.n += 1
         if self.noise is not None:
-            self.noise.add(value)
+            self.noise.at(self.n, value)
         m = self.roll.add(value)
         if m is None:
             return False, None
@@ -346,7 +350,7 @@ class Flat(Primitive):
     not when that first mean is within F x the best point seen (a series that starts at its best, a reward at its
     maximum, has no room to improve)."""
 
-    def __init__(self, spec: Spec, better: str) -> None:
+    def __init__(self, spec: Spec, better: str, pool: Pool | None = None, name: str | None = None) -> None:
         super().__init__(spec)
         self.sign = 1.0 if better == "higher" else -1.0
         self.win = int(spec.params.get("window", 20))
@@ -354,7 +358,7 @@ class Flat(Primitive):
         self.min = float(spec.params.get("min", 0.0))
         self.headroom = spec.params.get("headroom")
         self.roll = Rolling(self.win)
-        self.noise = Noise()
+        self.noise = (pool or Pool()).noise(name)
         self.n = 0
         self.first: float | None = None
         self.best: float | None = None
@@ -362,7 +366,7 @@ class Flat(Primitive):
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         self.n += 1
-        self.noise.add(value)
+        self.noise.at(self.n, value)
         signed = value * self.sign
         if self.best is None or signed > self.best:
             self.best = signed

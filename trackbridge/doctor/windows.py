@@ -1,31 +1,39 @@
 """Bounded windows over a series, shared by the primitive conditions (:mod:`.primitives`): the last N values
 sorted (median, MAD, maximum by ``bisect``), a series' own point noise, a rolling mean and a sliding best. Each
-costs O(log N) or O(1) amortised per point plus a small list move; nothing rescans the run."""
+costs O(log N) or O(1) amortised per point plus a small list move; nothing rescans the run.
+
+Primitives that read the same points of a series (built at the same record, each given every finite value from
+then on) share its sorted windows and its noise (:class:`Pool`): each gives a shared window its own count of points
+with the point (``at(i, value)``), and only the first to give a point moves the window, so a point enters each
+window once however many conditions judge the series by it."""
 from __future__ import annotations
 
 import bisect
 import math
 from collections import deque
 
-__all__ = ["MAD_SD", "Window", "Noise", "Rolling", "SlidingBest"]
+__all__ = ["MAD_SD", "Window", "Trailing", "Noise", "Rolling", "SlidingBest", "Pool"]
 
 MAD_SD = 1.4826          # a normal distribution's standard deviation is 1.4826 x its median absolute deviation
 
 
 def _kth_abs_dev(s: list[float], med: float, k: int) -> float:
-    """The k-th smallest (0-based) of |x - med| over the sorted list ``s``: a merge of the two sides of the median
-    walked k steps (O(k), no sorting)."""
+    """The k-th smallest (0-based) of |x - med| over the sorted list ``s``. The distances below the median
+    (``med - s[j-1], med - s[j-2] ...``) and those from it up (``s[j] - med ...``) are two ascending sequences; the
+    k+1 smallest take ``a`` from the first and the rest from the second, and ``a`` is found by bisection (O(log k),
+    each distance computed as a merge of the two would compute it, so the value is the same)."""
     j = bisect.bisect_left(s, med)
-    i = j - 1                       # left side, walked down (distances grow)
-    d = 0.0
-    for _ in range(k + 1):
-        if i >= 0 and (j >= len(s) or med - s[i] <= s[j] - med):
-            d = med - s[i]
-            i -= 1
+    m = k + 1                       # how many distances to take
+    lo, hi = max(0, m - (len(s) - j)), min(m, j)
+    while lo < hi:                  # the fewest taken from below such that the next one below is not smaller
+        a = (lo + hi) // 2
+        if med - s[j - 1 - a] < s[j + m - a - 1] - med:
+            lo = a + 1
         else:
-            d = s[j] - med
-            j += 1
-    return d
+            hi = a
+    below = med - s[j - lo] if lo > 0 else 0.0
+    up = s[j + m - lo - 1] - med if m - lo > 0 else 0.0
+    return below if below > up else up
 
 
 class Window:
@@ -64,6 +72,22 @@ class Window:
         return _kth_abs_dev(self.sorted, med, (k - 1) // 2) if k else 0.0
 
 
+class Trailing(Window):
+    """The last ``n`` points before the current one: ``at(i, value)`` with the reader's i-th point, before the
+    window is read (the point before it enters then, once per point however many readers share the window)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.i = 0
+        self.current = 0.0
+
+    def at(self, i: int, v: float) -> None:
+        if i != self.i:
+            if self.i:
+                self.add(self.current)
+            self.i, self.current = i, v
+
+
 class Noise:
     """A series' own point-to-point noise: the robust standard deviation of one point, from the last ``n``
     differences between consecutive points (1.4826 x their MAD / sqrt 2: a trend or one jump does not inflate it)."""
@@ -71,6 +95,13 @@ class Noise:
     def __init__(self, n: int = 50) -> None:
         self.diffs = Window(n)
         self.last: float | None = None
+        self.i = 0
+
+    def at(self, i: int, v: float) -> None:
+        """The reader's i-th point ``v``: added once, however many readers share the noise."""
+        if i != self.i:
+            self.i = i
+            self.add(v)
 
     def add(self, v: float) -> None:
         if self.last is not None:
@@ -118,3 +149,25 @@ class SlidingBest:
 
     def best(self) -> float:
         return self.q[0][1]
+
+
+class Pool:
+    """The windows and noise of the series of primitives built at one record (:mod:`.conditions`' ``build``): one
+    per series name and size. ``name=None`` (a series not bound yet): a window of the primitive's own."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str, int], Trailing | Noise] = {}
+
+    def trailing(self, name: str | None, n: int) -> Trailing:
+        if name is None:
+            return Trailing(n)
+        w = self._made.setdefault(("trailing", name, n), Trailing(n))
+        assert isinstance(w, Trailing)
+        return w
+
+    def noise(self, name: str | None) -> Noise:
+        if name is None:
+            return Noise()
+        w = self._made.setdefault(("noise", name, 0), Noise())
+        assert isinstance(w, Noise)
+        return w
