@@ -187,7 +187,7 @@ def test_parts_are_exact_where_a_naive_pre_sum_rounds():
     nodes' sums gives another number than the flat ``fsum``; the parts give the flat value for every reduction."""
     import random
 
-    from trackbridge.logger.parts import Part, merge_parts
+    from trackbridge.logger.parts import Packed, Part, merge_parts
     from trackbridge.ranked import Share, merge
     g = random.Random(7)
     differs = 0
@@ -200,9 +200,18 @@ def test_parts_are_exact_where_a_naive_pre_sum_rounds():
             p = Part()
             for s in shares[lo:lo + per]:
                 p.add_share(s)
-            parts.append(Part.from_json(json.loads(json.dumps(p.to_json()))))
+            parts.append(Packed(json.loads(json.dumps(p.to_json()))))
         for reduce in ("mean", "sum", "max", "min", "value"):
             assert _same(merge("k", reduce, shares)[0], merge_parts("k", reduce, parts)[0]), (case, reduce)
+        # a value some ranks agree on: the same value and the same note (naming the first four ranks' values)
+        agree = [Share(r, float(r // 5), 1.0, None, None) for r in range(24)]
+        packed = []
+        for lo in range(0, 24, per):
+            p = Part()
+            for s in agree[lo:lo + per]:
+                p.add_share(s)
+            packed.append(Packed(json.loads(json.dumps(p.to_json()))))
+        assert merge("k", "value", agree) == merge_parts("k", "value", packed)
         naive = sum(math.fsum(s.value for s in shares[lo:lo + per]) for lo in range(0, 24, per))
         differs += naive != math.fsum(s.value for s in shares)
     assert differs > 20, differs          # the cases are ones where a pre-sum in floats would be wrong

@@ -38,7 +38,7 @@ from ..ranked import Share
 from ..record import dumps
 from ..stream import SUFFIX
 from .common import warn
-from .parts import Part, needs_raw, raw_share, share_of
+from .parts import Packed, Part, needs_raw, raw_share, share_of
 from .ranks import Merger, _Rank, _Step, rank_path
 
 HEARTBEAT = 1.0          # seconds between touches of an idle node file
@@ -294,11 +294,11 @@ class NodeWatch:
         if isinstance(wall, (int, float)):
             group.wall_min = float(wall) if group.wall_min is None else min(group.wall_min, float(wall))
         for key, d in (obj.get("parts") or {}).items():
-            group.wparts.setdefault(key, []).append(Part.from_json(d))
+            group.wparts.setdefault(key, []).append(Packed(d))
         for key, rows in (obj.get("raw") or {}).items():
             group.shares.setdefault(key, []).extend(share_of(r) for r in rows)
         for key, d in (obj.get("plain") or {}).items():
-            group.pparts.setdefault(key, []).append(Part.from_json(d))
+            group.pparts.setdefault(key, []).append(Packed(d))
 
     def waiting(self, step: int) -> list[int]:
         return [g for g, nd in self.nodes.items() if not (nd.taken or nd.ended or nd.covered >= step)]

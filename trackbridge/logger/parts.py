@@ -72,6 +72,11 @@ class Part:
     pspecial: list[float] = field(default_factory=list)
     stated: set[str] = field(default_factory=set)
     count: int = 0                                # shares
+    more_ranks: int = 0                           # ranks counted in parts read back (they hold no rank set)
+
+    @property
+    def n_ranks(self) -> int:
+        return len(self.ranks) + self.more_ranks
 
     def add_share(self, s: Share) -> None:
         v = s.value
@@ -114,6 +119,7 @@ class Part:
             return
         self.count += o.count
         self.ranks |= o.ranks
+        self.more_ranks += o.more_ranks
         self.stated |= o.stated
         if self.first is None:
             self.first, self.same = o.first, o.same
@@ -165,12 +171,13 @@ class Part:
     # -- the node file's form -------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         assert self.first is not None
-        out: dict[str, Any] = {"r": sorted(self.ranks), "c": self.count,
+        out: dict[str, Any] = {"k": self.n_ranks, "c": self.count,
                                "f": [self.first[0], encode_value(self.first[1])], "w": self.wsum}
-        if len(self.head) > 1:
-            out["h"] = [[r, encode_value(v)] for r, v in self.head[1:]]
-        if not self.same:
+        if not self.same:                 # the first values, for the note on values that differ
             out["d"] = 1
+            out["h"] = [[r, encode_value(v)] for r, v in self.head[1:]]
+        elif len(self.head) > 1:          # all equal to the first: their ranks are enough
+            out["hr"] = [r for r, _ in self.head[1:]]
         if self.bad is not None:
             out["b"] = list(self.bad)
         if self.ints:
@@ -192,8 +199,9 @@ class Part:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Part":
         first = (int(d["f"][0]), decode_value(d["f"][1]))
-        return cls(ranks=set(d["r"]), count=int(d["c"]), first=first,
-                   head=[first] + [(int(r), decode_value(v)) for r, v in d.get("h", [])],
+        return cls(more_ranks=int(d["k"]), count=int(d["c"]), first=first,
+                   head=[first] + [(int(r), decode_value(v)) for r, v in d.get("h", [])]
+                   + [(int(r), first[1]) for r in d.get("hr", [])],
                    same=not d.get("d"), bad=(int(d["b"][0]), str(d["b"][1])) if d.get("b") else None,
                    ints="i" in d, isum=int(d.get("i", 0)), vsum=[float(x) for x in d["v"]],
                    vspecial=[float(decode_value(x)) for x in d.get("vx", [])],
@@ -215,31 +223,99 @@ def share_of(row: list[Any]) -> Share:
     return Share(int(row[0]), decode_value(row[1]), float(row[2]), row[3], row[4])
 
 
-def merge_parts(key: str, reduce: str, items: list[Share | Part], *, sample_std: bool = True
+class Packed:
+    """A part as read from a node file: its JSON, decoded only as far as the reduction needs (rank 0 reads one per
+    key, step and node)."""
+
+    __slots__ = ("d", "rank")
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.d = d
+        self.rank = int(d["f"][0])                  # the lowest rank that logged the key (shares in rank order)
+
+    @property
+    def stated(self) -> set[str]:
+        return set(self.d.get("s", ()))
+
+    def part(self) -> Part:
+        return Part.from_json(self.d)
+
+
+def _number(key: str, reduce: str, x: Share | Packed) -> None:
+    """The MergeError merge() raises for a value that is not a number (the first one in rank order)."""
+    if isinstance(x, Packed):
+        if "b" in x.d:
+            raise MergeError(f"metric {key!r}: rank {x.d['b'][0]}'s value of type {x.d['b'][1]} cannot be merged "
+                             f"by {reduce!r} (a number is needed)")
+    elif not isinstance(x.value, (int, float)):
+        raise MergeError(f"metric {key!r}: rank {x.rank}'s value of type {type(x.value).__name__} cannot be merged "
+                         f"by {reduce!r} (a number is needed)")
+
+
+def merge_parts(key: str, reduce: str, items: list[Share | Packed], *, sample_std: bool = True
                 ) -> tuple[Any, str | None]:
     """Merge ``items`` (rank 0's own ranks' shares and the nodes' parts, in rank order) as
-    :func:`trackbridge.ranked.merge` merges every rank's shares."""
+    :func:`trackbridge.ranked.merge` merges every rank's shares: the same value, note and error."""
     if reduce in ("std", "dist"):
-        if any(isinstance(x, Part) for x in items):
+        if any(isinstance(x, Packed) for x in items):
             if reduce == "std":        # a part holds shares without a mean, which merge() refuses the same way
                 raise MergeError(f"metric {key!r}: a std is merged from each rank's std, mean and count: log "
                                  f"Weighted(std, count, reduce='std', mean=the_mean)")
             raise MergeError(f"metric {key!r}: numbers pre-merged on a node cannot be pooled into a distribution "
                              f"(log the samples: a list or a 1-d tensor)")
         return merge(key, reduce, [x for x in items if isinstance(x, Share)], sample_std=sample_std)
-    total = Part()
+    if reduce not in ("mean", "sum", "max", "min") or not items:
+        total = Part()                 # value (and the unknown): the first values and whether they all agree
+        for x in items:
+            total.add_part(x.part()) if isinstance(x, Packed) else total.add_share(x)
+        return total.result(key, reduce)
     for x in items:
-        if isinstance(x, Part):
-            total.add_part(x)
+        _number(key, reduce, x)
+    # fsum over every share's term and every part's exact partials: the correctly rounded exact sum, as merge()'s
+    if reduce == "mean":
+        weights: list[float] = []
+        terms: list[float] = []
+        for x in items:
+            if isinstance(x, Packed):
+                weights += x.d["w"]
+                terms += x.d["p"]
+                terms += [float(decode_value(t)) for t in x.d.get("px", ())]
+            else:
+                weights.append(x.weight)
+                if x.weight > 0:
+                    terms.append(x.value * x.weight)
+        total_w = math.fsum(weights)
+        return (math.nan if total_w == 0 else math.fsum(terms) / total_w), None
+    if reduce == "sum":
+        if all(("i" in x.d) if isinstance(x, Packed) else isinstance(x.value, int) for x in items):
+            return sum(int(x.d["i"]) if isinstance(x, Packed) else int(x.value) for x in items), None
+        values: list[float] = []
+        for x in items:
+            if isinstance(x, Packed):
+                values += x.d["v"]
+                values += [float(decode_value(t)) for t in x.d.get("vx", ())]
+            else:
+                values.append(x.value)
+        return math.fsum(values), None
+    best: Any = None                   # max/min: the first extreme in rank order, NaN if any value is NaN
+    for x in items:
+        if isinstance(x, Packed):
+            if x.d.get("n"):
+                return math.nan, None
+            v = decode_value(x.d.get("hi" if reduce == "max" else "lo"))
+            if v is None:
+                continue
         else:
-            total.add_share(x)
-    return total.result(key, reduce)
+            v = int(x.value) if isinstance(x.value, bool) else x.value
+            if isinstance(v, float) and math.isnan(v):
+                return math.nan, None
+        if best is None or (v > best if reduce == "max" else v < best):
+            best = v
+    return best, None
 
 
-def rank_of(x: Share | Part) -> int:
-    if isinstance(x, Share):
-        return x.rank
-    return min(x.ranks) if x.ranks else 0
+def rank_of(x: Share | Packed) -> int:
+    return x.rank
 
 
-__all__ = ["Part", "add_exact", "merge_parts", "needs_raw", "raw_share", "share_of"]
+__all__ = ["Packed", "Part", "add_exact", "merge_parts", "needs_raw", "raw_share", "share_of"]

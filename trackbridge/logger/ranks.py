@@ -25,8 +25,11 @@ Values logged without a weight are merged where their canonical name's statistic
 ranks' maxima, the sum of their sums or counts, a value the same on every rank); a mean or a std logged without a
 weight, with different values on different ranks, is rank 0's value, marked approximate and said once. Steps must
 not go back within a run with merged ranks: a share that arrives for a step already handed on is left out and
-reported (it stays in its rank's file). Rank 0 stats every rank's file each poll and opens only those that grew; the
-poll interval doubles from 50 ms up to 1 s while nothing arrives (benchmarks/bench_merge_ranks.py).
+reported (it stays in its rank's file). Shares are merged in rank order (a ``value`` keeps the lowest rank's). Rank 0
+stats every file it follows each poll and opens only those that grew; the poll interval doubles from 50 ms up to
+1 s while nothing arrives (benchmarks/bench_merge_ranks.py). Across nodes (``LOCAL_WORLD_SIZE < WORLD_SIZE``) each
+node's local rank 0 pre-merges its node's ranks and rank 0 follows one file per node (:mod:`.nodes`), with the same
+merged values to the last bit (:mod:`.parts`).
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from .checks import validate_call
 from .common import STOP, log, warn
 from .device import capture_or_read
 from .noop import NoOpRun
-from .parts import Part, merge_parts, rank_of
+from .parts import Packed, Part, merge_parts, rank_of
 
 if TYPE_CHECKING:
     from .nodes import NodeWatch
@@ -223,8 +226,8 @@ class _Step:
     shares: dict[str, list[Share]] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)
     waiting_since: float | None = None
-    wparts: dict[str, list[Part]] = field(default_factory=dict)     # nodes' parts of weighted keys (nodes.py)
-    pparts: dict[str, list[Part]] = field(default_factory=dict)     # nodes' parts of values without a weight
+    wparts: dict[str, list[Packed]] = field(default_factory=dict)   # nodes' parts of weighted keys (nodes.py)
+    pparts: dict[str, list[Packed]] = field(default_factory=dict)   # nodes' parts of values without a weight
     node_missing: set[int] = field(default_factory=set)             # ranks a node merged without
 
 
@@ -379,7 +382,7 @@ class Merger:
             reduce, sample = (sorted(stated)[0], True) if stated else self.reduction(key)
             try:
                 if parts:                # nodes' parts (node pre-merge): the same value as every share would give
-                    items: list[Share | Part] = sorted([*shares, *parts], key=rank_of)
+                    items: list[Share | Packed] = sorted([*shares, *parts], key=rank_of)
                     value, note = merge_parts(key, reduce or "mean", items, sample_std=sample)
                 else:
                     value, note = merge(key, reduce or "mean", shares, sample_std=sample)
@@ -405,7 +408,7 @@ class Merger:
         approximate and said once (never rank 0's value passed off as the batch's). Returns the keys merged."""
         merged = []
         for key in {**group.others, **group.pparts}:
-            items: list[Share | Part] = [Share(r, v, 1.0, None, None) for r, v in group.others.get(key, ())]
+            items: list[Share | Packed] = [Share(r, v, 1.0, None, None) for r, v in group.others.get(key, ())]
             items = sorted([*items, *group.pparts.get(key, ())], key=rank_of)
             if key in group.plain:
                 items.insert(0, Share(0, group.plain[key], 1.0, None, None))
@@ -427,8 +430,8 @@ class Merger:
             if key in group.pparts:
                 total = Part()
                 for x in items:
-                    total.add_part(x) if isinstance(x, Part) else total.add_share(x)
-                same, ranks = total.same, len(total.ranks)
+                    total.add_part(x.part()) if isinstance(x, Packed) else total.add_share(x)
+                same, ranks = total.same, total.n_ranks
             else:
                 shares: list[Share] = items     # type: ignore[assignment]
                 same = all(same_value(s.value, shares[0].value) for s in shares[1:])
