@@ -18,6 +18,7 @@ QUICK = {
     "bench_load.py": ["--runs", "3"],
     "bench_training_loop.py": ["--steps", "300", "--rounds", "1"],
     "bench_migrate_bulk.py": ["--runs", "40", "--steps", "50", "--keys", "10"],
+    "bench_merge_ranks.py": ["--ranks", "8,64", "--busy", "3", "--idle", "2"],
 }
 
 
@@ -25,7 +26,8 @@ def main() -> int:
     quick = "--quick" in sys.argv[1:]
     failed = []
     for name in ("bench_load.py", "bench_translate.py", "bench_derive.py", "bench_tensorboard_sink.py",
-                 "bench_logger.py", "bench_training_loop.py", "bench_migrate.py", "bench_migrate_bulk.py"):
+                 "bench_logger.py", "bench_training_loop.py", "bench_migrate.py", "bench_migrate_bulk.py",
+                 "bench_merge_ranks.py"):
         print(f"\n=== {name}{' (quick)' if quick else ''}", flush=True)
         args = QUICK[name] if quick else []
         if subprocess.call([sys.executable, str(HERE / name), *args]) != 0:

@@ -9,7 +9,10 @@ samples (their shares travel as they are), a mean logged without a weight (rank 
 
 A pre-merger killed mid-run (rank 2, local rank 0 of node 1, ``os._exit`` after step 4): rank 0 takes the node over
 (reads its ranks' files from the step after the last one the node file covers) and the records equal those of the
-flat layout with the same rank killed at the same step: nothing lost, nothing twice.
+flat layout with the same rank killed at the same step: nothing lost, nothing twice. A pre-merger that still beats
+but stops merging (real ``PreMerger`` and ``Merger`` objects on real rank files, polled by hand): taken over once a
+step has waited ``rank_timeout + node_timeout`` on it, the records equal a flat merge of the same files. The parts'
+sums are exact where summing each node's values first in floats would round.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from trackbridge.record import Histogram
 from trackbridge.stream import read_stream, scan_stream
@@ -215,3 +220,67 @@ def test_parts_are_exact_where_a_naive_pre_sum_rounds():
         naive = sum(math.fsum(s.value for s in shares[lo:lo + per]) for lo in range(0, 24, per))
         differs += naive != math.fsum(s.value for s in shares)
     assert differs > 20, differs          # the cases are ones where a pre-sum in floats would be wrong
+
+
+def test_a_slow_pre_merger_is_taken_over_and_the_steps_stay_exact(tmp_path):
+    """A pre-merger that still beats (its file touched) but stops merging: once a step has waited rank_timeout +
+    node_timeout on it, rank 0 reads its node's ranks' files itself, from the step after the last one its file
+    covers; the records equal those of a flat merge of the same files."""
+    import time
+
+    from trackbridge import Weighted
+    from trackbridge.logger import LoggerWarning
+    from trackbridge.logger.nodes import Layout, NodeWatch, PreMerger, node_path
+    from trackbridge.logger.ranks import Merger, RankFile
+
+    folder = tmp_path / "job.ranks"
+    files = [RankFile(folder, r, 4, "job", flush_interval=0.02) for r in range(4)]
+    reduce = {"m/max": ("max", True), "m/count": ("sum", True)}
+
+    def reduction(key: str) -> tuple[str | None, bool]:
+        return reduce.get(key, (None, True))
+
+    def log(step: int) -> None:
+        for r, f in enumerate(files):
+            f.log({"m/mean": Weighted(0.1 * r + step / 3, 1 + 7 * r), "m/max": Weighted(r * 1.5 - step, 2),
+                   "m/count": step + r}, step, None, time.time())
+        time.sleep(0.1)                             # each RankFile hands its lines on within flush_interval / 2
+
+    layout = Layout(2, 2, 1, 0)
+    pre = PreMerger(folder, 4, layout, rank_timeout=0.5)    # polled by hand below: "slow" is when it is not
+    got: list[tuple[int, dict]] = []
+    rank0 = Merger(folder, 4, emit=lambda w, s, v: got.append((s, v)), reduction=reduction, rank_timeout=0.5,
+                   ranks=Layout(2, 2, 0, 0).ranks_of(0))
+    takes: list[tuple[int, int, str]] = []
+    rank0.nodes = NodeWatch(rank0, Layout(2, 2, 0, 0), node_timeout=0.5,
+                            on_take=lambda node, after, why: takes.append((node, after, why)))
+    for step in range(4):
+        log(step)
+        pre.poll()
+        rank0.poll()
+    covered = rank0.nodes.nodes[1].covered
+    assert covered == 2 and [s for s, _ in got] == [0, 1, 2]     # step 3 waits for step 4 to be logged
+    for step in range(4, 8):                        # the pre-merger stops merging but its file is touched
+        log(step)
+        os.utime(node_path(folder, 1))
+        rank0.poll()
+    deadline = time.monotonic() + 10
+    with pytest.warns(LoggerWarning, match="node 1's pre-merger .*holds a step back.* reads ranks 2-3's files itself "
+                                           "from step 3 on"):
+        while not rank0.nodes.nodes[1].taken and time.monotonic() < deadline:
+            os.utime(node_path(folder, 1))
+            rank0.poll()
+            time.sleep(0.05)
+    assert rank0.nodes.nodes[1].taken
+    for f in files:
+        f.close()
+    rank0.finish(time.monotonic() + 10)
+    flat: list[tuple[int, dict]] = []
+    ref = Merger(folder, 4, emit=lambda w, s, v: flat.append((s, v)), reduction=reduction, rank_timeout=0.5)
+    ref.finish(time.monotonic() + 10)
+    assert [s for s, _ in flat] == list(range(8)) and [s for s, _ in got] == list(range(8))
+    for (s, a), (_, b) in zip(flat, got):
+        assert sorted(a) == sorted(b) == ["m/count", "m/max", "m/mean"]
+        assert all(_same(a[k], b[k]) for k in a), (s, a, b)
+    assert takes == [(1, 2, "behind")]             # taken over for lagging, not for silence
+    pre.finish(time.monotonic() + 1)
