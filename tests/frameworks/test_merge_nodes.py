@@ -284,3 +284,20 @@ def test_a_slow_pre_merger_is_taken_over_and_the_steps_stay_exact(tmp_path):
         assert all(_same(a[k], b[k]) for k in a), (s, a, b)
     assert takes == [(1, 2, "behind")]             # taken over for lagging, not for silence
     pre.finish(time.monotonic() + 1)
+
+
+def test_when_node_pre_merge_turns_on():
+    from trackbridge.errors import UsageError
+    from trackbridge.logger.nodes import Layout, node_layout
+    torchrun = {"RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "6", "GROUP_RANK": "2"}
+    assert node_layout(5, 6, torchrun) == Layout(per_node=2, nodes=3, node=2, local_rank=1)
+    assert node_layout(5, 6, {**torchrun, "GROUP_RANK": "", "NODE_RANK": "2"}) == Layout(2, 3, 2, 1)   # Ray Train
+    assert node_layout(5, 6, {**torchrun, "TRACKBRIDGE_NODE_MERGE": "0"}) is None        # turned off
+    assert node_layout(5, 6, {**torchrun, "LOCAL_WORLD_SIZE": "6"}) is None              # one node
+    assert node_layout(5, 6, {**torchrun, "LOCAL_WORLD_SIZE": "4"}) is None              # nodes of unequal size
+    assert node_layout(5, 6, {**torchrun, "GROUP_RANK": "0"}) is None                    # not numbered node by node
+    assert node_layout(5, 6, {k: v for k, v in torchrun.items() if k != "LOCAL_WORLD_SIZE"}) is None
+    with pytest.raises(UsageError, match="TRACKBRIDGE_NODE_MERGE='maybe': expected 0"):
+        node_layout(5, 6, {**torchrun, "TRACKBRIDGE_NODE_MERGE": "maybe"})
+    with pytest.raises(UsageError, match="LOCAL_WORLD_SIZE='two' is not an integer"):
+        node_layout(5, 6, {**torchrun, "LOCAL_WORLD_SIZE": "two"})

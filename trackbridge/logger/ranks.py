@@ -653,6 +653,8 @@ def check_world(world_size: int, rank: int, rank_timeout: float) -> None:
                          f"WORLD_SIZE and RANK, or pass world_size= and rank=)")
     if not (rank_timeout > 0 and math.isfinite(rank_timeout)):
         raise UsageError(f"init(rank_timeout={rank_timeout!r}): seconds > 0 expected")
+    from .nodes import node_layout
+    node_layout(rank, world_size)        # a bad TRACKBRIDGE_NODE_MERGE or LOCAL_WORLD_SIZE: one line, before any run
 
 
 __all__ = ["Merger", "RankFile", "RankLink", "RankRun", "check_world", "ranks_folder", "shared_run_id"]
