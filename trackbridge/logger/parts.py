@@ -16,7 +16,10 @@ name), so it keeps what each of ``mean``, ``sum``, ``max``, ``min`` and ``value`
   number of ranks.
 
 A ``std`` needs every share's mean and count, and a ``dist`` every sample: shares logged with ``mean=`` or holding
-samples travel to rank 0 as they are (:func:`raw_share`).
+samples travel to rank 0 as they are (:func:`raw_share`). The one case that differs from a flat merge: a name whose
+reduction is ``dist`` logged as one *number* per rank (not a list of samples) with no reduction stated on the share
+(a node cannot know the name's reduction): those numbers are in parts, which cannot be pooled, so rank 0's value is
+logged and said, where a flat merge pools the numbers.
 """
 from __future__ import annotations
 
