@@ -13,6 +13,7 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, cast
 
+from .limits import check_config
 from .record import Record, RunInfo
 from .translate import Report, Translator
 
@@ -113,9 +114,8 @@ class Pipeline:
 
     def run_info(self, info: RunInfo) -> RunInfo:
         """The RunInfo to write: names scheme, source and canonical config names recorded. A config beyond
-        :mod:`trackbridge.logger.limits` raises :class:`~trackbridge.errors.ConfigTooLarge` (before any destination
+        :mod:`trackbridge.limits` raises :class:`~trackbridge.errors.ConfigTooLarge` (before any destination
         opens the run: ``migrate`` fails that run alone, naming the key and the limit)."""
-        from .logger.limits import check_config
         check_config(info.config, f"run {info.name or info.run_id or ''!r}")
         out = copy.copy(info)
         out.__dict__.update({k: dict(v) for k, v in info.__dict__.items() if isinstance(v, dict)})

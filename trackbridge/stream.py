@@ -81,6 +81,28 @@ def header_json(info: RunInfo, schema: str | None) -> dict[str, Any]:
     return obj
 
 
+#: the run info's ``extra`` entries learnt while a run logs that a closing header carries (:func:`closing_header`)
+LEARNT = ("ranks",)
+
+
+def learnt(info: RunInfo | None) -> str:
+    """What the run info learnt while logging (:data:`LEARNT`: ``merge_ranks``' steps merged without a rank), as text
+    to compare with what it was when the header was written."""
+    extra = (info.extra or {}) if info is not None else {}
+    return dumps({k: extra.get(k) for k in LEARNT})
+
+
+def closing_header(info: RunInfo | None, at_open: str | None, schema: str | None = None) -> bytes | None:
+    """The **closing header** of a stream: one more header line at its end, the run info as it stands when the writer
+    closes, for what the run learnt while logging and the trackers store with the run when it closes (the steps
+    ``merge_ranks`` merged without a rank); None when nothing was learnt since the header written at open
+    (``at_open``: :func:`learnt` then). Readers take the last header of a run as its run info (:func:`scan_stream`,
+    the stream source)."""
+    if info is None or at_open is None or learnt(info) == at_open:
+        return None
+    return (dumps(header_json(info, schema or schema_stamp())) + "\n").encode("utf-8")
+
+
 # ---------------------------------------------------------------------------------------------------- lines
 @dataclass
 class Line:
@@ -562,5 +584,6 @@ def _last_schema(path: Path) -> str | None:
     return stamp
 
 
-__all__ = ["Line", "RecordDecoder", "StreamCursor", "StreamScan", "StreamWriter", "holdings", "is_header",
-           "iter_lines", "last_step", "parse_line", "read_stream", "scan_stream", "schema_stamp", "stream_file"]
+__all__ = ["LEARNT", "Line", "RecordDecoder", "closing_header", "learnt", "StreamCursor", "StreamScan",
+           "StreamWriter", "holdings", "is_header", "iter_lines", "last_step", "parse_line", "read_stream",
+           "scan_stream", "schema_stamp", "stream_file"]

@@ -1,4 +1,4 @@
-"""Issue 31: a run config beyond what trackbridge takes (trackbridge/logger/limits.py: at most 10,000 keys, 1 MB a
+"""Issue 31: a run config beyond what trackbridge takes (trackbridge/limits.py: at most 10,000 keys, 1 MB a
 value, 10 MB in all) is refused at ``init`` in a fraction of a second with one line naming the key or the count and
 the limit, before any tracker is opened: nothing written, nothing pending, the run id free. A config of a million keys
 once left every tracker pending after a 48 s ``init``; a 50 MB string kept SwanLab from opening. ``migrate`` refuses
@@ -17,8 +17,8 @@ import pytest
 
 import trackbridge
 from trackbridge.errors import ConfigTooLarge
+from trackbridge.limits import MAX_CONFIG_BYTES, MAX_KEYS, MAX_VALUE_BYTES
 from trackbridge.logger import LoggerWarning
-from trackbridge.logger.limits import MAX_CONFIG_BYTES, MAX_KEYS, MAX_VALUE_BYTES
 from trackbridge.record import Record, RunInfo, dumps
 
 from _support import ROOT

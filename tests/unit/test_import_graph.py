@@ -159,7 +159,7 @@ def _is_core(mod: str) -> bool:
 # Layers, lowest first: a module may import its own layer and the layers below it, never one above (every import,
 # deferred ones too; a package counts as its top-level name under trackbridge: trackbridge.schema.loader is "schema").
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "exitcodes", "ratelimit", "extras"},   # leaves
+    {"_version", "errors", "exitcodes", "ratelimit", "extras", "limits"},   # leaves
     {"record", "values", "_rank", "ranked"},                    # the record and its values
     {"schema"},                                                 # the facts: load, check, compile; specs
     {"detect", "derive"},                                       # detection, the derived-rule engine

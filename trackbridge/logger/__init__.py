@@ -61,8 +61,8 @@ import uuid
 from typing import Any
 
 from .. import _rank
+from ..limits import check_config
 from .common import STEP_AXIS, LoggerWarning
-from .limits import check_config
 from .noop import NoOpRun
 from .options import LoggerOptions
 from .run import Run
@@ -106,10 +106,10 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     while the others are past a step is merged without, and the run says so).
 
     Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder, and
-    :class:`~trackbridge.errors.ConfigTooLarge` (a ``ValueError``) for a config beyond :mod:`.limits` (more than
-    10,000 keys, a value over 1 MB, over 10 MB in all), before anything is written.
+    :class:`~trackbridge.errors.ConfigTooLarge` (a ``ValueError``) for a config beyond :mod:`trackbridge.limits`
+    (more than 10,000 keys, a value over 1 MB, over 10 MB in all), before anything is written.
     """
-    check_config(config)        # every rank alike, before anything is claimed, opened or written (.limits)
+    check_config(config)        # every rank alike, before anything is claimed, opened or written (..limits)
     opts = LoggerOptions.build(options, {
         "flush_interval": flush_interval, "queue_size": queue_size, "batch_size": batch_size, "retries": retries,
         "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..extras import MissingExtra
+from ..limits import tracker_cuts
 from ..pipeline import names_translator
 from ..record import RunInfo
 from ..stream import read_stream, scan_stream, stream_file
@@ -40,7 +41,6 @@ from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, log, user_
 from .device import hand_off
 from .dispatch import Dispatcher, live_doctor, live_options, severity_rank
 from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
-from .limits import tracker_cuts
 from .options import LoggerOptions
 from .pending import pending_file, write_pending
 from .runlock import RunLock, outcome_entry
@@ -161,7 +161,7 @@ class Run(RunView):
             built.append(sink)
         # a sink that would write the spool's own file (the canonical stream in the spool folder) is the spool itself
         built = [s for s in built if not _writes(s, self.run_id, self.spool_path)]
-        for line in tracker_cuts(shown, [s.kind for s in built]):     # a tracker that keeps a value cut (.limits)
+        for line in tracker_cuts(shown, built):     # a tracker that keeps a value cut (trackbridge/limits.py)
             self._warn_once(f"cut:{line}", line)
         if self._doctor is not None:
             for s in built:             # a tracker with alerts of its own raises one per finding (wandb, Trackio)

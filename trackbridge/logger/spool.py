@@ -20,7 +20,7 @@ from .. import stream
 from ..errors import UsageError
 from ..holdings import Holdings
 from ..record import Record, RunInfo
-from ..trackers.jsonl.sink import closing_header, learnt
+from ..stream import closing_header, learnt
 from ..tracking.sink import Capabilities, Sink
 from .common import warn
 from .worker import RunContext, Worker
@@ -76,7 +76,7 @@ class SpoolFile(Sink):
 
     def close(self) -> None:
         """The closing header first, when the run learnt something the other trackers store at the end (the steps
-        ``merge_ranks`` merged without a rank: see :func:`~trackbridge.trackers.jsonl.sink.closing_header`)."""
+        ``merge_ranks`` merged without a rank: see :func:`trackbridge.stream.closing_header`)."""
         head = closing_header(self.run, self._learnt, self._writer.schema) if self._writer.is_open else None
         if head is not None:
             try:

@@ -7,7 +7,7 @@ the disk: survives a machine crash, costs a disk round trip per batch). Needs no
 
 What the run learns while it logs and the other trackers store with the run when it closes (``init(merge_ranks=True)``'s
 steps merged without a rank, ``extra["ranks"]["incomplete"]``) is written as a **closing header**: the run info as it
-stands at ``close()``, one more header line at the end of the stream (:func:`closing_header`), when it differs from
+stands at ``close()``, one more header line at the end of the stream (``stream.closing_header``), when it differs from
 the header written at ``open()`` in what was learnt. The stream's readers take the last header of the run as its run
 info (:func:`trackbridge.stream.scan_stream`, the ``jsonl`` source), so the list reaches whatever reads the stream.
 The spool writes its closing header the same way.
@@ -19,29 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ... import stream
-from ...record import Record, RunInfo, dumps
+from ...record import Record, RunInfo
+from ...stream import closing_header, learnt
 from ...tracking.sink import Capabilities, Sink, SinkError
 
 if TYPE_CHECKING:       # pragma: no cover
     from ...holdings import Holdings
-
-
-#: the run info's ``extra`` entries learnt while logging that a closing header carries (see the module docstring)
-LEARNT = ("ranks",)
-
-
-def learnt(run: RunInfo | None) -> str:
-    """What the run learnt while logging, as text to compare (:data:`LEARNT`)."""
-    extra = (run.extra or {}) if run is not None else {}
-    return dumps({k: extra.get(k) for k in LEARNT})
-
-
-def closing_header(run: RunInfo | None, at_open: str | None, schema: str | None = None) -> bytes | None:
-    """The closing header line of ``run`` (the run info as it stands now), or None when it learnt nothing since the
-    header written at open (``at_open``: :func:`learnt` then)."""
-    if run is None or at_open is None or learnt(run) == at_open:
-        return None
-    return (dumps(stream.header_json(run, schema or stream.schema_stamp())) + "\n").encode("utf-8")
 
 
 def _truthy(value: str | None) -> bool:

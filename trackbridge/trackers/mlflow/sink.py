@@ -126,6 +126,8 @@ class MlflowSink(Sink):
 
     kind = "mlflow"
     option_names = ("experiment", "run", "artifacts", "bulk")
+    #: a param value keeps its first 6,000 characters (``param_value``): ``init`` says so per key (..limits)
+    config_value_chars = MAX_PARAM_VAL
     capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True, resolution=(
         "wall times to the millisecond", "histograms as summary statistics (<name>/mean, /std, /min, /max, /count)"))
 

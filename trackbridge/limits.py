@@ -2,39 +2,37 @@
 
 A config is the run's settings, read by every tracker at once when the run opens: a config of a million keys kept
 every tracker pending after a 48 s ``init`` (MLflow takes 100 params a request, so 10,000 requests), and a 50 MB
-string kept SwanLab from opening its run. trackbridge takes, counted on the config as the user gave it, nested keys
-flattened (``{"a": {"b": 1}}`` is one key, ``a.b``; a list, a scalar or an empty dict is one value):
+string kept one tracker from opening its run (issue 31). trackbridge takes, counted on the config as the user gave
+it, nested keys flattened (``{"a": {"b": 1}}`` is one key, ``a.b``; a list, a scalar or an empty dict is one value):
 
 * at most :data:`MAX_KEYS` (10,000) keys. W&B asks for fewer than 10,000 distinct names per project to stay usable
   and MLflow writes params 100 per request; a veRL or OpenRLHF config flattens to about 300 - 1,500 keys.
 * at most :data:`MAX_VALUE_BYTES` (1 MB, 1,000,000 bytes) per key, its name and its value as UTF-8 text: W&B's
   stated width for one value (under 1 MB).
-* at most :data:`MAX_CONFIG_BYTES` (10 MB, 10,000,000 bytes) in all: under the 15 MB a ClearML API request may be
-  (its ``api.conf`` ``max_req_size``) and W&B's 25 MB for one call.
+* at most :data:`MAX_CONFIG_BYTES` (10 MB, 10,000,000 bytes) in all: under the 15 MB one API request of a tracker
+  server may be (``max_req_size`` in the ``api.conf`` of one of the nine) and W&B's 25 MB for one call.
 
 Beyond, :func:`check_config` raises :class:`~trackbridge.errors.ConfigTooLarge`, one line naming the key (or the
 count) and the limit: nothing is written, no tracker is opened, nothing is left pending. A config within these limits
-is written whole to the spool, TensorBoard, wandb, Trackio, SwanLab, ClearML, Comet and Neptune. MLflow keeps a
-param value of at most 6,000 characters (500 in old MLflow releases; :data:`TRACKER_VALUE_CHARS`): its sink cuts a
-longer one there, and ``init`` says so once per key (:func:`tracker_cuts`); the whole config stays in the MLflow run's
-``trackbridge.run`` tags, which trackbridge's reader restores.
+is written whole to the spool and every tracker, but one whose sink declares a shorter value it keeps
+(``config_value_chars``: MLflow's params, 6,000 characters, 500 in old MLflow releases): that sink cuts a longer one
+there, and ``init`` says so once per key (:func:`tracker_cuts`); the whole config stays in the run info the sink
+stores beside (MLflow: the ``trackbridge.run`` tags), which trackbridge's reader restores.
+
+A leaf module (it needs only :mod:`trackbridge.errors`): the logger and the pipeline (``migrate``) both use it.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from ..errors import ConfigTooLarge
+from .errors import ConfigTooLarge
 
 MAX_KEYS = 10_000
 MAX_VALUE_BYTES = 1_000_000
 MAX_CONFIG_BYTES = 10_000_000
 #: nesting below this depth is one value (``sanitize_config`` stores it as its ``repr()``, at most 2,000 characters)
 _DEPTH = 50
-
-#: a tracker that keeps a shorter config value than :data:`MAX_VALUE_BYTES`: the characters it keeps of one value
-#: (its sink cuts it there, with one warning naming the key; the other trackers keep the value whole)
-TRACKER_VALUE_CHARS = {"mlflow": 6000}
 
 _HINT = "nothing was written; keep the config to settings and log large data as a file or artifact"
 
@@ -63,11 +61,16 @@ def check_config(config: Any, where: str = "init(config=...)") -> None:
                                  f"{i + 1:,} of {n:,} keys, up to {_short(name)!r}); {_HINT}")
 
 
-def tracker_cuts(config: Any, kinds: list[str]) -> list[str]:
-    """One line per config key a tracker of ``kinds`` keeps cut (:data:`TRACKER_VALUE_CHARS`), for ``init`` to say
-    (the config is within :func:`check_config`'s limits: at most 10,000 values to look at)."""
+def tracker_cuts(config: Any, sinks: list[Any]) -> list[str]:
+    """One line per config key a sink of ``sinks`` keeps cut: a sink whose class declares ``config_value_chars``
+    (the characters of one config value its tracker keeps), for ``init`` to say. The config is within
+    :func:`check_config`'s limits: at most 10,000 values to look at."""
     import json
-    cut = {k: TRACKER_VALUE_CHARS[k] for k in dict.fromkeys(kinds) if k in TRACKER_VALUE_CHARS}
+    cut: dict[str, int] = {}
+    for s in sinks:
+        limit = getattr(type(s), "config_value_chars", None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            cut.setdefault(str(getattr(s, "kind", type(s).__name__)), limit)
     if not cut or not isinstance(config, dict):
         return []
     out = []
@@ -183,5 +186,4 @@ def _short(name: str) -> str:
     return name if len(name) <= 120 else name[:100] + f"... ({len(name):,} characters)"
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_KEYS", "MAX_VALUE_BYTES", "TRACKER_VALUE_CHARS", "check_config", "count_keys",
-           "tracker_cuts"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_KEYS", "MAX_VALUE_BYTES", "check_config", "count_keys", "tracker_cuts"]
