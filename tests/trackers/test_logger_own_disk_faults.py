@@ -287,18 +287,32 @@ def test_own_disk_full_then_freed(tmp_path, monkeypatch, fault_cell, kind, write
 KILL = r"""
 import sys, time
 import trackbridge
-kind, where, spool, writer, start, n = sys.argv[1:7]
+kind, where, spool, writer, resume, n = sys.argv[1:7]
 keys = [f"custom/k{j:02d}" for j in range(20)]
-run = trackbridge.init(project="own", name="own", run_id="own", source="canonical", spool=spool, resume=start != "0",
+run = trackbridge.init(project="own", name="own", run_id="own", source="canonical", spool=spool, resume=resume == "1",
                        sinks=[f"{kind}:{where}"], writer=writer, flush_interval=0.2, batch_size=500)
 print("writer", (run.status["writer"] or {}).get("pid", 0), flush=True)
-for i in range(int(start), int(n)):
-    run.log({k: float(i) + j / 100 for j, k in enumerate(keys)}, step=i)
-    if i == int(start) + 300:
+for i in range(int(n)):
+    # the run's own step counter: resumed, it starts one past the highest step the spool or the tracker holds
+    run.log({k: float(i) + j / 100 for j, k in enumerate(keys)})
+    if i == 300:
         print("logging", flush=True)
+    if i % 20 == 0:
+        time.sleep(0.005)
 run.finish()
-print("finished", flush=True)
+first = run._next_step - int(n)     # after finish(): every record numbered
+print("finished", first, flush=True)
 """
+
+
+def _size(where: Path) -> int:
+    total = 0
+    for p in where.rglob("*"):
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except OSError:         # a temporary file moved into place meanwhile
+            pass
+    return total
 
 
 def _held_steps(spool: Path) -> int:
@@ -312,37 +326,40 @@ def _held_steps(spool: Path) -> int:
 @pytest.mark.parametrize("kind", TRACKERS)
 def test_killed_mid_write_then_resumed(tmp_path, monkeypatch, fault_cell, kind, writer):
     """SIGKILL of the training process group (its writer process with it) while the tracker writes, then the run
-    resumed and logged to its end: the tracker holds every point once and no torn record or line."""
+    resumed (its step counter one past what the spool or the tracker holds) and 1,000 steps more logged: the tracker
+    holds every step once, the ones only the spool had included, and no torn record or line."""
     where, spool = tmp_path / kind, tmp_path / "spool"
     script = tmp_path / "kill.py"
     script.write_text(KILL)
-    proc = subprocess.Popen([sys.executable, str(script), kind, where, spool, writer, "0", str(10 * N)],
+    proc = subprocess.Popen([sys.executable, str(script), kind, where, spool, writer, "0", str(4 * N)],
                             stdout=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
     try:
         lines = Lines(proc.stdout)
         assert lines.next(300).startswith("writer")
         assert lines.next(300) == "logging"
-        end = time.monotonic() + 120
-        while not any(p.is_file() and p.stat().st_size > 20_000 for p in where.rglob("*")):
+        end, sizes = time.monotonic() + 120, {_size(where)}
+        while len(sizes) < 4:                           # the tracker has written three times since: it is writing
             assert time.monotonic() < end and proc.poll() is None, "the tracker never wrote"
             time.sleep(0.01)
-        time.sleep(0.15)
+            sizes.add(_size(where))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    start = _held_steps(spool)
-    assert 0 < start < 10 * N, start
-    n = start + N // 3
-    r = subprocess.run([sys.executable, str(script), kind, where, spool, writer, str(start), str(n)], capture_output=True,
+    spooled = _held_steps(spool)
+    more = N // 3
+    r = subprocess.run([sys.executable, str(script), kind, where, spool, writer, "1", str(more)], capture_output=True,
                        text=True, env=_env(), timeout=300)
     assert r.returncode == 0 and "finished" in r.stdout, r.stderr[-3000:]
-    root = where
-    points, torn = read_tracker(kind, root, monkeypatch)
+    first = int(r.stdout.split("finished")[1].split()[0])
+    assert first >= spooled > 0, (first, spooled)
+    n = first + more
+    points, torn = read_tracker(kind, where, monkeypatch)
     doubled, lost = doubled_and_lost(points, range(n))
     fault_cell(f"killed mid-write, then resumed (writer={writer})", kind, n * len(KEYS),
                total({k: points.get(k, collections.Counter()) for k in KEYS}))
     assert (doubled, lost, torn) == (0, 0, 0), dict(doubled=doubled, lost=lost, torn=torn, log=r.stderr[-2000:])
     assert exact(points, KEYS, range(n)) is None, exact(points, KEYS, range(n))
     assert _pending(spool) is None, _pending(spool)
+    assert not [p.name for p in where.rglob("*.tmp")], "a temporary file left in the tracker's folder"
