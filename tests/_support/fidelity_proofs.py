@@ -973,6 +973,34 @@ def coverage(reg, records: dict, outs: list[Outcome]) -> list[str]:
     return lines
 
 
+def corpus_lines(reg, records: dict) -> list[str]:
+    """The entries the real logs hit (tests/_support/proofs_corpus.py): per framework, hit and proven, and every
+    unproven one with why (grouped by the reason)."""
+    from _support import proofs_corpus as C
+    figs = C.figures(reg, proven_map(records))
+    lines = ["## Entries the real logs hit", "",
+             "The mapping entries that the keys of the real-log corpus (tests/data/real/), the parsed public logs "
+             "(tests/data/public-logs/) and the sample inputs (examples/) translate with, each log read as a user "
+             "reads it (the source detected from its keys): an entry is counted once, however many logs hit it.", "",
+             "| framework | entries hit | proven | unproven |", "|---|---|---|---|"]
+    for f in figs:
+        lines.append(f"| {f.framework} | {f.hit} | {f.proven} ({f.proven / max(f.hit, 1):.0%}) | {len(f.unproven)} |")
+    hit, done = sum(f.hit for f in figs), sum(f.proven for f in figs)
+    lines += [f"| **all** | {hit} | {done} ({done / max(hit, 1):.0%}) | {hit - done} |", ""]
+    for f in figs:
+        if not f.unproven:
+            continue
+        lines += [f"### {f.framework}: the {len(f.unproven)} unproven", ""]
+        by: dict[str, list] = {}
+        for e, why, _n in f.unproven:
+            by.setdefault(why, []).append(e)
+        for why, es in by.items():
+            keys = ", ".join(f"{label(e)} ({releases_of(reg, e)})" for e in es)
+            lines.append(f"* {why} ({len(es)}): {keys}")
+        lines.append("")
+    return lines
+
+
 def table(reg=None, fingerprints=None) -> str:
     reg = reg or _registry()
     ran, failed, records = fingerprints or fingerprint_proofs()
@@ -1004,6 +1032,7 @@ def table(reg=None, fingerprints=None) -> str:
                                                                           "source-only")) + ".",
         "",
         *coverage(reg, records, outs),
+        *corpus_lines(reg, records),
         "## Fingerprint proofs", "",
         "| proof | framework | trainer | release | entries fingerprinted | assertions |", "|---|---|---|---|---|---|"]
     for p in sorted(ran, key=lambda p: p.name):       # one order whatever ran first (in this process or at import)
@@ -1063,7 +1092,13 @@ def readme_block(reg=None, fingerprints=None) -> str:
             f"{counts['unproven']} unproven (each with why); {len(ran)} fingerprint proofs "
             f"({sum(p.assertions for p in ran)} assertions).")
     table_lines = coverage(reg, records, outs)[2:]          # without the section's heading
-    return "\n".join([README_BEGIN, head, "", *table_lines[:-1], README_END])
+    from _support import proofs_corpus as C
+    figs = C.figures(reg, proven_map(records))
+    hit, done = sum(f.hit for f in figs), sum(f.proven for f in figs)
+    per = ", ".join(f"{f.framework} {f.proven}/{f.hit}" for f in figs)
+    corpus = (f"Entries the real logs hit (the corpus, the public logs and the examples): {done} of {hit} proven "
+              f"({per}); each unproven one says why in docs/fidelity-proofs.md.")
+    return "\n".join([README_BEGIN, head, "", *table_lines[:-1], "", corpus, README_END])
 
 
 def update_readme(text: str, block: str) -> str:

@@ -182,6 +182,23 @@ def per_seq(tensor_name: str, keep: str | None = None, invert: bool = False) -> 
     return values
 
 
+# ------------------------------------------------------------------------------------------- counters
+def counter_obs(run: TRLRun, key: str, per_step: list[float]) -> list:
+    """(logged value, the value the counter held at the row's last step) of every train row."""
+    rows = run.train_rows()
+    return [(row[key], [[[[[[per_step[run.windows[i][1] - 1]]]]]]]) for i, (_s, row) in enumerate(rows)]
+
+
+def running_tokens(run: TRLRun, fn: str, mask_of) -> list[float]:
+    """TRL's running total of attention-mask tokens at the end of each optimizer step, summed here from the masks its
+    own calls held (one process: the gather is the value)."""
+    total, out = 0.0, []
+    for step in range(1, len(run.optimizer.epoch) + 1):
+        total += sum(float(mask_of(c.locals).sum()) for c in run.calls_of(fn, step, step))
+        out.append(total)
+    return out
+
+
 # ------------------------------------------------------------------------------------------- running GRPO
 COMMON = dict(report_to="none", use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True, dataloader_num_workers=0,
               learning_rate=5e-2)

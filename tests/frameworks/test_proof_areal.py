@@ -164,3 +164,94 @@ def test_areal_rollout_reward_is_the_mean_over_every_sample(p):
     steps = [[[[[[x] for x in w]] for w in workers]]]
     p.assert_stated("rollout/reward", out["rollout/reward"], steps, levels=("processes",))
     p.check("rollout/reward__count" not in out, "the controller drops the counts")
+
+
+# ------------------------------------------------------------------ ppo_update's sequence statistics (issue 33)
+# per rank: (prompt tokens, response tokens) of each sequence of the rank's padded batch (actor.py@v1.0.4:257-306);
+# each rank's batch is as wide as its longest sequence, so that one counts as "no EOS" (seqlens == width)
+SEQS = [[(3, 4), (2, 6), (4, 1)], [(6, 2), (1, 3), (2, 2), (3, 5), (4, 4)]]
+SEQ_REWARDS = [[0.25, 0.75, 0.0], [1.0, 0.5, 0.0, 0.75, 1.0]]
+
+
+def _rank_batch(r: int) -> dict[str, torch.Tensor]:
+    """The rank's padded batch: attention_mask over prompt + response, loss_mask over the response."""
+    width = max(a + b for a, b in SEQS[r])
+    attn = torch.zeros(len(SEQS[r]), width, dtype=torch.long)
+    loss = torch.zeros(len(SEQS[r]), width, dtype=torch.long)
+    for i, (prompt, resp) in enumerate(SEQS[r]):
+        attn[i, :prompt + resp] = 1
+        loss[i, prompt:prompt + resp] = 1
+    return {"attention_mask": attn, "loss_mask": loss, "rewards": torch.tensor(SEQ_REWARDS[r])}
+
+
+def run_sequence_stats() -> list[dict[str, float]]:
+    """Every rank's export of ppo_update's batch statistics, called as actor.py@v1.0.4:257-306 calls the tracker:
+    the global denominators (n_tokens from the wheel's own infer_token_denominator), then the sequence statistics
+    over n_seqs."""
+    from _support.proofs_areal import _actor_support
+    A = areal()
+    infer_token_denominator = _actor_support().stats.infer_token_denominator
+
+    def rank(r: int) -> dict[str, float]:
+        tracker = A.Tracker()
+        data = _rank_batch(r)
+        with tracker.scope("ppo_actor"):
+            attn_mask, loss_mask, reward_score = data["attention_mask"], data["loss_mask"], data["rewards"]
+            seqlens = attn_mask.sum(-1)
+            tracker.denominator(n_seqs=torch.ones_like(reward_score, dtype=torch.bool),
+                                n_tokens=infer_token_denominator(data, loss_mask), n_valid_tokens=loss_mask.bool())
+            prompt_lens = data["attention_mask"].sum(-1) - data["loss_mask"].sum(-1)
+            tracker.stat(no_eos_ratios=(seqlens == attn_mask.shape[-1]).float(), task_reward=reward_score.float(),
+                         prompt_len=prompt_lens.float(), seq_len=seqlens.float(), denominator="n_seqs")
+        return tracker.export(reduce_group="dp")
+
+    _actor_support()                       # load the wheel's files once, before the rank threads
+    return run_ranks(rank)
+
+
+def _per_seq_steps(values: list[list[float]]) -> list:
+    return [[[[[[x] for x in values[r]]] for r in range(2)]]]
+
+
+@proof("areal", trainer="ppo", release="1.0.4", config=CONFIG)
+def test_areal_sequence_statistics_pool_the_ranks_sequences(p):
+    """seq_len, prompt_len, no_eos_ratios and task_reward/max: one value per sequence, pooled over every rank's
+    sequences (the all-reduce of sums and counts; max by an all-reduce MAX); n_valid_tokens and n_tokens: the
+    denominators' SUM over every rank (n_tokens counts the padding of each rank's batch: infer_token_denominator is
+    ones_like(attention_mask))."""
+    out = run_sequence_stats()
+    p.check(out[0] == out[1], "after the all-reduce every rank exports the same values")
+    logged = out[0]
+    seq_len = [[float(a + b) for a, b in SEQS[r]] for r in range(2)]
+    prompt = [[float(a) for a, _b in SEQS[r]] for r in range(2)]
+    no_eos = [[float(a + b == max(x + y for x, y in SEQS[r])) for a, b in SEQS[r]] for r in range(2)]
+    p.assert_stated("ppo_actor/seq_len/avg", logged["ppo_actor/seq_len/avg"], _per_seq_steps(seq_len),
+                    levels=("processes",))
+    p.assert_stated("ppo_actor/prompt_len/avg", logged["ppo_actor/prompt_len/avg"], _per_seq_steps(prompt),
+                    levels=("processes",))
+    # a fraction of 0/1 values: the pooled mean (4/8) is neither the mean of the ranks' fractions nor rank 0's
+    p.assert_stated("ppo_actor/no_eos_ratios/avg", logged["ppo_actor/no_eos_ratios/avg"], _per_seq_steps(no_eos),
+                    levels=("processes",))
+    p.assert_stated("ppo_actor/task_reward/max", logged["ppo_actor/task_reward/max"], _per_seq_steps(SEQ_REWARDS),
+                    levels=("processes",), stats=("max",))
+    valid = float(sum(b for rank in SEQS for _a, b in rank))
+    padded_tokens = float(sum(len(rank) * max(a + b for a, b in rank) for rank in SEQS))
+    p.check(padded_tokens > sum(seq_len[0]) + sum(seq_len[1]), "the padding tells n_tokens from the attended tokens")
+    p.assert_stated("ppo_actor/n_valid_tokens", logged["ppo_actor/n_valid_tokens"], [[[[[[valid]]]]]], levels=())
+    p.assert_stated("ppo_actor/n_tokens", logged["ppo_actor/n_tokens"], [[[[[[padded_tokens]]]]]], levels=())
+
+
+@proof("areal", trainer="ppo", release="1.0.4", config=CONFIG)
+def test_areal_advantage_minimum_and_grad_norm_over_the_mini_batches(p):
+    """advantages/min: the minimum over every rank's valid tokens (all-reduce MIN); update/grad_norm: the engine's
+    norm of each mini-batch's optimizer step, scalar() averaged over the mini-batches (sum and count all-reduced),
+    not the last mini-batch's."""
+    logged = run_actor_stats()[0]
+    adv_steps = [[[[list(map(list, ADVANTAGES[r]))] for r in range(2)]]]
+    p.assert_stated("ppo_actor/advantages/min", logged["ppo_actor/advantages/min"], adv_steps, levels=("processes",),
+                    stats=("min",))
+    # the norm of the all-reduced gradient is the same on every rank, so no batch tells the process reductions
+    # apart: the batch is one rank's mini-batches ([step][mini-batch][rank][micro-batch][sequence])
+    norms = [[[[[[g]]]] for g in GRAD_NORMS]]
+    p.check(logged["ppo_actor/update/grad_norm__count"] == 2 * len(GRAD_NORMS), "one value per mini-batch and rank")
+    p.assert_stated("ppo_actor/update/grad_norm", logged["ppo_actor/update/grad_norm"], norms, levels=())

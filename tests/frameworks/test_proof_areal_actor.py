@@ -386,3 +386,27 @@ def test_areal_rejection_sampling_behave_statistics_compare_the_proximal_policy_
     clip = token_steps(batches, calls, lambda P, call: (keep(P) & clipped(torch.exp(P["theta"] - P["recomputed"]),
                                                                            call["adv"])).float())
     assert logged["ppo_actor/update/clip_ratio/avg"] == pytest.approx(pooled(clip), rel=1e-6)
+
+
+DUAL = {**BASE, "actor.c_clip": 1.05}
+
+
+@proof("areal", trainer="ppo", release="1.0.4", config=DUAL)
+def test_areal_dual_clip_ratio_is_the_token_fraction_over_every_rank(p):
+    """dual_clip_ratio (actor.c_clip set): the fraction of valid tokens whose loss the dual clip bounds (A < 0 and
+    max(-A r, -A clip(r)) above c_clip |A|), a token mean pooled over micro-batches, mini-batches and ranks; three
+    batches (a fraction of 0/1 values: one batch leaves candidate reductions equal)."""
+    key = "ppo_actor/update/dual_clip_ratio/avg"
+
+    def dual(P, call):
+        r = torch.exp(P["theta"] - P["inference"])           # the default config's ratio (pi_prox: inference)
+        adv = call["adv"]
+        loss = torch.maximum(-adv * r, -adv * r.clamp(0.8, 1.2))
+        return ((adv < 0) & (1.05 * adv.abs() < loss)).float()
+    observed = []
+    for seed in (0, 1, 2):
+        exports, batches, calls = run_actor(DUAL, seed)
+        p.check(exports[0] == exports[1], "after the all-reduce every rank exports the same values")
+        observed.append((exports[0][key], token_steps(batches, calls, dual)))
+    p.check(all(0 < v < 1 for v, _ in observed), f"{key}: {[v for v, _ in observed]} (0 or 1 would be weak)")
+    p.assert_stated(key, observed, levels=("micro_batches", "mini_batches", "processes"))

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-from _support.proofs_trl import TRLRun, masked, per_seq, run_dpo, run_rloo  # noqa: E402
+from _support.proofs_trl import TRLRun, counter_obs, masked, per_seq, run_dpo, run_rloo, running_tokens  # noqa: E402,E501
 from _support.proven import proof  # noqa: E402
 
 RELEASE = "1.16.0"
@@ -90,6 +90,17 @@ def test_dpo_pair_means_average_micro_batches_and_logged_steps(p):
                         mini=("none",), window=WINDOWS, levels=("micro_batches", "window"))
     p.assert_stated("loss", _obs(run, "loss", "_compute_loss", per_seq("per_sequence_loss")), tokens=("per_seq",),
                     mini=("none",), window=WINDOWS, levels=("micro_batches", "window"), rel=1e-5)
+
+
+@proof("trl", trainer="dpo", release=RELEASE, config={k: DPO[k] for k in ("gradient_accumulation_steps",
+                                                                            "logging_steps", "beta")})
+def test_dpo_num_tokens_is_the_running_total_at_the_rows_last_step(p):
+    """num_tokens: the running total of the attention-mask tokens of every micro-batch (every process), as it stood
+    at the row's last step: a counter, not reduced over the row's steps."""
+    run = _dpo()
+    tokens = running_tokens(run, "_compute_loss", lambda loc: loc["inputs"]["attention_mask"])
+    p.check(len(set(tokens)) == len(tokens), f"a running total grows every step: {tokens}")
+    p.assert_stated("num_tokens", counter_obs(run, "num_tokens", tokens), levels=())
 
 
 @proof("trl", trainer="rloo", release=RELEASE, config={k: RLOO[k] for k in ("gradient_accumulation_steps",

@@ -33,7 +33,7 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 from _support.fingerprint import fingerprint  # noqa: E402
-from _support.proofs_trl import TRLRun, masked, per_seq, run_grpo  # noqa: E402
+from _support.proofs_trl import TRLRun, counter_obs, masked, per_seq, run_grpo  # noqa: E402
 from _support.proven import proof  # noqa: E402
 from _support.unproven import only_unproven  # noqa: E402
 
@@ -179,9 +179,11 @@ def test_grpo_lr_and_grad_norm_are_the_last_steps(p):
     p.assert_stated("grad_norm", gn_obs, tokens=("per_seq",), mini=("none",), window=WINDOWS, levels=(), rel=1e-5)
 
 
-def test_grpo_num_tokens_is_the_running_total_at_the_last_generation():
+@proof("trl", trainer="grpo", release=RELEASE, config=_config(WINDOW))
+def test_grpo_num_tokens_is_the_running_total_at_the_last_generation(p):
     """num_tokens (progress/tokens): the running total of prompt + completion tokens over every process, as it stood
-    at the row's last generation (TRL replaces the list: self._metrics[mode]["num_tokens"] = [total])."""
+    at the row's last generation (TRL replaces the list: self._metrics[mode]["num_tokens"] = [total]), summed here
+    from the token counts TRL's own _generate calls held; a counter, not reduced over the row's steps."""
     run = _run("window")
     total = 0.0
     at: dict[int, float] = {}
@@ -189,12 +191,29 @@ def test_grpo_num_tokens_is_the_running_total_at_the_last_generation():
         if c.name == GEN:
             total += float(c.locals["total_prompt_tokens"]) + float(c.locals["agg_completion_lengths"].sum())
             at[c.step] = total
-    checked = 0
-    for (_first, last), (_s, row) in zip(run.windows, run.train_rows()):
-        latest = max(s for s in at if s <= last)
-        assert row["num_tokens"] == at[latest], (row["num_tokens"], at)
-        checked += 1
-    assert checked == len(run.windows) == 4
+    per_step = [at[max(s for s in at if s <= step)] for step in range(1, WINDOW["max_steps"] + 1)]
+    rows = run.train_rows()
+    p.check(len(rows) == len(run.windows) == 4, run.windows)
+    p.check(any(row["num_tokens"] != per_step[first - 1] for (first, _l), (_s, row) in zip(run.windows, rows)),
+            "the row's first step's total is another number")
+    p.assert_stated("num_tokens", counter_obs(run, "num_tokens", per_step), levels=())
+
+
+@proof("trl", trainer="grpo", release=RELEASE, config=_config(WINDOW))
+def test_grpo_step_time_averages_the_rows_steps(p):
+    """step_time: training_step's wall time summed over the step's gradient_accumulation_steps calls, appended once
+    per optimizer step by the call that ends it (each value is TRL's own timer reading), then averaged over the row's
+    steps by log() (not the last step's, not their sum)."""
+    run = _run("window")
+    obs = []
+    for i, (_s, row) in enumerate(run.train_rows()):
+        first, last = run.windows[i]
+        steps = [[[[[[c.appended["step_time"]]]]]] for s in range(first, last + 1)
+                 for c in run.calls_of("training_step", s, s) if "step_time" in c.appended]
+        p.check(len(steps) == last - first + 1, f"one step_time per optimizer step: {len(steps)}")
+        obs.append((row["step_time"], steps))
+    p.check(len({round(v, 9) for v, _ in obs}) > 1, "every row logs the same step_time: weak")
+    p.assert_stated("step_time", obs, tokens=("none",), mini=("none",), window=WINDOWS, levels=())
 
 
 # ------------------------------------------------------------------------------------------- the step run

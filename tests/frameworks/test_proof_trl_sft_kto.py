@@ -27,7 +27,7 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-from _support.proofs_trl import TRLRun, per_seq, run_kto, run_sft  # noqa: E402
+from _support.proofs_trl import TRLRun, counter_obs, per_seq, run_kto, run_sft, running_tokens  # noqa: E402
 from _support.proven import proof  # noqa: E402
 
 RELEASE = "1.16.0"
@@ -83,22 +83,6 @@ def _fused(field: str, mask: str = "label_mask", sign: float = 1.0):
     return values
 
 
-def _counter_obs(run: TRLRun, key: str, per_step: list[float]) -> list:
-    """(logged value, the value the counter held at the row's last step) of every train row."""
-    rows = run.train_rows()
-    return [(row[key], [[[[[[per_step[run.windows[i][1] - 1]]]]]]]) for i, (_s, row) in enumerate(rows)]
-
-
-def _running_tokens(run: TRLRun, fn: str, mask_of) -> list[float]:
-    """TRL's running total of attention-mask tokens at the end of each optimizer step, summed here from the masks its
-    own calls held (one process: the gather is the value)."""
-    total, out = 0.0, []
-    for step in range(1, len(run.optimizer.epoch) + 1):
-        total += sum(float(mask_of(c.locals).sum()) for c in run.calls_of(fn, step, step))
-        out.append(total)
-    return out
-
-
 # ------------------------------------------------------------------------------------------------------- SFT
 @proof("trl", trainer="sft", release=RELEASE, config=SFT_CONFIG)
 def test_sft_loss_is_the_steps_label_token_mean_averaged_over_logged_steps(p):
@@ -129,12 +113,12 @@ def test_sft_counters_are_the_values_at_the_rows_last_step(p):
     """num_tokens: TRL's running total of attention-mask tokens (every process), as it stood at the row's last step;
     epoch: the Trainer's state.epoch as that step ended. Neither is reduced over the row's steps."""
     run = _sft()
-    tokens = _running_tokens(run, "compute_loss", lambda loc: loc["inputs"]["attention_mask"])
+    tokens = running_tokens(run, "compute_loss", lambda loc: loc["inputs"]["attention_mask"])
     p.check(len(set(tokens)) == len(tokens), f"a running total grows every step: {tokens}")
-    p.assert_stated("num_tokens", _counter_obs(run, "num_tokens", tokens), levels=())
+    p.assert_stated("num_tokens", counter_obs(run, "num_tokens", tokens), levels=())
     epochs = run.optimizer.epoch
     p.check(len(set(epochs)) == len(epochs), f"state.epoch grows every step: {epochs}")
-    p.assert_stated("epoch", _counter_obs(run, "epoch", epochs), levels=())
+    p.assert_stated("epoch", counter_obs(run, "epoch", epochs), levels=())
     # the row's first step's counter is another number: the counters are read at the row's last step
     firsts = [(row["num_tokens"], tokens[run.windows[i][0] - 1]) for i, (_s, row) in enumerate(run.train_rows())]
     p.check(any(not math.isclose(a, b) for a, b in firsts), firsts)
@@ -221,5 +205,5 @@ def test_kto_token_means_and_counters(p):
         p.assert_stated(key, _obs(run, key, "_compute_loss", masked_rows(tensor, idx)),
                         tokens=("token_mean", "seq_mean_token_mean"), mini=("none",), window=WINDOWS,
                         levels=("micro_batches",), rel=1e-5)
-    tokens = _running_tokens(run, "_compute_loss", lambda loc: loc["batch"]["attention_mask"])
-    p.assert_stated("num_tokens", _counter_obs(run, "num_tokens", tokens), levels=())
+    tokens = running_tokens(run, "_compute_loss", lambda loc: loc["batch"]["attention_mask"])
+    p.assert_stated("num_tokens", counter_obs(run, "num_tokens", tokens), levels=())

@@ -1,0 +1,192 @@
+"""Which mapping entries the real logs hit, and whether each is proven (issue 33: proofs that reach every entry whose
+keys appear in the real-log corpus and the examples).
+
+The logs are read as a user reads them: tests/data/real/<framework>/ (the corpus, tests/_support/real_corpus.py:
+``open_runs`` and the source detected from the keys and the run config), tests/data/public-logs/*.json (the parsed
+public logs the derived-rule tests read; their rows translated with the source detected from the keys) and
+examples/ (the sample inputs, opened like the corpus). Every numeric key of every record goes through the run's
+translator; the entry a key hits is the mapping entry its translation plan was compiled from (``Plan.fwd``, under
+the detected trainer, releases and config: what ``trackbridge translate`` uses for that key). An entry hit by one
+log or by several is counted once.
+
+:func:`why_unproven` says, for an entry no proof has fingerprinted, why: the framework cannot run here
+(``fidelity_proofs.CANNOT_RUN``), the entry's releases are not the installed one (the suite installs one release
+per framework), a reason of :data:`ENTRY_WHY`, or "no proof written yet".
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from _support import DATA, ROOT
+
+PUBLIC = DATA / "public-logs"
+EXAMPLES = ROOT / "examples"
+
+#: the frameworks whose code the suite installs (distribution name): their entries can be proven here
+RUNNABLE = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "areal": "areal"}
+
+#: why an entry that covers the installed release has no proof, by (framework, key, trainer or None)
+ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
+    ("openrlhf", "act_lr", "ppo"): "the progress bar's postfix (tqdm set_postfix in ppo_train), not a logged record; "
+                                   "its value is actor_lr's, which tests/frameworks/test_proof_openrlhf_ppo.py checks; "
+                                   "a proof reading the bar is not written yet",
+    ("trl", "completion_length", "grpo"): "not logged by TRL >= v0.17.0 (the entry is for Unsloth's patched "
+                                          "GRPOTrainer, which still logs it); Unsloth is not installed",
+    ("trl", "train_runtime", None): "the end-of-training summary's wall-clock time: no batch quantity to fingerprint",
+    ("trl", "train_samples_per_second", None): "the end-of-training summary: samples over wall-clock time",
+    ("trl", "train_steps_per_second", None): "the end-of-training summary: steps over wall-clock time",
+    ("trl", "runtime", None): "evaluate()'s wall-clock time: no batch quantity to fingerprint",
+    ("trl", "samples_per_second", None): "evaluate()'s samples over wall-clock time",
+    ("trl", "steps_per_second", None): "evaluate()'s steps over wall-clock time",
+    ("trl", "total_flos", None): "the Trainer's floating-point operation estimate (model.floating_point_ops): no "
+                                 "batch reduction to fingerprint",
+    ("trl", "train_loss", None): "the end-of-training summary: one value per run (tr_loss over global_step), "
+                                 "logged once; no logged rows to fingerprint a window against",
+    ("verl", "critic/vf_explained_var", "ppo"): "1 - Var(returns - values) / Var(returns) is none of the "
+                                                "fingerprint's candidate statistics; checked against its "
+                                                "alternatives in tests/frameworks/test_proof_verl_driver.py",
+    ("verl", "perf/mfu/actor", "ppo"): "MFU: the engine's FLOPs estimate over the device's promised FLOPs "
+                                       "(FlopsCounter needs a real accelerator)",
+    ("verl", "actor/perf/max_memory_allocated_gb", "ppo"): "the accelerator's peak allocated memory: a device "
+                                                           "reading, none on CPU",
+    ("verl", "actor/perf/max_memory_reserved_gb", "ppo"): "the accelerator's peak reserved memory: a device "
+                                                          "reading, none on CPU",
+    ("verl", "actor/perf/cpu_memory_used_gb", "ppo"): "the process's resident memory (psutil): a reading of the "
+                                                      "machine, not computed from a batch",
+    ("verl", "training/rollout_probs_diff_{stat}", "ppo"): "needs the rollout engine's own log-probs (vLLM or "
+                                                           "SGLang) beside the trainer's; neither runs here",
+    ("areal", "timeperf/rollout", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "
+                                          "quantity to fingerprint",
+    ("areal", "timeperf/{stage}", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "
+                                          "quantity to fingerprint",
+    ("areal", "ppo_actor/update/lr", "ppo"): "one value at every mini-batch (the scheduler steps once, after "
+                                             "ppo_update): every candidate reduction of the step's values gives it, "
+                                             "so no batch tells them apart",
+    ("areal", "eval-rollout/reward", "ppo"): "the evaluation rollout's reward: needs AReaL's remote inference "
+                                             "engine and workflow executor; not written yet",
+}
+
+
+@dataclass
+class Hit:
+    entry: Any
+    where: set[str] = field(default_factory=set)     # the logs that hit it (real:<id>, public:<file>, example:<file>)
+
+
+def _numeric(metrics: dict) -> dict[str, float]:
+    return {k: v for k, v in metrics.items()
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _note(out: dict, tr: Any, keys: Iterable[str], where: str) -> None:
+    keys = sorted(set(keys))
+    if tr is None or not keys:
+        return
+    names = tr._name_map(keys)           # the translator's compiled plans: the entry each key was translated with
+    for k in keys:
+        plan = names.plan(k)
+        if plan is not None and plan.fwd is not None:
+            e = plan.fwd
+            out.setdefault((e.file, e.line), Hit(e)).where.add(where)
+
+
+def _opened(path: Path, where: str, out: dict) -> None:
+    from trackbridge.inputs import open_runs
+    for run in open_runs(str(path), rows=True):
+        tr = run.resolve().translator
+        keys: set[str] = set()
+        for rec in run.records():
+            metrics = _numeric(rec.metrics)
+            keys.update(metrics)
+            if tr is not None:
+                tr.translate(metrics)        # as the corpus reads it (detection settles on the keys seen)
+        _note(out, tr, keys, where)
+
+
+def logs() -> list[tuple[str, Path]]:
+    """Every log read: (label, path)."""
+    from _support import real_corpus as RC
+    out = [(f"real:{log.id}", log.path) for log in RC.logs()]
+    out += [(f"public:{p.name}", p) for p in sorted(PUBLIC.glob("*.json"))]
+    out += [(f"example:{p.name}", p) for p in sorted(EXAMPLES.glob("*")) if p.is_file() and p.suffix != ".md"]
+    return out
+
+
+def hits() -> dict[tuple[str, int], Hit]:
+    """(entry file, line) -> the entry and the logs whose keys hit it (read once per process: a copy)."""
+    return dict(_hits())
+
+
+@functools.lru_cache(maxsize=1)
+def _hits() -> dict[tuple[str, int], Hit]:
+    from trackbridge.translate import Translator
+    out: dict[tuple[str, int], Hit] = {}
+    for where, path in logs():
+        if where.startswith("public:"):
+            tr = Translator("auto", "canonical")
+            keys: set[str] = set()
+            for row in json.loads(path.read_text(encoding="utf-8"))["rows"]:
+                metrics = _numeric(row)
+                keys.update(metrics)
+                tr.translate(metrics)
+            _note(out, tr, keys, where)
+        else:
+            _opened(path, where, out)
+    return out
+
+
+def releases_of(reg: Any, e: Any) -> str:
+    fw = reg.frameworks[e.framework]
+    lo = fw.releases[int(e.since)]
+    hi = "now" if e.until == float("inf") else fw.releases[int(e.until)]
+    return f"{lo}..{hi}" if lo != hi else lo
+
+
+def why_unproven(reg: Any, e: Any) -> str:
+    """Why entry ``e`` has no fingerprint proof."""
+    from _support import fidelity_proofs as P
+    from _support import framework_code as F
+    if e.framework in P.CANNOT_RUN:
+        return P.CANNOT_RUN[e.framework]
+    dist = RUNNABLE.get(e.framework)
+    if dist is None:
+        return f"{e.framework}'s code is not installed"
+    version = F.release(dist)
+    if not P.covers(reg, e, version):
+        return (f"mapped for {releases_of(reg, e)}; the suite installs {dist} {version} only (one release per "
+                f"framework): a proof needs that release installed")
+    trainers = sorted(e.trainers) if e.trainers else [None]
+    for trainer in trainers:
+        why = ENTRY_WHY.get((e.framework, e.key, trainer))
+        if why:
+            return why
+    return "no proof written yet"
+
+
+@dataclass
+class Figures:
+    framework: str
+    hit: int
+    proven: int
+    unproven: list[tuple[Any, str, int]]      # (entry, why, logs hitting it)
+
+
+def figures(reg: Any, proven: Any, found: dict[tuple[str, int], Hit] | None = None) -> list[Figures]:
+    """Per framework with an entry hit: entries hit, proven (``(file, line) in proven``), and each unproven one with
+    why; frameworks in name order, entries in file order."""
+    found = hits() if found is None else found
+    out = []
+    for name in sorted({h.entry.framework for h in found.values()}):
+        mine = sorted((h for h in found.values() if h.entry.framework == name), key=lambda h: h.entry.line)
+        done = [h for h in mine if (h.entry.file, h.entry.line) in proven]
+        rest = [(h.entry, why_unproven(reg, h.entry), len(h.where)) for h in mine
+                if (h.entry.file, h.entry.line) not in proven]
+        out.append(Figures(name, len(mine), len(done), rest))
+    return out
+
+
+__all__ = ["Hit", "Figures", "hits", "figures", "logs", "why_unproven", "RUNNABLE", "ENTRY_WHY"]
