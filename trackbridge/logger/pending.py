@@ -1,12 +1,134 @@
 """The pending note: which trackers ``finish()`` left with records of the run missing, written beside the spool for
-``trackbridge replay SPOOL`` (which strikes the trackers it completed)."""
+``trackbridge replay SPOOL`` (which strikes the trackers it completed).
+
+What a tracker on this machine lacks is counted exactly (:func:`count_lacking`): the spool's points (under the names
+the tracker receives, of the kinds it can store) against what the tracker holds, read back with its own reader, once
+nothing writes to it any more. A resumed run's catch-up cut short by ``finish_timeout`` once said "lacks 300 records"
+(the records of this process) where the tracker lacked 12,787 (the catch-up's too; issue 31). A tracker behind a
+server, one without a reader, or one whose reading takes longer than :data:`COUNT_WITHIN` seconds keeps the estimate
+from its worker's count (records after the last one it acknowledged)."""
 from __future__ import annotations
 
+import math
 import os
+import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import UsageError
+from ..record import Histogram, Record
+
+#: the most seconds :func:`count_lacking` reads a tracker back (a store locked by a process that hangs must not hold
+#: ``finish()``): beyond, the estimate is noted instead
+COUNT_WITHIN = 10.0
+
+
+@dataclass
+class Lack:
+    """What a tracker lacks of a run: points (key, step), the records they belong to, the first such record's
+    number (None: it lacks nothing), and the points it holds."""
+
+    points: int = 0
+    records: int = 0
+    first: int | None = None
+    held: int = 0
+
+
+def countable(locator: str) -> bool:
+    """Whether what the tracker at ``locator`` holds can be read back here to count what it lacks: a store on this
+    machine (not a server) of a kind trackbridge has a reader for."""
+    from ..locators import parse
+    from ..trackers import kinds, sink_class
+    try:
+        loc = parse(locator)
+        if loc.kind not in kinds("source"):
+            return False
+        return sink_class(loc.kind).local_path(loc.location) is not None and loc.options.get("mode") != "online"
+    except Exception:
+        return False
+
+
+def count_lacking(spool: str | os.PathLike, locator: str, run_id: str, *,
+                  rename: Callable[[Record], Record] | None = None, within: float = COUNT_WITHIN) -> Lack | None:
+    """What the tracker at ``locator`` lacks of the run ``run_id`` in the spool, counted against what it holds, read
+    with its reader (:func:`trackbridge.trackers.open_source`); ``rename``: the run's renaming for ``names=`` (the
+    spool holds canonical names). None when it cannot be counted here: no reader for it, a server, a run the reader
+    cannot single out, or more than ``within`` seconds of reading."""
+    out: list[Lack | None] = []
+    t = threading.Thread(target=lambda: out.append(_count(spool, locator, run_id, rename, within)),
+                         name="trackbridge-pending-count", daemon=True)
+    t.start()
+    t.join(within)
+    return out[0] if out else None
+
+
+def _count(spool: str | os.PathLike, locator: str, run_id: str, rename: Callable[[Record], Record] | None,
+           within: float) -> Lack | None:
+    import time
+    from urllib.parse import urlencode
+
+    from ..holdings import Holdings
+    from ..locators import parse
+    from ..stream import read_stream
+    from ..trackers import open_source, sink_class, source_class
+    end = time.monotonic() + within
+    try:
+        loc = parse(locator)
+        sink_cls, src_cls = sink_class(loc.kind), source_class(loc.kind)
+        where = sink_cls.local_path(loc.location)
+        if where is None or loc.options.get("mode") == "online":
+            return None              # a server: reading it back may hang as writing did
+        held = Holdings()
+        if where.exists():
+            known = set(getattr(src_cls, "option_names", None) or ()) - {"run"}
+            opts = {k: v for k, v in loc.options.items() if k in known}
+            text = f"{loc.kind}:{loc.location}" + (f"?{urlencode(opts)}" if opts else "")
+            runs = [r for r in open_source(text).runs() if r.info.run_id == run_id]
+            if len(runs) > 1:
+                return None
+            for r in runs:
+                for rec in r.records():
+                    if time.monotonic() > end:
+                        return None
+                    if rec.step is not None:
+                        for key, value in rec.metrics.items():
+                            if value is not None:
+                                held.add(key, rec.step)
+        caps = sink_cls.capabilities
+        lack = Lack(held=held.points)
+        for seq, rec in read_stream(spool):
+            if seq % 1000 == 0 and time.monotonic() > end:
+                return None
+            if rename is not None:
+                rec = rename(rec)
+            rec.metrics = {k: v for k, v in rec.metrics.items() if _storable(v, caps)}
+            if not rec.metrics:
+                continue
+            cut = held.lacking(rec)
+            n = 0 if cut is None else sum(1 for v in cut.metrics.values() if v is not None)
+            if n:
+                lack.points += n
+                lack.records += 1
+                if lack.first is None:
+                    lack.first = seq
+        return lack
+    except Exception:       # a reader that cannot read it now: the estimate is noted instead
+        return None
+
+
+def _storable(v: Any, caps: Any) -> bool:
+    """Whether a tracker of capabilities ``caps`` stores the value ``v`` as a point (what it leaves out, or keeps
+    in another form, cannot be counted against it)."""
+    if v is None:
+        return False
+    if isinstance(v, str):
+        return bool(caps.text)
+    if isinstance(v, Histogram):
+        return bool(caps.histograms)
+    if isinstance(v, float) and not math.isfinite(v):
+        return bool(caps.nan)
+    return True
 
 
 def pending_file(spool: str | os.PathLike) -> Path:

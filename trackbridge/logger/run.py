@@ -42,7 +42,7 @@ from .device import hand_off
 from .dispatch import Dispatcher, live_doctor, live_options, severity_rank
 from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
-from .pending import pending_file, write_pending
+from .pending import Lack, count_lacking, countable, pending_file, write_pending
 from .runlock import RunLock, outcome_entry
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
@@ -52,6 +52,13 @@ from .worker import RunContext, sync_run_info
 ABORT_WAIT = 5.0            # seconds an interrupted finish() gives the writer process and the spool
 
 _INFO_LOCK = threading.Lock()
+
+
+def _closed_cleanly(w: Any) -> bool:
+    """Whether a tracker's worker (a thread, or the writer process's view of one) closed its tracker with every
+    record it was given."""
+    alive = w.thread.is_alive() if isinstance(w, TrackerWorker) else getattr(w, "alive", False)
+    return not alive and w.state == "closed"
 
 
 def _writes(sink: Sink, run_id: str, spool_path: Path) -> bool:
@@ -469,12 +476,29 @@ class Run(RunView):
     def _write_pending(self, *, interrupted: bool = False) -> None:
         """After finish(): write down, beside the spool, which trackers lack which records (and say so), so that
         ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left. Says whether the spool
-        holds what they lack (it may not: a spool that could not be written)."""
+        holds what they lack (it may not: a spool that could not be written). A tracker on this machine that was left
+        behind is first stopped (threads: :attr:`~.worker.Worker.cut`; the writer process has ended), then what it
+        lacks is counted against what it holds, read back with its own reader (:func:`.pending.count_lacking`):
+        points and records, exactly; an interrupted finish(), a server or a tracker without a reader keep the
+        worker's estimate (records after the last one it acknowledged)."""
         last_seq = self._seq - 1
-        left = [(w, w.left(last_seq)) for w in self._workers[1:]]
-        left = [(w, n) for w, n in left if n]
+        behind = [w for w in self._workers[1:] if not _closed_cleanly(w)]
+        counted = {id(w) for w in behind if not interrupted and countable(w.sink.locator())}
+        if behind and not interrupted:
+            self._cut(behind, wait_for=counted)
+        rows: list[tuple[Any, int, Lack | None]] = []
+        for w in behind:
+            lack = count_lacking(self.spool_path, w.sink.locator(), self.run_id, rename=self._rename) \
+                if id(w) in counted else None
+            if lack is not None:
+                if lack.points:
+                    rows.append((w, lack.records, lack))
+            else:
+                n = w.left(last_seq)
+                if n:
+                    rows.append((w, n, None))
         path = pending_file(self.spool_path)
-        if not left:
+        if not rows:
             if path.exists():
                 try:
                     path.unlink()
@@ -485,20 +509,47 @@ class Run(RunView):
         where = (f"they are in the spool: trackbridge replay {self.spool_path}" if not spool.lost else
                  f"the spool lacks {spool.lost_records} of the run's records too (it could not be written), so "
                  f"trackbridge replay {self.spool_path} completes them only as far as the spool goes")
-        entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
-                    "records": self._seq, "state": w.state, "last_error": w.last_error,
-                    **outcome_entry(w.sink.outcome, w.sink.exit_code)} for w, n in left]
+        entries = []
+        for w, n, lack in rows:
+            entry: dict[str, Any] = {"sink": w.sink.locator(), "describe": w.name, "records_left": n,
+                                     "from_record": w.acked + 1 if lack is None else lack.first,
+                                     "records": self._seq, "state": w.state, "last_error": w.last_error}
+            if lack is not None:
+                entry.update(points_left=lack.points, points_held=lack.held, counted="read back from the tracker")
+            else:
+                entry.update(counted="estimated (records after the last one it acknowledged)")
+            entries.append({**entry, **outcome_entry(w.sink.outcome, w.sink.exit_code)})
         try:
             write_pending(path, self.run_id, entries)
         except OSError as exc:
             warn(f"trackbridge: could not write the pending note {path} ({exc}); what it would hold is in the "
                  f"warnings below")
-        for w, n in left:
-            msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records (from record {w.acked + 1}; "
-                   f"{'interrupted' if interrupted else w.state}"
-                   + (f"; last error: {w.last_error}" if w.last_error else "") + f"); {where}")
+        for w, n, lack in rows:
+            state = "interrupted" if interrupted else w.state
+            err = f"; last error: {w.last_error}" if w.last_error else ""
+            if lack is not None:
+                msg = (f"sink {w.name} lacks {lack.points:,} points in {n:,} of the run's {self._seq:,} records "
+                       f"(counted against the {lack.held:,} points it holds, read back with its reader; from record "
+                       f"{lack.first}; {state}{err}); {where}")
+            else:
+                msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records (from record {w.acked + 1}; "
+                       f"{state}{err}); {where}")
             self.problems.append(msg)
             warn(f"trackbridge: finish(): {msg}")
+
+    def _cut(self, behind: list[Any], wait_for: set[int]) -> None:
+        """Stop the tracker threads ``finish()`` gave up on (they write nothing more and close their trackers as far
+        as they got), waiting at most :data:`ABORT_WAIT` seconds for those in ``wait_for`` (ids: the trackers on this
+        machine, whose holdings are counted next; one hung in a request stays, and is counted while it may still
+        land); a server's is not waited for."""
+        threads = [w for w in behind if isinstance(w, TrackerWorker)]
+        for w in threads:
+            w.cut.set()
+            w.stop()
+        end = time.monotonic() + ABORT_WAIT
+        for w in threads:
+            if id(w) in wait_for:
+                w.thread.join(max(0.0, end - time.monotonic()))
 
     def _resumed_config(self, prev: RunInfo, cfg: dict[str, Any], extra: dict[str, Any], last_step: int | None,
                         given: set[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:

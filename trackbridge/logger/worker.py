@@ -37,6 +37,12 @@ def store_failing(exc: BaseException | None) -> bool:
     return False
 
 
+class Cut(BaseException):
+    """Raised in a tracker's worker once ``finish()`` has given up on it (:attr:`Worker.cut`): it writes no more,
+    closes its tracker and ends, so that what the tracker lacks can be counted exactly (the pending note). A
+    ``BaseException``, so that no retry or failure handling takes it for the tracker's own error."""
+
+
 @dataclass
 class RunContext:
     """What a worker needs of its run (and nothing else)."""
@@ -103,6 +109,9 @@ class Worker:
         except Exception:
             self.local = False
         self.done = threading.Event()
+        # set by finish() after it stopped waiting for this tracker: the worker writes nothing more, closes the
+        # tracker and ends (the pending note counts what the tracker then holds)
+        self.cut = threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"trackbridge-sink-{sink.kind}", daemon=True)
 
     # -- producer side ----------------------------------------------------------------------------------------
@@ -120,6 +129,8 @@ class Worker:
     def _main(self) -> None:
         try:
             self._loop()
+        except Cut:                   # finish() gave up on this tracker: close it as far as it got
+            pass
         except BaseException as exc:  # never die silently
             self._warn(f"trackbridge: worker of sink {self.name} crashed: {type(exc).__name__}: {exc}")
             with self.lock:
@@ -138,7 +149,7 @@ class Worker:
                             self.state = "failed"
                             self.acked = -1
             with self.lock:
-                if self.state not in ("failed", "behind"):
+                if self.state not in ("failed", "behind") and not self.cut.is_set():
                     self.state = "closed"
             self._closed()
 
@@ -158,6 +169,8 @@ class Worker:
     def _next_batch(self, timeout: float = 0.25) -> tuple[list[tuple[int, Record]], bool]:
         """Up to ``batch_size`` queued records, waiting at most ``max_latency`` after the first for more; and
         whether the worker is to stop after them."""
+        if self.cut.is_set():
+            raise Cut
         try:
             first = self.queue.get(timeout=timeout)
         except queue.Empty:
@@ -251,6 +264,8 @@ class Worker:
         self._check_capabilities(recs)
 
         def do_write() -> None:
+            if self.cut.is_set():
+                raise Cut
             self.sink.write(recs)
 
         # a tracker that refuses a value says so at once; one that takes ISOLATE_WITHIN seconds or more to fail (a
@@ -265,6 +280,8 @@ class Worker:
 
     def _write_reported(self, chunk: list[Record]) -> None:
         """One write outside the queue (catch-up): capabilities noted, refusals reported, progress counted."""
+        if self.cut.is_set():
+            raise Cut
         self._check_capabilities(chunk)
         self.sink.write(chunk)
         self._report_rejected()
