@@ -87,6 +87,16 @@ class Composite(Node):
             p.start_record()
 
     def update(self, step: float) -> None:
+        """Judge the record just fed: the parts first (a composite part is judged here), then this node, when any
+        part got a point (each kind in its own method: one pass over the parts)."""
+        if self.kind == "any":
+            self._any(step)
+        elif self.kind == "all":
+            self._all(step)
+        else:
+            self._then(step)
+
+    def _fed(self, step: float) -> bool:
         fresh = False
         for p in self.parts:
             if p.parts_:
@@ -94,44 +104,69 @@ class Composite(Node):
             if p.fresh:
                 fresh = True
         self.fresh = fresh
-        if not fresh:
+        return fresh
+
+    def _any(self, step: float) -> None:
+        # at least one part holds at its latest point; the stretch began where the earliest of them began
+        fresh = ok = False
+        since = step
+        for p in self.parts:
+            if p.parts_:
+                p.update(step)
+            if p.fresh:
+                fresh = True
+            if p.holds:
+                s = p.since if p.since is not None else step
+                if not ok or s < since:
+                    since = s
+                ok = True
+        self.fresh = fresh
+        if fresh:
+            if ok:
+                self._held(since, step)
+            else:
+                self.holds = False
+
+    def _all(self, step: float) -> None:
+        # with `within`, the parts meet at the record where the last of them holds (not at the records after it,
+        # while the earlier ones are still in the window); the cheaper test first (a part holding at this record)
+        if not self._fed(step):
             return
-        if self.kind == "then":
-            # the second condition's current stretch began at most `within` steps after the first held (at or
-            # before that beginning): the cause came first; it holds as long as that stretch lasts
-            first, second = self.parts
-            if first.fresh and first.holds:
-                e = first.since if first.since is not None else step     # one event per stretch: where it began
-                if not self._events or self._events[-1] != e:
-                    self._events.append(e)
-            ok, since = False, None
-            if second.fresh and second.holds:
-                start = second.since if second.since is not None else step
-                lo = start - (self.within or 0)
-                for e in reversed(self._events):        # the latest cause at most `within` before it began
-                    if lo <= e <= start:
-                        ok, since = True, e
-                        break
-        elif self.kind == "all":
-            # with `within`, the parts meet at the record where the last of them holds (not at the records after it,
-            # while the earlier ones are still in the window)
-            ok = all(p.active(step, self.within) for p in self.parts) and (
-                self.within is None or any(p.fresh and p.holds for p in self.parts))
-            since = max((p.since if p.since is not None else step) for p in self.parts) if ok else None
+        within = self.within
+        if within is None:
+            ok = all(p.holds for p in self.parts)
         else:
-            ok, since = False, None
-            for p in self.parts:
-                if p.holds:
-                    s = p.since if p.since is not None else step
-                    if not ok or s < since:      # type: ignore[operator]
-                        since = s
-                    ok = True
-        self.holds = ok
+            ok = any(p.fresh and p.holds for p in self.parts) and all(p.active(step, within) for p in self.parts)
         if ok:
-            self.last_true = step
-            self.since = since
-            # the parts' details as they are (a primitive replaces its detail, never changes it in place)
-            self.detail = {"parts": [(p.detail or {}) if p.last_true is not None else {} for p in self.parts]}
+            self._held(max((p.since if p.since is not None else step) for p in self.parts), step)
+        else:
+            self.holds = False
+
+    def _then(self, step: float) -> None:
+        # the second condition's current stretch began at most `within` steps after the first held (at or before
+        # that beginning): the cause came first; it holds as long as that stretch lasts
+        if not self._fed(step):
+            return
+        first, second = self.parts
+        if first.fresh and first.holds:
+            e = first.since if first.since is not None else step     # one event per stretch: where it began
+            if not self._events or self._events[-1] != e:
+                self._events.append(e)
+        self.holds = False
+        if second.fresh and second.holds:
+            start = second.since if second.since is not None else step
+            lo = start - (self.within or 0)
+            for e in reversed(self._events):        # the latest cause at most `within` before it began
+                if lo <= e <= start:
+                    self._held(e, step)
+                    break
+
+    def _held(self, since: float, step: float) -> None:
+        self.holds = True
+        self.last_true = step
+        self.since = since
+        # the parts' details as they are (a primitive replaces its detail, never changes it in place)
+        self.detail = {"parts": [(p.detail or {}) if p.last_true is not None else {} for p in self.parts]}
 
 
 def build(spec: Spec, config: Mapping[str, Any], better: Mapping[str, str],

@@ -324,6 +324,9 @@ class Doctor:
         self._subs: dict[str, _Series] = {}             # canonical name -> who reads it
         self._by_keys: dict[tuple[str, ...], tuple[list[tuple[_Instance, Node]], list[Primitive]]] = {}
         self._shared: dict[tuple[Any, ...], Primitive] = {}     # identical primitives of several checks: one
+        self._hot: list[Primitive] = []         # the primitives that hold at this record or stopped holding at it
+        self._owners: dict[int, list[_Instance]] = {}           # id of a primitive -> the checks that read it
+        self._open: set[_Instance] = set()      # the checks in a stretch at their last judged record
         self._index = 0
         self.derived: set[str] = set()
         self.records = 0
@@ -378,15 +381,27 @@ class Doctor:
                     point(step, v)
         touched, fed = self._judged(metrics)
         fired = []
-        for inst, node in touched:
-            if node.parts_:
-                node.update(step)
-            if not node.fresh:
-                continue
-            if not node.holds:
-                inst.open = False
-            elif inst.held(step):
-                fired.append(inst.finding(self.label, approximate or {}, self.derived))
+        hot = self._hot
+        if hot or self._open:
+            # a check is judged when a condition of it holds at this record or stopped holding at it, or while it is
+            # in a stretch; at any other record none of its conditions holds, so judging it would change nothing
+            heated = {id(i) for p in hot for i in self._owners[id(p)]}
+            hot.clear()
+            for inst, node in touched:
+                if not inst.open and id(inst) not in heated:
+                    continue
+                if node.parts_:
+                    node.update(step)
+                if not node.fresh:
+                    continue
+                if not node.holds:
+                    inst.open = False
+                elif inst.held(step):
+                    fired.append(inst.finding(self.label, approximate or {}, self.derived))
+                if inst.open:
+                    self._open.add(inst)
+                else:
+                    self._open.discard(inst)
         for p in fed:
             p.fresh = False                 # judged by every check that reads it: the next record starts unfed
         return fired
@@ -414,8 +429,12 @@ class Doctor:
         """Who reads each canonical name: worked out again only when a record bound new roles."""
         subs: dict[str, _Series] = {}
         seen: set[tuple[str, int]] = set()
+        owners: dict[int, list[_Instance]] = {}
         for inst in self._running:
             for p, name, other, nonfinite in inst.feeds():
+                p.hot = self._hot
+                if inst not in owners.setdefault(id(p), []):
+                    owners[id(p)].append(inst)
                 series = subs.get(name)
                 if series is None:
                     series = subs[name] = _Series()
@@ -431,6 +450,7 @@ class Doctor:
                 if inst not in series.insts:
                     series.insts.append(inst)
         self._subs = subs
+        self._owners = owners
         self._by_keys.clear()
 
     def warm(self, records: Iterable[Record], prefix: str = "doctor/") -> None:

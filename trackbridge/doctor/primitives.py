@@ -16,7 +16,9 @@ __all__ = ["Primitive", "Bound", "Sign", "Spike", "Collapse", "Drop", "Rise", "N
            "NonFinite"]
 
 class Primitive(Node):
-    """A condition on one series; ``point()`` is called with each finite value (``nonfinite`` gets them all)."""
+    """A condition on one series; ``point()`` is called with each finite value (``nonfinite`` gets them all). A
+    point at which it holds, or at which it stops holding, is told to the engine (``hot``): only then, or while a
+    check is in a stretch, can the checks reading it say something else than at their last point."""
 
     def __init__(self, spec: Spec) -> None:
         super().__init__()
@@ -27,6 +29,7 @@ class Primitive(Node):
         self._run = 0
         self._run_start: float | None = None
         self._run_detail: dict[str, Any] | None = None
+        self.hot: list[Primitive] | None = None     # the engine's: the primitives whose point changed something
 
     def roles(self) -> set[str]:
         return {self.role}
@@ -36,9 +39,16 @@ class Primitive(Node):
         self.fresh = True
         if not ok:
             self._run = 0
-            self.holds = False
+            if self.holds:
+                self._stopped()
             return
         self._held(step, detail)
+
+    def _stopped(self) -> None:
+        """It held at its last point and does not at this one."""
+        self.holds = False
+        if self.hot is not None:
+            self.hot.append(self)
 
     def _held(self, step: float, detail: dict[str, Any] | None) -> None:
         if self._run == 0:
@@ -53,6 +63,8 @@ class Primitive(Node):
             self.last_true = step
             self.since = self._run_start
             self.detail = dict(self._run_detail or {}, points=self._run, since_step=self._run_start, last_step=step)
+            if self.hot is not None:
+                self.hot.append(self)
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         raise NotImplementedError
@@ -90,7 +102,8 @@ class Bound(Primitive):
             self._held(step, {"value": value, "bound": self.bound, "score": v if self.up else -v})
         else:
             self._run = 0
-            self.holds = False
+            if self.holds:
+                self._stopped()
 
     def test(self, step: float, value: float) -> tuple[bool, dict[str, Any] | None]:
         assert self.bound is not None
@@ -142,9 +155,10 @@ class Spike(Primitive):
         self.n += 1
         w.at(self.n, value)
         ok, detail = False, None
-        if len(w.sorted) >= self.min_points and (self.at_least is None or value >= self.at_least):
-            med = w.median()
-            base = w.max() if self.use_max else med
+        s = w.sorted
+        if len(s) >= self.min_points and (self.at_least is None or value >= self.at_least):
+            med = s[(len(s) - 1) // 2]                  # the lower median (Window.median)
+            base = s[-1] if self.use_max else med
             ok = value - base > self.floor and value > med
             score = 0.0
             if ok and self.factor is not None:
@@ -411,7 +425,8 @@ class NonFinite(Primitive):
         self.fresh = True
         if value - value == 0:      # finite (NaN and infinities give NaN): the common case, no stretch
             self._run = 0
-            self.holds = False
+            if self.holds:
+                self._stopped()
         else:
             self._held(step, {"value": value, "score": 1.0})
 
