@@ -57,8 +57,11 @@ ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
                                                           "reading, none on CPU",
     ("verl", "actor/perf/cpu_memory_used_gb", "ppo"): "the process's resident memory (psutil): a reading of the "
                                                       "machine, not computed from a batch",
-    ("verl", "training/rollout_probs_diff_{stat}", "ppo"): "needs the rollout engine's own log-probs (vLLM or "
-                                                           "SGLang) beside the trainer's; neither runs here",
+    ("verl", "training/rollout_probs_diff_{stat}", "ppo"): "one template entry states one reduction (the token "
+                                                           "mean) for _valid, _max, _mean and _std: right for _mean "
+                                                           "only (tests/frameworks/test_proof_verl_driver.py checks "
+                                                           "each); a proof would vouch for the others, which need "
+                                                           "entries (canonical names) of their own first",
     ("areal", "timeperf/rollout", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "
                                           "quantity to fingerprint",
     ("areal", "timeperf/{stage}", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "

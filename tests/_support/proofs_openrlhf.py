@@ -312,9 +312,11 @@ _SAMPLER_SEEDS: dict[int, int] = {}
 _SAMPLER_REAL: list[Callable[..., None]] = []
 
 
-def run_ppo(r: Rollout, args: types.SimpleNamespace) -> PPORun:
+def run_ppo(r: Rollout, args: types.SimpleNamespace, *, step_offset: int = 0) -> PPORun:
     """One PPO step of OpenRLHF 0.11 from raw rollouts: samples generator -> experience maker -> dispatch to the
-    ranks' replay buffers -> ppo_train on every rank (simulated DeepSpeed) -> the step's status dict."""
+    ranks' replay buffers -> ppo_train on every rank (simulated DeepSpeed) -> the step's status dict.
+    ``step_offset``: the simulated engine's gradient norms and LR factors start that many optimizer steps later
+    (``grad_norm_of_step(k + step_offset)``), so runs of the same shape see different sequences of them."""
     import torch
     w = wheel()
     o = w.o
@@ -381,7 +383,8 @@ def run_ppo(r: Rollout, args: types.SimpleNamespace) -> PPORun:
     lr_after: list[float] = []
 
     def rank(rk: int) -> dict:
-        engine = Engine(rk, GAS)
+        engine = Engine(rk, GAS, norms=lambda k: grad_norm_of_step(k + step_offset),
+                        lr_at=lambda k: lr_factor(k + step_offset))
         if True:
             torch.cuda.current_device = lambda: 0          # the buffer names its target device cuda:N
             buf = w.buffer.NaiveReplayBuffer(MICRO, 0, False, False, False)
@@ -415,7 +418,7 @@ def run_ppo(r: Rollout, args: types.SimpleNamespace) -> PPORun:
             with _seeded_shuffle(r.seed * 100 + rk):      # the DataLoader shuffles the replay buffer
                 status = o.ppo_train(trainer, kl_ctl=kl_ctl.value)
             if rk == 0:
-                lr_after.extend(BASE_LR * lr_factor(k + 1) for k in range(engine.steps))
+                lr_after.extend(BASE_LR * lr_factor(k + 1 + step_offset) for k in range(engine.steps))
             return status
 
     real = torch.cuda.current_device

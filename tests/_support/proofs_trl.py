@@ -324,3 +324,18 @@ def run_kto(workdir: Path, *, n_examples: int, model_path: str | None = None, **
     rec = log_recorder()
     trainer = KTOTrainer(model=model_path, args=KTOConfig(**args), train_dataset=ds, callbacks=[rec])
     return train(trainer, rec)
+
+
+def run_reward(workdir: Path, *, n_pairs: int, model_path: str | None = None, **config: Any) -> TRLRun:
+    """Train TRL's RewardTrainer (a sequence-classification head on the tiny model) on ``n_pairs`` generated
+    preference pairs, recording what ``compute_loss`` appended and its locals. bf16 off (RewardConfig turns it on
+    by default): the rewards are then the float32 values the statistics are computed from."""
+    import datasets
+    from trl import RewardConfig, RewardTrainer
+
+    model_path = model_path or build_tiny_model(workdir / "model")
+    args = {**COMMON, "output_dir": str(workdir / "out"), "max_length": 24, "bf16": False, **config}
+    ds = datasets.Dataset.from_dict({"chosen": sentences(n_pairs, 9), "rejected": sentences(n_pairs, 10)})
+    rec = log_recorder()
+    trainer = RewardTrainer(model=model_path, args=RewardConfig(**args), train_dataset=ds, callbacks=[rec])
+    return train(trainer, rec)

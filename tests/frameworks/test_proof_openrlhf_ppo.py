@@ -226,6 +226,27 @@ def test_ppo_actor_grad_norm_and_lr_are_the_last_optimizer_steps():
         assert not math.isclose(run.status["actor_lr"], used), "not the LR the last step used"
 
 
+@proof("openrlhf", trainer="ppo", release="0.11.2", config=RUN)
+def test_ppo_actor_grad_norm_and_lr_fingerprint_as_the_last_optimizer_step(p):
+    """The same facts as a fingerprint (issue 33): over the PPO step's optimizer steps (one mini-batch each, as
+    DeepSpeed's engine steps at the accumulation boundary), actor_grad_norm and actor_lr are the last one's, neither
+    their mean, sum, maximum nor minimum; three rollouts. The norm of the all-reduced gradient and the LR are the
+    same on every rank, so the batch is one rank's optimizer steps. The simulated engine's norms and LR factors
+    start at another step in each run (step_offset), so the last step's is not always the largest."""
+    offsets = (0, 2, 5)
+    runs = [P.run_ppo(P.make_rollout(seed), P.ppo_args(), step_offset=off) for seed, off in enumerate(offsets)]
+    p.check(all(len(run.micro) >= 3 for run in runs), [len(run.micro) for run in runs])
+    norms = [(run.status["actor_grad_norm"], [[[[[[P.grad_norm_of_step(k + off)]]]] for k in range(len(run.micro))]])
+             for run, off in zip(runs, offsets)]
+    p.assert_stated("actor_grad_norm", norms, tokens=("none",), levels=())
+    lrs = [(run.status["actor_lr"], [[[[[[lr]]]] for lr in run.lr_after]]) for run in runs]
+    p.check(all(len(run.lr_after) == len(run.micro) for run in runs), "one LR after each optimizer step")
+    p.assert_stated("actor_lr", lrs, tokens=("none",), levels=())
+    used = [P.BASE_LR * P.lr_factor(len(run.micro) - 1 + off) for run, off in zip(runs, offsets)]
+    p.check(not any(math.isclose(run.status["actor_lr"], u) for run, u in zip(runs, used)),
+            "not the LR the last step used: the LR after its scheduler step")
+
+
 @proof("openrlhf", trainer="ppo", release="0.11.2", config={**RUN, "logger.logging_steps": 2})
 def test_ppo_logging_steps_log_the_step_not_the_window(p):
     """BasePPOTrainer.save_logs_and_checkpoints with logging_steps 2: rows at steps 2 and 4 carry that step's

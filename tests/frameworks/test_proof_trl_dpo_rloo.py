@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,7 +31,8 @@ RELEASE = "1.16.0"
 WINDOWS = ("mean", "last", "sum", "none")
 DPO = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, logging_steps=3, max_steps=9, beta=0.1)
 RLOO = dict(gradient_accumulation_steps=2, logging_steps=3, max_steps=6, num_iterations=2, beta=0.05,
-            per_device_train_batch_size=2, num_generations=2, epsilon=1e-3, epsilon_high=1e-3)
+            per_device_train_batch_size=2, num_generations=2, epsilon=1e-3, epsilon_high=1e-3,
+            lr_scheduler_type="cosine_with_restarts", lr_scheduler_kwargs={"num_cycles": 5})   # lr: last != min
 N_PAIRS = 7
 
 _WORK = Path(tempfile.mkdtemp(prefix="trl-proofs-"))
@@ -121,3 +123,56 @@ def test_rloo_kl_per_generation_and_entropy_per_micro_batch(p):
                     levels=("micro_batches", "window"))
     _entry, res = p.entry("kl")
     p.check(res.fields["snapshot"] == "rollout" and res.fields["estimator"] == "k1", res.fields)
+
+
+# ------------------------------------------------------------------------------------------------------- RLOO
+RLOO_CONFIG = {k: RLOO[k] for k in ("gradient_accumulation_steps", "logging_steps", "num_iterations", "beta")}
+GEN, SCORE, LOSS = "_generate", "_generate_and_score_completions", "_compute_loss"
+
+
+@proof("trl", trainer="rloo", release=RELEASE, config=RLOO_CONFIG)
+def test_rloo_generation_keys_average_the_generations_of_a_row(p):
+    """RLOO v0.22+ shares GRPO's generation code: completions/* over each generation batch's completions (gathered
+    from every process), rewards/{fn}/mean and std over its scored completions, frac_reward_zero_std over its
+    per-completion flags; each appended once per generation and averaged over the row's generations."""
+    run = _rloo()
+    for stat in ("mean", "min", "max"):
+        p.assert_stated(f"completions/{stat}_length", _obs(run, f"completions/{stat}_length", GEN,
+                                                           per_seq("agg_completion_lengths")),
+                        tokens=("per_seq",), stats=(stat,), mini=("none",), window=WINDOWS, levels=())
+        term = per_seq("agg_completion_lengths", "agg_is_truncated", invert=True)
+        p.assert_stated(f"completions/{stat}_terminated_length",
+                        _obs(run, f"completions/{stat}_terminated_length", GEN, term),
+                        tokens=("per_seq",), stats=(stat,), mini=("none",), window=WINDOWS, levels=())
+    p.assert_stated("completions/clipped_ratio", _obs(run, "completions/clipped_ratio", GEN,
+                                                      per_seq("agg_is_truncated")),
+                    tokens=("per_seq",), mini=("none",), window=WINDOWS, levels=())
+    for col, name in enumerate(("length_reward", "has_cat")):
+        def fn_rewards(loc, col=col):
+            return [[float(v)] for v in loc["rewards_per_func"][:, col] if not math.isnan(float(v))]
+        p.assert_stated(f"rewards/{name}/mean", _obs(run, f"rewards/{name}/mean", SCORE, fn_rewards),
+                        tokens=("per_seq",), mini=("none",), window=WINDOWS, levels=())
+        p.assert_stated(f"rewards/{name}/std", _obs(run, f"rewards/{name}/std", SCORE, fn_rewards),
+                        tokens=("per_seq",), stats=("std",), mini=("none",), window=WINDOWS, levels=())
+    p.assert_stated("frac_reward_zero_std", _obs(run, "frac_reward_zero_std", SCORE, per_seq("is_std_zero")),
+                    tokens=("per_seq",), mini=("none",), window=WINDOWS, levels=())
+
+
+@proof("trl", trainer="rloo", release=RELEASE, config=RLOO_CONFIG)
+def test_rloo_loss_lr_and_token_counter(p):
+    """HF's loss: the micro-batch's mean of the
+    sequence-level objective, averaged; learning_rate: the row's last step's, before the scheduler steps;
+    num_tokens: the running total at the row's last generation."""
+    run = _rloo()
+    p.assert_stated("loss", _obs(run, "loss", LOSS, per_seq("per_sequence_loss")), tokens=("per_seq",),
+                    mini=("none",), window=WINDOWS, levels=(), rel=1e-5)
+    opt = run.optimizer
+    lr_obs = [(row["learning_rate"], run.per_step(opt.lr_before, i)) for i, (_s, row) in enumerate(run.train_rows())]
+    p.assert_stated("learning_rate", lr_obs, tokens=("per_seq",), mini=("none",), window=WINDOWS, levels=())
+    total, at = 0.0, {}
+    for c in run.calls:
+        if c.name == GEN:
+            total += float(c.locals["total_prompt_tokens"]) + float(c.locals["agg_completion_lengths"].sum())
+            at[c.step] = total
+    per_step = [at[max(s for s in at if s <= step)] for step in range(1, RLOO["max_steps"] + 1)]
+    p.assert_stated("num_tokens", counter_obs(run, "num_tokens", per_step), levels=())
