@@ -105,6 +105,7 @@ class Deriver:
         self._noted: set[tuple[str, str]] = set()
         self._state: dict[str, dict[str, Any]] = {}
         self._plans: list[_Plan] = []
+        self._by_keys: dict[tuple[str, ...], list[_Plan]] = {}      # the plans that can run, by a record's names
         for rule in rules:
             plan = _Plan(rule)
             if not _source_matches(rule.sources, source):
@@ -167,9 +168,7 @@ class Deriver:
             injected = True
         try:
             keys: list[str] | None = None
-            for plan in self._plans:
-                if not plan.active:
-                    continue
+            for plan in self._plans_for(metrics):
                 if plan.anchor is None:
                     self._run(plan, plan.insts[()], metrics, step, wall_time, derived)
                     continue
@@ -194,6 +193,29 @@ class Deriver:
             if injected and metrics.get(STEP_NAME) is step:
                 del metrics[STEP_NAME]
         return derived
+
+    def _plans_for(self, metrics: dict[str, Any]) -> list[_Plan]:
+        """The active plans that can do something at a record with these names, in order: one whose inputs are all
+        among them or derived by a plan before it, or one with a stateful function whose inputs are (it observes
+        them); a templated plan and every plan after it (what it derives is known only from the keys). The others
+        would return at once (an input missing, nothing to observe): worked out once per set of names."""
+        key = tuple(metrics)
+        plans = self._by_keys.get(key)
+        if plans is None:
+            if len(self._by_keys) >= 256:       # records that each log other names: bounded all the same
+                self._by_keys.clear()
+            names, every, plans = set(key), False, []
+            for plan in self._plans:
+                if not plan.active:
+                    continue
+                every = every or plan.anchor is not None
+                insts = plan.insts.values()
+                if every or any(all(n in names for n in i.inputs) or any(all(n in names for n in st)
+                                                                         for st in i.st_inputs) for i in insts):
+                    plans.append(plan)
+                    names.update(i.out for i in insts)
+            self._by_keys[key] = plans
+        return plans
 
     def _run(self, plan: _Plan, inst: _Inst, metrics: dict[str, Any], step: int | None, wall_time: float | None,
              derived: list[str]) -> None:
