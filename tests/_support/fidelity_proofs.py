@@ -37,6 +37,9 @@ from typing import Any, Callable
 
 if __name__ == "__main__":      # run as a script (the command above): put tests/ on sys.path so `_support` imports
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # one module, whatever imports it: a proof or proofs_corpus importing `_support.fidelity_proofs` gets this one
+    # (a second copy has its own batch caches, and its veRL driver run left the report's derived rules without input)
+    sys.modules.setdefault("_support.fidelity_proofs", sys.modules[__name__])
 from _support import ROOT  # noqa: E402
 from _support import framework_code as F  # noqa: E402
 from _support.unproven import EveryEntryProven  # noqa: E402

@@ -13,6 +13,8 @@ Runs (each a few seconds on CPU):
 * ``step``: gradient_accumulation_steps 1, logging_steps 1, loss_type "grpo", scale_rewards "batch": every level holds
   one item, so the per-token reduction is what is told apart (token mean vs mean of sequence means), and the
   config-dependent entries (the GRPO loss by loss_type, frac_reward_zero_std under batch scaling) are checked.
+* ``bonus``: an entropy bonus (entropy_coef 0.01) at gradient_accumulation_steps 1, logging_steps 2: policy_loss
+  (the loss before the bonus) is logged, and at one micro-batch per step it is a token mean.
 * ``tools``: environment tokens in the completions (a rollout_func returning ``env_mask``, which GRPO handles as its
   ``tool_mask``: trl/trainer/grpo_trainer.py@v1.16.0 _generate), the path tool results take.
 """
@@ -45,6 +47,8 @@ WINDOW = dict(gradient_accumulation_steps=2, logging_steps=3, max_steps=12, num_
               lr_scheduler_type="cosine_with_restarts", lr_scheduler_kwargs={"num_cycles": 5})
 STEP = dict(gradient_accumulation_steps=1, logging_steps=1, max_steps=3, beta=0.1, per_device_train_batch_size=4,
             num_generations=2, loss_type="grpo", scale_rewards="batch")
+BONUS = dict(gradient_accumulation_steps=1, logging_steps=2, max_steps=6, beta=0.1, per_device_train_batch_size=4,
+             num_generations=2, entropy_coef=0.01)
 TOOLS = dict(gradient_accumulation_steps=2, logging_steps=1, max_steps=2, beta=0.0, per_device_train_batch_size=2,
              num_generations=2, entropy_coef=0.01)
 
@@ -62,7 +66,7 @@ atexit.register(shutil.rmtree, _WORK, True)
 
 @functools.lru_cache(maxsize=None)
 def _run(name: str) -> TRLRun:
-    kw = {"window": WINDOW, "step": STEP, "tools": TOOLS}[name]
+    kw = {"window": WINDOW, "step": STEP, "tools": TOOLS, "bonus": BONUS}[name]
     extra = {"rollout_func": _env_rollout} if name == "tools" else {}
     return run_grpo(_WORK / name, **kw, **extra)
 
@@ -290,6 +294,19 @@ def test_grpo_leaves_tool_tokens_out_of_lengths_and_token_means(p):
                     mini=("none",), window=WINDOWS, levels=("micro_batches",))
     _entry, res = p.entry("completions/mean_length")
     p.check(res.fields["tool_tokens"] == "excluded", res.fields)
+
+
+@proof("trl", trainer="grpo", release=RELEASE, config=_config(BONUS))
+def test_grpo_policy_loss_at_one_micro_batch_per_step_is_the_steps_token_mean(p):
+    """policy_loss (logged with an entropy bonus; loss_type dapo, gradient_accumulation_steps 1): the policy term
+    before the bonus (beta * KL included), the token sum over the generation batch's tokens: the step's token mean,
+    gathered from every process and averaged; log() averages the row's 2 steps (of different token counts)."""
+    run = _run("bonus")
+    rows = run.train_rows()
+    p.check(len(rows) == BONUS["max_steps"] // BONUS["logging_steps"] and all("policy_loss" in r for _s, r in rows),
+            rows)
+    p.assert_stated("policy_loss", _obs(run, "policy_loss", LOSS, masked("per_token_loss")), tokens=TOKEN_CANDIDATES,
+                    mini=("none",), window=WINDOWS, levels=("window",), rel=1e-5)
 
 
 def test_grpo_policy_loss_is_divided_by_gradient_accumulation():

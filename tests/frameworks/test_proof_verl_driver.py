@@ -441,6 +441,58 @@ def test_reward_kl_penalty_is_the_mean_of_sequence_token_means(p):
             (logged["actor/reward_kl_penalty_coeff"], ctrl.value))
 
 
+def _prove_reward_kl_estimator(p, penalty: str, estimator, stated: str) -> None:
+    """actor/reward_kl_penalty under algorithm.kl_penalty ``penalty``: the estimator core_algos.kl_penalty returns
+    (checked against ``estimator(old, ref)`` token by token, and the entry trackbridge picks for the config states
+    it: ``stated``), averaged per sequence and then over sequences."""
+    import math
+    c = V.code()
+    data, mask = kl_batch()
+    old, ref = data.batch["old_log_probs"].clone(), data.batch["ref_log_prob"].clone()
+    ctrl = c.core_algos.AdaptiveKLController(init_kl_coef=0.05, target_kl=0.01, horizon=100)
+    data, logged, seen = V.run_kl_penalty(data, ctrl, penalty)
+    p.check(len(seen) == 1, seen)
+    kld = ragged(seen[0], mask.bool())
+    pairs = zip([x for s in kld for x in s], [x for s in ragged(old, mask.bool()) for x in s],
+                [x for s in ragged(ref, mask.bool()) for x in s])
+    p.check(all(math.isclose(v, estimator(o, r), rel_tol=1e-4, abs_tol=1e-6) for v, o, r in pairs),
+            f"the KL veRL computed under kl_penalty {penalty} is not the estimator")
+    p.assert_stated("actor/reward_kl_penalty", token_observations(logged["actor/reward_kl_penalty"], kld),
+                    levels=DRIVER, tokens=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"))
+    _entry, res = p.entry("actor/reward_kl_penalty")
+    p.check(res.fields["estimator"] == stated, (penalty, res.fields))
+
+
+def _k3(o: float, r: float) -> float:
+    import math
+    return math.exp(r - o) - (r - o) - 1
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config={**KL_IN_REWARD, "algorithm.kl_penalty": "low_var_kl"})
+def test_reward_kl_penalty_low_var_kl_is_k3_sequence_means(p):
+    _prove_reward_kl_estimator(p, "low_var_kl", _k3, "k3")
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config={**KL_IN_REWARD, "algorithm.kl_penalty": "k3"})
+def test_reward_kl_penalty_k3_is_k3_sequence_means(p):
+    _prove_reward_kl_estimator(p, "k3", _k3, "k3")
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config={**KL_IN_REWARD, "algorithm.kl_penalty": "mse"})
+def test_reward_kl_penalty_mse_is_k2_sequence_means(p):
+    _prove_reward_kl_estimator(p, "mse", lambda o, r: 0.5 * (o - r) ** 2, "k2")
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config={**KL_IN_REWARD, "algorithm.kl_penalty": "k2"})
+def test_reward_kl_penalty_k2_is_k2_sequence_means(p):
+    _prove_reward_kl_estimator(p, "k2", lambda o, r: 0.5 * (o - r) ** 2, "k2")
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config={**KL_IN_REWARD, "algorithm.kl_penalty": "abs"})
+def test_reward_kl_penalty_abs_is_the_absolute_log_ratios_sequence_means(p):
+    _prove_reward_kl_estimator(p, "abs", lambda o, r: abs(o - r), "abs")
+
+
 # ------------------------------------------------------------------------------------------------ turns, aborted
 @proof("verl", trainer="ppo", release="0.9.1", config=BASE)
 def test_num_turns_are_per_sequence_over_the_batch(p):
@@ -516,3 +568,25 @@ def test_aborted_sequences_are_left_out_of_the_non_aborted_stats(p):
                                          ((5, 1, 1), (1, 1, 4))), levels=DRIVER, tokens=("per_seq",))
     p.check(not close(m["response_length_non_aborted/clip_ratio"], m["response_length/clip_ratio"]),
             "the clip ratios over all and over the non-aborted sequences coincide")
+
+
+# ------------------------------------------------------------------------------------------------ GDPO (issue 33)
+GDPO = {"trainer.use_v1": False, "algorithm.adv_estimator": "gdpo"}
+
+
+@proof("verl", trainer="ppo", release="0.9.1", config=GDPO)
+def test_gdpo_reward_function_statistics_are_over_the_batchs_sequences(p):
+    """gdpo/{reward_fn}/mean, std, max, min (RayPPOTrainer.fit's GDPO block, compiled from ray_trainer.py's own text:
+    tests/_support/fidelity_proofs.py run_verl_driver): the statistics of the reward function's per-sequence scores
+    over the whole batch on the driver, the std the population's (numpy)."""
+    from _support import fidelity_proofs as FPR
+    b = FPR.make_batch()
+    logged = FPR.run_verl_driver(b)
+    steps = [[[[[[s] for s in b.scores]]]]]            # the driver: one population of the batch's sequences
+    p.check(len(set(b.scores)) > 2, b.scores)
+    for stat in ("mean", "max", "min"):
+        p.assert_stated(f"gdpo/score/{stat}", logged[f"gdpo/score/{stat}"], steps, tokens=("per_seq",),
+                        stats=(stat,), levels=())
+    p.assert_stated("gdpo/score/std", logged["gdpo/score/std"], steps, tokens=("per_seq",), stats=("std",),
+                    levels=())
+    p.check(not close(logged["gdpo/score/std"], statistics.stdev(b.scores)), "not the sample std")
