@@ -31,7 +31,8 @@ def test_every_log_is_read_and_hits_entries():
     found = C.hits()
     where = {w for h in found.values() for w in h.where}
     read = [label for label, _path in C.logs()]
-    assert len(read) >= 60 and any(r.startswith("public:") for r in read) and any(r.startswith("example:") for r in read)
+    assert len(read) >= 60
+    assert any(r.startswith("public:") for r in read) and any(r.startswith("example:") for r in read)
     # every log with per-step metrics that trackbridge recognises hits an entry (a summary or check table may not)
     assert len(where) >= 50, sorted(set(read) - where)
     assert {e.framework for e in (h.entry for h in found.values())} >= set(C.RUNNABLE)

@@ -103,8 +103,9 @@ def test_sft_entropy_and_token_accuracy_are_micro_batch_token_means_averaged(p):
     from every process, appended once per micro-batch; log() averages the row's micro-batches unweighted."""
     run = _sft()
     for key, field in (("entropy", "entropy"), ("mean_token_accuracy", "is_top1")):
-        p.assert_stated(key, _obs(run, key, "compute_loss", _fused(field)), tokens=("token_mean", "seq_mean_token_mean"),
-                        mini=("none",), window=WINDOWS, levels=("micro_batches", "window"))
+        p.assert_stated(key, _obs(run, key, "compute_loss", _fused(field)),
+                        tokens=("token_mean", "seq_mean_token_mean"), mini=("none",), window=WINDOWS,
+                        levels=("micro_batches", "window"))
     p.check(any(0 < r["mean_token_accuracy"] < 1 for _s, r in run.train_rows()), "accuracy 0 or 1 everywhere: weak")
 
 
