@@ -363,3 +363,57 @@ def test_killed_mid_write_then_resumed(tmp_path, monkeypatch, fault_cell, kind, 
     assert exact(points, KEYS, range(n)) is None, exact(points, KEYS, range(n))
     assert _pending(spool) is None, _pending(spool)
     assert not [p.name for p in where.rglob("*.tmp")], "a temporary file left in the tracker's folder"
+
+
+# -- the sink alone: a batch that fails on the full disk, tried again while full, then once there is room ----------
+RETRY = r"""
+import json, os, shutil, sys
+from trackbridge.record import Record, RunInfo
+from trackbridge.trackers import make_sink
+kind, own, out = sys.argv[1:4]
+keys = [f"custom/k{j:02d}" for j in range(20)]
+batch = lambda lo, hi: [Record(i, 1763700000.0 + i, {k: float(i) + j / 100 for j, k in enumerate(keys)})
+                        for i in range(lo, hi)]
+sink = make_sink(f"{kind}:{own}/{kind}")
+sink.open(RunInfo(name="own", project="own", run_id="own"))
+sink.write(batch(0, 100))
+fd = os.open(os.path.join(own, "filler"), os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"x" * 4096)
+except OSError:
+    os.close(fd)
+failed = 0
+for _ in range(3):                  # the logger's retries, the disk still full
+    try:
+        sink.write(batch(100, 400))
+    except Exception as exc:
+        failed += 1
+        last = f"{type(exc).__name__}: {exc}"
+os.unlink(os.path.join(own, "filler"))
+sink.write(batch(100, 400))         # room again: the batch once
+sink.write(batch(400, 500))
+sink.close()
+json.dump({"failed": failed, "last": last}, open(f"{out}/result.json", "w"))
+shutil.copytree(f"{own}/{kind}", f"{out}/copy")
+"""
+
+
+@needs_small_fs
+@pytest.mark.parametrize("kind", TRACKERS)
+def test_a_batch_failed_on_a_full_disk_is_written_once_when_there_is_room(tmp_path, monkeypatch, kind):
+    """Without the logger's timing: the sink's write of a batch fails three times on its full disk (each attempt
+    cut short part-way), then succeeds once the disk has room: the tracker holds every point once, no torn record."""
+    own, out = tmp_path / "own", tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "retry.py"
+    script.write_text(RETRY)
+    proc = start_in_small_fs(own, 2048, script, kind, own, out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["failed"] == 3 and "No space left on device" in result["last"], result
+    points, torn = read_tracker(kind, out / "copy", monkeypatch)
+    assert (doubled_and_lost(points, range(500)), torn) == ((0, 0), 0)
+    assert exact(points, KEYS, range(500)) is None, exact(points, KEYS, range(500))
