@@ -144,6 +144,7 @@ class TaskContext:
     progress: Callable[..., Any]         # trackbridge.migrate.Progress (each task makes a silent one)
     limiter: Any = None                  # the limiter actor's handle, or None
     local_rate: tuple[float | None, float | None] = (None, None)    # per-task share if the actor is gone
+    metrics: tuple[str, ...] = ()        # the selection's metric globs (a worker opens the runs again: unselected)
 
 
 def run_batch(ctx: TaskContext, entries: list[PlannedRun]) -> list["RunResult"]:
@@ -172,6 +173,7 @@ def run_batch(ctx: TaskContext, entries: list[PlannedRun]) -> list["RunResult"]:
             out.append(ctx.result(e.name, e.target_run_id, error="the run is no longer in the source"))
             continue
         idx, run = found
+        run.metrics = list(ctx.metrics)      # what the driver's selection handed each run it opened
         try:
             out.append(ctx.run_one(idx, run, ctx.src, ctx.dst, ctx.source, ctx.names, ctx.derive, ctx.mappings,
                                    quiet, ctx.dest_missing, throttle=throttle, plan=ctx.plan,
@@ -299,7 +301,8 @@ def migrate_ray(runs: list[InputRun], *, src: str, dst: str, source: str, names:
                  None if points_per_s is None else points_per_s / in_flight)
         ctx = TaskContext(src=src, dst=dst, source=source, names=names, derive=derive, mappings=mappings,
                           dest_missing=dest_missing, plan=man.plan, state_root=str(state_root), cwd=os.getcwd(),
-                          run_one=run_one, result=result, progress=type(prog), limiter=limiter, local_rate=share)
+                          run_one=run_one, result=result, progress=type(prog), limiter=limiter, local_rate=share,
+                          metrics=tuple(runs[0].metrics) if runs else ())
         task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(run_batch)
         ctx_ref = ray.put(ctx)
         by_batch: dict[Any, list[PlannedRun]] = {}

@@ -232,6 +232,20 @@ def test_one_rate_limit_shared_by_every_task(cluster, env):
     assert len(got) == 24
 
 
+def test_the_selection_holds_in_the_ray_workers(cluster, env):
+    # a Ray task opens the source again: the runs and metrics --runs/--metrics picked are what its workers write
+    src = _source(env / "src", runs=6, steps=5)
+    dst = f"jsonl:{env / 'dst'}"
+    envv = {"TRACKBRIDGE_STATE_DIR": str(env / "state")}
+    p = run_cli("migrate", src, dst, "--engine", "ray", "--ray-address", cluster, "--quiet", "--from", "verl",
+                "--runs", "run-00[135]", "--metrics", "loss/*", "--metrics", "custom/a", env_extra=envv)
+    assert p.returncode == 0, p.stderr
+    import trackbridge
+    df = trackbridge.read(dst).to_pandas()
+    assert sorted(set(df["run"])) == ["run-001", "run-003", "run-005"]
+    assert set(df["key"]) == {"loss/policy", "custom/a"} and len(df) == 3 * 5 * 2
+
+
 def test_cli_engine_ray_reaches_the_cluster(cluster, env):
     src = _source(env / "src", runs=6, steps=5)
     dst = f"jsonl:{env / 'dst'}"
