@@ -80,6 +80,31 @@ def test_a_run_made_by_swanlabs_sdk_is_read(tmp_path):
     assert reader.info.config == {"lr": 0.1, "nested": {"a": 1}} and reader.info.name == "sdk"
 
 
+def test_a_config_tagged_for_pythons_unsafe_loader_is_read_as_plain_values_and_said(tmp_path):
+    # issue 31: a config.yaml holding a `!!python/...` tag (what yaml.dump writes for a tuple or an object) lost the
+    # whole config, trackbridge's run info with it, in silence
+    import swanlab
+    run = swanlab.init(project="p", experiment_name="tagged", config={"lr": 0.1, "betas": [0.9, 0.99]},
+                       mode="offline", logdir=str(tmp_path))
+    swanlab.log({"train/loss": 1.0}, step=0)
+    run.finish()
+    (cfg,) = list(tmp_path.rglob("files/config.yaml"))
+    text = cfg.read_text(encoding="utf-8")
+    assert "betas" in text and "lr" in text
+    cfg.write_text(text + "shape:\n  desc: null\n  sort: 9\n  value: !!python/tuple [2, 3]\n"
+                   "obj: !!python/object:argparse.Namespace {a: 1}\n", encoding="utf-8")
+    (reader,) = list(open_source(f"swanlab:{tmp_path}").runs())
+    config = reader.info.config
+    assert config["lr"] == 0.1 and config["betas"] == [0.9, 0.99]                 # the rest of the config kept
+    assert config["shape"] == [2, 3] and config["obj"] == {"a": 1}               # nothing of Python's built
+    (problem,) = reader.problems
+    assert problem.where == str(cfg) and "2 config value(s) tagged for Python's unsafe loader" in problem.what
+    assert [r.metrics for r in reader.records()] == [{"train/loss": 1.0}]
+    cfg.write_text("lr: [unclosed\n", encoding="utf-8")                          # not YAML: said, not dropped
+    (reader,) = list(open_source(f"swanlab:{tmp_path}").runs())
+    assert reader.info.config == {} and "the run config is not YAML" in reader.problems[0].what
+
+
 def test_a_run_file_of_another_store_version_is_refused(tmp_path):
     _write(tmp_path, [Record(0, T0, {"a": 1.0})])
     (path,) = tmp_path.glob("run-*/run-*.swanlab")

@@ -30,7 +30,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.names import NameCache, escape, shorten
@@ -339,14 +339,45 @@ class SwanlabSink(PointStoreSink):
         return f"swanlab:{self.location}" + (f" (run {self.run_id})" if self.run_id else "")
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    """``files/config.yaml`` of the run file ``path`` as ``{key: value}`` (SwanLab keeps ``{desc, sort, value}``)."""
+def _read_config(path: Path, problem: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """``files/config.yaml`` of the run file ``path`` as ``{key: value}`` (SwanLab keeps ``{desc, sort, value}``).
+    Read safely: a value tagged for Python's unsafe loader (``!!python/tuple``, ``!!python/object:...``, which SwanLab
+    writes for some configs) is read as its plain value, and ``problem(where, what)`` is told; a file that is no YAML
+    is told too, never dropped in silence."""
     import yaml
     target = path.parent / "files" / "config.yaml"
+    tags: list[str] = []
+
+    class _Plain(yaml.SafeLoader):
+        pass
+
+    def plain(loader: Any, suffix: str, node: Any) -> Any:
+        tags.append(node.tag)
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node, deep=True)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        return loader.construct_scalar(node)
+
+    _Plain.add_multi_constructor("", plain)
     try:
-        doc = yaml.safe_load(target.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        if problem is not None:
+            problem(str(target), f"the run config cannot be read ({exc}); the run is read without it")
+        return {}
+    try:
+        doc = yaml.load(text, Loader=_Plain) or {}
+    except (yaml.YAMLError, RecursionError) as exc:
+        if problem is not None:
+            problem(str(target), f"the run config is not YAML ({str(exc).splitlines()[0]}); the run is read without it")
+        return {}
+    if tags and problem is not None:
+        kinds = ", ".join(sorted(set(tags))[:3])
+        problem(str(target), f"{len(tags)} config value(s) tagged for Python's unsafe loader ({kinds}) read as their "
+                             f"plain values")
     if not isinstance(doc, dict):
         return {}
     return {str(k): (v.get("value") if isinstance(v, dict) and "value" in v else v) for k, v in doc.items()}

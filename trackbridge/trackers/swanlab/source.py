@@ -61,7 +61,7 @@ class SwanlabRunReader(RunReader):
                 start = rec.start
             elif kind == "finish":
                 state = self._pb[1].RunState.Name(rec.finish.state)
-        config = _read_config(self.path)
+        config = _read_config(self.path, self.skip)
         ours = config.pop(store.CONFIG_KEY, None)
         swan = {"state": state, "file": str(self.path)}
         if start is not None:
