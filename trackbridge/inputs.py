@@ -29,7 +29,6 @@ import copy
 import itertools
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -465,16 +464,6 @@ def parse_tags(items: Iterable[str]) -> dict[str, str]:
             raise UsageError(f"--tag {item!r}: expected KEY=VALUE or KEY")
         out[key.strip()] = value.strip()
     return out
-
-
-def runs_pattern(runs: str | None, what: str = "--runs ") -> re.Pattern[str] | None:
-    """The compiled run selection (None: every run); a bad expression is a one-line error naming ``what``."""
-    if not runs:
-        return None
-    try:
-        return re.compile(runs)
-    except re.error as exc:
-        raise UsageError(f"{what}{runs!r} is not a regular expression ({exc})") from None
 
 
 def _open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool = False,

@@ -16,12 +16,9 @@ import datetime as _dt
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from .errors import UsageError
-
-if TYPE_CHECKING:       # pragma: no cover
-    from .inputs import InputRun
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -58,6 +55,16 @@ def parse_when(text: str | float | _dt.datetime | _dt.date, what: str = "--since
     return when.timestamp()
 
 
+def runs_pattern(runs: str | None, what: str = "--runs ") -> re.Pattern[str] | None:
+    """The compiled run selection (None: every run); a bad expression is a one-line error naming ``what``."""
+    if not runs:
+        return None
+    try:
+        return re.compile(runs)
+    except re.error as exc:
+        raise UsageError(f"{what}{runs!r} is not a regular expression ({exc})") from None
+
+
 def _iso(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -82,8 +89,6 @@ class Selection:
               prefix: str = "--") -> "Selection":
         """The selection, each part checked now: a bad regular expression, date or glob is a one-line error naming
         its option (``prefix`` ``--`` for the command line, ``read: `` ... for the library)."""
-        from .inputs import runs_pattern
-
         def opt(name: str) -> str:
             return f"--{name} " if prefix == "--" else f"{prefix}{name}="
         pattern = runs_pattern(runs, opt("runs")) if runs else None
@@ -112,7 +117,7 @@ class Selection:
             parts.append(f"started until {_iso(self.until)}")
         return (" " + ", ".join(parts)) if parts else ""
 
-    def keep(self, run: "InputRun") -> bool:
+    def keep(self, run: Any) -> bool:
         """Whether ``run`` is selected: its label, name or id matches ``runs``, it holds ``tags``, and it started
         within ``since``/``until`` (peeks at its first record only when dates were asked for)."""
         if self._pattern is not None and not any(self._pattern.search(str(t))
@@ -131,4 +136,4 @@ class Selection:
         return (self.since is None or started >= self.since) and (self.until is None or started <= self.until)
 
 
-__all__ = ["Selection", "parse_when"]
+__all__ = ["Selection", "parse_when", "runs_pattern"]

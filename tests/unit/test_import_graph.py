@@ -170,7 +170,7 @@ LAYERS: list[set[str]] = [
     {"trackers", "files", "catchup", "ledger"},                 # the registry, the trackers, the file readers
     {"logger"},                                                 # the logger
     {"integrations"},                                           # trainers' callbacks
-    {"replay", "migrate", "bulk", "compare", "inputs", "read", "demo", "mappings_views"},   # the edge
+    {"replay", "migrate", "bulk", "compare", "inputs", "selection", "read", "demo", "mappings_views"},   # the edge
     {"commands", "cli"},                                        # the command line
     {"__main__", ""},                                           # the package face
 ]

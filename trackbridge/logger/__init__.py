@@ -136,7 +136,8 @@ def _merged(r: int, world_size: int | None, rank_timeout: float, *, rank_zero_on
             spool: str, options: LoggerOptions, **kw: Any) -> Run | NoOpRun:
     """``init(merge_ranks=True)``: rank 0's run with the merger attached; the other ranks' :class:`RankRun`."""
     from ..errors import UsageError
-    from .ranks import RankLink, RankRun, check_world, shared_run_id
+    from .rankrun import RankLink, RankRun, check_world
+    from .ranks import shared_run_id
     from .spool import spool_place
     if not rank_zero_only:
         raise UsageError("init(merge_ranks=True) merges every rank into rank 0's run; rank_zero_only=False (a run "

@@ -75,7 +75,7 @@ def _writes(sink: Sink, run_id: str, spool_path: Path) -> bool:
 class Run(RunView):
     """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
 
-    _ranks: Any = None      # init(merge_ranks=True): the rank file and merger (logger/ranks.py)
+    _ranks: Any = None      # init(merge_ranks=True): the rank file and merger (logger/rankrun.py, ranks.py)
     _device: Any = None     # once a CUDA tensor was logged: the thread reading them back in order (logger/device.py)
 
     def __init__(self, *, project: str | None, name: str | None, sinks: list[Any], source: str, names: str,
