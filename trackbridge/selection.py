@@ -81,6 +81,7 @@ class Selection:
     since: float | None = None       # epoch seconds, inclusive
     until: float | None = None       # epoch seconds, inclusive
     left_out: list[str] = field(default_factory=list)   # "LABEL: why" for each run left out that is worth saying
+    prefix: str = "--"                                  # how its options are named in messages ("read: " ...)
     _pattern: re.Pattern[str] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -98,7 +99,8 @@ class Selection:
                                                                   end_of_day=True)
         if lo is not None and hi is not None and hi < lo:
             raise UsageError(f"{opt('until')}{_iso(hi)} is before {opt('since')}{_iso(lo)}: no run can be selected")
-        return cls(runs=runs or None, tags=dict(tags or {}), metrics=pats, since=lo, until=hi, _pattern=pattern)
+        return cls(runs=runs or None, tags=dict(tags or {}), metrics=pats, since=lo, until=hi, prefix=prefix,
+                   _pattern=pattern)
 
     @property
     def dated(self) -> bool:
@@ -108,7 +110,8 @@ class Selection:
         """The selection in words, for "no runs found ..." messages (empty when nothing is selected)."""
         parts = []
         if self.runs:
-            parts.append(f"matching --runs {self.runs!r}")
+            opt = f"--runs {self.runs!r}" if self.prefix == "--" else f"runs={self.runs!r}"
+            parts.append(f"matching {opt}")
         if self.tags:
             parts.append("with the tags asked for")
         if self.since is not None:
