@@ -20,7 +20,6 @@ trackbridge wrote records every key whose stored pair reads back otherwise (``lo
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,41 +30,6 @@ SCALAR = "training_stats_scalar"
 PLOT = "plot"
 KNOWN_EVENTS = (SCALAR, PLOT, "training_debug_image", "log")
 CONFIG_NAME = "trackbridge"       # the configuration item holding trackbridge's RunInfo (JSON)
-
-
-class Appender:
-    """Appends whole lines to a file, unbuffered: an append that fails part-way (a full disk) is taken back (the file
-    cut to the end of the last append that completed, :attr:`durable`; cutting a file shorter needs no room) and
-    raises, so the file never holds a torn line and a batch retried after it is written once."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fh = open(path, "ab", buffering=0)
-        self.durable = self.fh.seek(0, os.SEEK_END)
-
-    def append(self, data: bytes) -> None:
-        fd = self.fh.fileno()
-        if os.fstat(fd).st_size != self.durable:        # a failed append not yet cut back
-            os.ftruncate(fd, self.durable)
-        view, done = memoryview(data), 0
-        try:
-            while done < len(data):
-                n = self.fh.write(view[done:])
-                if not n:
-                    raise OSError(f"{self.path}: wrote nothing at offset {self.durable + done}")
-                done += n
-        except OSError:
-            try:
-                os.ftruncate(fd, self.durable)
-            except OSError:
-                pass                                    # cut at the next append, or on open
-            raise
-        finally:
-            view.release()
-        self.durable += done
-
-    def close(self) -> None:
-        self.fh.close()
 
 
 def split_key(name: str) -> tuple[str, str]:

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
+from ...tracking.appender import Appender
 from ...tracking.names import NameCache
 from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import flat_config, printable
-from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Appender, Session, split_key, stored
+from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Session, split_key, stored
 
 if TYPE_CHECKING:       # pragma: no cover
     pass

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
+from ...tracking.appender import Appender
 from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import flat_config, printable
 from .archive import (
@@ -34,7 +35,6 @@ from .archive import (
     OTHER,
     PARAMETER,
     PARTIAL,
-    Appender,
     Archive,
     encode_number,
     experiment_key,
