@@ -13,8 +13,11 @@ integer per held point); a key whose steps go backwards falls back to a lookup.
 """
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from .record import Record
@@ -139,6 +142,14 @@ class Holdings:
             if out is not None:
                 yield out
 
+    def counts(self) -> "Counter[tuple[str, int]]":
+        """How many points the tracker holds per ``(key, step)``."""
+        out: Counter[tuple[str, int]] = Counter()
+        for key, arr in self._raw.items():
+            for step in arr:
+                out[key, step] += 1
+        return out
+
     def __len__(self) -> int:
         return self.points
 
@@ -146,4 +157,87 @@ class Holdings:
         return f"Holdings({len(self._raw)} keys, {self.points} points, last step {self.last_step()})"
 
 
-__all__ = ["Holdings"]
+@dataclass
+class Audit:
+    """What a tracker holds of a stretch of the run against what it was sent (:func:`audit`): points it lacks,
+    points it holds more often than they were logged (doubled), the first of each, the points compared, and where a
+    catch-up of what it lacks must start (``from_seq``, the number of the first record with a point it lacks, and
+    ``from_step``, the lowest step of the records from there on)."""
+
+    lacking: int = 0
+    doubled: int = 0
+    compared: int = 0
+    first_lacking: tuple[str, int] | None = None
+    first_doubled: tuple[str, int] | None = None
+    from_seq: int | None = None
+    from_step: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Every point held exactly as often as it was logged."""
+        return not (self.lacking or self.doubled)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.lacking:
+            k, s = self.first_lacking or ("?", -1)
+            parts.append(f"lacks {self.lacking} point(s) (first: {k!r} at step {s})")
+        if self.doubled:
+            k, s = self.first_doubled or ("?", -1)
+            parts.append(f"holds {self.doubled} point(s) twice (first: {k!r} at step {s})")
+        return " and ".join(parts) or f"holds all {self.compared} point(s) once"
+
+
+def audit(records: Iterable[tuple[int, Record]], held: Holdings, *, since: int | None = None, nan: bool = True,
+          skip_keys: Iterable[str] = (), skip_steps: Iterable[int] = ()) -> Audit:
+    """Compare the points of ``records`` (``(seq, record)``; steps ``>= since``) with what a tracker ``held`` (read
+    back with the same ``since``), one to one per key and step. Numbers only: a key that ever holds text or a
+    histogram in the records is left out of the comparison (trackers keep those in forms of their own), as are
+    ``skip_keys`` (keys the sink said it left out), ``skip_steps`` (records it left out for their step) and, for a
+    tracker that cannot store them (``nan=False``), NaN and infinities. Keys the tracker holds that the records never
+    had are not counted."""
+    want: Counter[tuple[str, int]] = Counter()
+    first_at: dict[tuple[str, int], int] = {}       # (key, step) -> the first record number holding it
+    seqs, steps_seen = array("q"), array("q")
+    odd: set[str] = set(skip_keys)
+    steps = set(skip_steps)
+    for seq, rec in records:
+        step = rec.step
+        if step is None or (since is not None and step < since) or step in steps:
+            continue
+        seqs.append(seq)
+        steps_seen.append(step)
+        for key, value in rec.metrics.items():
+            if value is None or key in odd:
+                continue
+            t = type(value)
+            if t is float:
+                if not nan and not math.isfinite(value):
+                    continue
+            elif t is not int and t is not bool and not isinstance(value, (int, float)):
+                odd.add(key)
+                continue
+            pair = (key, step)
+            if pair not in first_at:
+                first_at[pair] = seq
+            want[pair] += 1
+    got = held.counts()
+    out = Audit()
+    for pair, seq in first_at.items():
+        if pair[0] in odd:
+            continue
+        n, h = want[pair], got.get(pair, 0)
+        out.compared += n
+        if h < n:
+            out.lacking += n - h
+            if out.from_seq is None or seq < out.from_seq:
+                out.first_lacking, out.from_seq = pair, seq
+        elif h > n:
+            out.doubled += h - n
+            out.first_doubled = out.first_doubled or pair
+    if out.from_seq is not None:
+        out.from_step = min(st for sq, st in zip(seqs, steps_seen) if sq >= out.from_seq)
+    return out
+
+
+__all__ = ["Audit", "Holdings", "audit"]

@@ -12,6 +12,7 @@ import time
 from typing import Callable, Iterable
 
 from ..catchup import CatchUp, lacking, write_batches
+from ..holdings import Audit, audit
 from ..record import Record
 from ..stream import StreamCursor, read_stream
 from ..tracking.sink import Sink
@@ -255,10 +256,59 @@ class TrackerWorker(Worker):
                     self._warn(f"trackbridge: sink {self.name} could not catch up at finish() ({self.last_error}); "
                                f"{later}")
                 return
+        since = None if whole else self.failed_since
+        top = hi if hi is not None and hi > self.acked else self.acked
+        try:
+            check = self._audit(since, top)
+        except Exception as exc:        # the tracker cannot be read back now: not known to be whole, so not recovered
+            check, self.last_error = None, f"read back: {type(exc).__name__}: {exc}"
+            self._not_recovered(f"could not be read back after catching up ({self.last_error})", final, later, top)
+            return
+        if check is not None and check.lacking:
+            self.last_error = f"after catching up it {check}"
+            if check.from_seq is not None:      # the next catch-up starts there, cut down to what it lacks
+                self.acked = min(self.acked, check.from_seq - 1)
+                low = check.from_step if check.from_step is not None else 0
+                self.failed_since = low if self.failed_since is None else min(self.failed_since, low)
+            self._not_recovered(self.last_error, final, later, top)
+            return
         self.failed_since = None
         self.recoveries += 1
-        log.warning("trackbridge: sink %s recovered; caught up %d records from the spool",
-                    self.name, self.caught_up - n_before)
+        caught = self.caught_up - n_before
+        if check is None:
+            log.warning("trackbridge: sink %s reopened; caught up %d records from the spool (it cannot list what it "
+                        "holds, so they were not checked)", self.name, caught)
+        elif check.doubled:
+            self._warn(f"trackbridge: sink {self.name} reopened and caught up {caught} records from the spool, but "
+                       f"it {check} (its own writes before it failed landed again)")
+            self.ctx.report(f"sink {self.name} {check} after it failed and was reopened")
+        else:
+            log.warning("trackbridge: sink %s recovered; caught up %d records from the spool, and it holds all %d "
+                        "points logged since step %s", self.name, caught, check.compared,
+                        since if since is not None else 0)
+
+    def _audit(self, since: int | None, hi: int) -> Audit | None:
+        """What the tracker holds of the spool's records up to number ``hi`` with a step ``>= since``, point by
+        point (None for a tracker that cannot list what it holds). Read from the tracker itself, so that
+        "recovered" is said only of a tracker known to hold every point."""
+        held = self.sink.held(since)
+        if held is None:
+            return None
+        rename = self.rename or (lambda rec: rec)
+        recs = ((s, rename(rec)) for s, rec in read_stream(self.ctx.spool_path, stop=hi + 1, since=since))
+        return audit(recs, held, since=since, nan=self.sink.capabilities.nan, skip_keys=self.left_out,
+                     skip_steps=self.left_out_steps)
+
+    def _not_recovered(self, why: str, final: bool, later: str, hi: int) -> None:
+        """The tracker reopened and caught up but is not whole: failed again, retried later (the spool keeps all)."""
+        self.failures += 1
+        with self.lock:
+            self.state = "failed"
+            top = max(self.acked, hi)
+            self.dropped_hi = top if self.dropped_hi is None else max(self.dropped_hi, top)
+            self.next_retry = time.monotonic() + self.ctx.options.retry_interval
+        self._warn(f"trackbridge: sink {self.name} reopened but {why}; "
+                   + (later if final else "it stays failed and is retried (the spool keeps every record)"))
 
     def left(self, last_seq: int) -> int:
         """Records up to ``last_seq`` this tracker is not known to hold (0 once its worker closed cleanly)."""
