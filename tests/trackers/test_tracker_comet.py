@@ -130,3 +130,57 @@ def test_blank_lines_cost_no_python_step_and_line_numbers_hold(tmp_path, monkeyp
     text = b"first line\n\n \nsecond, a longer line\n" + b"x" * 37
     assert list(A._content_lines(io.BytesIO(text), last_complete=False)) == [
         (1, "first line\n", True), (4, "second, a longer line\n", True), (5, "x" * 37, False)]
+
+
+def test_names_with_a_line_break_are_escaped_said_and_given_back(tmp_path):
+    """comet_ml's schemas hold names and tags to ``^(.*)$``: a line break in a metric name, a config key or a tag
+    would make ``comet upload`` refuse the message. The sink escapes it, says so once per name, and the reader
+    gives the names back; every message still passes comet_ml's own validators."""
+    from pathlib import Path
+
+    import comet_ml
+    import jsonschema
+    schemas = Path(comet_ml.__file__).parent / "schemas"
+    metric = jsonschema.Draft7Validator(json.loads((schemas / "offline-metric-msg.schema.json").read_text()))
+    bad = {"local_timestamp": 1, "metric": {"metricName": "reward\nmean", "metricValue": 1, "step": 0}}
+    assert not metric.is_valid(bad)                 # what the sink must never write
+    sink = make_sink(f"comet:{tmp_path}")
+    sink.open(RunInfo(name="n", project="p", run_id="lb", config={"opt\nlr": 0.1}, tags={"a\nb": ""}))
+    sink.write([Record(s, T0 + s, {"reward\nmean": float(s), "kl\u2028value": 2.0 * s, "plain": 1.0,
+                                   "h\rist": Histogram.from_values([1.0, 2.0])}) for s in range(3)])
+    renamed = sink.take_renamed()
+    sink.close()
+    said = {k: stored for k, stored, _why in renamed}
+    assert said == {"reward\nmean": "reward_x0A_mean", "kl\u2028value": "kl_x2028_value", "opt\nlr": "opt_x0A_lr",
+                    "h\rist": "h_x0D_ist"}
+    points, params, _others = comet_points(tmp_path)        # every message validated by comet_ml's schemas
+    names = {k for k, *_x in points}
+    assert {"reward_x0A_mean", "kl_x2028_value", "plain", "h_x0D_ist/mean"} <= names
+    assert not any(ch in n for n in names | set(params) for ch in "\n\r\u2028\u2029")
+    (zipped,) = tmp_path.glob("*.zip")
+    with zipfile.ZipFile(zipped) as z:
+        assert json.loads(z.read("experiment.json"))["tags"] == ["a_x0A_b"]
+    (reader,) = list(open_source(f"comet:{zipped}").runs())
+    back = [(r.step, sorted(r.metrics)) for r in reader.records()]
+    assert back == [(s, sorted(["reward\nmean", "kl\u2028value", "plain", "h\rist/count", "h\rist/max", "h\rist/mean",
+                                "h\rist/min", "h\rist/std"])) for s in range(3)]
+    assert reader.info.config == {"opt\nlr": 0.1} and not reader.problems
+
+
+def test_the_logger_says_once_which_name_comet_stores_otherwise(tmp_path):
+    import warnings
+
+    import trackbridge
+    from trackbridge.logger import LoggerWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = trackbridge.init(project="p", run_id="lb", sinks=[f"comet:{tmp_path / 'c'}"], source="canonical",
+                               spool=str(tmp_path / "spool"), writer="thread")
+        for s in range(5):
+            run.log({"reward\nmean": float(s), "plain": 1.0}, step=s)
+        st = run.finish()
+    said = [str(w.message) for w in caught if issubclass(w.category, LoggerWarning) and "stores" in str(w.message)]
+    assert len(said) == 1 and "'reward\\nmean' as 'reward_x0A_mean'" in said[0], said
+    assert any("reward_x0A_mean" in p for p in st["problems"])
+    (reader,) = list(open_source(f"comet:{tmp_path / 'c'}").runs())
+    assert [sorted(r.metrics) for r in reader.records()] == [["plain", "reward\nmean"]] * 5

@@ -102,6 +102,8 @@ class Worker:
         self.recoveries = 0
         self.last_error: str | None = None
         self.notes: set[str] = set()
+        self.left_out: set[str] = set()       # keys the sink said it left out (see _report_rejected)
+        self.left_out_steps: set[int] = set()  # steps whose records it left out
         self.opening = False                # in sink.open() now
         try:                                # a store on this machine (not a server): opening it is work, not a hang
             self.local = (type(sink).local_path(sink.location) is not None
@@ -348,10 +350,25 @@ class Worker:
 
     # -- what the tracker cannot take -------------------------------------------------------------------------
     def _report_rejected(self) -> None:
-        """Warn once per key about what the sink left out of records because its tracker cannot take it."""
+        """Warn once per key about what the sink left out of records because its tracker cannot take it, and
+        about names it had to store otherwise."""
+        if getattr(self.sink, "_renamed", None):
+            for key, stored, why in self.sink.take_renamed():
+                tag = f"renamed {key}"
+                if tag in self.notes:
+                    continue
+                self.notes.add(tag)
+                message = (f"sink {self.name} stores {key!r} as {stored!r} ({why}); trackbridge's readers give it "
+                           f"back its name")
+                self.ctx.report(message)
+                self._warn(f"trackbridge: {message}")
         if not getattr(self.sink, "_rejected", None):
             return
         for key, step, why in self.sink.take_rejected():
+            if key == "step" and step is not None:
+                self.left_out_steps.add(step)
+            else:
+                self.left_out.add(key)
             tag = f"rejected {key}"
             if tag in self.notes:
                 continue

@@ -171,6 +171,18 @@ class Sink(ABC):
         logger reports each key once per sink (see :meth:`take_rejected`). Never raises."""
         self.__dict__.setdefault("_rejected", []).append((key, step, why))
 
+    def renamed(self, key: str, stored: str, why: str) -> None:
+        """Note that this sink stores ``key`` as ``stored`` because its tracker's schema refuses the name as it is
+        (the pair is also recorded with :meth:`record_sanitized`, so readers give the name back). The logger says so
+        once per key. Never raises."""
+        self.__dict__.setdefault("_renamed", []).append((key, stored, why))
+
+    def take_renamed(self) -> list[tuple[str, str, str]]:
+        """The ``(key, stored, why)`` noted by :meth:`renamed` since the last call."""
+        out = self.__dict__.get("_renamed") or []
+        self.__dict__["_renamed"] = []
+        return out
+
     def take_rejected(self) -> list[tuple[str, int | None, str]]:
         """The ``(key, step, why)`` noted by :meth:`reject` since the last call."""
         out = self.__dict__.get("_rejected") or []

@@ -8,6 +8,11 @@ its name (``log_other`` ``Name``), the run info (``log_other`` ``trackbridge``),
 the record's step and its wall time in milliseconds (``local_timestamp``); NaN and infinities as Comet writes them
 (``"NaN"``, ``"Infinity"``). Every message follows comet_ml 3.58's own JSON Schemas (the tests validate them).
 
+Names: comet_ml's schemas hold metric and parameter names and tags to ``^(.*)$``, which refuses a line break (``comet
+upload`` rejects the message), so a line break (``\n``, ``\r``, U+2028, U+2029) in a name is escaped as
+``_x0A_`` (:func:`~trackbridge.tracking.names.escape`), said once per name, and recorded in the run info, from which
+trackbridge's reader gives the name back.
+
 What Comet's metrics cannot take, said per key (:meth:`Sink.reject`): text (Comet keeps text as uploaded
 text samples). Histograms become summary statistics ``<name>/mean``, ``/std``, ``/min``, ``/max``, ``/count`` (Comet's
 ``histogram3d`` is an uploaded asset in a bucketing of its own), listed in the run info so readers know them.
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
 from ...tracking.appender import Appender
+from ...tracking.names import NameCache, escape
 from ...tracking.sink import Capabilities, PointStoreSink, SinkError
 from ...values import flat_config, printable
 from .archive import (
@@ -45,8 +51,15 @@ if TYPE_CHECKING:       # pragma: no cover
 
 SUMMARY = ("mean", "std", "min", "max", "count")
 STEP_LIMIT = 2 ** 53 - 1        # Comet's steps are JSON numbers
+LINE_BREAKS = frozenset("\n\r\u2028\u2029")     # what ``.`` of the schemas' ``^(.*)$`` does not match
+WHY_RENAMED = "comet_ml's schema refuses a line break in a name (comet upload would reject it)"
 
 
+def comet_name(name: str) -> str:
+    """``name`` as Comet's schemas take it: line breaks escaped (reversibly), anything else unchanged."""
+    if not any(ch in LINE_BREAKS for ch in name):
+        return name
+    return escape(name, lambda ch: ch not in LINE_BREAKS)
 
 
 class CometSink(PointStoreSink):
@@ -70,6 +83,7 @@ class CometSink(PointStoreSink):
         self._next_step = 0
         self._start = 0
         self._stale = False          # the run info is to be appended again (a batch that had it failed)
+        self._names = NameCache(comet_name)
 
     def open(self, run: RunInfo, *, resume: bool = False) -> None:
         self.run = run
@@ -121,17 +135,23 @@ class CometSink(PointStoreSink):
             self._mid = max(self._mid, int(payload.get("message_id") or 0))
             if kind == OTHER and payload.get("key") == INFO_KEY:
                 try:
-                    self._hist.update((json.loads(payload["value"]).get("extra") or {}).get("histogram_summaries")
-                                      or ())
-                except (json.JSONDecodeError, TypeError, AttributeError):
+                    ours = json.loads(payload["value"])
+                    self._hist.update((ours.get("extra") or {}).get("histogram_summaries") or ())
+                    for stored, original in (ours.get("sanitized") or {}).items():
+                        self._names(str(original))
+                except (json.JSONDecodeError, TypeError, AttributeError, ValueError):
                     pass
             elif kind == METRIC and isinstance((payload.get("metric") or {}).get("step"), int):
                 self._next_step = max(self._next_step, payload["metric"]["step"] + 1)
 
     def _send(self, typ: str, payload: dict[str, Any]) -> str:
         self._mid += 1
-        return json.dumps({"payload": {**payload, "message_id": self._mid}, "type": typ}, ensure_ascii=False,
+        text = json.dumps({"payload": {**payload, "message_id": self._mid}, "type": typ}, ensure_ascii=False,
                           allow_nan=False, default=str)
+        # U+2028 and U+2029 stay escaped: only inside strings, where JSON allows either, and a reader that splits
+        # lines as str.splitlines() does would cut the message there
+        return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029") if "\u2028" in text or \
+            "\u2029" in text else text
 
     def _begin(self) -> None:
         assert self.run is not None
@@ -141,6 +161,9 @@ class CometSink(PointStoreSink):
                  self._send(OTHER, {"key": "Name", "value": self.run.name or self.key}),
                  self._send(OTHER, {"key": "hasNestedParams", "value": True})]
         for name, value in flat_config(self.run.config or {}, "|").items():
+            if comet_name(name) != name:
+                self.renamed(name, comet_name(name), WHY_RENAMED)
+                name = comet_name(name)
             if not (value is None or isinstance(value, (str, bool, int, float))):
                 value = json.dumps(value, default=str)
             elif isinstance(value, float):
@@ -160,7 +183,7 @@ class CometSink(PointStoreSink):
         exp = {"offline_id": self.key, "project_name": self.options.get("project") or self.run.project,
                "workspace": self.options.get("workspace"), "start_time": self._start or int(time.time() * 1000),
                "stop_time": stop or int(time.time() * 1000),
-               "tags": [f"{k}={v}" if v else k for k, v in sorted((self.run.tags or {}).items())],
+               "tags": [comet_name(f"{k}={v}" if v else k) for k, v in sorted((self.run.tags or {}).items())],
                "resume_strategy": "create", "customer_error_reported": False, "customer_error_message": None,
                "user_provided_experiment_key": False, "comet_start_sourced": False}
         target = self.work / EXPERIMENT
@@ -209,12 +232,13 @@ class CometSink(PointStoreSink):
                     continue
                 if isinstance(value, Histogram):
                     self._hist.add(name)
-                    points = [(f"{name}/{k}", v) for k, v in value.summary().items() if k in SUMMARY]
+                    base = self._stored(name)
+                    points = [(f"{base}/{k}", v) for k, v in value.summary().items() if k in SUMMARY]
                 elif isinstance(value, str):
                     self.reject(printable(name), step, "Comet keeps text as uploaded text samples; not written")
                     continue
                 elif isinstance(value, (bool, int, float)):
-                    points = [(name, value)]
+                    points = [(self._stored(name), value)]
                 else:
                     self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
                     continue
@@ -226,11 +250,20 @@ class CometSink(PointStoreSink):
                         continue
                     lines.append(self._send(METRIC, {"local_timestamp": ms, "metric": {
                         "metricName": key, "metricValue": number, "step": step, "epoch": None}}))
-        if self.note_derived(records) or len(self._hist) != hist_before or self._stale:
+        new = self._names.take_new()
+        if new:
+            self.record_sanitized(new)
+        if self.note_derived(records) or len(self._hist) != hist_before or self._stale or new:
             lines.append(self._info_line())
         self._stale = True              # the run info goes with the next batch if this one fails
         self._append(lines)
         self._stale = False
+
+    def _stored(self, name: str) -> str:
+        stored = self._names(name)
+        if stored != name and stored in self._names.new:
+            self.renamed(name, stored, WHY_RENAMED)
+        return stored
 
     def close(self) -> None:
         if self._fh is None or self.work is None:
@@ -288,6 +321,8 @@ class CometSink(PointStoreSink):
             if since is not None and step < since:
                 continue
             base, _, stat = name.rpartition("/")
+            base = self._names.changed.get(base, base)
+            name = self._names.changed.get(name, name)
             if base in self._hist and stat in SUMMARY:
                 if (base, step) not in seen:
                     seen.add((base, step))

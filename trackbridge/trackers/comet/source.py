@@ -94,6 +94,16 @@ class CometRunReader(RunReader):
     def records(self) -> Iterator[Record]:
         return mark_derived(self.info, gather(self._points()))
 
+    def _name(self, stored: str) -> str:
+        """A metric's name as logged: a name the sink had to escape (see the sink's module) given back."""
+        restore = self.info.sanitized
+        if not restore:
+            return stored
+        if stored in restore:
+            return restore[stored]
+        base, _, stat = stored.rpartition("/")
+        return f"{restore[base]}/{stat}" if base in restore else stored
+
     def _points(self) -> Iterator[tuple[int | None, float | None, str, Any]]:
         where = f"{self.archive.path}/messages.json"
         told: set[str] = set()
@@ -112,7 +122,8 @@ class CometRunReader(RunReader):
                                                          f"{m.get('metricValue')!r} is not a number; skipped")
                     continue
                 ms = payload.get("local_timestamp")
-                yield step, (ms / 1000 if isinstance(ms, (int, float)) else None), str(m.get("metricName")), value
+                wall = ms / 1000 if isinstance(ms, (int, float)) else None
+                yield step, wall, self._name(str(m.get("metricName"))), value
             elif typ not in _QUIET and typ not in told:
                 told.add(typ)
                 self.skip(f"{where}:{msg['_line']}", f"{typ} messages are not read")
