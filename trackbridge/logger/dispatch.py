@@ -53,13 +53,18 @@ class Dispatcher:
             self.next_step = max(tops) + 1
 
     def _main(self) -> None:
+        # resume: the step counter waits for the trackers' answers, but only once a record needs it (one logged
+        # without a step); records logged with their step go to the spool at once, so that a resumed process killed
+        # while a slow tracker opens loses no more than ``flush_interval`` of them
+        numbering = self.resume_wait is not None and bool(self.trackers)
         try:
-            if self.resume_wait is not None and self.trackers:
-                self._resume_step()
             while True:
                 item = self.inbox.get()
                 if item is STOP:
                     break
+                if numbering and item[1] is None and (len(item) <= 3 or item[3] is None):
+                    numbering = False
+                    self._resume_step()
                 # (wall_time, step, values[, axis[, logged]]): logged is log()'s time.monotonic()
                 rec = self.build(item[0], item[1], item[2], item[3] if len(item) > 3 else None)
                 logged = item[4] if len(item) > 4 else time.monotonic()

@@ -37,7 +37,7 @@ from ..record import Record, RunInfo
 from ..stream import RecordDecoder, parse_line, read_stream
 from .common import KILLED_EXIT, warn
 from .options import LoggerOptions
-from .pending import pending_file, write_pending
+from .pending import count_lacking, countable, pending_file, write_pending
 from .remote import FdConn
 from .runlock import outcome_entry, release_fd
 from .tracker import TrackerWorker
@@ -270,10 +270,29 @@ def _orphaned(spool_path: Path, workers: list[TrackerWorker], options: LoggerOpt
         w.stop()
     end = time.monotonic() + options.finish_timeout
     wait_for_trackers(workers, end=end, stall_timeout=options.stall_timeout, left=lambda w: w.left(last))
-    left = [(w, w.left(last)) for w in workers]
-    entries = [{"sink": w.sink.locator(), "describe": w.name, "records_left": n, "from_record": w.acked + 1,
-                "records": last + 1, "state": w.state, "last_error": w.last_error,
-                **outcome_entry(w.sink.outcome, w.sink.exit_code)} for w, n in left if n]
+    behind = [w for w in workers if w.left(last)]
+    counted = [w for w in behind if countable(w.sink.locator())]
+    for w in behind:                    # they write nothing more and close their trackers as far as they got
+        w.cut.set()
+        w.stop()
+    stop = time.monotonic() + ABORT_WAIT
+    for w in counted:
+        w.thread.join(max(0.0, stop - time.monotonic()))
+    entries = []
+    for w in behind:
+        entry: dict[str, Any] = {"sink": w.sink.locator(), "describe": w.name, "records_left": w.left(last),
+                                 "from_record": w.acked + 1, "records": last + 1, "state": w.state,
+                                 "last_error": w.last_error, **outcome_entry(w.sink.outcome, w.sink.exit_code)}
+        lack = count_lacking(spool_path, w.sink.locator(), spec["run_id"], rename=w.rename) if w in counted \
+            else None
+        if lack is not None:            # read back from the tracker: exact (as the training process's note)
+            if not lack.points:
+                continue
+            entry.update(records_left=lack.records, from_record=lack.first, points_left=lack.points,
+                         points_held=lack.held, counted="read back from the tracker")
+        else:
+            entry.update(counted="estimated (records after the last one it acknowledged)")
+        entries.append(entry)
     if entries:
         try:
             write_pending(pending_file(spool_path), spec["run_id"], entries)
