@@ -154,10 +154,9 @@ class Pipeline:
         if tr is None:
             out = Record(rec.step, rec.wall_time, dict(rec.metrics), list(rec.derived), rec.axis)
         else:
-            res = tr.translate(rec.metrics, step=rec.step, wall_time=rec.wall_time)
+            res = tr.translate(rec.metrics, step=rec.step, wall_time=rec.wall_time, notes=False)  # notes: at the end
             derived = [res.renamed.get(d, d) for d in rec.derived if res.renamed.get(d, d) in res.metrics]
             derived += [d for d in res.derived if d not in derived]
-            res.notes = []                      # collected once, at the end
             st.merge(res)
             out = Record(rec.step, rec.wall_time, res.metrics, derived, rec.axis)
         if self.select:

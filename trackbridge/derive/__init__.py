@@ -56,6 +56,8 @@ class SplitDeriver:
         self._make = make
         self._by_split: dict[str, Deriver] = {"": self._new("")}
         self.fidelity: dict[str, str] = {}
+        self._synced: dict[str, str] = {}      # self.fidelity as last given to the splits
+        self._prefixes: dict[tuple[str, ...], list[str]] = {}
 
     def _new(self, prefix: str) -> Deriver:
         return self._make(prefix.rstrip("/"))           # make(split): "" for train, "eval", "test"
@@ -68,14 +70,26 @@ class SplitDeriver:
 
     def apply(self, metrics: dict[str, Any], *, step: int | None = None, wall_time: float | None = None) -> list[str]:
         """:meth:`Deriver.apply` for each split of ``metrics`` (filled in place); returns the derived names."""
-        prefixes = {p for k in metrics for p in SPLIT_PREFIXES if k.startswith(p)}
+        names = tuple(metrics)
+        prefixes = self._prefixes.get(names)
+        if prefixes is None:                # worked out once per set of names (a run logs few)
+            if len(self._prefixes) >= 256:
+                self._prefixes.clear()
+            prefixes = self._prefixes[names] = sorted({p for k in names for p in SPLIT_PREFIXES if k.startswith(p)})
         base = self._by_split[""]
-        base.fidelity.update({k: v for k, v in self.fidelity.items() if not k.startswith(SPLIT_PREFIXES)})
+        if self.fidelity != self._synced:   # the splits judge their inputs by what is known so far
+            base.fidelity.update({k: v for k, v in self.fidelity.items() if not k.startswith(SPLIT_PREFIXES)})
+            for p, d in self._by_split.items():
+                if p:
+                    d.fidelity.update({k[len(p):]: v for k, v in self.fidelity.items() if k.startswith(p)})
+            self._synced = dict(self.fidelity)
         out = base.apply(metrics, step=step, wall_time=wall_time)
-        for p in sorted(prefixes):
+        for p in prefixes:
             sub = {k[len(p):]: v for k, v in metrics.items() if k.startswith(p)}
-            d = self._deriver(p)
-            d.fidelity.update({k[len(p):]: v for k, v in self.fidelity.items() if k.startswith(p)})
+            if p not in self._by_split:
+                self._deriver(p).fidelity.update({k[len(p):]: v for k, v in self.fidelity.items()
+                                                  if k.startswith(p)})
+            d = self._by_split[p]
             for name in d.apply(sub, step=step, wall_time=wall_time):
                 metrics[p + name] = sub[name]
                 out.append(p + name)

@@ -48,7 +48,7 @@ MIN_RATE_INTERVAL = 1e-3
 class _Inst:
     """A rule instantiated for one placeholder binding (cached: bindings recur at every step)."""
 
-    __slots__ = ("out", "ast", "inputs", "stateful", "st_inputs", "forbid", "slot")
+    __slots__ = ("out", "ast", "inputs", "stateful", "st_inputs", "forbid", "slot", "slots")
 
     def __init__(self, rule: Rule, binding: dict[str, str]):
         f = (lambda n: fill(n, binding)) if binding else (lambda n: n)
@@ -60,6 +60,7 @@ class _Inst:
         self.forbid = [f(n) for n in rule.forbid_approximate]
         # state slot: stable across edits that only move the rule in its file
         self.slot = f"{rule.name}={rule.formula}|{self.out}"
+        self.slots = [f"{self.slot}#{node.index}" for node in self.stateful]     # one per stateful function
 
 
 class _Plan:
@@ -266,14 +267,14 @@ class Deriver:
         """Observe the stateful functions' arguments at this record; says why when a ``rate()`` had two
         observations but no time to divide by (no wall times, or two less than :data:`MIN_RATE_INTERVAL` apart)."""
         timeless = None
-        for node, names in zip(inst.stateful, inst.st_inputs):
-            if any(env.metrics.get(n) is None for n in names):
+        got = env.metrics.get
+        for node, names, slot in zip(inst.stateful, inst.st_inputs, inst.slots):
+            if any(got(n) is None for n in names):
                 continue                      # input absent at this step: history unchanged
             try:
                 v = E.evaluate(node.arg, env)
             except E.NoValue:
                 continue                      # not observed at this step: history unchanged
-            slot = f"{inst.slot}#{node.index}"
             st = self._state.get(slot)
             same = st is not None and step is not None and st.get("step") == step
             if node.fn in ("delta", "rate"):

@@ -55,7 +55,10 @@ class Primitive(Node):
             self._run_start = step
             self._run_detail = None
         self._run += 1
-        detail = dict(detail or {}, at=step)
+        if detail is None:
+            detail = {"at": step}
+        else:
+            detail["at"] = step               # every caller gives a dict of its own, made for this point
         if self._run_detail is None or detail.get("score", 0) > self._run_detail.get("score", 0):
             self._run_detail = detail         # the most extreme point of the stretch (the first of equals)
         self.holds = self._run >= self.need

@@ -22,6 +22,7 @@ class DeriveStage:
         self.config, self.source = dict(config), source
         self._deriver: Any = None
         self._built = False
+        self._fid_key: tuple[Any, ...] | None = None    # the names whose approximations were given last
 
     @property
     def deriver(self) -> Any:
@@ -63,7 +64,12 @@ class DeriveStage:
         d = self.deriver
         if d is None:
             return
-        d.fidelity.update(self._canonical_fidelity(res, names, input_fidelity))
+        # the approximations by canonical name depend only on the dict's names (and, for a canonical source, on
+        # what the caller knows): given again only when those change
+        key = (names, tuple(res.renamed), tuple(res.metrics)) if names.source.kind != "canonical" else None
+        if key is None or key != self._fid_key:
+            d.fidelity.update(self._canonical_fidelity(res, names, input_fidelity))
+            self._fid_key = key
         new = d.apply(canon, step=step, wall_time=wall_time)
         for name in new:
             value = canon[name]

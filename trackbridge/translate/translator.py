@@ -249,9 +249,11 @@ class Translator:
         return list(dict.fromkeys(out))
 
     def translate(self, metrics: Mapping[str, Any], *, step: int | None = None,
-                  wall_time: float | None = None) -> Translation:
+                  wall_time: float | None = None, notes: bool = True) -> Translation:
         """Translate one logged dict into the target's names (derived values added when derivation is on);
-        ``step``/``wall_time`` feed the stateful derived rules. Raises TypeError for anything but a mapping."""
+        ``step``/``wall_time`` feed the stateful derived rules. ``notes=False``: ``res.notes`` left empty (a caller
+        that reads :attr:`notes` once at the end, as the pipeline does). Raises TypeError for anything but a
+        mapping."""
         if not isinstance(metrics, Mapping):
             raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
         names = self._names
@@ -264,7 +266,8 @@ class Translator:
         res = self._rename(metrics, names, canon)                       # stages 2 and 4
         if canon is not None:
             self._derive_stage().run(res, canon, names, self._note, self.input_fidelity, step, wall_time)  # 3
-        res.notes = self.notes
+        if notes:
+            res.notes = self.notes
         return res
 
     __call__ = translate
