@@ -110,9 +110,11 @@ def _payloads(path: Path) -> Iterator[bytes]:
             buf = b""
 
 
-def wandb_records(folder: Path, run_id: str | None = None) -> Iterator[Any]:
+def wandb_records(folder: Path, run_id: str | None = None, torn: list[int] | None = None) -> Iterator[Any]:
     """wandb ``Record`` protobufs of every offline run file under ``folder`` (of ``run_id`` only, if given), in the
-    order wandb made the run folders."""
+    order wandb made the run folders. ``torn``: a record that does not parse is counted there (``torn[0]``) and
+    skipped instead of raising (``wandb sync`` skips it too)."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
     files = sorted(Path(folder).rglob("*.wandb"), key=lambda p: p.parent.name)
     for f in files:
@@ -120,14 +122,20 @@ def wandb_records(folder: Path, run_id: str | None = None) -> Iterator[Any]:
             continue
         for data in _payloads(f):
             rec = pb.Record()
-            rec.ParseFromString(data)
+            try:
+                rec.ParseFromString(data)
+            except DecodeError:
+                if torn is None:
+                    raise
+                torn[0] += 1
+                continue
             yield rec
 
 
-def wandb_points(folder: Path, run_id: str | None = None) -> Points:
+def wandb_points(folder: Path, run_id: str | None = None, torn: list[int] | None = None) -> Points:
     """key -> Counter(true step) of the history rows (the true step is the row's ``trackbridge/step``)."""
     out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for rec in wandb_records(folder, run_id):
+    for rec in wandb_records(folder, run_id, torn):
         if rec.WhichOneof("record_type") != "history":
             continue
         row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}

@@ -145,10 +145,12 @@ class Worker:
                     self.sink.close()
                 except Exception as exc:
                     self._warn(f"trackbridge: sink {self.name} failed to close: {type(exc).__name__}: {exc}")
-                    if getattr(self.sink, "store_lost", False):     # nothing of the run is left there
-                        self.last_error = f"close: {type(exc).__name__}: {exc}"
-                        with self.lock:
-                            self.state = "failed"
+                    # not known to hold the run: failed, so that finish() counts what it lacks (exactly, for a
+                    # tracker on this machine: one that lacks nothing gets no pending note)
+                    self.last_error = f"close: {type(exc).__name__}: {exc}"
+                    with self.lock:
+                        self.state = "failed"
+                        if getattr(self.sink, "store_lost", False):     # nothing of the run is left there
                             self.acked = -1
             with self.lock:
                 if self.state not in ("failed", "behind") and not self.cut.is_set():

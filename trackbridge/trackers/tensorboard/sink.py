@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo, dumps
+from ...tracking.appender import Appender
 from ...tracking.sink import Capabilities, Sink, SinkError
 from ...values import printable
 from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, frame
@@ -230,7 +231,7 @@ class TensorBoardSink(Sink):
                 f"{next(_FILE_COUNTER)}.trackbridge")
         self.path = self.folder / name
         self._write_header(now)
-        self._fh = open(self.path, "ab")
+        self._fh = Appender(self.path)    # a batch that fails part-way (a full disk) is taken back whole
 
     def _write_header(self, now: float) -> None:
         event_pb2, summary_pb2 = self._pb
@@ -306,6 +307,7 @@ class TensorBoardSink(Sink):
         event_pb2, summary_pb2 = self._pb
         Event = event_pb2.Event
         out = []
+        before = (self._step, self._max_step)
         for rec in records:
             step = rec.step if rec.step is not None else self._step
             try:
@@ -318,8 +320,11 @@ class TensorBoardSink(Sink):
             self._step = step
             if self._max_step is None or step > self._max_step:
                 self._max_step = step
-        self._fh.write(b"".join(out))
-        self._fh.flush()
+        try:
+            self._fh.append(b"".join(out))
+        except OSError:         # nothing of the batch is in the file (taken back): the steps are as before it
+            self._step, self._max_step = before
+            raise
         self.note_axes(records)          # saved with the run info at close (trackbridge-run.json)
 
     def _event(self, Event: Any, summary_pb2: Any, rec: Record, step: int, only: Any = None) -> Any:
@@ -375,9 +380,8 @@ class TensorBoardSink(Sink):
     def close(self) -> None:
         if self._fh is not None:
             try:
-                self._fh.flush()
-            finally:
                 self._fh.close()
+            finally:
                 self._fh = None
             self._write_final_info()
         elif getattr(self, "_pending_open", False):      # resumed, nothing new: only the run info may have grown
@@ -404,8 +408,6 @@ class TensorBoardSink(Sink):
         from .source import TensorBoardRunReader
         if self.folder is None:
             return None
-        if self._fh is not None:
-            self._fh.flush()
         if not event_files(self.folder):
             return Holdings()
         reader = TensorBoardRunReader(self.folder, name=self.folder.name, verify=False)

@@ -89,6 +89,10 @@ def wandb_safe(text: str) -> str:
 OFFLINE_INIT_TIMEOUT = 600.0     # seconds wandb.init may take offline (see open())
 
 
+#: the most of wandb-core's debug-internal.log read for its failed writes (the log of a long run stays far smaller)
+STORE_LOG_LIMIT = 64 * 1024 * 1024
+
+
 class WandbSink(Sink):
     """Writes a wandb run. Options: ``mode`` (offline|online, default offline), ``project``, ``entity``, ``bins``,
     ``flush_timeout`` (seconds close() waits for the offline file to be complete)."""
@@ -372,7 +376,30 @@ class WandbSink(Sink):
                 self.store_lost = True
                 raise SinkError(f"wandb sink: the offline run file {self._file} was deleted before the run was "
                                 f"closed; what it held is gone")
+            failed = self._store_errors()
+            if failed:
+                raise SinkError(f"wandb sink: wandb-core could not write the run file {self._file} ({failed}; its "
+                                f"logs/debug-internal.log): the records after that are not in it, and wandb's SDK "
+                                f"does not say so")
             self._wait_for_file(self._file)
+
+    def _store_errors(self) -> str | None:
+        """What wandb-core's writer logged of failed writes to this run's file (a full disk: it keeps failing after
+        the first, even once there is room), or None. Its SDK raises nothing; the run's ``debug-internal.log`` says
+        ``"level":"ERROR","msg":"writer: failed to save record: ..."``."""
+        assert self._file is not None
+        log = self._file.parent / "logs" / "debug-internal.log"
+        try:
+            with open(log, "rb") as fh:
+                data = fh.read(STORE_LOG_LIMIT)
+        except OSError:
+            return None
+        marker = b'"msg":"writer: failed to save record'
+        n = data.count(marker)
+        if not n:
+            return None
+        first = data[data.index(marker):].split(b"\n", 1)[0][7:].decode("utf-8", "replace").rstrip('"}')
+        return f"{n} failed write(s), the first: {first[:200]}"
 
     def _finish(self, run: Any, code: int) -> None:
         """``run.finish()``; for an offline run whose folder was deleted, with its folders made again first: wandb
