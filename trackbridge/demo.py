@@ -37,8 +37,19 @@ def examples_dir() -> Path:
     raise FileNotFoundError("the example runs (examples/) are not installed; run the demo from a source checkout")
 
 
+def _width() -> int:
+    import shutil
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
 def _say(msg: str = "") -> None:
-    print(msg, flush=True)
+    """One line (or a few), each cut to the terminal's width."""
+    w = _width()
+    print("\n".join(ln if len(ln) <= w else ln[:w - 1] + "\u2026" for ln in msg.split("\n")), flush=True)
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
 
 
 OLD_MARKER = ".trackbridge-demo"     # what demos before the manifest left (they replaced the whole folder)
@@ -69,7 +80,8 @@ def run_demo(out: Path) -> int:
         print(f"trackbridge demo: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     ex = examples_dir()
-    _say(f"trackbridge demo: example runs from {ex}\n")
+    _say(f"trackbridge demo: a TRL GRPO run and a veRL PPO run shipped in {ex}")
+    _say("[1/3] reading both runs, translating them to canonical names, deriving what the mappings derive\n")
     locators = []
     for label, kind, fname in EXAMPLES:
         loc = f"{kind}:{ex / fname}"
@@ -88,44 +100,49 @@ def run_demo(out: Path) -> int:
                 writer.close()
             pipe.finish_notes()
             st = pipe.stats
-            _say(f"== {label}: {loc}")
-            _say(f"   source      {st.source}")
             steps = [r.step for r in records if r.step is not None]
-            span = f" ({min(steps)}\u2013{max(steps)})" if steps else ""
-            _say(f"   records     {st.records} steps{span}, {st.points} values -> {path}")
-            _say(f"   mapped      {len(st.renamed)} names renamed to canonical, e.g. "
-                 + ", ".join(f"{k} -> {v}" for k, v in list(st.renamed.items())[:4]))
-            _say(f"   approximate {len(st.approximate)} (translated, but not exactly the canonical quantity)"
-                 + "".join(f"\n      {k}: {why}" for k, why in st.approximate.items()))
-            _say(f"   derived     {len(st.derived)}" + (f": {', '.join(st.derived)}" if st.derived else ""))
-            _say(f"   unmapped    {len(st.unmapped)}" + (f": {', '.join(st.unmapped)}" if st.unmapped else ""))
-            for p in reader.problems:
-                _say(f"   note        {p}")
+            span = f" {min(steps)}\u2013{max(steps)}" if steps else ""
+            _say(f"  {label}  ({fname}, read as {st.source})")
+            _say(f"    {st.records} steps{span}, {st.points} values; {len(st.renamed)} names translated, e.g. "
+                 + ", ".join(f"{k} -> {v}" for k, v in list(st.renamed.items())[:2]))
+            _say(f"    approximate {len(st.approximate)}" + (f": {_some(list(st.approximate))}" if st.approximate
+                                                            else "")
+                 + f"; derived {len(st.derived)}" + (f": {_some(list(st.derived))}" if st.derived else "")
+                 + f"; unmapped {len(st.unmapped)}" + (f": {_some(list(st.unmapped))}" if st.unmapped else ""))
+            if reader.problems:
+                _say(f"    {len(reader.problems)} note(s) on the file, e.g. {reader.problems[0]}")
             if not run.has_wall_time:       # the header says so: every tracker copy is marked
-                _say("   time axis   the source holds no wall times; none are made up")
-            _say()
+                _say("    no wall times in the source: none are made up")
+    _say("  why a name is approximate: per chart in the report below, or trackbridge translate FILE --report-json "
+         "why.json\n")
     manifest.save(complete=False)
-    extra, failed = _write_trackers(out)
+    extra, failed, opens = _write_trackers(out)
     manifest.save(complete=False)
+    _say("[3/3] comparing the two runs (charts on the canonical names, with what differs in meaning)")
     report, apart = _compare(out, locators)
     manifest.save()
+    _say()
     if apart:
-        _say(f"Note: {apart}.\n")
+        import textwrap
+        print(textwrap.fill(f"Note: {apart}.", _width(), subsequent_indent="  ") + "\n", flush=True)
     _say("Output:")
     _say(f"  canonical JSON lines   {out / 'canonical'}")
     for line in extra:
         _say(f"  {line}")
     if report:
         _say(f"  comparison report      {report}")
+    _say("\nOpen them with:")
+    for line in opens + ([f"  {report}  (in a browser)"] if report else []):
+        _say(line)
     for line in failed:
         print(f"trackbridge demo: {line}", file=sys.stderr)
     return ExitCode.PROBLEMS if failed else ExitCode.OK
 
 
-def _write_trackers(out: Path) -> tuple[list[str], list[str]]:
+def _write_trackers(out: Path) -> tuple[list[str], list[str], list[str]]:
     """Write the translated runs into every local tracker whose package is installed, through the migration path
     (the same sinks the logger uses; old runs keep their steps and get no invented wall times). Returns what was
-    written where, and what failed."""
+    written where, what failed, and the commands that open each tracker's copy."""
     import os
 
     from .migrate import migrate
@@ -142,7 +159,8 @@ def _write_trackers(out: Path) -> tuple[list[str], list[str]]:
     os.environ["TRACKBRIDGE_STATE_DIR"] = str(out / ".state")      # the demo's own migration ledger
     failed: list[str] = []
     try:
-        for sink in active:
+        for i, sink in enumerate(active, 1):
+            _say(f"[2/3] writing both runs into {sink.split(':', 1)[0]} ({i} of {len(active)})")
             result = migrate(f"jsonl:{out / 'canonical'}", sink, source="canonical", names="canonical",
                              progress=False)
             failed += [f"{sink.split(':', 1)[0]}: run {r.source_name} not written: {r.error}"
@@ -155,7 +173,12 @@ def _write_trackers(out: Path) -> tuple[list[str], list[str]]:
     lines = [f"{s.split(':', 1)[0]:22s} {s.split(':', 1)[1].split('?')[0]}" for s in active]
     if missing:
         lines.append(f"(not installed, skipped: {', '.join(missing)})")
-    return lines, failed
+    how = {"tensorboard": f"  tensorboard --logdir {trackers / 'tensorboard'}",
+           "mlflow": f"  mlflow ui --backend-store-uri sqlite:///{(trackers / 'mlflow.db').resolve()}",
+           "wandb": f"  wandb sync {trackers / 'wandb' / 'wandb'}/offline-run-*   (uploads to your W&B account)",
+           "trackio": f"  TRACKIO_DIR={trackers / 'trackio'} trackio show --project trackbridge-demo"}
+    opens = [how[s.split(":", 1)[0]] for s in active]
+    return lines, failed, opens
 
 
 def _compare(out: Path, locators: list[str]) -> tuple[str, str | None]:
