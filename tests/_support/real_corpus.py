@@ -232,6 +232,6 @@ if __name__ == "__main__":       # pragma: no cover - a maintainer's command
         from _support import ROOT
         reg = load_registry()
         figures = summary([run(log, reg) for log in logs()], reg)
-        main = ROOT / "README.md"
+        main = ROOT / "docs" / "translation.md"      # its "Frameworks mapped" table
         main.write_text(update_main_readme(main.read_text(), figures))
         print(f"wrote the corpus columns of {main}")

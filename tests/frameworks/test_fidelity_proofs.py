@@ -123,7 +123,7 @@ def test_table_and_shipped_proofs_are_up_to_date(fingerprints):
         "docs/fidelity-proofs.md is stale: run .venv/bin/python tests/_support/fidelity_proofs.py"
     readme = P.README.read_text(encoding="utf-8")
     assert P.update_readme(readme, P.readme_block(fingerprints=fingerprints)) == readme, \
-        "README.md's proofs coverage is stale: run .venv/bin/python tests/_support/fidelity_proofs.py"
+        "docs/translation.md's proofs coverage is stale: run .venv/bin/python tests/_support/fidelity_proofs.py"
 
 
 def test_reward_fn_std_differs_by_bessels_correction():

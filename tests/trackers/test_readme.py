@@ -1,4 +1,4 @@
-"""Every code block of README.md runs as written (issue 18, item 3).
+"""Every code block of README.md and of the docs pages it links to runs as written (issue 18, item 3; issue 35).
 
 The blocks run in README order in one scratch folder, as a user following the README would: ``bash`` blocks through
 ``bash -euo pipefail`` (every command must exit 0), ``python`` blocks each in a fresh interpreter, with the installed
@@ -33,6 +33,11 @@ pytest.importorskip("wandb")
 pytest.importorskip("trackio")
 
 README = ROOT / "README.md"
+#: the README, then the pages it sends a reader to, in the order their blocks build on each other (the pages were
+#: the README's sections, in this order)
+PAGES = [README] + [ROOT / "docs" / f"{name}.md" for name in (
+    "translation", "logger", "integrations", "migration", "comparison", "doctor", "performance", "exit-codes",
+    "tests")]
 MAPPING_FILE = "my_mappings.yaml"      # the name the README's commands give a user's mapping file
 
 # first line of the block -> why it is not run
@@ -56,7 +61,8 @@ SKIP = {
     "from trackbridge.integrations.lightning import TrackBridgeLogger":
         "a fragment without a LightningModule; Trainer.fit with the logger is "
         "tests/frameworks/test_integrations_lightning.py",
-    "make demo   # creates .venv, installs, runs the demo on the example runs, prints where the output is":
+    "make demo   # creates .venv, installs, runs the demo on the example runs, prints what it does, where the output "
+    "is and how to open it":
         "sets up a virtualenv and runs the whole test suite (`make test`), of which this test is a part; CI runs "
         "`make demo` and `make test` themselves",
     "from trackbridge.integrations.transformers import TrackBridgeCallback":
@@ -150,16 +156,17 @@ def test_every_readme_block_runs_as_written(tmp_path, env):
     run_env.pop("PYTHONPATH", None)
     run_env.pop("WANDB_SERVICE", None)      # a user's shell: not this test process's wandb-core (wandb.init sets it)
     _write_fixtures(work, run_env)
-    all_blocks = blocks()
+    all_blocks = [(page.relative_to(ROOT), line, lang, text) for page in PAGES for line, lang, text in blocks(page)]
+    assert {page for page, *_ in all_blocks} == {p.relative_to(ROOT) for p in PAGES if blocks(p)}
     ran, skipped, files = [], [], []
     # the files the README asks the user to save come first (the command list near the top lints my_mappings.yaml)
-    for line, lang, text in all_blocks:
+    for page, line, lang, text in all_blocks:
         if lang == "yaml" and "format: trackbridge." in text:
             _mapping_file(work, text, run_env)
-            files.append(f"README.md:{line}")
-    for line, lang, text in all_blocks:
+            files.append(f"{page}:{line}")
+    for page, line, lang, text in all_blocks:
         first = _first_line(text)
-        where = f"README.md:{line}"
+        where = f"{page}:{line}"
         if first in SKIP:
             skipped.append(first)
             continue
@@ -175,7 +182,7 @@ def test_every_readme_block_runs_as_written(tmp_path, env):
     assert sorted(skipped) == sorted(SKIP), f"SKIP lists blocks the README no longer has: {set(SKIP) - set(skipped)}"
     assert files, "the README's own mapping file example was not found"
     assert len(ran) == len(all_blocks) - len(SKIP) - len(files), (ran, skipped, files)
-    assert len(ran) >= 7, ran          # 7 today (3 bash, 4 python blocks): fewer means blocks went unrecognised
+    assert len(ran) >= 9, ran          # 9 today (5 bash, 4 python blocks): fewer means blocks went unrecognised
     # what the blocks made is really there
     assert (work / "report" / "report.html").is_file() and (work / "compare-report" / "report.html").is_file()
     assert (work / "report.json").is_file() and (work / "mlflow.db").is_file() and (work / "all.db").is_file()

@@ -119,7 +119,7 @@ def test_the_readme_frameworks_table_says_what_the_mappings_and_the_corpus_say(o
     """README 'Frameworks mapped': each framework's releases as its mapping lists them, and the corpus figures."""
     from _support import ROOT
     from _support.real_corpus import summary, update_main_readme
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "translation.md").read_text()
     figures = summary(list(outcomes.values()), reg)
     assert update_main_readme(text, figures) == text, "run: python tests/_support/real_corpus.py --readme"
     rows = [ln for ln in text.split("**Frameworks mapped**", 1)[1].splitlines()[:40] if ln.startswith("|")]
