@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import TrackBridgeError
 from .record import Histogram
@@ -204,10 +204,6 @@ def split_weighted(metrics: dict[str, Any], weights: dict[str, Any] | None
         except MergeError as exc:
             problems.append(str(exc))
     return values, shares, problems
-
-
-def has_weighted(metrics: Iterable[Any]) -> bool:
-    return any(isinstance(v, Weighted) for v in metrics)
 
 
 __all__ = ["REDUCTIONS", "STAT_TO_REDUCTION", "MergeError", "Share", "Weighted", "check_weight", "merge",

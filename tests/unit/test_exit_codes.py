@@ -207,10 +207,10 @@ def test_demo(tmp_path, monkeypatch, capsys):
     (theirs / "thesis.tex").write_text("mine")
     assert code("demo", "--out", theirs) == USAGE                 # a folder the demo did not make
     monkeypatch.setattr(demo, "_compare", lambda out, locators: (None, None))
-    monkeypatch.setattr(demo, "_write_trackers", lambda out: (["written"], []))
+    monkeypatch.setattr(demo, "_write_trackers", lambda out: (["written"], [], []))
     assert code("demo", "--out", tmp_path / "demo") == OK
     assert sorted(p.name for p in (tmp_path / "demo" / "canonical").iterdir()) == ["trl-grpo.jsonl", "verl-ppo.jsonl"]
-    monkeypatch.setattr(demo, "_write_trackers", lambda out: ([], ["mlflow: run x not written: down"]))
+    monkeypatch.setattr(demo, "_write_trackers", lambda out: ([], ["mlflow: run x not written: down"], []))
     assert code("demo", "--out", tmp_path / "demo") == PROBLEMS
     assert "mlflow: run x not written" in capsys.readouterr().err
     assert demo.main(["--out", str(theirs)]) == USAGE              # python -m trackbridge.demo: the same codes

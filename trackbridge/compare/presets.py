@@ -87,7 +87,3 @@ def select(spec: "None | str | Iterable[str]", available: Iterable[str], *,
                 missing.append(asked if item == asked else f"{asked} (now {item})")
         chosen.update(dict.fromkeys(hits))
     return list(chosen), missing
-
-
-def preset_names() -> list[str]:
-    return list(PRESETS)

@@ -322,6 +322,3 @@ class Deriver:
             raise ValueError(f"not a derive state (expected format {STATE_FORMAT!r})")
         self._state = copy.deepcopy(state.get("slots") or {})
         return self
-
-    def reset(self) -> None:
-        self._state.clear()

@@ -117,9 +117,6 @@ class RuleSet:
     def __len__(self) -> int:
         return len(self.rules)
 
-    def outputs(self) -> list[str]:
-        return list(dict.fromkeys(r.name for r in self.rules))
-
 
 # ------------------------------------------------------------------------------------------------ loading
 _TEXT_FIELDS = ("name", "formula", "description", "citation")

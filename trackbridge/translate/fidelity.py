@@ -82,9 +82,6 @@ class Resolved:
     defaults: tuple[tuple[str, Any], ...] = ()         # config defaults assumed (key, value), in reading order
     reference: bool = False                            # a canonical reference
 
-    def equal(self, other: "Resolved") -> bool:
-        return not differing(self, other)
-
 
 def _read(key: str, config: Mapping[str, Any], fw: FrameworkMapping | None, trainer: str | None, lo: float,
           hi: float, fallback: Any = NO_DEFAULT) -> tuple[bool, Any, bool]:

@@ -191,7 +191,9 @@ class MlflowRunReader(RunReader):
     def _sql_points(self) -> Iterator[tuple[int, int, int, str, Any]]:
         """``(timestamp, step, 0, name, value)`` of every metric row of the run, in ``(timestamp, step, stored)``
         order, read a batch of rows at a time (the connection is read-only and closed when the stream ends)."""
-        con = sqlite3.connect(f"file:{quote(str(self.db_path))}?mode=ro", uri=True)
+        # check_same_thread=False: a stream left unfinished is closed by the garbage collector in whatever thread
+        # it runs (it raised there, said as an unraisable exception); the connection is this generator's alone
+        con = sqlite3.connect(f"file:{quote(str(self.db_path))}?mode=ro", uri=True, check_same_thread=False)
         try:
             cur = con.execute("SELECT key, value, timestamp, step, is_nan FROM metrics WHERE run_uuid = ? "
                               "ORDER BY timestamp, step, rowid", (self.mlrun.info.run_id,))
