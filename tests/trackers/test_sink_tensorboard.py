@@ -196,3 +196,24 @@ def test_a_header_left_half_written_by_a_killed_attempt_is_removed_by_the_next(t
     acc = EventAccumulator(str(folder))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == [1, 2]
+
+
+def test_event_files_of_one_second_stay_in_order_past_the_tenth(tmp_path, monkeypatch):
+    """TensorBoard reads a folder's event files in name order. Files made in one second by one process differ only by
+    their counter; unpadded, the 10th sorted before the 9th and a resumed run's steps came back out of order."""
+    import copy
+    import itertools
+
+    import trackbridge.trackers.tensorboard.sink as tbsink
+    monkeypatch.setattr(tbsink, "_FILE_COUNTER", itertools.count(9))
+    monkeypatch.setattr(tbsink.time, "time", lambda: 1700000000.5)     # every file in the same second
+    for step in (1, 2, 3):
+        sink = TensorBoardSink(str(tmp_path))
+        sink.open(copy.deepcopy(RUN), resume=step > 1)
+        sink.write([Record(step, 1700000000.0 + step, {"loss": 1.0 / step})])
+        sink.close()
+    files = event_files(sink.folder)
+    assert len(files) == 3 and [f.name for f in files] == sorted(f.name for f in files)
+    acc = EventAccumulator(str(sink.folder))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]

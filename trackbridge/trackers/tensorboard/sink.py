@@ -227,8 +227,10 @@ class TensorBoardSink(Sink):
         assert self.run is not None and self.folder is not None      # set by open()
         self._pending_open = False
         now = time.time()
+        # the counter zero-padded: TensorBoard reads a folder's event files in name order, and two files of one
+        # second and process numbered 9 and 10 were read 10 first (a resumed run's steps out of order)
         name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}."
-                f"{next(_FILE_COUNTER)}.trackbridge")
+                f"{next(_FILE_COUNTER):06d}.trackbridge")
         self.path = self.folder / name
         self._write_header(now)
         self._fh = Appender(self.path)    # a batch that fails part-way (a full disk) is taken back whole
