@@ -31,6 +31,8 @@ def _row(step: int) -> dict[str, float]:
 
 
 def _held(logdir: Path) -> Counter:
+    if not list(logdir.glob("run-*/run-*.swanlab")):       # finish() gave up before SwanLab had opened its run
+        return Counter()
     points, _config, _raw = swanlab_points(logdir)
     return Counter((key, step) for key, step, _t, _v in points)
 
