@@ -210,12 +210,10 @@ def audit(records: Iterable[tuple[int, Record]], held: Holdings, *, since: int |
         for key, value in rec.metrics.items():
             if value is None or key in odd:
                 continue
-            t = type(value)
-            if t is float:
-                if not nan and not math.isfinite(value):
-                    continue
-            elif t is not int and t is not bool and not isinstance(value, (int, float)):
+            if not isinstance(value, (int, float)):     # bool included
                 odd.add(key)
+                continue
+            if not nan and not math.isfinite(value):
                 continue
             pair = (key, step)
             if pair not in first_at:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..errors import UsageError
 from ..record import Histogram, Record
+from .runlock import outcome_entry
 
 #: the most seconds :func:`count_lacking` reads a tracker back (a store locked by a process that hangs must not hold
 #: ``finish()``): beyond, the estimate is noted instead
@@ -129,6 +130,21 @@ def _storable(v: Any, caps: Any) -> bool:
     if isinstance(v, float) and not math.isfinite(v):
         return bool(caps.nan)
     return True
+
+
+def note_entry(w: Any, *, records: int, left: int, lack: Lack | None) -> dict[str, Any]:
+    """One tracker's row of the pending note (``w``: its worker, or the writer process's view of one): what it lacks
+    counted against what it holds (``lack``), else estimated from its worker (``left`` records after the last one it
+    acknowledged); ``records``: the run's records; with how the run ended."""
+    entry: dict[str, Any] = {"sink": w.sink.locator(), "describe": w.name,
+                             "records_left": left if lack is None else lack.records,
+                             "from_record": w.acked + 1 if lack is None else lack.first, "records": records,
+                             "state": w.state, "last_error": w.last_error}
+    if lack is not None:
+        entry.update(points_left=lack.points, points_held=lack.held, counted="read back from the tracker")
+    else:
+        entry.update(counted="estimated (records after the last one it acknowledged)")
+    return {**entry, **outcome_entry(w.sink.outcome, w.sink.exit_code)}
 
 
 def pending_file(spool: str | os.PathLike) -> Path:

@@ -42,8 +42,8 @@ from .device import hand_off
 from .dispatch import Dispatcher, live_doctor, live_options, severity_rank
 from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
-from .pending import Lack, count_lacking, countable, pending_file, write_pending
-from .runlock import RunLock, outcome_entry
+from .pending import Lack, count_lacking, countable, note_entry, pending_file, write_pending
+from .runlock import RunLock
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker
 from .waiting import wait_for_trackers
@@ -509,16 +509,7 @@ class Run(RunView):
         where = (f"they are in the spool: trackbridge replay {self.spool_path}" if not spool.lost else
                  f"the spool lacks {spool.lost_records} of the run's records too (it could not be written), so "
                  f"trackbridge replay {self.spool_path} completes them only as far as the spool goes")
-        entries = []
-        for w, n, lack in rows:
-            entry: dict[str, Any] = {"sink": w.sink.locator(), "describe": w.name, "records_left": n,
-                                     "from_record": w.acked + 1 if lack is None else lack.first,
-                                     "records": self._seq, "state": w.state, "last_error": w.last_error}
-            if lack is not None:
-                entry.update(points_left=lack.points, points_held=lack.held, counted="read back from the tracker")
-            else:
-                entry.update(counted="estimated (records after the last one it acknowledged)")
-            entries.append({**entry, **outcome_entry(w.sink.outcome, w.sink.exit_code)})
+        entries = [note_entry(w, records=self._seq, left=n, lack=lack) for w, n, lack in rows]
         try:
             write_pending(path, self.run_id, entries)
         except OSError as exc:

@@ -261,7 +261,7 @@ class TrackerWorker(Worker):
         try:
             check = self._audit(since, top)
         except Exception as exc:        # the tracker cannot be read back now: not known to be whole, so not recovered
-            check, self.last_error = None, f"read back: {type(exc).__name__}: {exc}"
+            self.last_error = f"read back: {type(exc).__name__}: {exc}"
             self._not_recovered(f"could not be read back after catching up ({self.last_error})", final, later, top)
             return
         if check is not None and check.lacking:

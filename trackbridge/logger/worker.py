@@ -356,34 +356,31 @@ class Worker:
         about names it had to store otherwise."""
         if getattr(self.sink, "_renamed", None):
             for key, stored, why in self.sink.take_renamed():
-                tag = f"renamed {key}"
-                if tag in self.notes:
-                    continue
-                self.notes.add(tag)
-                message = (f"sink {self.name} stores {key!r} as {stored!r} ({why}); trackbridge's readers give it "
-                           f"back its name")
-                self.ctx.report(message)
-                self._warn(f"trackbridge: {message}")
+                self._say_once(f"renamed {key}", f"sink {self.name} stores {key!r} as {stored!r} ({why}); "
+                                                 f"trackbridge's readers give it back its name")
         if not getattr(self.sink, "_rejected", None):
             return
+        where = ("left out of the spool (no tracker gets it)" if self.is_spool else
+                 "left out of this tracker only (the spool and the other trackers keep it)")
         for key, step, why in self.sink.take_rejected():
             if key == "step" and step is not None:
                 self.left_out_steps.add(step)
             else:
                 self.left_out.add(key)
-            tag = f"rejected {key}"
-            if tag in self.notes:
-                continue
-            self.notes.add(tag)
-            where = ("left out of the spool (no tracker gets it)" if self.is_spool else
-                     "left out of this tracker only (the spool and the other trackers keep it)")
             if key == "step":
                 message = f"sink {self.name} cannot store step {step} ({why}); records at such steps are {where}"
             else:
                 message = (f"sink {self.name} cannot take metric {key!r} (first at step {step}: {why}); that "
                            f"metric is {where}")
-            self.ctx.report(message)
-            self._warn(f"trackbridge: {message}")
+            self._say_once(f"rejected {key}", message)
+
+    def _say_once(self, tag: str, message: str) -> None:
+        """Report ``message`` in the run's problems and warn, the first time ``tag`` comes up."""
+        if tag in self.notes:
+            return
+        self.notes.add(tag)
+        self.ctx.report(message)
+        self._warn(f"trackbridge: {message}")
 
     def _check_capabilities(self, recs: list[Record]) -> None:
         caps = self.sink.capabilities

@@ -37,9 +37,9 @@ from ..record import Record, RunInfo
 from ..stream import RecordDecoder, parse_line, read_stream
 from .common import KILLED_EXIT, warn
 from .options import LoggerOptions
-from .pending import count_lacking, countable, pending_file, write_pending
+from .pending import count_lacking, countable, note_entry, pending_file, write_pending
 from .remote import FdConn
-from .runlock import outcome_entry, release_fd
+from .runlock import release_fd
 from .tracker import TrackerWorker
 from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
@@ -279,20 +279,11 @@ def _orphaned(spool_path: Path, workers: list[TrackerWorker], options: LoggerOpt
     for w in counted:
         w.thread.join(max(0.0, stop - time.monotonic()))
     entries = []
-    for w in behind:
-        entry: dict[str, Any] = {"sink": w.sink.locator(), "describe": w.name, "records_left": w.left(last),
-                                 "from_record": w.acked + 1, "records": last + 1, "state": w.state,
-                                 "last_error": w.last_error, **outcome_entry(w.sink.outcome, w.sink.exit_code)}
+    for w in behind:                    # read back from the tracker where it can be: exact, as the training process's
         lack = count_lacking(spool_path, w.sink.locator(), spec["run_id"], rename=w.rename) if w in counted \
             else None
-        if lack is not None:            # read back from the tracker: exact (as the training process's note)
-            if not lack.points:
-                continue
-            entry.update(records_left=lack.records, from_record=lack.first, points_left=lack.points,
-                         points_held=lack.held, counted="read back from the tracker")
-        else:
-            entry.update(counted="estimated (records after the last one it acknowledged)")
-        entries.append(entry)
+        if lack is None or lack.points:
+            entries.append(note_entry(w, records=last + 1, left=w.left(last), lack=lack))
     if entries:
         try:
             write_pending(pending_file(spool_path), spec["run_id"], entries)

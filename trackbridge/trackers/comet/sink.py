@@ -232,13 +232,13 @@ class CometSink(PointStoreSink):
                     continue
                 if isinstance(value, Histogram):
                     self._hist.add(name)
-                    base = self._stored(name)
+                    base = self._names(name)
                     points = [(f"{base}/{k}", v) for k, v in value.summary().items() if k in SUMMARY]
                 elif isinstance(value, str):
                     self.reject(printable(name), step, "Comet keeps text as uploaded text samples; not written")
                     continue
                 elif isinstance(value, (bool, int, float)):
-                    points = [(self._stored(name), value)]
+                    points = [(self._names(name), value)]
                 else:
                     self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
                     continue
@@ -253,17 +253,13 @@ class CometSink(PointStoreSink):
         new = self._names.take_new()
         if new:
             self.record_sanitized(new)
+            for stored, original in new.items():
+                self.renamed(original, stored, WHY_RENAMED)
         if self.note_derived(records) or len(self._hist) != hist_before or self._stale or new:
             lines.append(self._info_line())
         self._stale = True              # the run info goes with the next batch if this one fails
         self._append(lines)
         self._stale = False
-
-    def _stored(self, name: str) -> str:
-        stored = self._names(name)
-        if stored != name and stored in self._names.new:
-            self.renamed(name, stored, WHY_RENAMED)
-        return stored
 
     def close(self) -> None:
         if self._fh is None or self.work is None:
