@@ -42,6 +42,7 @@ if __name__ == "__main__":      # run as a script (the command above): put tests
     sys.modules.setdefault("_support.fidelity_proofs", sys.modules[__name__])
 from _support import ROOT  # noqa: E402
 from _support import framework_code as F  # noqa: E402
+from _support import vendored as V  # noqa: E402
 from _support.unproven import EveryEntryProven  # noqa: E402
 
 DOC = ROOT / "docs" / "fidelity-proofs.md"
@@ -900,7 +901,11 @@ def outcomes(reg=None, records: dict | None = None) -> list[Outcome]:
 
 
 def installed_releases() -> str:
-    return ", ".join(f"{d} {F.release(d)}" for d in ("trl", "verl", "openrlhf"))
+    """What code the proofs run: the installed wheels, and the vendored release tags' files."""
+    from _support import proofs_corpus as C
+    wheels = ", ".join(f"{d} {F.release(d)}" for d in C.RUNNABLE.values())
+    tags = ", ".join(f"{fw} {V.provenance(fw).tag} ({V.provenance(fw).commit[:10]})" for fw in V.frameworks())
+    return f"{wheels} (their wheels); {tags} (the tag's files, vendored)" if tags else f"{wheels} (their wheels)"
 
 
 def fingerprint_proofs() -> tuple[list, dict[str, str], dict]:
@@ -940,18 +945,21 @@ def proofs_yaml(records: dict, reg=None) -> str:
     return head + body
 
 
-#: Why a framework has no proof at all: its code cannot be run by the test suite (checked on the package index,
-#: 2026-12-02). The suite may run only what it installs from a package index (code fetched from a repository is never
-#: committed), so a framework without a real wheel on the index cannot be fingerprinted here.
-CANNOT_RUN = {
+#: Why a framework's code cannot be installed: it has no wheel on the package index (checked on the package index,
+#: 2026-12-02). Its proofs run the release tag's own files instead, vendored verbatim with their licence in
+#: tests/data/frameworks/<framework>/ (tests/_support/vendored.py).
+NO_WHEEL = {
     "nemo_rl": "no release on the package index: `nemo-rl` 0.0.0 there is a placeholder (nemo_rl/__init__.py and "
-               "package_info.py only), and the suite runs no code fetched from a repository",
+               "package_info.py only)",
     "slime": "no release on the package index: `slime` 0.0.0 there is an empty placeholder sdist",
     "skyrl": "no release on the package index (`skyrl-train` is not there; `skyrl-gym` holds the environments, not "
              "the trainer's metric code)",
     "prime_rl": "no release on the package index (`prime-rl` is not there)",
     "roll": "no release on the package index: `roll` there is another project (pyrates/roll, an HTTP framework)",
 }
+#: Why a framework has no proof at all: no wheel, and its files are not vendored either
+CANNOT_RUN = {name: f"{why}, and its files are not vendored (tests/_support/vendored.py)"
+              for name, why in NO_WHEEL.items() if name not in V.frameworks()}
 
 
 def coverage(reg, records: dict, outs: list[Outcome]) -> list[str]:

@@ -10,8 +10,9 @@ the detected trainer, releases and config: what ``trackbridge translate`` uses f
 log or by several is counted once.
 
 :func:`why_unproven` says, for an entry no proof has fingerprinted, why: the framework cannot run here
-(``fidelity_proofs.CANNOT_RUN``), the entry's releases are not the installed one (the suite installs one release
-per framework), a reason of :data:`ENTRY_WHY`, or "no proof written yet".
+(``fidelity_proofs.CANNOT_RUN``), the entry's releases are not the one whose code runs (the suite installs one
+release per framework, or vendors one tag's files: tests/_support/vendored.py), a reason of :data:`ENTRY_WHY` or of a
+vendored framework's proof module (:func:`entry_why`), or "no proof written yet".
 """
 from __future__ import annotations
 
@@ -149,22 +150,47 @@ def releases_of(reg: Any, e: Any) -> str:
     return f"{lo}..{hi}" if lo != hi else lo
 
 
+def run_release(framework: str) -> tuple[str, str] | None:
+    """(what runs, its release) for a framework whose code the suite runs: the installed wheel, or the release tag's
+    files vendored in tests/data/frameworks/<framework>/ (tests/_support/vendored.py); None when neither."""
+    from _support import framework_code as F
+    from _support import vendored as V
+    if framework in RUNNABLE:
+        return f"installs {RUNNABLE[framework]}", F.release(RUNNABLE[framework])
+    if framework in V.frameworks():
+        return f"runs {framework}'s vendored files of", V.release(framework)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def entry_why() -> dict[tuple[str, str, str | None], str]:
+    """:data:`ENTRY_WHY` with each vendored framework's own (``ENTRY_WHY`` of tests/_support/proofs_<framework>.py)."""
+    import importlib
+
+    from _support import vendored as V
+    out = dict(ENTRY_WHY)
+    for fw in V.frameworks():
+        try:
+            mod = importlib.import_module(f"_support.proofs_{fw}")
+        except ImportError:             # torch missing: the framework's proofs are skipped, and say so
+            continue
+        out.update(getattr(mod, "ENTRY_WHY", {}))
+    return out
+
+
 def why_unproven(reg: Any, e: Any) -> str:
     """Why entry ``e`` has no fingerprint proof."""
     from _support import fidelity_proofs as P
-    from _support import framework_code as F
-    if e.framework in P.CANNOT_RUN:
-        return P.CANNOT_RUN[e.framework]
-    dist = RUNNABLE.get(e.framework)
-    if dist is None:
-        return f"{e.framework}'s code is not installed"
-    version = F.release(dist)
+    runs = run_release(e.framework)
+    if runs is None:
+        return P.CANNOT_RUN.get(e.framework, f"{e.framework}'s code is not installed")
+    what, version = runs
     if not P.covers(reg, e, version):
-        return (f"mapped for {releases_of(reg, e)}; the suite installs {dist} {version} only (one release per "
-                f"framework): a proof needs that release installed")
+        return (f"mapped for {releases_of(reg, e)}; the suite {what} {version} only (one release per "
+                f"framework): a proof needs that release's code")
     trainers = sorted(e.trainers) if e.trainers else [None]
     for trainer in trainers:
-        why = ENTRY_WHY.get((e.framework, e.key, trainer))
+        why = entry_why().get((e.framework, e.key, trainer))
         if why:
             return why
     return "no proof written yet"
@@ -192,4 +218,5 @@ def figures(reg: Any, proven: Any, found: dict[tuple[str, int], Hit] | None = No
     return out
 
 
-__all__ = ["Hit", "Figures", "hits", "figures", "logs", "why_unproven", "RUNNABLE", "ENTRY_WHY"]
+__all__ = ["Hit", "Figures", "hits", "figures", "logs", "why_unproven", "run_release", "entry_why", "RUNNABLE",
+           "ENTRY_WHY"]
