@@ -32,9 +32,6 @@ RUNNABLE = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "areal": "area
 
 #: why an entry that covers the installed release has no proof, by (framework, key, trainer or None)
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
-    ("openrlhf", "act_lr", "ppo"): "the progress bar's postfix (tqdm set_postfix in ppo_train), not a logged record; "
-                                   "its value is actor_lr's, which tests/frameworks/test_proof_openrlhf_ppo.py checks; "
-                                   "a proof reading the bar is not written yet",
     ("trl", "completion_length", "grpo"): "not logged by TRL >= v0.17.0 (the entry is for Unsloth's patched "
                                           "GRPOTrainer, which still logs it); Unsloth is not installed",
     ("trl", "train_runtime", None): "the end-of-training summary's wall-clock time: no batch quantity to fingerprint",
@@ -67,11 +64,6 @@ ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
                                           "quantity to fingerprint",
     ("areal", "timeperf/{stage}", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "
                                           "quantity to fingerprint",
-    ("areal", "ppo_actor/update/lr", "ppo"): "one value at every mini-batch (the scheduler steps once, after "
-                                             "ppo_update): every candidate reduction of the step's values gives it, "
-                                             "so no batch tells them apart",
-    ("areal", "eval-rollout/reward", "ppo"): "the evaluation rollout's reward: needs AReaL's remote inference "
-                                             "engine and workflow executor; not written yet",
 }
 
 

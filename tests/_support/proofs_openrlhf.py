@@ -735,3 +735,450 @@ def value_loss_terms(run: CriticRun, j: int, k: int) -> list[float]:
 def critic_steps(run: CriticRun, per_seq: Callable[[int, int], list[float]]) -> list:
     """``fingerprint`` steps of a critic run: ``per_seq(sequence, optimizer step)``."""
     return [[[[[per_seq(j, s) for j in mb] for mb in rank] for rank in step] for s, step in enumerate(run.micro)]]
+
+
+# ============================================================================================ issue 33 item 1: the rest
+# Helpers of tests/frameworks/test_proof_openrlhf.py (the entries no earlier proof reached). They run the same wheel
+# code as above with three things varied, each only for the duration of a run and restored after it: the PolicyLoss
+# the actor ranks build (GSPO, vLLM importance-sampling correction), the rollout log-probs the vLLM-shaped responses
+# carry, and the progress bar ppo_train writes its postfix to (the console records act_loss, gen_len ...).
+
+@contextlib.contextmanager
+def _swapped(holder: Any, name: str, value: Any, *, item: bool = False) -> Any:
+    old = holder[name] if item else getattr(holder, name)
+    if item:
+        holder[name] = value
+    else:
+        setattr(holder, name, value)
+    try:
+        yield
+    finally:
+        if item:
+            holder[name] = old
+        else:
+            setattr(holder, name, old)
+
+
+class _Bar:
+    """What ppo_train's ``tqdm(dataloader, ...)`` returns, recording every ``set_postfix`` of rank 0 (the bar it
+    shows: disable=not is_rank_0; the postfix is the all-reduced micro-batch status, the same on every rank)."""
+
+    def __init__(self, iterable: Any, sink: list, **kw: Any):
+        self.iterable, self.sink = iterable, sink
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    def __len__(self) -> int:
+        return len(self.iterable)
+
+    def set_postfix(self, status: dict) -> None:
+        if F.current_rank()[1] == 0:
+            self.sink.append(dict(status))
+
+
+def rollout_log_probs_of(r: Rollout, shift: float = 0.9) -> list[list[float]]:
+    """vLLM's log-probs of each sampled token: the old (training-side) policy's moved by up to ``shift`` either way,
+    so that exp(old - rollout) leaves the default importance-sampling band [0.5, 5] for some tokens."""
+    import random
+    rng = random.Random(7000 + r.seed)
+    return [[o + (rng.random() - 0.5) * 2 * shift for o in row] for row in r.old]
+
+
+def run_ppo_variant(r: Rollout, args: types.SimpleNamespace, *, loss: dict | None = None,
+                    rollout_lp: list[list[float]] | None = None, step_offset: int = 0) -> tuple[PPORun, list[dict]]:
+    """:func:`run_ppo` with the actor's ``PolicyLoss(**loss)`` (train_ppo_ray.py builds it from --actor.policy_loss_type
+    and --algo.advantage.is_correction_*), responses carrying ``rollout_lp`` (vLLM's per-token log-probs of the
+    response, as generate_responses hands them: one per observation token, the prompt's unused), and rank 0's
+    progress-bar postfixes recorded. Returns (the run, the postfixes in order: one per micro-batch)."""
+    o = F.openrlhf()
+    bar: list[dict] = []
+    real_loss, real_responses = o.PolicyLoss, responses
+
+    def policy_loss(*a: Any, **k: Any) -> Any:
+        return real_loss(*a, **{**k, **(loss or {})})
+
+    def with_lp(rr: Rollout) -> list[dict]:
+        out = real_responses(rr)
+        if rollout_lp is not None:
+            for i, resp in enumerate(out):
+                resp["rollout_log_probs"] = [0.0] * rr.prompt_len[i] + list(rollout_lp[i])
+        return out
+
+    with _swapped(o, "PolicyLoss", policy_loss), _swapped(globals(), "responses", with_lp, item=True), \
+            _swapped(o.ppo_train.__globals__, "tqdm", lambda it, **kw: _Bar(it, bar, **kw), item=True):
+        run = run_ppo(r, args, step_offset=step_offset)
+    return run, bar
+
+
+def make_experiences(r: Rollout, args: types.SimpleNamespace, *, max_len: int = 64) -> tuple[list, Any, Any]:
+    """The wheel's samples generator (``_process_response_into_experience`` with ``max_len``) and experience maker
+    on the rollout, the model groups' forward a table as in :func:`run_ppo`: (the one-sample Experiences, the
+    maker, its KL controller)."""
+    import torch
+    w = wheel()
+    samples = [w.samples.SamplesGenerator._process_response_into_experience(None, resp, max_len=max_len)
+               for resp in responses(r)]
+
+    def table(rows: Callable[[int], list[float]]):
+        def forward(sequences, action_mask, attention_mask, **kw):
+            out = torch.zeros(action_mask.shape, dtype=torch.float32)
+            for b, s in enumerate(sequences):
+                idx = torch.nonzero(action_mask[b]).flatten()
+                out[b, idx] = torch.tensor(rows(int(s[0]) - 100)[:len(idx)])
+            return out
+        return forward
+
+    class Group:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def async_run_method_batch(self, method_name, **kw):
+            n = len(kw["sequences"])
+            return [[self.fn(**{k: v[j] for k, v in kw.items() if k in ("sequences", "action_mask",
+                                                                       "attention_mask")}) for j in range(n)]]
+
+        def async_run_method(self, method_name, **kw):
+            return [None]
+
+    kl_ctl = w.kl_controller.FixedKLController(args.algo.kl.init_coef)
+    maker = w.maker.RemoteExperienceMaker(Group(table(lambda i: r.old[i])), None, None,
+                                          Group(table(lambda i: r.ref[i])), kl_ctl, ns(args=args),
+                                          ns(pad_token_id=0, decode=lambda *a, **k: ["x"]))
+    return samples, maker, kl_ctl
+
+
+def run_train_step(r: Rollout, args: types.SimpleNamespace, *, global_step: int = 1) -> tuple[dict, list]:
+    """BasePPOTrainer.train_step (ppo_trainer.py, compiled from source) on the rollout's samples: the real
+    experience maker, ``_compute_rollout_stats``, the dispatch to the actor group (recorded: the experiences each
+    rank would append), the timers; the actor/critic fit stubbed out (its status is another proof's). Returns (the
+    step's status, the experiences the maker produced, in order)."""
+    w = wheel()
+    samples, maker, kl_ctl = make_experiences(r, args)
+    given: list = []
+
+    class ActorGroup:
+        def async_run_method_batch(self, method_name, experience):
+            assert method_name == "append"
+            given.extend(experience)
+            return []
+    t = ns(args=args, experience_maker=maker, tokenizer=ns(decode=lambda *a, **k: ["x"]), kl_ctl=kl_ctl,
+           actor_model_group=ActorGroup(), critic_model_group=None, vllm_engines=None,
+           ppo_train=lambda global_steps: {})
+    t._compute_rollout_stats = types.MethodType(w.trainer["_compute_rollout_stats"], t)
+    status, nxt = w.trainer["train_step"](t, samples, global_step)
+    assert nxt == global_step + 1
+    return status, given
+
+
+@functools.lru_cache(maxsize=None)
+def compute_eval_metrics() -> Callable[..., dict]:
+    """ppo_trainer.py's module-level ``compute_eval_metrics`` (the PPO eval rows), compiled from the wheel's text."""
+    import ast
+
+    import torch
+    path = wheel().root / "trainer/ppo_trainer.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    fn = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "compute_eval_metrics"]
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(ast.Module(body=fn, type_ignores=[]), str(path), "exec"), namespace)   # noqa: S102 - the wheel's
+    return namespace["compute_eval_metrics"]
+
+
+def make_long_rollout(seed: int, long: frozenset[int], n: int = 16, max_len: int = 64) -> Rollout:
+    """:func:`make_rollout` with the responses of the samples in ``long`` long enough that prompt + response is
+    exactly ``max_len`` tokens (the samples generator's context window: clipped, is_clipped = total_length >=
+    max_len, without being cut)."""
+    import random
+    rng = random.Random(2000 + seed)
+    prompt = [3 + (i % 2) for i in range(n)]
+    resp = [max_len - prompt[i] if i in long else rng.choice([1, 2, 3, 5, 7, 8, 11]) for i in range(n)]
+    old = [[-0.2 - rng.random() * 1.5 for _ in range(k)] for k in resp]
+    ref = [[o + (rng.random() - 0.5) * 0.9 for o in row] for row in old]
+    reward = [round(rng.choice([0.0, 0.25, 1.0, 0.5, -0.5]) + 0.01 * i, 4) for i in range(n)]
+    truncated = [rng.random() < 0.3 for _ in range(n)]
+    drift = [[(rng.random() - 0.5) * 0.8 for _ in range(k)] for k in resp]
+    ent = [[rng.random() * 2.5 for _ in range(k)] for k in resp]
+
+    def logp(i: int, k: int) -> list[float]:
+        return [o + d * (1 + 0.6 * k) for o, d in zip(old[i], drift[i])]
+
+    def entropy(i: int, k: int) -> list[float]:
+        return [e * (1 + 0.15 * k) for e in ent[i]]
+    return Rollout(prompt, resp, reward, truncated, old, ref, seed, logp, entropy)
+
+
+def run_eval(kind: str, d: PrefData, sizes: list[list[int]]) -> tuple[dict, Callable[[int, int, int], int]]:
+    """The wheel's DPOTrainer / RewardModelTrainer / SFTTrainer ``evaluate`` (compiled from source with its own
+    concatenated_forward / concatenated_inputs / _get_batch_logps and the real losses) on ``len(sizes)`` simulated
+    ranks, rank r's eval loader holding batches of ``sizes[r]`` items (pairs; SFT: chosen responses), the model not
+    yet trained (version 0), ``strategy.all_reduce`` / ``all_gather`` over the ranks. Returns (the row rank 0 hands
+    to wandb, ``key(rank, batch, j)``: the PrefData item of the j-th item of a batch)."""
+    import torch
+    w = wheel()
+    o = w.o
+    cls, path = {"dpo": ("DPOTrainer", "trainer/dpo_trainer.py"), "rm": ("RewardModelTrainer", "trainer/rm_trainer.py"),
+                 "sft": ("SFTTrainer", "trainer/sft_trainer.py")}[kind]
+    names = ["evaluate"] + (["concatenated_forward", "concatenated_inputs"] if kind != "sft" else [])
+    names += ["_get_batch_logps"] if kind == "dpo" else []
+    m = F._methods_from_source(w.root / path, cls, names, {"torch": torch, "tqdm": quiet_tqdm})
+
+    def key(r: int, b: int, j: int) -> int:
+        return 10_000 + (r * 10 + b) * 10 + j
+
+    class Out(dict):
+        __getattr__ = dict.get
+
+    def rank(r: int) -> list[dict]:
+        engine = Engine(r, 1)
+        logged: list[dict] = []
+        width = d.prompt + 7
+
+        def ids_row(k: int, side: int):
+            n = d.length(k, side)
+            ids = torch.zeros(1, width, dtype=torch.long)
+            mask = torch.zeros(1, width, dtype=torch.long)
+            ids[0, 0] = 1000 + 2 * k + side
+            ids[0, 1:d.prompt + n] = 5
+            mask[0, :d.prompt + n] = 1
+            return ids, mask
+
+        def cat(xs, i):
+            return torch.stack([x[i] for x in xs])
+
+        batches = []
+        for b, size in enumerate(sizes[r]):
+            rows = [key(r, b, j) for j in range(size)]
+            c, rj = [ids_row(k, 0) for k in rows], [ids_row(k, 1) for k in rows]
+            if kind == "sft":
+                loss_mask = cat(c, 1).clone()
+                loss_mask[:, :, :d.prompt] = 0
+                batches.append((cat(c, 0), cat(c, 1), loss_mask))
+            else:
+                extra = [d.prompt] * size if kind == "dpo" else [0.0] * size
+                batches.append((cat(c, 0), cat(c, 1), cat(rj, 0), cat(rj, 1), extra))
+
+        class Model:
+            def __init__(self, role: str):
+                self.role = role
+
+            def train(self):
+                pass
+
+            def eval(self):
+                pass
+
+            def parameters(self):
+                return iter([torch.zeros(1)])
+
+            def __call__(self, input_ids, attention_mask=None, return_output=False, return_logprobs=False, **kw):
+                if kind == "rm":
+                    return torch.tensor([d.score((int(x[0]) - 1000) // 2, (int(x[0]) - 1000) % 2, 0)
+                                         for x in input_ids]), Out()
+                out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
+                for b, x in enumerate(input_ids):
+                    k, side = (int(x[0]) - 1000) // 2, (int(x[0]) - 1000) % 2
+                    vals = d.logp(k, side, 0, self.role)
+                    at = d.prompt if kind == "sft" else d.prompt - 1
+                    out[b, at:at + len(vals)] = torch.tensor(vals)
+                return (out, Out()) if return_output else out
+
+        def all_gather(t):
+            g, me = F.current_rank()
+            return torch.cat(g.exchange(me, t))
+
+        strategy = engine.strategy()
+        strategy.all_gather = all_gather
+        strategy.print = lambda *a, **k: None
+        strategy._unwrap_model = lambda model: ns(config=ns())
+        strategy.ring_attn_group = None
+        args = ns(ds=ns(packing_samples=False), model=ns(aux_loss_coef=0.0, nll_loss_coef=0.0))
+        t = ns(model=Model("policy"), ref_model=Model("ref"), args=args, strategy=strategy, margin_loss=False,
+               aux_loss=False, nll_loss=False, compute_fp32_loss=False, beta=0.1,
+               loss_fn={"dpo": o.DPOLoss(0.1), "rm": o.loss.PairWiseLoss(), "sft": o.loss.SFTLoss()}[kind],
+               _wandb=ns(log=logged.append) if r == 0 else None, _tensorboard=None, tokenizer=ns(pad_token_id=0))
+        for name, fn in m.items():
+            setattr(t, name, types.MethodType(fn, t))
+        t.evaluate(batches, steps=3)
+        return logged
+
+    rows = F.run_ranks(rank, world=len(sizes))[0]
+    assert len(rows) == 1, rows
+    return rows[0], key
+
+
+def run_fit_aux(kind: str, d: PrefData, aux: Callable[[int, int], float], *, logging_steps: int = 1) -> list[dict]:
+    """:func:`run_fit` (RM / SFT) with ``--aux_loss_coef`` 0.01 (trainer.aux_loss on): the model's forward returns
+    an ``aux_loss`` (a MoE load-balancing loss stand-in) of ``aux(first item of the micro-batch, optimizer steps
+    taken)``, which ``fit`` logs as aux_loss. Returns the rows rank 0 hands to wandb."""
+    nll, beta = False, 0.1
+    import torch
+    w = wheel()
+    o = w.o
+    m = _fit_methods(kind)
+
+    class Out(dict):
+        __getattr__ = dict.get
+
+    def rank(r: int) -> list[dict]:
+        engine = Engine(r, d.gas)
+        logged: list[dict] = []
+        width = d.prompt + 7
+
+        def ids_row(k: int, side: int):
+            n = d.length(k, side)
+            ids = torch.zeros(1, width, dtype=torch.long)
+            mask = torch.zeros(1, width, dtype=torch.long)
+            ids[0, 0] = 1000 + 2 * k + side                       # the item and side travel in the first token
+            ids[0, 1:d.prompt + n] = 5
+            mask[0, :d.prompt + n] = 1
+            return ids, mask
+
+        batches = []
+        for s in range(d.steps):
+            for u in range(d.gas):
+                rows = [d.key(r, s, u, j) for j in range(d.micro)]
+                c = [ids_row(k, 0) for k in rows]
+                j_ = [ids_row(k, 1) for k in rows]
+                cat = lambda xs, i: torch.stack([x[i] for x in xs])              # noqa: E731  (B, 1, T)
+                if kind == "sft":
+                    loss_mask = cat(c, 1).clone()
+                    loss_mask[:, :, :d.prompt] = 0
+                    batches.append((cat(c, 0), cat(c, 1), loss_mask))
+                else:
+                    extra = [d.prompt] * d.micro if kind == "dpo" else [0.0] * d.micro
+                    batches.append((cat(c, 0), cat(c, 1), cat(j_, 0), cat(j_, 1), extra))
+
+        def first(input_ids) -> int:             # the micro-batch's first item (chosen side)
+            return (int(input_ids[0][0]) - 1000) // 2
+
+        class Model:
+            def __init__(self, role: str):
+                self.role = role
+                self.model = engine
+
+            def train(self):
+                pass
+
+            def eval(self):
+                pass
+
+            def parameters(self):
+                return iter([torch.zeros(1)])
+
+            def __call__(self, input_ids, attention_mask=None, return_output=False, return_logprobs=False, **kw):
+                version = engine.steps
+                if kind == "rm":
+                    vals = torch.tensor([d.score((int(x[0]) - 1000) // 2, (int(x[0]) - 1000) % 2, version)
+                                         for x in input_ids])
+                    return vals, Out(aux_loss=torch.tensor(aux(first(input_ids), version)))
+                out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
+                for b, x in enumerate(input_ids):
+                    k, side = (int(x[0]) - 1000) // 2, (int(x[0]) - 1000) % 2
+                    vals = d.logp(k, side, version, self.role)
+                    at = d.prompt if kind == "sft" else d.prompt - 1   # where each trainer's loss mask reads them
+                    out[b, at:at + len(vals)] = torch.tensor(vals)
+                return (out, Out(aux_loss=torch.tensor(aux(first(input_ids), version)))) if return_output else out
+
+        class Loader(list):
+            sampler = None
+
+        strategy = engine.strategy()
+        args = ns(train=ns(batch_size=d.micro * d.world * d.gas), eval=ns(steps=10 ** 9),
+                  ckpt=ns(save_steps=10 ** 9), logger=ns(logging_steps=logging_steps),
+                  model=ns(aux_loss_coef=0.01, nll_loss_coef=0.5 if nll else 0.0), ds=ns(packing_samples=False))
+        strategy.args = args
+        policy, ref = Model("policy"), Model("ref")
+        t = ns(model=policy, ref_model=ref, epochs=1, train_dataloader=Loader(batches), eval_dataloader=None, args=args,
+               aux_loss=True, nll_loss=nll, margin_loss=False, compute_fp32_loss=False, beta=beta,
+               loss_fn={"dpo": o.DPOLoss(beta), "rm": o.loss.PairWiseLoss(), "sft": o.loss.SFTLoss()}[kind],
+               optimizer=None, scheduler=engine.scheduler, strategy=strategy, tokenizer=ns(pad_token_id=0),
+               _wandb=ns(log=logged.append, finish=lambda: None) if r == 0 else None, _tensorboard=None,
+               disable_ds_ckpt=True, save_hf_ckpt=False)
+        for name, fn in m.items():
+            if name != "fit":
+                setattr(t, name, types.MethodType(fn, t))
+        m["fit"](t, args)
+        return logged
+
+    return F.run_ranks(rank, world=d.world)[0]
+
+
+def run_generate_samples(scores: dict[int, list[float]], *, batch_size: int, n: int = GROUP,
+                         score_range: tuple[float, float] = (0.0, 1.0)) -> tuple[list, float | None, int, bool]:
+    """The wheel's SamplesGenerator.generate_samples / _generate_vllm / _dispatch_prompts_to_vllm /
+    _process_response_into_experience with --algo.dynamic_filtering_enable, a prompt loader of prompts ``p0``,
+    ``p1`` ... (two per batch) and one vLLM engine whose generate_responses returns prompt i's ``n`` samples scored
+    ``scores[i]`` (``ray.wait`` hands back one ref at a time, in order). Returns what generate_samples returns:
+    (the samples, filter_pass_rate, prompts consumed, exhausted)."""
+    w = wheel()
+    S = w.samples
+
+    def responses(prompt: str, num_samples: int) -> list[dict]:
+        i = int(prompt[1:])
+        return [{"observation_tokens": [100 + i, 7, 7, 8, 8], "action_ranges": [(3, 5)], "reward": float(x),
+                 "scores": float(x), "rollout_log_probs": None, "truncated": False, "prompt": prompt, "label": ""}
+                for x in scores[i][:num_samples]]
+
+    class Engine_:
+        generate_responses = ns(remote=lambda prompt, label, sampling_params, max_length, hf_tokenizer, num_samples,
+                                images: responses(prompt, num_samples))
+        get_num_unfinished_requests = ns(remote=lambda: 0)
+    loader = [(["d"] * 2, [f"p{2 * b}", f"p{2 * b + 1}"], ["", ""], [None, None]) for b in range(len(scores) // 2)]
+    args = ns(rollout=ns(batch_size=batch_size, n_samples_per_prompt=n, vllm_generate_batch_size=None),
+              vllm=ns(enable_sleep=False),
+              algo=ns(dynamic_filtering_enable=True, dynamic_filtering_range=score_range,
+                      advantage=ns(is_correction_level="off")))
+    g = ns(args=args, vllm_engines=[Engine_()], tokenizer=None, prompts_dataloader=loader)
+    for name in ("generate_samples", "_generate_vllm", "_dispatch_prompts_to_vllm",
+                 "_process_response_into_experience"):
+        setattr(g, name, types.MethodType(getattr(S.SamplesGenerator, name), g))
+    S.ray.wait = lambda refs, num_returns=1, timeout=None: (refs[:num_returns], refs[num_returns:])
+    try:
+        with _swapped(S, "tqdm", quiet_tqdm):
+            return g.generate_samples(max_len=64)
+    finally:
+        del S.ray.wait
+
+
+#: entries covering the installed releases (openrlhf 0.11.2, areal 1.0.4) that no proof fingerprints, and why (the
+#: proofs: tests/frameworks/test_proof_openrlhf*.py)
+ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
+    ("openrlhf", "generated_samples", "ppo"): (
+        "not a scalar: [decoded text of sample 0, its reward], a cumulative wandb table / TensorBoard text; "
+        "test_ppo_rollout_stats_are_the_drivers_sample_statistics checks train_step puts that pair in the status"),
+    ("openrlhf", "timing/{stage}", "ppo"): (
+        "a raw wall-clock timer (time.time() differences around make_experience, ppo_train, broadcast in "
+        "train_step): no batch quantity to fingerprint"),
+    ("openrlhf", "timing/generation", "ppo"): (
+        "a raw wall-clock timer (the samples generator's generation time, measured in fit): no batch quantity to "
+        "fingerprint"),
+    ("openrlhf", "timing/step_total", "ppo"): (
+        "the sum of the step's other wall-clock timers: no batch quantity to fingerprint, and no candidate "
+        "reduction is a sum of other keys"),
+    ("openrlhf", "rollout/num_samples", "ppo"): (
+        "stat: count, which tests/_support/fingerprint.py has no candidate statistic for (its _stat computes mean, "
+        "max, min, sum, std); test_ppo_rollout_stats_are_the_drivers_sample_statistics checks it is the number of "
+        "samples train_step was given"),
+    ("openrlhf", "eval_num_samples", "ppo"): (
+        "stat: count, which tests/_support/fingerprint.py has no candidate statistic for; "
+        "test_ppo_eval_rows_are_sample_and_prompt_means checks it is the number of eval samples given"),
+    ("openrlhf", "reward_std", "rm"): (
+        "the stated reduction cannot be fingerprinted: processes: gather with stat: std (the std of the scores "
+        "all_gather'ed from every rank, which the wheel's RewardModelTrainer.evaluate computes here) is translated "
+        "by tests/_support/proven.to_fingerprint into all_reduce_weighted, a weighted mean of per-rank stds, so "
+        "the fingerprint finds processes: none (the pooled std) and reports a mismatch; "
+        "test_rm_eval_rows_are_pair_means_and_gathered_score_statistics checks the logged value is the sample std "
+        "of every rank's chosen and rejected scores pooled"),
+    ("openrlhf", "dynamic_filtering_pass_rate", "ppo"): (
+        "no candidate reduction expresses it: SamplesGenerator.generate_samples logs 100 x the samples kept over "
+        "the prompts consumed (a percentage, n_samples_per_prompt times the prompt groups' pass rate), which the "
+        "entry now states as a deviation; test_ppo_dynamic_filtering_pass_rate_counts_samples_over_prompts_in_percent "
+        "runs the wheel's generate_samples / _generate_vllm with dynamic filtering and checks that arithmetic"),
+    ("areal", "timeperf/rollout", "ppo"): (
+        "a raw wall-clock timer (record_timing around the trainer's wait for the rollout batch, rl_trainer.py): no "
+        "batch quantity to fingerprint"),
+    ("areal", "timeperf/{stage}", "ppo"): (
+        "a raw wall-clock timer per stage of the step (record_timing, rl_trainer.py): no batch quantity to "
+        "fingerprint"),
+}
