@@ -44,22 +44,6 @@ ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
                                  "batch reduction to fingerprint",
     ("trl", "train_loss", None): "the end-of-training summary: one value per run (tr_loss over global_step), "
                                  "logged once; no logged rows to fingerprint a window against",
-    ("verl", "critic/vf_explained_var", "ppo"): "1 - Var(returns - values) / Var(returns) is none of the "
-                                                "fingerprint's candidate statistics; checked against its "
-                                                "alternatives in tests/frameworks/test_proof_verl_driver.py",
-    ("verl", "perf/mfu/actor", "ppo"): "MFU: the engine's FLOPs estimate over the device's promised FLOPs "
-                                       "(FlopsCounter needs a real accelerator)",
-    ("verl", "actor/perf/max_memory_allocated_gb", "ppo"): "the accelerator's peak allocated memory: a device "
-                                                           "reading, none on CPU",
-    ("verl", "actor/perf/max_memory_reserved_gb", "ppo"): "the accelerator's peak reserved memory: a device "
-                                                          "reading, none on CPU",
-    ("verl", "actor/perf/cpu_memory_used_gb", "ppo"): "the process's resident memory (psutil): a reading of the "
-                                                      "machine, not computed from a batch",
-    ("verl", "training/rollout_probs_diff_{stat}", "ppo"): "one template entry states one reduction (the token "
-                                                           "mean) for _valid, _max, _mean and _std: right for _mean "
-                                                           "only (tests/frameworks/test_proof_verl_driver.py checks "
-                                                           "each); a proof would vouch for the others, which need "
-                                                           "entries (canonical names) of their own first",
     ("areal", "timeperf/rollout", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "
                                           "quantity to fingerprint",
     ("areal", "timeperf/{stage}", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "

@@ -841,3 +841,69 @@ def run_kl_penalty(data, kl_ctrl, kl_penalty: str = "kl") -> tuple[Any, dict[str
     fn = _compile(root / "trainer/ppo/ray_trainer.py", ["apply_kl_penalty"], ns)["apply_kl_penalty"]
     data, metrics = fn(data, kl_ctrl=kl_ctrl, kl_penalty=kl_penalty)
     return data, {k: float(v) for k, v in metrics.items()}, seen
+
+
+# --------------------------------------------------------------------------------------------- unproven entries
+_ITERATIONS = ("MetricsAggregator sums the count over the step's iterations (v1/utils.py@v0.9.1:41-50; "
+               "trainer.v1.<mode>.parameter_sync_step: 1 in the default sync mode, 4 in separate_async), which the "
+               "stated {like: scalar} matches for one iteration only")
+
+#: why an entry of veRL 0.9.1 that covers the installed release has no fingerprint proof (issue 33 item 1), by
+#: (framework, key, trainer); the proofs that reached the others: tests/frameworks/test_proof_verl*.py
+ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
+    ("verl", "critic/vf_explained_var", "ppo"):
+        "1 - Var(returns - values) / (Var(returns) + 1e-5) over the batch's valid tokens is none of the "
+        "fingerprint's candidate statistics (means, extrema, sums, stds); checked against its alternatives by "
+        "tests/frameworks/test_proof_verl_driver.py::test_vf_explained_var_is_one_number_over_the_valid_tokens",
+    ("verl", "training/rollout_probs_diff_{stat}", "ppo"):
+        "one template entry states one reduction (the token mean) for _valid, _max, _mean and _std: right for "
+        "_mean only (utils/debug/metrics.py@v0.9.1:116-119; tests/frameworks/test_proof_verl_driver.py checks each); "
+        "a proof would vouch for the others, which need entries (canonical names) of their own first",
+    ("verl", "training/rollout_actor_probs_pearson_corr", "ppo"):
+        "a Pearson correlation of the trainer's and the rollout's token probabilities: no candidate reduction "
+        "(mean, extremum, sum, std) expresses it",
+    ("verl", "rollout_corr/{name}", "ppo"):
+        "one template over ~20 names that reduce differently (rollout_corr_helper.py@v0.9.1:660-1008): token means "
+        "(rollout_is_mean, chi2_token), per-sequence means (training_ppl, rollout_ppl, log_ppl_diff, ppl_ratio, "
+        "rollout_is_seq_mean), extremes (rollout_is_max/min, log_ppl_diff_max/min), stds, an effective sample size, "
+        "fractions; the stated token mean is right for a few only: each needs an entry of its own first "
+        "(rollout_corr/kl and k3_kl are proven by tests/frameworks/test_proof_verl.py)",
+    ("verl", "rollout/moe/{name:path}", "ppo"):
+        "proof not written yet: needs routed_experts from a MoE rollout in the transfer queue and the "
+        "RolloutMoELoadBalanceMetricsAccumulator's interval (metric_utils.py@v0.9.1:289-360); per-layer "
+        "max/min/avg violations are ratios of expert loads over the uniform load, none a candidate statistic of "
+        "per-sample values",
+    ("verl", "training/off_policy/evicted_samples", "ppo"):
+        "proof not written yet: needs the V1 ReplayBuffer (replay_buffer.py@v0.9.1:345-380, which imports "
+        "TransferQueue, not installed: compiled from its text over proofs_verl.Store) evicting stale samples; "
+        + _ITERATIONS,
+    ("verl", "training/filter_groups/evicted_samples", "ppo"):
+        "proof not written yet: needs the V1 ReplayBuffer's DAPO group filtering (replay_buffer.py@v0.9.1:261-380, "
+        "TransferQueue not installed: compiled from its text over proofs_verl.Store); " + _ITERATIONS,
+    ("verl", "training/filter_groups/discarded_surplus_samples", "ppo"):
+        "proof not written yet: needs the V1 ReplayBuffer's DAPO group filtering keeping more samples than the "
+        "batch (replay_buffer.py@v0.9.1 sample(), TransferQueue not installed: compiled from its text); "
+        + _ITERATIONS,
+    ("verl", "training/rollout_failure/evicted_samples", "ppo"):
+        "proof not written yet: needs failed rollouts in the V1 ReplayBuffer (replay_buffer.py@v0.9.1:317-380, "
+        "TransferQueue not installed: compiled from its text); " + _ITERATIONS,
+    ("verl", "actor/mtp_losses/mtp_{i}_loss", "ppo"):
+        "proof not written yet: the Megatron engine's multi-token-prediction losses (utils/megatron_utils.py); "
+        "Megatron-core is not installed, and the engine worker's average over the ranks' lists "
+        "(engine_workers.py@v0.9.1:224-227) needs that engine's per-micro-batch mtp_losses to run",
+    ("verl", "val-core/{data_source:path}/{var}/std@{n}", "ppo"):
+        "veRL 0.9.1 never logs it: _val_metrics_update (trainer_base.py@v0.9.1:1362-1369) puts only mean@, maj@ "
+        "and best@ of the core variable at the largest n in val-core, std@ in val-aux (proven there by "
+        "tests/frameworks/test_proof_verl_driver.py; tests/frameworks/test_proof_verl.py checks no val-core std@)",
+    ("verl", "val-core/{data_source:path}/{var}/worst@{n}/mean", "ppo"):
+        "veRL 0.9.1 never logs it: _val_metrics_update (trainer_base.py@v0.9.1:1362-1369) puts worst@ in val-aux "
+        "(proven there by tests/frameworks/test_proof_verl_driver.py; tests/frameworks/test_proof_verl.py checks "
+        "no val-core worst@)",
+    ("verl", "val-core/{data_source:path}/{var}/worst@{n}/std", "ppo"):
+        "veRL 0.9.1 never logs it: _val_metrics_update (trainer_base.py@v0.9.1:1362-1369) puts worst@ in val-aux "
+        "(proven there by tests/frameworks/test_proof_verl_driver.py; tests/frameworks/test_proof_verl.py checks "
+        "no val-core worst@)",
+    ("verl", "val/generations", "ppo"):
+        "a table of validation samples (ValidationGenerationsLogger: wandb Table, TensorBoard text, MLflow JSON), "
+        "not a number: nothing to fingerprint",
+}
