@@ -498,12 +498,13 @@ def run_step(layout: list[list[MicroBatch]], *, vocab: int = 11, lr: float = 3e-
 def _as_rank(world: int):
     """Rank 0 of a ``world``-rank group in this thread (for set-up calls that ask for the world)."""
     from _support import framework_code as fc
-    old = (getattr(fc._current, "group", None), getattr(fc._current, "rank", None))
+    old = dict(vars(fc._current))
     fc._current.group, fc._current.rank = fc.Group(world), 0
     try:
         yield
-    finally:
-        fc._current.group, fc._current.rank = old
+    finally:                    # as it was: a thread that was no rank is none again (current_rank() then raises)
+        vars(fc._current).clear()
+        vars(fc._current).update(old)
 
 
 

@@ -65,22 +65,26 @@ def test_a_proven_pair_with_trl_is_exact_when_trl_logs_every_step():
 
 
 def test_stated_equal_but_unproven_is_approximate_and_says_which_entry():
-    # NeMo-RL's train/advantages/max cannot be fingerprinted here (no release on the package index); AReaL's
-    # ppo_actor/advantages/max was
-    res = trackbridge.translate({"train/advantages/max": 1.0}, source="nemo_rl/grpo@0.4.0", target="areal/ppo@1.0.4")
-    why = res.approximate["ppo_actor/advantages/max"]
-    assert only_unproven(why), why
-    assert "confirm nemo_rl 'train/advantages/max' yet" in why and "confirm areal" not in why
-    # both unproven: both named
-    res = trackbridge.translate({"train/advantages/max": 1.0}, source="nemo_rl/grpo@0.4.0", target="roll")
+    # AReaL v0.4.0's grpo_actor/advantages/max is of a release whose code no proof runs (the suite installs areal
+    # 1.0.4); NeMo-RL's train/advantages/max and ROLL's critic/advantages/max were fingerprinted (their tags' files)
+    res = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0", target="roll")
     why = res.approximate["critic/advantages/max"]
-    assert only_unproven(why) and "nemo_rl 'train/advantages/max' and roll 'critic/advantages/max' yet" in why
+    assert only_unproven(why), why
+    assert "confirm areal 'grpo_actor/advantages/max' yet" in why and "confirm roll" not in why
+    res = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0", target="nemo_rl")
+    assert "confirm areal 'grpo_actor/advantages/max' yet" in res.approximate["train/advantages/max"]
+    # both unproven: both named (AReaL's realhf trainer of v0.3.0..v0.5.1 is not the installed release either)
+    res = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0",
+                                target="areal/realhf@0.5.1")
+    why = res.approximate["ppo_actor/advantages/max"]
+    assert only_unproven(why) and \
+        "areal 'grpo_actor/advantages/max' and areal 'ppo_actor/advantages/max' yet" in why
 
 
 def test_against_the_canonical_definition_too():
     proven = trackbridge.translate({"critic/score/mean": 1.0}, source="verl/ppo@0.9.1")
     assert proven.approximate == {}
-    unproven = trackbridge.translate({"train/advantages/max": 1.0}, source="nemo_rl/grpo@0.4.0")
+    unproven = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0")
     assert only_unproven(unproven.approximate["advantage/max"])
     # a reduction that differs says how, not "unproven"
     differs = trackbridge.translate({"actor/kl_loss": 1.0}, source="verl/ppo@0.9.1")
