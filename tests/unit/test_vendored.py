@@ -17,8 +17,9 @@ def test_vendored_files_are_the_tags_own_bytes():
         assert v.repository == V.REPOSITORIES[fw], fw
         assert len(v.commit) == 40 and v.tag and v.files, fw
         assert "Apache License" in (v.root / "LICENSE").read_text()[:400], fw
+        # bytecode a loader wrote is not kept (git ignores it)
         kept = {p.relative_to(v.root / "src").as_posix() for p in (v.root / "src").rglob("*")
-                if p.is_file() and "__pycache__" not in p.parts}      # bytecode a loader wrote is not kept (git ignores it)
+                if p.is_file() and "__pycache__" not in p.parts}
         assert kept == set(v.files), (fw, sorted(kept ^ set(v.files)))
         for path, digest in v.files.items():
             assert V.sha256(v.path(path).read_bytes()) == digest, f"{fw}: {path} differs from {v.tag}'s"
