@@ -78,7 +78,8 @@ def logger_table(steps: int) -> None:
     rows = []
     for derive in (False, True):
         with tempfile.TemporaryDirectory() as tmp:
-            run = trackbridge.init(project="bench", run_id="d", sinks=[], source="verl@0.4.1", derive=derive,
+            run = trackbridge.init(project="bench", run_id="d", sinks=[], source="verl@0.4.1",
+                                   options=trackbridge.LoggerOptions(derive=derive),
                                    spool=tmp, config={"trainer": {"n_gpus_per_node": 8, "nnodes": 2}})
             blocks = []
             t0 = time.perf_counter()

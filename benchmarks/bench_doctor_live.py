@@ -44,7 +44,8 @@ rng = random.Random(0)
 import warnings
 warnings.simplefilter("ignore")
 run = trackbridge.init(project="bench", name=mode, source="trl", spool=out, doctor=(mode == "on"),
-                       config={"learning_rate": 1e-6, "beta": 0.04}, queue_size=steps + 10)
+                       config={"learning_rate": 1e-6, "beta": 0.04},
+                       options=trackbridge.LoggerOptions(queue_size=steps + 10))
 extra = [f"custom/metric_{i:03d}" for i in range(keys)]
 calls = []
 for s in range(steps):

@@ -83,7 +83,9 @@ def run_round(mode: str, k: int, steps: int, device: str, work, reps: int, tmp: 
     elif mode.startswith("trackbridge"):
         import trackbridge
         run = trackbridge.init(project="bench", sinks=[], spool=str(tmp / "spool"), source="canonical",
-                               derive=False, run_id=f"{mode}-{k}-{time.monotonic_ns()}")
+
+                               options=trackbridge.LoggerOptions(derive=False),
+                               run_id=f"{mode}-{k}-{time.monotonic_ns()}")
     inside: list[float] = []
     sync(device)
     t0 = time.perf_counter()

@@ -152,7 +152,7 @@ sinks = ["tensorboard:" + OUT + "/tb", "mlflow:sqlite:///" + OUT + "/m.db?experi
          "trackio:" + OUT + "/trackio?project=bench"]
 t0 = time.perf_counter()
 run = trackbridge.init(project="bench", name="tb", sinks=sinks, source="verl", spool=OUT + "/spool",
-                       config={"lr": 1e-6}, queue_size=max(5000, STEPS + 10))
+                       config={"lr": 1e-6}, options=trackbridge.LoggerOptions(queue_size=max(5000, STEPS + 10)))
 calls = []
 for s in range(STEPS):
     d = make_dict(KEYS, s)

@@ -67,7 +67,7 @@ elif base in ("spool", "thread", "process"):
     sinks = [] if base == "spool" else [f"tensorboard:{out}/tb", f"mlflow:sqlite:///{out}/ml.db",
                                         f"wandb:{out}/wb", f"trackio:{out}/tio"]
     run = trackbridge.init(project="bench", name="loop", sinks=sinks, spool=f"{out}/spool", source="canonical",
-                           writer="process" if base == "process" else "thread")
+                           options=trackbridge.LoggerOptions(writer="process" if base == "process" else "thread"))
     log = lambda d, s: run.log(d, step=s)
     finish = run.finish
     if base == "thread":

@@ -29,8 +29,10 @@ CUDA = torch.cuda.is_available()
 
 
 def _init(tmp_path, **kw):
+    """``trackbridge.init`` for these tests: ``kw`` holds init's keywords and LoggerOptions' knobs alike."""
     return trackbridge.init(project="p", name="dev", sinks=[], spool=str(tmp_path / "spool"), run_id="dev-run",
-                            source="canonical", derive=False, writer="thread", **kw)
+                            source="canonical", **trackbridge.LoggerOptions.fold({"derive": False, "writer": "thread",
+                                                                                   **kw}))
 
 
 def _calls(device: str) -> tuple[list[tuple[dict, int]], list[dict]]:

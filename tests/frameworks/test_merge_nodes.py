@@ -39,7 +39,8 @@ from trackbridge import Weighted
 
 rank, world, out, die = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 run = trackbridge.init(project="p", name="nodes", sinks=[], spool=f"{out}/spool", run_id="job-n", source="canonical",
-                       merge_ranks=True, rank_timeout=10.0, writer="thread", flush_interval=0.1)
+                       merge_ranks=True,
+                       options=trackbridge.LoggerOptions(rank_timeout=10.0, writer="thread", flush_interval=0.1))
 for step in range(10):
     if rank == 4 and step == 2:
         continue                                   # a rank with nothing at a step

@@ -47,10 +47,12 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank
 # the ranks that live to the end, for the reference after a rank died (every rank takes part in making a group)
 survivors = dist.new_group([r for r in range(world) if r != die_after]) if die_after >= 0 else None
 run = trackbridge.init(project="p", name="ranks", sinks=[f"jsonl:{out}/jsonl", f"tensorboard:{out}/tb"],
-                       spool=f"{out}/spool", run_id="job-1", source="canonical", rank=rank, world_size=world,
-                       merge_ranks=True, rank_timeout=3.0, writer="thread" if die_after >= 0 else "auto",
-                       flush_interval=0.2,
-                       config={"seed": 1})
+                       spool=f"{out}/spool", run_id="job-1", source="canonical",
+                       merge_ranks=True,
+                       config={"seed": 1},
+                       options=trackbridge.LoggerOptions(rank=rank, world_size=world, rank_timeout=3.0,
+                                                         writer="thread" if die_after >= 0 else "auto",
+                                                         flush_interval=0.2))
 refs = []
 for step in range(5):
     g = torch.Generator().manual_seed(1000 * step + rank)

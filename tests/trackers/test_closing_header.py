@@ -28,8 +28,9 @@ DIES_AFTER = 1          # rank 1 logs steps 0 and 1, then its process ends witho
 RANK1 = textwrap.dedent("""
     import os, sys, time
     import trackbridge
-    run = trackbridge.init(project="ranks", run_id="job", merge_ranks=True, rank=1, world_size=2,
-                           spool=sys.argv[1], source="canonical", flush_interval=0.2)
+    run = trackbridge.init(project="ranks", run_id="job", merge_ranks=True,
+                           spool=sys.argv[1], source="canonical",
+                           options=trackbridge.LoggerOptions(rank=1, world_size=2, flush_interval=0.2))
     for step in range(int(sys.argv[2]) + 1):
         run.log({"reward/score/mean": 1.0 + step}, step=step, weights={"reward/score/mean": 3})
     time.sleep(1.0)          # its rank file is written every flush_interval
@@ -46,8 +47,9 @@ def test_the_stream_headers_list_the_steps_merged_without_a_rank(tmp_path, write
     assert p.returncode == 0, p.stderr[-2000:]
     sinks = [f"jsonl:{tmp_path / 'jl'}", f"tensorboard:{tmp_path / 'tb'}", f"swanlab:{tmp_path / 'sw'}"]
     with pytest.warns(LoggerWarning):
-        run = trackbridge.init(project="ranks", run_id="job", sinks=sinks, merge_ranks=True, rank=0, world_size=2,
-                               spool=str(spool), source="canonical", rank_timeout=2.0, writer=writer)
+        run = trackbridge.init(project="ranks", run_id="job", sinks=sinks, merge_ranks=True,
+                               options=trackbridge.LoggerOptions(rank=0, world_size=2, rank_timeout=2.0, writer=writer),
+                               spool=str(spool), source="canonical")
         for step in range(STEPS):
             run.log({"reward/score/mean": 2.0 + step}, step=step, weights={"reward/score/mean": 1})
         st = run.finish()
@@ -80,7 +82,7 @@ def test_the_stream_headers_list_the_steps_merged_without_a_rank(tmp_path, write
 def test_a_run_that_learnt_nothing_keeps_one_header(tmp_path):
     """Without merged ranks nothing is learnt: one header, as before."""
     run = trackbridge.init(project="p", run_id="plain", sinks=[f"jsonl:{tmp_path / 'jl'}"], spool=str(tmp_path / "s"),
-                           source="canonical", writer="thread")
+                           source="canonical", options=trackbridge.LoggerOptions(writer="thread"))
     run.log({"loss/total": 1.0}, step=0)
     run.finish()
     for path in (tmp_path / "s" / "plain.jsonl", tmp_path / "jl" / "plain.jsonl"):

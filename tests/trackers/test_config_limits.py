@@ -51,7 +51,7 @@ def _refused(d: Path, config: dict) -> tuple[str, float]:
 def _run_after(d: Path) -> None:
     """The same run id logs at once afterwards: every tracker opened, closed, nothing pending."""
     run = trackbridge.init(project="limits", run_id="big", sinks=_sinks(d), config={"lr": 1e-5},
-                           spool=str(d / "spool"), writer="thread")
+                           spool=str(d / "spool"), options=trackbridge.LoggerOptions(writer="thread"))
     for s in range(3):
         run.log({"loss/total": float(s)}, step=s)
     st = run.finish()

@@ -1,8 +1,9 @@
-"""The live checks able to act (issue 32, item 5): ``init(doctor=True, on_finding=..., stop_on="critical")`` calls
-the callback with the finding in the caller's thread, turns ``run.should_stop`` true, says the finding as a warning
-attributed to the user's line (not to trackbridge's dispatcher thread), names the user's keys, and raises each
-finding as the trackers' own alert: wandb's ``run.alert`` (read back from the offline ``.wandb`` file with wandb's
-protobuf classes) and Trackio's alerts (read back with Trackio's own ``SQLiteStorage.get_alerts``)."""
+"""The live checks able to act (issue 32, item 5): ``init(doctor=True, stop_on="critical",
+options=LoggerOptions(on_finding=...))`` calls the callback with the finding in the caller's thread, turns
+``run.should_stop`` true, says the finding as a warning attributed to the user's line (not to trackbridge's
+dispatcher thread), names the user's keys, and raises each finding as the trackers' own alert: wandb's ``run.alert``
+(read back from the offline ``.wandb`` file with wandb's protobuf classes) and Trackio's alerts (read back with
+Trackio's own ``SQLiteStorage.get_alerts``)."""
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ def _sick():
 
 def test_on_finding_and_stop_on_in_the_callers_thread(tmp_path):
     got: list[tuple[Finding, str]] = []
-    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread",
-                           on_finding=lambda f: got.append((f, threading.current_thread().name)),
+    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                           options=trackbridge.LoggerOptions(
+                               writer="thread", on_finding=lambda f: got.append((f, threading.current_thread().name))),
                            stop_on="critical")
     stopped = None
     with warnings.catch_warnings(record=True) as caught:
@@ -64,8 +66,9 @@ def test_a_warning_error_finding_does_not_stop_on_warning_only(tmp_path):
     for t in range(30, 60):
         s["policy/clip_frac"][t] = 0.4                  # clip-fraction-high: a warning
     got = []
-    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread",
-                           on_finding=got.append, stop_on="critical")
+    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                           options=trackbridge.LoggerOptions(writer="thread",
+                                                             on_finding=got.append), stop_on="critical")
     for row in R.rows(SPEC, s):
         step = row.pop("step")
         run.log(row, step=step)
@@ -79,8 +82,8 @@ def test_a_raising_callback_is_said_once_and_logging_goes_on(tmp_path):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread",
-                               on_finding=boom)
+        run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                               options=trackbridge.LoggerOptions(writer="thread", on_finding=boom))
         for row in R.rows(SPEC, _sick()):
             step = row.pop("step")
             run.log(row, step=step)
@@ -92,11 +95,12 @@ def test_a_raising_callback_is_said_once_and_logging_goes_on(tmp_path):
 @pytest.mark.parametrize("kw, message", [
     ({"doctor": True, "stop_on": "fatal"}, r"init\(stop_on='fatal'\): expected one of critical, warning, info"),
     ({"stop_on": "critical"}, r"pass doctor=True too"),
-    ({"doctor": True, "on_finding": "print"}, r"init\(on_finding='print'\): expected a callable"),
+    ({"doctor": True, "on_finding": "print"}, r"LoggerOptions\(on_finding='print'\): expected a callable"),
 ])
 def test_bad_options(tmp_path, kw, message):
     with pytest.raises(trackbridge.UsageError, match=message):
-        trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, writer="thread", **kw)
+        trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC,
+                         **trackbridge.LoggerOptions.fold({"writer": "thread", **kw}))
 
 
 def _wandb_alerts(folder):
@@ -120,7 +124,8 @@ def test_findings_are_the_trackers_own_alerts(tmp_path, writer, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = trackbridge.init(project="alerts", sinks=[f"wandb:{tmp_path}/wb", f"trackio:{tmp_path}/tio?project=alerts"],
-                           spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer=writer)
+                           spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                           options=trackbridge.LoggerOptions(writer=writer))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DoctorWarning)
         for row in R.rows(SPEC, _sick()):
@@ -150,7 +155,7 @@ def test_no_alerts_without_the_live_checks(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = trackbridge.init(sinks=[f"wandb:{tmp_path}/wb"], spool=str(tmp_path / "spool"), source=SPEC,
-                           writer="thread")
+                           options=trackbridge.LoggerOptions(writer="thread"))
     run.log({"doctor/grad-norm-explosion": "critical: Gradient norm explodes [grad-norm-explosion] at step 1: x"},
             step=1)
     run.finish()

@@ -148,7 +148,7 @@ def test_config_int_beyond_a_float_does_not_empty_tensorboard(tmp_path, writer):
     with pytest.warns(LoggerWarning, match="beyond what a float holds"):
         run = trackbridge.init(project="p", name="big", run_id="big", config={"n": 10 ** 400, "lr": 0.1},
                                sinks=[f"tensorboard:{tmp_path / 'tb'}"], spool=str(tmp_path / "spool"),
-                               source="canonical", writer=writer)
+                               source="canonical", options=trackbridge.LoggerOptions(writer=writer))
         for i in range(5):
             run.log({"loss/total": float(i)}, step=i)
         st = run.finish()
@@ -217,7 +217,8 @@ def test_init_refuses_a_sqlite_file_that_is_not_an_mlflow_store_like_migrate(tmp
     p = cli("migrate", "examples/verl_console.log", f"mlflow:sqlite:///{foreign}")
     assert p.returncode == 2 and "not an MLflow store" in p.stderr, p.stderr
     with pytest.raises(UsageError, match="not an MLflow store") as err:
-        trackbridge.init(sinks=[f"mlflow:sqlite:///{foreign}"], spool=str(tmp_path / "spool"), writer=writer)
+        trackbridge.init(sinks=[f"mlflow:sqlite:///{foreign}"], spool=str(tmp_path / "spool"),
+                         options=trackbridge.LoggerOptions(writer=writer))
     assert str(foreign) in str(err.value)
     assert foreign.read_bytes() == before
     assert not list(tmp_path.glob("spool/*")), "nothing left in the spool folder"

@@ -55,9 +55,11 @@ class MemorySink(Sink):
 
 
 def _init(tmp_path, sinks, **kw):
+    """``trackbridge.init`` for these tests: ``kw`` holds init's keywords and LoggerOptions' knobs alike."""
     kw.setdefault("source", "canonical")
     kw.setdefault("flush_interval", 0.2)
-    return trackbridge.init(project="p", name="try", sinks=sinks, spool=str(tmp_path / "spool"), **kw)
+    return trackbridge.init(project="p", name="try", sinks=sinks, spool=str(tmp_path / "spool"),
+                            **trackbridge.LoggerOptions.fold(kw))
 
 
 def _spool_records(run):

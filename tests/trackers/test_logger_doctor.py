@@ -55,7 +55,7 @@ def test_a_finding_is_logged_once_to_every_tracker_and_warned(tmp_path, writer):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = trackbridge.init(sinks=[f"tensorboard:{tmp_path}/tb"], spool=str(tmp_path / "spool"), source=SPEC,
-                               doctor=True, writer=writer)
+                               doctor=True, options=trackbridge.LoggerOptions(writer=writer))
         _log(run, _sick())
         st = run.finish()
     assert [s["state"] for s in st["sinks"]] == ["closed", "closed"]
@@ -76,7 +76,8 @@ def test_a_finding_is_logged_once_to_every_tracker_and_warned(tmp_path, writer):
 
 
 def test_off_by_default(tmp_path):
-    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, writer="thread")
+    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC,
+                           options=trackbridge.LoggerOptions(writer="thread"))
     _log(run, _sick())
     run.finish()
     assert _doctor_records(run) == [] and run.findings == []
@@ -92,7 +93,8 @@ def test_log_never_waits_for_the_checks(tmp_path, monkeypatch):
         return real(self, rec, approximate)
 
     monkeypatch.setattr(Doctor, "feed", slow)
-    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread")
+    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                           options=trackbridge.LoggerOptions(writer="thread"))
     rows = R.rows(SPEC, _sick(n=100))
     t0 = time.perf_counter()
     for row in rows:
@@ -111,7 +113,8 @@ def test_failing_checks_are_switched_off_and_logging_goes_on(tmp_path, monkeypat
     monkeypatch.setattr(Doctor, "feed", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread")
+        run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                               options=trackbridge.LoggerOptions(writer="thread"))
         _log(run, _sick(n=20))
         run.finish()
     off = [str(w.message) for w in caught if "diagnostic checks failed" in str(w.message)]
@@ -123,7 +126,8 @@ def test_a_resumed_run_does_not_log_a_finding_again(tmp_path):
     series = _sick()
     for t in range(110, R.N):
         series["policy/clip_frac"][t] = 0.4             # a second symptom after the restart
-    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread",
+    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                           options=trackbridge.LoggerOptions(writer="thread"),
                            run_id="resumed")
     rows = R.rows(SPEC, series)
     for row in rows[:100]:
@@ -131,7 +135,8 @@ def test_a_resumed_run_does_not_log_a_finding_again(tmp_path):
         run.log(row, step=step)
     run.finish()
     assert [k for _s, k, _v in _doctor_records(run)] == ["doctor/grad-norm-explosion"]
-    again = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread",
+    again = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                             options=trackbridge.LoggerOptions(writer="thread"),
                              run_id="resumed", resume=True)
     for row in rows[100:]:
         step = row.pop("step")
@@ -143,7 +148,7 @@ def test_a_resumed_run_does_not_log_a_finding_again(tmp_path):
 
 def test_trackers_named_after_a_framework_get_the_text_under_its_canonical_name(tmp_path):
     run = trackbridge.init(sinks=[f"tensorboard:{tmp_path}/tb"], spool=str(tmp_path / "spool"), source=SPEC,
-                           names="verl@0.7.0", doctor=True, writer="thread")
+                           names="verl@0.7.0", doctor=True, options=trackbridge.LoggerOptions(writer="thread"))
     _log(run, _sick())
     run.finish()
     texts = _tensorboard_texts(tmp_path / "tb")
@@ -154,7 +159,8 @@ def test_warnings_turned_into_errors_do_not_stop_logging(tmp_path):
     """``-W error`` (or ``simplefilter("error")``) must not turn a finding into a crash of the logging thread."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", DoctorWarning)
-        run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread")
+        run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                               options=trackbridge.LoggerOptions(writer="thread"))
         _log(run, _sick())
         run.finish()
     assert [k for _s, k, _v in _doctor_records(run)] == ["doctor/grad-norm-explosion"]
@@ -174,7 +180,8 @@ def test_a_users_checks_file_is_used_live_and_a_bad_one_fails_init(tmp_path):
         "    means: Our tasks reach 0.5.\n"
         "    check_first: The reward function.\n"
         "    cites: [{title: our runbook, path: docs/runbook.md@v1}]\n")
-    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True, writer="thread",
+    run = trackbridge.init(sinks=[], spool=str(tmp_path / "spool"), source=SPEC, doctor=True,
+                           options=trackbridge.LoggerOptions(writer="thread"),
                            mappings=[str(mine)])
     _log(run, _sick())
     run.finish()
@@ -184,6 +191,7 @@ def test_a_users_checks_file_is_used_live_and_a_bad_one_fails_init(tmp_path):
     bad.write_text(mine.read_text().replace("means:", "mens:"))
     with pytest.raises(trackbridge.UsageError, match=r"init\(doctor=True\): .*bad_checks.yaml:8: check "
                                                      r"'reward-below-half': unknown field 'mens'"):
-        trackbridge.init(sinks=[], spool=str(tmp_path / "spool2"), source=SPEC, doctor=True, writer="thread",
+        trackbridge.init(sinks=[], spool=str(tmp_path / "spool2"), source=SPEC, doctor=True,
+                         options=trackbridge.LoggerOptions(writer="thread"),
                          mappings=[str(bad)])
     assert not (tmp_path / "spool2").exists() or not any((tmp_path / "spool2").iterdir())

@@ -23,8 +23,8 @@ def test_unreachable_server_warns_and_finish_is_bounded(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = trackbridge.init(project="p", run_id="dead", sinks=[url, f"tensorboard:{tmp_path / 'tb'}"],
-                               source="canonical", spool=str(tmp_path / "spool"), retries=1, backoff=0.05,
-                               stall_timeout=10)
+                               source="canonical", spool=str(tmp_path / "spool"),
+                               options=trackbridge.LoggerOptions(retries=1, backoff=0.05, stall_timeout=10))
         t0 = time.monotonic()
         for i in range(20):
             run.log({"loss/total": float(i)}, step=i)

@@ -95,7 +95,7 @@ def poison_runs(tmp_path_factory):
             warnings.simplefilter("always")
             run = trackbridge.init(project="poison", name=fault, sinks=list(new_sinks(d).values()),
                                    source="canonical", spool=str(d / "spool"), run_id=f"cell-{fault}",
-                                   config=config, retries=1, backoff=0.01)
+                                   config=config, options=trackbridge.LoggerOptions(retries=1, backoff=0.01))
             for i in range(N):
                 metrics, step = _good(i), i
                 if i == POISON_AT:
@@ -153,7 +153,8 @@ d, resume, n, writer = sys.argv[1:5]
 sinks = [f"swanlab:{d}/sw", f"clearml:{d}/cl", f"comet:{d}/cm", f"neptune:{d}/np"]
 keys = [f"custom/k{j:02d}" for j in range(10)]
 run = trackbridge.init(project="p", name="k", sinks=sinks, source="canonical", spool=f"{d}/spool", run_id="killed",
-                       resume=resume == "1", flush_interval=0.5, batch_size=50, writer=writer)
+                       resume=resume == "1",
+                       options=trackbridge.LoggerOptions(flush_interval=0.5, batch_size=50, writer=writer))
 print("step", run._next_step, flush=True)
 i = 0
 while True:

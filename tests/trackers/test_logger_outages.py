@@ -126,9 +126,10 @@ STEPS = 250
 def test_server_killed_mid_batch_then_replay_completes_every_key(tmp_path, fault_cell, mlflow_server):
     srv = mlflow_server
     run = trackbridge.init(project="outage", name="killed-server", sinks=[f"mlflow:{srv.url}"],
-                           spool=str(tmp_path / "spool"), source="canonical", batch_size=250, queue_size=2000,
-                           retries=0, retry_interval=3600, stall_timeout=3, finish_timeout=30,
-                           writer="thread")
+                           spool=str(tmp_path / "spool"), source="canonical",
+                           options=trackbridge.LoggerOptions(batch_size=250, queue_size=2000, retries=0,
+                                                             retry_interval=3600, stall_timeout=3, finish_timeout=30,
+                                                             writer="thread"))
     worker = run._workers[1]
     run.log(_row(0), step=0)
     _wait(lambda: worker.written >= 1, 120, "the run to open")
@@ -172,8 +173,9 @@ def test_replay_command_completes_what_finish_left_and_clears_the_note(tmp_path,
     """``trackbridge replay SPOOL`` with no --to: the trackers finish() wrote down."""
     srv = mlflow_server
     run = trackbridge.init(project="outage", name="note", sinks=[f"mlflow:{srv.url}"],
-                           spool=str(tmp_path / "spool"), source="canonical", retries=0, retry_interval=3600,
-                           stall_timeout=2, finish_timeout=20, writer=writer)
+                           spool=str(tmp_path / "spool"), source="canonical",
+                           options=trackbridge.LoggerOptions(retries=0, retry_interval=3600, stall_timeout=2,
+                                                             finish_timeout=20, writer=writer))
     srv.kill()
     for i in range(50):
         run.log(_row(i), step=i)
@@ -200,8 +202,9 @@ def test_server_restarted_mid_run_is_caught_up_before_finish_returns(tmp_path, f
     # the sink may fail while the server is down (said, naming it) or never notice: both are right
     with logger_warnings(srv.url):
         run = trackbridge.init(project="outage", name="restarted", sinks=[f"mlflow:{srv.url}"],
-                               spool=str(tmp_path / "spool"), source="canonical", retries=0, retry_interval=1.0,
-                               stall_timeout=20, finish_timeout=240, writer=writer)
+                               spool=str(tmp_path / "spool"), source="canonical",
+                               options=trackbridge.LoggerOptions(retries=0, retry_interval=1.0, stall_timeout=20,
+                                                                 finish_timeout=240, writer=writer))
         times = []
         for i in range(300):
             if i == 100:
@@ -269,15 +272,17 @@ def test_hung_server_never_blocks_log_and_finish_is_bounded(tmp_path, fault_cell
     silent = _Silent()
     try:
         base = trackbridge.init(project="hung", name="baseline", sinks=[f"tensorboard:{tmp_path / 'tb0'}"],
-                                spool=str(tmp_path / "spool0"), source="canonical", queue_size=500)
+                                spool=str(tmp_path / "spool0"), source="canonical",
+                                options=trackbridge.LoggerOptions(queue_size=500))
         base_times = _log_times(base, 3000)
         base.finish()
 
         with logger_warnings(f"127.0.0.1:{silent.port}", "lacks 3000 of the run's 3000 records"):
             run = trackbridge.init(project="hung", name="hung", sinks=[f"tensorboard:{tmp_path / 'tb'}",
                                                                        f"mlflow:http://127.0.0.1:{silent.port}"],
-                                   spool=str(tmp_path / "spool"), source="canonical", queue_size=500, retries=0,
-                                   stall_timeout=3, finish_timeout=60, writer=writer)
+                                   spool=str(tmp_path / "spool"), source="canonical",
+                                   options=trackbridge.LoggerOptions(queue_size=500, retries=0, stall_timeout=3,
+                                                                     finish_timeout=60, writer=writer))
             times = _log_times(run, 3000)
             t0 = time.monotonic()
             st = run.finish()
@@ -315,7 +320,7 @@ spool, tb, ml, tio, resume, n, writer = sys.argv[1:8]
 keys = [f"custom/k{j:03d}" for j in range(20)]
 run = trackbridge.init(project="p", name="k", sinks=[f"tensorboard:{tb}", f"mlflow:sqlite:///{ml}",
                        f"trackio:{tio}"], source="canonical", spool=spool, run_id="killed", resume=resume == "1",
-                       flush_interval=0.5, batch_size=50, writer=writer)
+                       options=trackbridge.LoggerOptions(flush_interval=0.5, batch_size=50, writer=writer))
 print("step", run._next_step, flush=True)
 i = 0
 while True:
@@ -392,7 +397,7 @@ def test_two_runs_with_one_name_get_their_own_runs_everywhere(tmp_path, wandb_en
     ids = []
     for n in (100, 60):
         run = trackbridge.init(project="same", name="twin", sinks=sinks, spool=str(tmp_path / "spool"),
-                               source="canonical", writer=writer)
+                               source="canonical", options=trackbridge.LoggerOptions(writer=writer))
         for i in range(n):
             run.log({"custom/a": float(i)}, step=i)
         st = run.finish()

@@ -241,8 +241,9 @@ def fill():
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     run = trackbridge.init(project="own", name="own", run_id="own", source="canonical", spool=spool,
-                           sinks=[sink], writer=writer, flush_interval=0.2, batch_size=200,
-                           retry_interval=0.5, finish_timeout=120)
+                           sinks=[sink],
+                           options=trackbridge.LoggerOptions(writer=writer, flush_interval=0.2, batch_size=200,
+                                                             retry_interval=0.5, finish_timeout=120))
     i = 0
     while i < n // 3:
         run.log(row(i), step=i); i += 1
@@ -359,7 +360,8 @@ import trackbridge
 kind, where, spool, writer, resume, n = sys.argv[1:7]
 keys = [f"custom/k{j:02d}" for j in range(20)]
 run = trackbridge.init(project="own", name="own", run_id="own", source="canonical", spool=spool, resume=resume == "1",
-                       sinks=[f"{kind}:{where}"], writer=writer, flush_interval=0.2, batch_size=500)
+                       sinks=[f"{kind}:{where}"],
+                       options=trackbridge.LoggerOptions(writer=writer, flush_interval=0.2, batch_size=500))
 print("writer", (run.status["writer"] or {}).get("pid", 0), flush=True)
 for i in range(int(n)):
     # the run's own step counter: resumed, it starts one past the highest step the spool or the tracker holds

@@ -71,8 +71,8 @@ class Cells:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             run = trackbridge.init(project="poison", name=fault, sinks=sinks, source="canonical",
-                                   spool=str(d / "spool"), run_id=f"cell-{fault}", config=config, retries=1,
-                                   backoff=0.01)
+                                   spool=str(d / "spool"), run_id=f"cell-{fault}", config=config,
+                                   options=trackbridge.LoggerOptions(retries=1, backoff=0.01))
             for i in range(N):
                 metrics, step = _good(i), i
                 if i == POISON_AT:
@@ -329,7 +329,7 @@ def test_worker_backstop_isolates_the_refused_key(tmp_path):
     sink = _Picky()
     with pytest.warns(LoggerWarning, match="cannot take metric 'bad'"):
         run = trackbridge.init(sinks=[sink], source="canonical", spool=str(tmp_path / "spool"), run_id="picky",
-                               retries=0, backoff=0.0)
+                               options=trackbridge.LoggerOptions(retries=0, backoff=0.0))
         for i in range(N):
             run.log({**_good(i), **({"bad": "boom"} if i == POISON_AT else {})}, step=i)
         st = run.finish()
@@ -343,7 +343,7 @@ def test_worker_backstop_still_fails_a_tracker_that_is_down(tmp_path):
     sink = _Picky(down=True)
     with logger_warnings("sink picky", "failed"):
         run = trackbridge.init(sinks=[sink], source="canonical", spool=str(tmp_path / "spool"), run_id="down",
-                               retries=0, backoff=0.0, retry_interval=3600)
+                               options=trackbridge.LoggerOptions(retries=0, backoff=0.0, retry_interval=3600))
         for i in range(5):
             run.log(_good(i), step=i)
         st = run.finish()
@@ -361,7 +361,9 @@ def test_a_tracker_that_fails_slowly_is_not_probed_value_by_value(tmp_path, monk
     sink = _Picky(down=True, slow=slow)
     with logger_warnings("sink picky", "failed"):
         run = trackbridge.init(sinks=[sink], source="canonical", spool=str(tmp_path / "spool"), run_id="slow",
-                               retries=0, backoff=0.0, retry_interval=3600, writer="thread")
+
+                               options=trackbridge.LoggerOptions(retries=0, backoff=0.0, retry_interval=3600,
+                                                                 writer="thread"))
         run.log(_good(0), step=0)
         deadline = time.monotonic() + 30
         while run.status["sinks"][1]["state"] != "failed":

@@ -73,9 +73,11 @@ class _FullThen(JsonlSink):
 def _run(tmp_path, after, caplog):
     sink = _FullThen(str(tmp_path / "trk"))
     sink.after = after
-    run = trackbridge.init(project="p", run_id="audit", sinks=[sink], source="canonical", writer="thread",
-                           spool=str(tmp_path / "spool"), retries=0, backoff=0.01, retry_interval=0.05,
-                           stall_timeout=20, batch_size=5, queue_size=10_000)
+    run = trackbridge.init(project="p", run_id="audit", sinks=[sink], source="canonical",
+                           options=trackbridge.LoggerOptions(writer="thread", retries=0, backoff=0.01,
+                                                             retry_interval=0.05, stall_timeout=20, batch_size=5,
+                                                             queue_size=10_000),
+                           spool=str(tmp_path / "spool"))
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, "trackbridge"):
         warnings.simplefilter("always")
         for s in range(STEPS):

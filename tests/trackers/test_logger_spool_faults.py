@@ -58,7 +58,8 @@ with warnings.catch_warnings(record=True) as caught:
     run = trackbridge.init(project="full", name="full", run_id="full", source="canonical", spool=spool,
                            sinks=[f"tensorboard:{out}/tb", f"mlflow:sqlite:///{out}/ml.db", f"trackio:{out}/tio",
                                   f"mlflow:http://127.0.0.1:{dead}"],
-                           writer=writer, flush_interval=0.2, retries=0, retry_interval=3600, stall_timeout=5)
+                           options=trackbridge.LoggerOptions(writer=writer, flush_interval=0.2, retries=0,
+                                                             retry_interval=3600, stall_timeout=5))
     for i in range(int(n)):
         run.log({k: float(i) + j / 100 for j, k in enumerate(keys)}, step=i)
         if i == 10:
@@ -115,7 +116,8 @@ row = lambda i: {k: float(i) + j / 100 for j, k in enumerate(keys)}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     run = trackbridge.init(project="moment", name="moment", run_id="moment", source="canonical", spool=spool,
-                           sinks=[f"tensorboard:{out}/tb"], writer=writer, flush_interval=0.1)
+                           sinks=[f"tensorboard:{out}/tb"],
+                           options=trackbridge.LoggerOptions(writer=writer, flush_interval=0.1))
     i = 0
     for _ in range(30):
         run.log(row(i), step=i); i += 1
@@ -177,7 +179,8 @@ def test_spool_deleted_mid_run_is_written_again_and_trackers_get_everything(tmp_
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = trackbridge.init(project="gone", name="gone", run_id="gone", sinks=sinks, source="canonical",
-                               spool=str(tmp_path / "spool"), writer=writer, flush_interval=0.1)
+                               spool=str(tmp_path / "spool"),
+                               options=trackbridge.LoggerOptions(writer=writer, flush_interval=0.1))
         for i in range(100):
             run.log(_row(i), step=i)
         end = time.monotonic() + 60
@@ -209,7 +212,8 @@ real = time.time
 offset = [0.0]
 time.time = lambda: real() - offset[0]        # the wall clock, as NTP or an operator stepping it back would leave it
 run = trackbridge.init(project="clock", name="clock", run_id="clock", source="canonical", spool=spool,
-                       sinks=[f"tensorboard:{tb}"], writer=writer, flush_interval=1.0)
+                       sinks=[f"tensorboard:{tb}"],
+                       options=trackbridge.LoggerOptions(writer=writer, flush_interval=1.0))
 print("writer", (run.status["writer"] or {}).get("pid", 0), flush=True)
 i = 0
 while True:

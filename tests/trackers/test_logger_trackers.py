@@ -101,8 +101,9 @@ def test_broken_tracker_mid_run_others_complete_replay_restores_it(tmp_path):
     db = tmp_path / "mlflow.db"
     run = trackbridge.init(project="grpo", name="broken", sinks=[f"tensorboard:{tb_root}",
                            f"mlflow:sqlite:///{db}"], source="canonical", spool=str(tmp_path / "spool"),
-                           run_id="broken", retries=1, backoff=0.01, retry_interval=3600,
-                           writer="thread")
+                           run_id="broken",
+                           options=trackbridge.LoggerOptions(retries=1, backoff=0.01, retry_interval=3600,
+                                                             writer="thread"))
     tb_worker = run._workers[1]
     with logger_warnings("sink tensorboard:", "sink tensorboard:.*failed", "still failing at finish"):
         for i in range(N):

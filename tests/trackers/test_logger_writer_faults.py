@@ -130,7 +130,7 @@ def test_writer_process_killed_is_started_again_and_catches_up(tmp_path, mlflow_
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = trackbridge.init(project="oom", name="oom", run_id="oom", sinks=sinks, source="canonical",
-                               spool=str(tmp_path / "spool"), writer="process")
+                               spool=str(tmp_path / "spool"), options=trackbridge.LoggerOptions(writer="process"))
         for i in range(100):
             run.log(_row(i), step=i)
         _wait(lambda: all(s["written"] >= 1 for s in run.status["sinks"][1:]), 180, "every tracker to write")
@@ -160,8 +160,9 @@ OUTCOME = r"""
 import sys, time
 import trackbridge
 db, wb, spool, writer, how = sys.argv[1:6]
-run = trackbridge.init(project="p", name="o", run_id="o", spool=spool, source="canonical", writer=writer,
-                       sinks=[f"mlflow:sqlite:///{db}", f"wandb:{wb}"])
+run = trackbridge.init(project="p", name="o", run_id="o", spool=spool, source="canonical",
+                       sinks=[f"mlflow:sqlite:///{db}", f"wandb:{wb}"],
+                       options=trackbridge.LoggerOptions(writer=writer))
 for i in range(20):
     run.log({"loss": float(i)}, step=i)
 end = time.monotonic() + 240
@@ -218,8 +219,8 @@ def test_mlflow_run_that_recovered_mid_run_ends_finished(tmp_path, mlflow_templa
     catches up, and the run ends FINISHED (it stayed RUNNING for good: close() after a reopen returned early)."""
     db = _store(mlflow_template, tmp_path / "ml.db")
     run = trackbridge.init(project="lock", name="lock", run_id="lock", sinks=[f"mlflow:sqlite:///{db}?bulk=0"],
-                           source="canonical", spool=str(tmp_path / "spool"), writer=writer, retries=0,
-                           retry_interval=0.5)
+                           source="canonical", spool=str(tmp_path / "spool"),
+                           options=trackbridge.LoggerOptions(writer=writer, retries=0, retry_interval=0.5))
     for i in range(10):
         run.log(_row(i), step=i)
     _wait(lambda: run.status["sinks"][1]["written"] >= 10, 180, "the first records in MLflow")
@@ -247,7 +248,7 @@ import sys, trackbridge
 spool, tb, writer, resume = sys.argv[1:5]
 try:
     run = trackbridge.init(project="p", name="twin", run_id="twin", spool=spool, sinks=[f"tensorboard:{tb}"],
-                           source="canonical", writer=writer, resume=resume == "1")
+                           source="canonical", resume=resume == "1", options=trackbridge.LoggerOptions(writer=writer))
 except trackbridge.UsageError as exc:
     print("REFUSED", exc, flush=True)
     sys.exit(2)
@@ -263,7 +264,7 @@ def test_one_run_id_is_logged_by_one_process(tmp_path, writer):
     after finish() the run can be resumed, and no lock file is left beside the spool."""
     spool, tb = tmp_path / "spool", tmp_path / "tb"
     run = trackbridge.init(project="p", name="twin", run_id="twin", spool=str(spool), sinks=[f"tensorboard:{tb}"],
-                           source="canonical", writer=writer)
+                           source="canonical", options=trackbridge.LoggerOptions(writer=writer))
     for i in range(10):
         run.log({"custom/k00": float(i)}, step=i)
     script = _script(tmp_path, SECOND)
@@ -272,7 +273,8 @@ def test_one_run_id_is_logged_by_one_process(tmp_path, writer):
                            env=_env(), timeout=300)
         assert r.returncode == 2 and f"is being logged by process {os.getpid()}" in r.stdout, (r.stdout, r.stderr)
     with pytest.raises(UsageError, match="is being logged by process"):
-        trackbridge.init(project="p", name="twin", run_id="twin", spool=str(spool), resume=True, writer=writer)
+        trackbridge.init(project="p", name="twin", run_id="twin", spool=str(spool), resume=True,
+                         options=trackbridge.LoggerOptions(writer=writer))
     run.finish()
     assert sorted(p.name for p in spool.iterdir()) == ["twin.jsonl"], "a lock file left beside the spool"
     r = subprocess.run([sys.executable, str(script), spool, tb, writer, "1"], capture_output=True, text=True,
@@ -290,7 +292,7 @@ while not os.path.exists(go):
     time.sleep(0.001)
 try:
     run = trackbridge.init(project="p", name="race", run_id="race", spool=spool, sinks=[f"tensorboard:{tb}"],
-                           source="canonical", writer=writer)
+                           source="canonical", options=trackbridge.LoggerOptions(writer=writer))
 except trackbridge.UsageError as exc:
     print("REFUSED", exc, flush=True)
     sys.exit(2)
@@ -330,9 +332,10 @@ def _as_from_a_shell() -> None:
 INTERRUPT = r"""
 import sys, trackbridge
 spool, tb, writer, port = sys.argv[1:5]
-run = trackbridge.init(project="p", name="intr", run_id="intr", spool=spool, source="canonical", writer=writer,
-                       sinks=[f"tensorboard:{tb}", f"mlflow:http://127.0.0.1:{port}"], retries=0,
-                       stall_timeout=600, finish_timeout=900)
+run = trackbridge.init(project="p", name="intr", run_id="intr", spool=spool, source="canonical",
+                       sinks=[f"tensorboard:{tb}", f"mlflow:http://127.0.0.1:{port}"],
+                       options=trackbridge.LoggerOptions(writer=writer, retries=0, stall_timeout=600,
+                                                         finish_timeout=900))
 print("writer", (run.status["writer"] or {}).get("pid", 0), flush=True)
 for i in range(50):
     run.log({"custom/k00": float(i)}, step=i)
@@ -388,7 +391,7 @@ def test_resume_with_a_changed_config_warns_and_the_trackers_agree(tmp_path, mlf
     sinks = [f"tensorboard:{tmp_path / 'tb'}", f"mlflow:sqlite:///{db}", f"wandb:{tmp_path / 'wb'}",
              f"trackio:{tmp_path / 'tio'}"]
     common = dict(project="cfg", name="cfg", run_id="cfg", sinks=sinks, source="canonical",
-                  spool=str(tmp_path / "spool"), writer=writer)
+                  spool=str(tmp_path / "spool"), options=trackbridge.LoggerOptions(writer=writer))
     run = trackbridge.init(config={"lr": 0.001, "batch": 8}, **common)
     for i in range(5):
         run.log(_row(i), step=i)
@@ -440,7 +443,8 @@ def test_writer_memory_is_bounded_however_far_it_lags(tmp_path, fault_cell):
     training process's (the feed keeps a few MB, then the spool serves); TensorBoard gets every point."""
     n = 20_000
     run = trackbridge.init(project="lag", name="lag", run_id="lag", sinks=[f"tensorboard:{tmp_path / 'tb'}"],
-                           source="canonical", spool=str(tmp_path / "spool"), writer="process", queue_size=500)
+                           source="canonical", spool=str(tmp_path / "spool"),
+                           options=trackbridge.LoggerOptions(writer="process", queue_size=500))
     row = {k: 0.5 for k in WIDE}
     for i in range(50):
         run.log(row, step=i)
@@ -474,7 +478,9 @@ def test_training_memory_is_bounded_while_a_tracker_hangs(tmp_path, silent):
     n = 20_000
     run = trackbridge.init(project="lag", name="lag", run_id="lag", source="canonical", spool=str(tmp_path / "spool"),
                            sinks=[f"tensorboard:{tmp_path / 'tb'}", f"mlflow:http://127.0.0.1:{silent.port}"],
-                           writer="thread", queue_size=500, retries=0, stall_timeout=3, finish_timeout=120)
+
+                           options=trackbridge.LoggerOptions(writer="thread", queue_size=500, retries=0,
+                                                             stall_timeout=3, finish_timeout=120))
     row = {k: 0.5 for k in WIDE}
     for i in range(50):
         run.log(row, step=i)
@@ -499,8 +505,8 @@ def test_wandb_folder_deleted_mid_run_is_written_again(tmp_path, wandb_env, faul
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = trackbridge.init(project="wbdel", name="wbdel", run_id="wbdel", sinks=[f"wandb:{wb}"],
-                               source="canonical", spool=str(tmp_path / "spool"), writer=writer, retries=1,
-                               retry_interval=1.0)
+                               source="canonical", spool=str(tmp_path / "spool"),
+                               options=trackbridge.LoggerOptions(writer=writer, retries=1, retry_interval=1.0))
         for i in range(50):
             run.log(_row(i), step=i)
         _wait(lambda: run.status["sinks"][1]["written"] >= 50, 180, "wandb to take the first records")
@@ -524,8 +530,9 @@ CREATE = r"""
 import os, sys, time
 import trackbridge
 db, spool, writer, how = sys.argv[1:5]
-run = trackbridge.init(project="p", name="first", run_id="first", spool=spool, source="canonical", writer=writer,
-                       sinks=[f"mlflow:sqlite:///{db}"], flush_interval=0.2)
+run = trackbridge.init(project="p", name="first", run_id="first", spool=spool, source="canonical",
+                       sinks=[f"mlflow:sqlite:///{db}"],
+                       options=trackbridge.LoggerOptions(writer=writer, flush_interval=0.2))
 for i in range(20):
     run.log({"custom/k00": float(i)}, step=i)
 print("logged", flush=True)
@@ -560,7 +567,7 @@ def test_mlflow_store_creation_cut_short_leaves_a_usable_store(tmp_path, writer,
         assert not db.exists() or db.stat().st_size == 0, "the store was made before the kill: nothing was cut short"
     # a later run opens the store ...
     run = trackbridge.init(project="p", name="second", run_id="second", spool=str(spool), source="canonical",
-                           writer=writer, sinks=[f"mlflow:sqlite:///{db}"])
+                           options=trackbridge.LoggerOptions(writer=writer), sinks=[f"mlflow:sqlite:///{db}"])
     for i in range(10):
         run.log({"custom/k00": float(i)}, step=i)
     st = run.finish()
@@ -602,7 +609,7 @@ def test_a_store_another_tool_left_half_made_is_made_again(tmp_path, writer):
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == 0, "creation was not cut short"
     run = trackbridge.init(project="p", name="after", run_id="after", spool=str(tmp_path / "spool"),
-                           source="canonical", writer=writer, sinks=[f"mlflow:sqlite:///{db}"])
+                           source="canonical", options=trackbridge.LoggerOptions(writer=writer), sinks=[f"mlflow:sqlite:///{db}"])
     for i in range(5):
         run.log({"custom/k00": float(i)}, step=i)
     st = run.finish()
@@ -615,8 +622,9 @@ def test_a_store_another_tool_left_half_made_is_made_again(tmp_path, writer):
 def test_a_long_finish_says_what_it_waits_for(tmp_path, silent, caplog, writer):
     url = f"mlflow:http://127.0.0.1:{silent.port}"
     run = trackbridge.init(project="p", name="slow", run_id="slow", spool=str(tmp_path / "spool"), source="canonical",
-                           sinks=[f"tensorboard:{tmp_path / 'tb'}", url], writer=writer, retries=0, stall_timeout=8,
-                           finish_timeout=120)
+                           sinks=[f"tensorboard:{tmp_path / 'tb'}", url],
+                           options=trackbridge.LoggerOptions(writer=writer, retries=0, stall_timeout=8,
+                                                             finish_timeout=120))
     for i in range(10):
         run.log({"custom/k00": float(i)}, step=i)
     with caplog.at_level("WARNING", logger="trackbridge"), pytest.warns(LoggerWarning, match="lacks 10 of"):
@@ -633,7 +641,7 @@ def test_the_writer_process_starts_its_own_wandb_service(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SERVICE", "3-1-unix-/nonexistent/wandb-gone/socket")
     wb = tmp_path / "wb"
     run = trackbridge.init(project="p", name="svc", run_id="svc", spool=str(tmp_path / "spool"), source="canonical",
-                           sinks=[f"wandb:{wb}?mode=offline"], writer="process")
+                           sinks=[f"wandb:{wb}?mode=offline"], options=trackbridge.LoggerOptions(writer="process"))
     for i in range(30):
         run.log({"loss": float(i)}, step=i)
     st = run.finish()

@@ -83,7 +83,8 @@ TRAIN = textwrap.dedent('''
     while not go.exists():          # every process starts logging at one moment
         time.sleep(0.01)
     run = trackbridge.init(project="shared", name=run_id, run_id=run_id, sinks=[sink], source="canonical",
-                           names="canonical", spool=sys.argv[6], finish_timeout=240, stall_timeout=120)
+                           names="canonical", spool=sys.argv[6],
+                           options=trackbridge.LoggerOptions(finish_timeout=240, stall_timeout=120))
     for s in range(steps):
         run.log({f"custom/k{j:03d}": s + j / 1000 for j in range(keys)}, step=s)
     st = run.finish()

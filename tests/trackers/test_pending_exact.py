@@ -40,7 +40,8 @@ def _held(logdir: Path) -> Counter:
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_the_note_counts_what_a_cut_off_catch_up_left_out(tmp_path, writer):
     spool = str(tmp_path / "spool")
-    run = trackbridge.init(project="p", run_id="r", sinks=[], spool=spool, source="canonical", writer="thread")
+    run = trackbridge.init(project="p", run_id="r", sinks=[], spool=spool, source="canonical",
+                           options=trackbridge.LoggerOptions(writer="thread"))
     for s in range(BEFORE):
         run.log(_row(s), step=s)
     run.finish()
@@ -48,7 +49,8 @@ def test_the_note_counts_what_a_cut_off_catch_up_left_out(tmp_path, writer):
     # resumed with SwanLab, which has all 30,000 earlier records to catch up, and finish() gives it 0.3 s
     with pytest.warns(LoggerWarning) as said:
         run = trackbridge.init(project="p", run_id="r", sinks=[f"swanlab:{tmp_path / 'sw'}"], spool=spool,
-                               source="canonical", resume=True, finish_timeout=0.3, writer=writer)
+                               source="canonical", resume=True,
+                               options=trackbridge.LoggerOptions(finish_timeout=0.3, writer=writer))
         assert run._next_step == BEFORE
         for s in range(BEFORE, BEFORE + AFTER):
             run.log(_row(s), step=s)
@@ -87,8 +89,9 @@ import os, signal, sys
 import trackbridge
 spool, logdir, keys, before = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
 run = trackbridge.init(project="p", run_id="r", sinks=[f"swanlab:{logdir}"], spool=spool, source="canonical",
-                       resume=True, finish_timeout=0.2, stall_timeout=0.2, flush_interval=0.1,
-                       writer="process")
+                       resume=True,
+                       options=trackbridge.LoggerOptions(finish_timeout=0.2, stall_timeout=0.2, flush_interval=0.1,
+                                                         writer="process"))
 for s in range(before, before + 300):
     run.log({k: float(s + i) for i, k in enumerate(keys)}, step=s)
 import time; time.sleep(0.4)                  # the spool's flush interval: what training logged is in the spool
@@ -101,7 +104,8 @@ def test_the_orphaned_writer_process_counts_what_the_tracker_lacks(tmp_path):
     """Training SIGKILLed while the writer process still catches SwanLab up: the writer process, left alone, writes
     the note itself, counted against what SwanLab holds (read with its own reader here), not estimated."""
     spool = tmp_path / "spool"
-    run = trackbridge.init(project="p", run_id="r", sinks=[], spool=str(spool), source="canonical", writer="thread")
+    run = trackbridge.init(project="p", run_id="r", sinks=[], spool=str(spool), source="canonical",
+                           options=trackbridge.LoggerOptions(writer="thread"))
     for s in range(BEFORE):
         run.log(_row(s), step=s)
     run.finish()

@@ -31,8 +31,9 @@ TRAIN = textwrap.dedent('''
     import trackbridge
     url, spool, how, writer = sys.argv[1:5]
     run = trackbridge.init(project="outcome", name="r", run_id=f"r-{how}-{writer}",
-                           sinks=[f"mlflow:{url}?experiment=outcome"], spool=spool, source="canonical", retries=0,
-                           retry_interval=3600, stall_timeout=2, finish_timeout=15, writer=writer)
+                           sinks=[f"mlflow:{url}?experiment=outcome"], spool=spool, source="canonical",
+                           options=trackbridge.LoggerOptions(retries=0, retry_interval=3600, stall_timeout=2,
+                                                             finish_timeout=15, writer=writer))
     for s in range(%d):
         run.log({"custom/a": float(s), "custom/b": -float(s)}, step=s)
     if how == "exit1":

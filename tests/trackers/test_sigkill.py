@@ -13,7 +13,7 @@ CHILD = r"""
 import sys, time
 import trackbridge
 run = trackbridge.init(project="p", name="k", sinks=[], source="canonical", spool=sys.argv[1], run_id="killed",
-                       flush_interval=float(sys.argv[2]))
+                       options=trackbridge.LoggerOptions(flush_interval=float(sys.argv[2])))
 i = 0
 while True:
     run.log({"x": float(i), "loss": 1.0 / (i + 1)})
@@ -26,7 +26,7 @@ while True:
 EXITS = r"""
 import sys, trackbridge
 run = trackbridge.init(project="p", name="e", sinks=[], source="canonical", spool=sys.argv[1], run_id="exits",
-                       flush_interval=5.0)
+                       options=trackbridge.LoggerOptions(flush_interval=5.0))
 for i in range(300):
     run.log({"x": i})
 # no finish(): the atexit hook flushes

@@ -175,7 +175,7 @@ def test_the_logger_says_once_which_name_comet_stores_otherwise(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = trackbridge.init(project="p", run_id="lb", sinks=[f"comet:{tmp_path / 'c'}"], source="canonical",
-                               spool=str(tmp_path / "spool"), writer="thread")
+                               spool=str(tmp_path / "spool"), options=trackbridge.LoggerOptions(writer="thread"))
         for s in range(5):
             run.log({"reward\nmean": float(s), "plain": 1.0}, step=s)
         st = run.finish()

@@ -141,7 +141,7 @@ def test_the_logger_says_what_swanlab_would_drop(tmp_path):
     from trackbridge.logger import LoggerWarning
     with pytest.warns(LoggerWarning, match="SwanLab keeps one value per key and step"):
         run = trackbridge.init(sinks=[f"swanlab:{tmp_path}/sw"], spool=str(tmp_path / "spool"), source="canonical",
-                               run_id="again", writer="thread")
+                               run_id="again", options=trackbridge.LoggerOptions(writer="thread"))
         run.log({"custom/a": 1.0}, step=3)
         run.log({"custom/a": 2.0}, step=3)
         run.log({"custom/a": 3.0}, step=4)

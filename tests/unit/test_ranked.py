@@ -178,14 +178,17 @@ def test_a_silent_rank_is_merged_without_and_a_late_share_reported(tmp_path):
 def test_init_merge_ranks_refuses_what_cannot_work(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with pytest.raises(UsageError, match="run_id="):
-        trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True, rank=1, world_size=2)
+        trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True,
+                         options=trackbridge.LoggerOptions(rank=1, world_size=2))
     with pytest.raises(UsageError, match="rank 2 is not in a world of 2"):
-        trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True, rank=2, world_size=2, run_id="x")
+        trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True,
+                         options=trackbridge.LoggerOptions(rank=2, world_size=2), run_id="x")
     with pytest.raises(UsageError, match="rank_zero_only=False"):
-        trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True, rank=0, world_size=2, run_id="x",
-                         rank_zero_only=False)
+        trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True,
+                         options=trackbridge.LoggerOptions(rank=0, world_size=2, rank_zero_only=False), run_id="x")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic-7")
-    other = trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True, rank=1, world_size=2)
+    other = trackbridge.init(sinks=[], spool=str(tmp_path), merge_ranks=True,
+                             options=trackbridge.LoggerOptions(rank=1, world_size=2))
     other.log({"x": Weighted(1.0, 2)}, step=0)
     with pytest.raises(ValueError):
         other.log({"x": 1.0}, step=-1)                      # refused as on rank 0

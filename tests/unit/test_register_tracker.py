@@ -278,7 +278,7 @@ def test_writer_process_refuses_a_tracker_it_cannot_load(mytracker, tmp_path):
     """A tracker registered in this process does not exist in the writer process: said at init, naming it."""
     with pytest.raises(ValueError, match=r"mytracker:.*writer='thread'"):
         trackbridge.init(project="p", name="r", sinks=[f"mytracker:{tmp_path / 'mine'}"],
-                         spool=str(tmp_path / "spool"), writer="process")
+                         spool=str(tmp_path / "spool"), options=trackbridge.LoggerOptions(writer="process"))
 
 
 def test_a_missing_package_of_a_reader_or_sink_is_one_line_naming_the_extra(tmp_path):

@@ -62,8 +62,8 @@ class Tee:
         """The trackbridge run (opened on first access; after a finish, the finished run until the next record)."""
         with self._lock:
             if self._run is None:
-                from ..logger import init
-                self._run = init(**{**self.defaults(), **self._init_options})
+                from ..logger import LoggerOptions, init
+                self._run = init(**LoggerOptions.fold({**self.defaults(), **self._init_options}))
             return self._run
 
     def _live_run(self) -> RunLike:
@@ -71,9 +71,9 @@ class Tee:
         with self._lock:
             run = self.run
             if self._owns_run and getattr(run, "_finished", False):
-                from ..logger import init
+                from ..logger import LoggerOptions, init
                 opts = {**self.defaults(), **self._init_options, "run_id": run.run_id, "resume": True}
-                self._run = run = init(**opts)
+                self._run = run = init(**LoggerOptions.fold(opts))
             return run
 
     @property

@@ -50,7 +50,7 @@ Settings, from the environment of the worker process (``runtime_env["env_vars"]`
 ``TRACKBRIDGE_CONFIG``     a JSON object laid over the logger's config (nested keys merged)
 ``TRACKBRIDGE_MAPPINGS``   mapping files, comma-separated
 ``TRACKBRIDGE_TEE``        which loggers may feed the run (default ``verl,wandb,tensorboard``)
-``TRACKBRIDGE_WRITER``     ``auto`` (default), ``process`` or ``thread``: see ``trackbridge.init(writer=)``
+``TRACKBRIDGE_WRITER``     ``auto`` (default), ``process`` or ``thread``: see ``trackbridge.LoggerOptions(writer=)``
 ``TRACKBRIDGE_WANDB_NAMES`` ``original`` (default) or ``translated``: what wandb itself receives
 
 Where the framework calls ``ray.init`` itself only when Ray is not initialised (OpenRLHF 0.11's ``train_ppo_ray``,
@@ -211,12 +211,12 @@ class SharedRun:
                 return None
             if self.inner is not None and not getattr(self.inner, "_finished", False):
                 return self.inner
-            from ..logger import init
+            from ..logger import LoggerOptions, init
             opts = self.coord.init_options()
             if self.inner is not None:
                 opts.update(run_id=self.inner.run_id, resume=True)
             try:
-                self.inner = init(**opts)
+                self.inner = init(**LoggerOptions.fold(opts))
             except Exception as exc:
                 self.refused = f"{type(exc).__name__}: {exc}"
                 _warn(f"trackbridge (Ray worker pid {os.getpid()}): the run could not be opened ({self.refused}); "

@@ -65,7 +65,7 @@ import warnings
 from typing import Any
 
 from ..extras import require
-from ..logger import LoggerWarning
+from ..logger import LoggerOptions, LoggerWarning
 
 require(("transformers",), "trl", __name__)     # one line naming the extra rather than a bare ModuleNotFoundError
 
@@ -219,10 +219,10 @@ class TrackBridgeCallback(TrainerCallback):
             return None
         from .. import logger
         if self.run is not None:               # finished in on_train_end; a later evaluate() continues the run
+            rest = {k: v for k, v in self.init_options.items() if k not in ("run_id", "resume")}
             self.run = logger.init(project=self.project, name=self.name, sinks=self.sinks,
                                    source=self.source or "auto", run_id=self.run.run_id, resume=True,
-                                   rank_zero_only=self.rank_zero_only,
-                                   **{k: v for k, v in self.init_options.items() if k not in ("run_id", "resume")})
+                                   **LoggerOptions.fold({**rest, "rank_zero_only": self.rank_zero_only}))
             return self.run
         if self.source is None:
             trainer = _find_trainer()
@@ -233,8 +233,8 @@ class TrackBridgeCallback(TrainerCallback):
                 model = getattr(trainer, "model", None)
         name = self.name or getattr(args, "run_name", None) or None
         self.run = logger.init(project=self.project, name=name, sinks=self.sinks, source=self.source,
-                               config=self._config(args, model), rank_zero_only=self.rank_zero_only,
-                               **self.init_options)
+                               config=self._config(args, model),
+                               **LoggerOptions.fold({**self.init_options, "rank_zero_only": self.rank_zero_only}))
         return self.run
 
     # -- events --------------------------------------------------------------------------------------------------------

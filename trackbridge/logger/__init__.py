@@ -70,16 +70,9 @@ from .run import Run
 
 def init(project: str | None = None, name: str | None = None, sinks: list[Any] | None = None, *,
          source: str = "auto", names: str = "canonical", config: dict[str, Any] | None = None,
-         run_id: str | None = None, resume: bool = False, derive: bool = True, mappings: list[str] | None = None,
-         spool: str = "runs", options: LoggerOptions | None = None, flush_interval: float | None = None,
-         queue_size: int | None = None, batch_size: int | None = None, retries: int | None = None,
-         backoff: float | None = None, retry_interval: float | None = None, stall_timeout: float | None = None,
-         finish_timeout: float | None = None, resume_wait: float | None = None, hold_mb: float | None = None,
-         writer: str | None = None,
-         tags: dict[str, str] | None = None,
-         rank_zero_only: bool = True, rank: int | None = None, doctor: bool = False, merge_ranks: bool = False,
-         world_size: int | None = None, rank_timeout: float = 60.0, on_finding: Any = None,
-         stop_on: str | None = None) -> Run | NoOpRun:
+         run_id: str | None = None, resume: bool = False, mappings: list[str] | None = None, spool: str = "runs",
+         tags: dict[str, str] | None = None, doctor: bool = False, stop_on: str | None = None,
+         merge_ranks: bool = False, options: LoggerOptions | None = None) -> Run | NoOpRun:
     """Start a run that writes one canonical stream to every sink (see the module docstring for the behaviour).
 
     ``sinks``: locator strings (``"tensorboard:runs/tb"``, ``"mlflow:sqlite:///runs/mlflow.db"``, ...) or Sink
@@ -87,22 +80,22 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     ``canonical`` or ``FRAMEWORK[@VERSION]``); ``names``: naming written to the trackers (``canonical`` or
     ``FRAMEWORK[@VERSION]``; the spool always holds canonical names, and ``keep`` keeps those: to write the names
     the trainer logs, pass its framework, ``names=source``). ``options``: the tuning knobs
-    (:class:`LoggerOptions`: flush interval, queue and batch sizes, retries, timeouts); each is also a keyword here,
-    which wins over ``options``. ``rank``: override the rank taken from the environment. ``doctor``: run the
+    and overrides (:class:`LoggerOptions`: flush interval, queue and batch sizes, retries, timeouts, the writer
+    process, derived metrics, the rank and world size, ``on_finding``). ``doctor``: run the
     diagnostic checks (:mod:`trackbridge.doctor`) on the records as they are logged, in the dispatcher thread (off
     the caller's: ``log()`` stays as fast, ``benchmarks/bench_doctor_live.py``); a finding is logged once, the first
     time its check holds, as the text metric ``doctor/<check id>`` to every tracker (and as the tracker's own alert
     where it has them: wandb's ``run.alert``, Trackio's alerts), and said at the next ``log()`` (or ``finish()``) in
     the caller's thread: a :class:`~trackbridge.doctor.DoctorWarning` attributed to the user's line that called it,
-    and ``on_finding(finding)`` when given (a :class:`~trackbridge.doctor.Finding`; ``run.findings`` lists them
+    and ``options.on_finding(finding)`` when given (a :class:`~trackbridge.doctor.Finding`; ``run.findings`` lists them
     all). ``stop_on="critical"`` (or ``"warning"``, ``"info"``): ``run.should_stop`` turns true as soon as a finding
     at least that severe holds (training stops itself: ``if run.should_stop: break``; the transformers callback
     stops the Trainer). Both need ``doctor=True``.
 
     ``merge_ranks=True``: every rank logs its own share of a value with its weight (``log(..., weights=...)`` or
-    :class:`trackbridge.Weighted`) and rank 0 merges the shares of all ``world_size`` ranks (default ``WORLD_SIZE``)
-    into the value over the whole batch, by the value's reduction, before the pipeline (see
-    :mod:`trackbridge.logger.ranks`; ``run_id`` the same on every rank; a rank silent for ``rank_timeout`` seconds
+    :class:`trackbridge.Weighted`) and rank 0 merges the shares of all ``options.world_size`` ranks (default
+    ``WORLD_SIZE``) into the value over the whole batch, by the value's reduction, before the pipeline (see
+    :mod:`trackbridge.logger.ranks`; ``run_id`` the same on every rank; a rank silent for ``options.rank_timeout``
     while the others are past a step is merged without, and the run says so).
 
     Raises ``ValueError`` naming the sink for a sink string that is unknown or points at an unusable folder, and
@@ -110,39 +103,35 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
     (more than 10,000 keys, a value over 1 MB, over 10 MB in all), before anything is written.
     """
     check_config(config)        # every rank alike, before anything is claimed, opened or written (..limits)
-    opts = LoggerOptions.build(options, {
-        "flush_interval": flush_interval, "queue_size": queue_size, "batch_size": batch_size, "retries": retries,
-        "backoff": backoff, "retry_interval": retry_interval, "stall_timeout": stall_timeout,
-        "finish_timeout": finish_timeout, "resume_wait": resume_wait, "hold_mb": hold_mb, "writer": writer})
-    r = _rank.global_rank() if rank is None else int(rank)
+    opts = options if options is not None else LoggerOptions()
+    r = _rank.global_rank() if opts.rank is None else int(opts.rank)
+    common: dict[str, Any] = dict(project=project, name=name, source=source, names=names, config=config,
+                                  resume=resume, derive=opts.derive, mappings=mappings, options=opts, tags=tags,
+                                  doctor=doctor, on_finding=opts.on_finding, stop_on=stop_on)
     if merge_ranks:
-        return _merged(r, world_size, rank_timeout, rank_zero_only=rank_zero_only, project=project, name=name,
-                       sinks=list(sinks or []), source=source, names=names, config=config, run_id=run_id,
-                       resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags,
-                       doctor=doctor, on_finding=on_finding, stop_on=stop_on)
-    if rank_zero_only and r != 0:
+        return _merged(r, run_id=run_id, spool=spool, sinks=list(sinks or []), **common)
+    if opts.rank_zero_only and r != 0:
         from .dispatch import live_options
-        live_options(doctor, on_finding, stop_on)     # refused on every rank alike
+        live_options(doctor, opts.on_finding, stop_on)     # refused on every rank alike
         return NoOpRun(r, project=project, name=name, config=config, run_id=run_id, names=names, resume=resume,
                        options=opts)
-    if not rank_zero_only and _rank.world_size() > 1 and run_id is None:
+    if not opts.rank_zero_only and _rank.world_size() > 1 and run_id is None:
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + f"-rank{r}"
-    return Run(project=project, name=name, sinks=list(sinks or []), source=source, names=names, config=config,
-               run_id=run_id, resume=resume, derive=derive, mappings=mappings, spool=spool, options=opts, tags=tags,
-               doctor=doctor, on_finding=on_finding, stop_on=stop_on)
+    return Run(sinks=list(sinks or []), run_id=run_id, spool=spool, **common)
 
 
-def _merged(r: int, world_size: int | None, rank_timeout: float, *, rank_zero_only: bool, run_id: str | None,
-            spool: str, options: LoggerOptions, **kw: Any) -> Run | NoOpRun:
+def _merged(r: int, *, run_id: str | None, spool: str, **kw: Any) -> Run | NoOpRun:
     """``init(merge_ranks=True)``: rank 0's run with the merger attached; the other ranks' :class:`RankRun`."""
     from ..errors import UsageError
     from .rankrun import RankLink, RankRun, check_world
     from .ranks import shared_run_id
     from .spool import spool_place
-    if not rank_zero_only:
+    options: LoggerOptions = kw["options"]
+    if not options.rank_zero_only:
         raise UsageError("init(merge_ranks=True) merges every rank into rank 0's run; rank_zero_only=False (a run "
                          "per rank) cannot be combined with it")
-    size = _rank.world_size() if world_size is None else int(world_size)
+    size = _rank.world_size() if options.world_size is None else int(options.world_size)
+    rank_timeout = options.rank_timeout
     check_world(size, r, rank_timeout)
     run_id = shared_run_id(run_id)
     spool_dir = spool_place(spool)[0]
@@ -151,7 +140,7 @@ def _merged(r: int, world_size: int | None, rank_timeout: float, *, rank_zero_on
                        rank_timeout=rank_timeout,
                        project=kw["project"], name=kw["name"], config=kw["config"], names=kw["names"],
                        resume=kw["resume"], options=options)
-    run = Run(run_id=run_id, spool=spool, options=options, **kw)
+    run = Run(run_id=run_id, spool=spool, **kw)
     run._ranks = RankLink(run, world_size=size, rank_timeout=rank_timeout, spool_dir=spool_dir)
     return run
 

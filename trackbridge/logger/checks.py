@@ -134,10 +134,10 @@ def choose_writer(asked: str, sinks: list[Any], built: list[Sink]) -> tuple[str,
     foreign = [s.locator() for s in built if not type(s).__module__.startswith("trackbridge.")]
     if asked == "process":
         if objects:
-            raise UsageError("init(writer='process') takes sinks as locator strings (a Sink object cannot be "
+            raise UsageError("LoggerOptions(writer='process') takes sinks as locator strings (a Sink object cannot be "
                              "handed to another process)")
         if foreign:
-            raise UsageError(f"init(writer='process'): {', '.join(foreign)} is a tracker registered in this "
+            raise UsageError(f"LoggerOptions(writer='process'): {', '.join(foreign)} is a tracker registered in this "
                              f"process, which the writer process cannot load; use writer='thread' for it")
         return "process", None
     if objects:

@@ -189,16 +189,16 @@ def severity_rank(severity: str) -> int:
 
 
 def live_options(doctor: bool, on_finding: Any, stop_on: str | None) -> tuple[Any, str | None]:
-    """``init``'s ``on_finding`` and ``stop_on``, checked: each needs ``doctor=True``; ``on_finding`` a callable
-    taking the finding, ``stop_on`` a severity (``critical``, ``warning`` or ``info``: that or worse sets
+    """``LoggerOptions.on_finding`` and ``init``'s ``stop_on``, checked: each needs ``doctor=True``; ``on_finding``
+    a callable taking the finding, ``stop_on`` a severity (``critical``, ``warning`` or ``info``: that or worse sets
     ``run.should_stop``)."""
     from ..doctor import SEVERITIES
     from ..errors import UsageError
     if on_finding is not None and not callable(on_finding):
-        raise UsageError(f"init(on_finding={on_finding!r}): expected a callable taking the finding")
+        raise UsageError(f"LoggerOptions(on_finding={on_finding!r}): expected a callable taking the finding")
     if stop_on is not None and stop_on not in SEVERITIES:
         raise UsageError(f"init(stop_on={stop_on!r}): expected one of {', '.join(SEVERITIES)} (or None)")
     if (on_finding is not None or stop_on is not None) and not doctor:
-        given = "on_finding" if on_finding is not None else "stop_on"
-        raise UsageError(f"init({given}=...) acts on the live checks' findings: pass doctor=True too")
+        given = "LoggerOptions(on_finding=...)" if on_finding is not None else "init(stop_on=...)"
+        raise UsageError(f"{given} acts on the live checks' findings: pass doctor=True too")
     return on_finding, stop_on

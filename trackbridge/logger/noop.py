@@ -59,7 +59,8 @@ class NoOpRun(RunView):
 
     def summary(self) -> str:
         """One line saying that this rank does not write."""
-        return f"rank {self.rank}: not writing (only rank 0 writes; init(rank_zero_only=False) to change)"
+        return (f"rank {self.rank}: not writing (only rank 0 writes; options=LoggerOptions(rank_zero_only=False) "
+                "to change)")
 
     def __enter__(self) -> "NoOpRun":
         return self

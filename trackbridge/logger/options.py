@@ -1,4 +1,4 @@
-"""The logger's tuning knobs, in one place (``init(..., options=LoggerOptions(...))`` or as keywords)."""
+"""The logger's tuning knobs and overrides, in one place: ``init(..., options=LoggerOptions(...))``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -11,7 +11,8 @@ WRITERS = ("auto", "process", "thread")
 
 @dataclass(frozen=True)
 class LoggerOptions:
-    """How the logger batches, retries and waits. Every field is also a keyword of :func:`trackbridge.init`.
+    """How the logger batches, retries and waits, and the settings a run rarely needs (:func:`trackbridge.init` takes
+    what users set; these come as ``options=LoggerOptions(...)``).
 
     ``flush_interval``: the most a SIGKILL can lose from the spool, in seconds. ``queue_size``: records queued per
     sink before it falls behind (then it is fed from the spool). ``batch_size``: records per write to a tracker.
@@ -26,7 +27,14 @@ class LoggerOptions:
     training; sinks must be locator strings of trackers the writer can load), ``"thread"`` (each tracker in a thread
     of the training process) or ``"auto"`` (the default: the writer process when it can take every sink, else
     threads -- with a warning saying why for a tracker registered only in this process; silently for Sink objects,
-    which the caller built in this process)."""
+    which the caller built in this process).
+
+    ``derive``: compute the derived metrics of mappings/derived.yaml (default on). ``rank``: this process's global
+    rank, overriding the environment's (``RANK``, then ``LOCAL_RANK``, ...); ``world_size``: the number of ranks
+    ``merge_ranks`` waits for (default ``WORLD_SIZE``); ``rank_zero_only``: only global rank 0 writes (default; off,
+    every rank writes a run of its own); ``rank_timeout``: how long rank 0 waits for a silent rank before it merges a
+    step without it. ``on_finding``: called with each :class:`~trackbridge.doctor.Finding` of ``init(doctor=True)``,
+    in the caller's thread."""
 
     flush_interval: float = 1.0
     queue_size: int = 5000
@@ -39,6 +47,12 @@ class LoggerOptions:
     resume_wait: float = 10.0
     hold_mb: float = 256.0
     writer: str = "auto"
+    derive: bool = True
+    rank: int | None = None
+    world_size: int | None = None
+    rank_zero_only: bool = True
+    rank_timeout: float = 60.0
+    on_finding: Any = None
 
     def __post_init__(self) -> None:
         if self.writer not in WRITERS:
@@ -49,18 +63,25 @@ class LoggerOptions:
             raise UsageError("queue_size and batch_size must be at least 1")
         if self.retries < 0:
             raise UsageError(f"retries must be >= 0, got {self.retries!r}")
-        for name in ("backoff", "retry_interval", "stall_timeout", "finish_timeout", "resume_wait", "hold_mb"):
+        for name in ("backoff", "retry_interval", "stall_timeout", "finish_timeout", "resume_wait", "hold_mb",
+                     "rank_timeout"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        """The names of the knobs (each also a keyword of :func:`trackbridge.init`)."""
+        """The names of the knobs (the fields)."""
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def build(cls, options: "LoggerOptions | None", given: dict[str, Any]) -> "LoggerOptions":
-        """``options`` with the keywords given explicitly (not None) laid over it."""
-        base = {f.name: getattr(options, f.name) for f in fields(cls)} if options is not None else {}
-        base.update({k: v for k, v in given.items() if v is not None})
-        return cls(**base)
+    def fold(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Keywords for :func:`trackbridge.init` from one flat dict (an integration's options, a config file's
+        section): the knobs among them go into ``options`` (laid over an ``options`` given there too)."""
+        knobs = {k: kwargs[k] for k in cls.names() if k in kwargs}
+        if not knobs:
+            return dict(kwargs)
+        out = {k: v for k, v in kwargs.items() if k not in knobs}
+        base = out.get("options")
+        merged = {f.name: getattr(base, f.name) for f in fields(cls)} if base is not None else {}
+        out["options"] = cls(**{**merged, **knobs})
+        return out

@@ -164,7 +164,7 @@ def check_world(world_size: int, rank: int, rank_timeout: float) -> None:
         raise UsageError(f"init(merge_ranks=True): rank {rank} is not in a world of {world_size} rank(s) (set "
                          f"WORLD_SIZE and RANK, or pass world_size= and rank=)")
     if not (rank_timeout > 0 and math.isfinite(rank_timeout)):
-        raise UsageError(f"init(rank_timeout={rank_timeout!r}): seconds > 0 expected")
+        raise UsageError(f"LoggerOptions(rank_timeout={rank_timeout!r}): seconds > 0 expected")
     from .nodes import node_layout
     node_layout(rank, world_size)        # a bad TRACKBRIDGE_NODE_MERGE or LOCAL_WORLD_SIZE: one line, before any run
 

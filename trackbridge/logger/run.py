@@ -204,7 +204,8 @@ class Run(RunView):
                                         info=lambda: self._clean_info().to_json(), problems=self.problems)
             except (OSError, ValueError, RuntimeError) as exc:   # the platform cannot start it (no pass_fds ...)
                 if options.writer == "process":
-                    raise UsageError(f"init(writer='process'): the writer process could not start: {exc}") from None
+                    raise UsageError(f"LoggerOptions(writer='process'): the writer process could not start: "
+                                     f"{exc}") from None
                 self._warn_once("writer", f"the writer process could not start ({type(exc).__name__}: {exc}); "
                                           f"the trackers are written by threads of the training process")
                 writer = "thread"
@@ -359,7 +360,7 @@ class Run(RunView):
                 try:
                     self._on_finding(f)
                 except Exception as exc:        # the user's callback: said once, logging goes on
-                    self._warn_once("on_finding", f"init(on_finding=...) raised {type(exc).__name__}: {exc} "
+                    self._warn_once("on_finding", f"LoggerOptions(on_finding=...) raised {type(exc).__name__}: {exc} "
                                                   f"(for the finding {f.id}); logging goes on")
 
     def _set_outcome(self, outcome: str, exit_code: int | None) -> None:
