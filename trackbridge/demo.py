@@ -9,7 +9,7 @@
 
 The output folder is the demo's only where it says so: ``.trackbridge-manifest.json`` lists every file the demo
 wrote (the report folder has its own, written by ``compare``). A re-run deletes those files and nothing else; a
-non-empty folder without that list is refused (see :class:`trackbridge.compare.report.OutputManifest`).
+non-empty folder without that list is refused (see :class:`trackbridge.compare.manifest.OutputManifest`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .exitcodes import ExitCode
 
 if TYPE_CHECKING:       # pragma: no cover
-    from .compare.report import OutputManifest
+    from .compare.manifest import OutputManifest
 
 EXAMPLES = [
     ("trl-grpo", "trainer-state", "trl_grpo_trainer_state.json"),
@@ -57,7 +57,7 @@ REPORT = "report"
 
 
 def _prepare(out: Path) -> OutputManifest:
-    from .compare.report import MANIFEST, OutputManifest
+    from .compare.manifest import MANIFEST, OutputManifest
 
     if (out / OLD_MARKER).is_file() and not (out / MANIFEST).is_file():
         raise ValueError(f"--out {out}: made by an earlier trackbridge demo that kept no list of its files, so the "

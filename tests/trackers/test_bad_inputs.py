@@ -554,7 +554,7 @@ def test_demo_refuses_a_folder_it_did_not_make(env):
 
 
 def test_manifest_never_deletes_outside_its_folder(tmp_path):
-    from trackbridge.compare.report import OutputManifest
+    from trackbridge.compare.manifest import OutputManifest
 
     outside = tmp_path / "precious.txt"
     outside.write_text("keep")

@@ -266,7 +266,7 @@ def test_summary_csv_neutralises_formulas(tmp_path):
 
 
 def test_csv_text_rule():
-    from trackbridge.compare.report import csv_text
+    from trackbridge.compare.cells import csv_text
     for bad in ("=1+1", "+1", "-2", "@SUM(1)", "\tx", "\rx", '=HYPERLINK("http://x")'):
         assert csv_text(bad) == "'" + bad
     for ok in ("loss/total", "grpo", "", "1e-3", "a=b"):

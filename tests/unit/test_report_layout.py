@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from trackbridge.compare import WARNING_GROUPS, compare_runs
-from trackbridge.compare.report import _ABS_PATH, _Paths, footnote, key_metrics, write_report
+from trackbridge.compare.cells import _ABS_PATH, _Paths, footnote, key_metrics
+from trackbridge.compare.report import write_report
 
 from _support import ROOT
 

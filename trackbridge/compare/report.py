@@ -5,42 +5,38 @@
 The HTML loads nothing: the charts are embedded as base64 data URIs, the style is inline, there is no script, and a
 Content-Security-Policy forbids any other load, so it opens offline and from an e-mail attachment alike.
 
-Output folders (:class:`OutputManifest`, shared with ``trackbridge demo``): a command deletes only files it wrote
-itself. Each output folder gets a manifest, ``.trackbridge-manifest.json``, listing the files (and folders) the
-command wrote there. The rule:
-
-* a folder that does not exist or is empty is used;
-* a folder holding a manifest of the same command is used: the files the manifest lists are deleted first (stale
-  charts of an earlier report), everything else in it (the user's own files) is left alone;
-* a non-empty folder without a manifest is refused (``ValueError``; exit 2 from the CLI) unless every file in it is
-  one the command is about to write anyway (``compare`` into a folder holding only an earlier ``report.html``,
-  ``summary.*`` and the same charts); so is a folder holding another command's manifest.
+Output folders: :mod:`.manifest` (a command deletes only files it wrote itself).
 """
 from __future__ import annotations
 
 import base64
 import csv
 import datetime as _dt
-import html
-import json
-import os
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .._version import __version__ as _tb_version
 from .align import X_LABELS, Axis, series
 from .align import smooth as _smooth
-from .groups import COLUMNS as GROUP_COLUMNS
-from .groups import CONFIDENCE
-from .groups import row as group_row
-from .plot import Chart, GroupChart, GroupLine, Line, charting, draw
+from .cells import (
+    _SAID_AT_CHART,
+    _anchor,
+    _brief,
+    _e,
+    _md_cell,
+    _Paths,
+    csv_text,
+    footnote,
+    key_metrics,
+)
+from .manifest import OutputManifest
+from .plot import Chart, Line, charting, draw
 from .presets import PRESETS
+from .report_groups import _draw_groups, _group_html, _group_md, _group_png, _write_groups_csv
 from .stats import COLUMNS, MetricStats, fmt_csv, fmt_short
 
 if TYPE_CHECKING:       # pragma: no cover  (the package imports this module on use: no import at run time)
     from . import CompareResult, MetricReport
-    from .groups import GroupMetric
     from .load import LoadedRun
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -67,134 +63,6 @@ details{margin:.3em 0} details summary{cursor:pointer} details li{margin:.25em 0
 .sev{display:inline-block;min-width:4.5em;font-size:.8em;font-weight:bold;text-transform:uppercase}
 .sev-critical .sev{color:#b00020} .sev-warning .sev{color:#b35c00} .sev-info .sev{color:#1f5fa8}
 """
-
-
-MANIFEST = ".trackbridge-manifest.json"
-
-
-class OutputManifest:
-    """The files a command wrote into one output folder, so that the next run deletes those and nothing else (see
-    the module docstring for the rule). Use :meth:`prepare` before writing and :meth:`save` after (and between
-    stages: a run stopped midway has then listed what it wrote so far)."""
-
-    def __init__(self, folder: Path, command: str, theirs: set[str]) -> None:
-        self.folder = Path(folder)
-        self.command = command
-        self.theirs = theirs            # files (relative, posix) that were there before this run: not ours
-        self.theirs_dirs: set[str] = set()
-        self.skip_under: tuple[str, ...] = ()    # sub-folders another manifest manages (demo -> report/)
-
-    # -- before writing --------------------------------------------------------------------------------------
-    @classmethod
-    def prepare(cls, folder: Path, command: str, will_write: Callable[[str], bool] | Iterable[str] | None = None,
-                skip_under: tuple[str, ...] = ()) -> "OutputManifest":
-        """Check ``folder`` and delete what an earlier run of ``command`` wrote there (per its manifest). Raises
-        ``ValueError`` (saying why and what to do) for a folder that is not ours to write into. ``will_write``:
-        the relative paths this run writes (or a test of one), which may be there without a manifest."""
-        folder = Path(folder)
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"{folder}: exists and is not a folder")
-        files = _files_under(folder) if folder.exists() else set()
-        manifest = folder / MANIFEST
-        if manifest.is_file():
-            try:
-                data = json.loads(manifest.read_text(encoding="utf-8"))
-                listed = [str(p) for p in data["files"]]
-                dirs = [str(p) for p in data.get("dirs", [])]
-                owner = str(data["command"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{folder}: its {MANIFEST} is unreadable ({exc}), so trackbridge cannot tell its "
-                                 f"own files from yours; choose another folder") from None
-            if owner != command:
-                raise ValueError(f"{folder}: holds the output of `trackbridge {owner}` (see its {MANIFEST}); "
-                                 f"choose another folder for `trackbridge {command}`")
-            _delete_listed(folder, listed, dirs)
-            files = _files_under(folder)
-        elif files:
-            test = will_write if callable(will_write) else (set(will_write) if will_write is not None else set())
-            ok = test if callable(test) else test.__contains__
-            foreign = sorted(f for f in files if not ok(f))
-            if foreign:
-                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-                raise ValueError(
-                    f"{folder}: the folder is not empty ({shown}) and holds no {MANIFEST}, the list of the files "
-                    f"trackbridge wrote there, so it cannot tell your files from its own; choose another folder (or "
-                    f"an empty one). trackbridge only ever deletes files it listed there itself.")
-            files = set()               # only files this run writes anyway: they become ours
-        out = cls(folder, command, {f for f in files if f != MANIFEST})
-        out.theirs_dirs = _dirs_under(folder) if folder.exists() else set()
-        out.skip_under = tuple(skip_under)
-        out.save(complete=False)
-        return out
-
-    # -- after writing ---------------------------------------------------------------------------------------
-    def save(self, complete: bool = True) -> None:
-        """List every file now in the folder that was not there before this run (the manifest itself and
-        sub-folders in ``skip_under`` aside)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        ours = sorted(f for f in _files_under(self.folder) if f != MANIFEST and f not in self.theirs
-                      and not f.startswith(self.skip_under))
-        dirs = sorted((d for d in _dirs_under(self.folder) - self.theirs_dirs
-                       if not (d + "/").startswith(self.skip_under)), key=lambda d: (-d.count("/"), d))
-        data = {"command": self.command, "complete": complete, "files": ours, "dirs": dirs,
-                "note": f"files written by `trackbridge {self.command}`; its next run in this folder deletes these "
-                        f"and nothing else"}
-        tmp = self.folder / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, self.folder / MANIFEST)
-
-
-def _files_under(folder: Path) -> set[str]:
-    out: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(folder):
-        rel = Path(dirpath).relative_to(folder)
-        for name in filenames:
-            out.add((rel / name).as_posix())
-        for name in dirnames:             # symlinked folders are not followed: list the link itself
-            if os.path.islink(os.path.join(dirpath, name)):
-                out.add((rel / name).as_posix())
-    return out
-
-
-def _dirs_under(folder: Path) -> set[str]:
-    out: set[str] = set()
-    for dirpath, dirnames, _ in os.walk(folder):
-        rel = Path(dirpath).relative_to(folder)
-        out.update((rel / d).as_posix() for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
-    return out
-
-
-def _inside(folder: Path, rel: str) -> Path | None:
-    """``folder / rel`` when it is inside ``folder``: ``rel`` a plain relative path (no ``..``, not absolute) and no
-    folder on the way a link to elsewhere (its parent, resolved, is ``folder`` resolved or below it). The last part
-    may itself be a link: removing a link removes the link, not what it points to."""
-    p = Path(rel)
-    if p.is_absolute() or ".." in p.parts or not p.parts:
-        return None
-    target = folder / p
-    try:
-        root = folder.resolve()
-        parent = target.parent.resolve()
-    except (OSError, RuntimeError):
-        return None
-    if parent != root and root not in parent.parents:
-        return None
-    return target
-
-
-def _delete_listed(folder: Path, files: list[str], dirs: list[str]) -> None:
-    for rel in files:
-        p = _inside(folder, rel)
-        if p is not None and (p.is_symlink() or p.is_file()):
-            p.unlink()
-    for rel in sorted(dirs, key=lambda d: -d.count("/")):       # deepest first; only if nothing else is left
-        p = _inside(folder, rel)
-        if p is not None and p.is_dir() and not p.is_symlink():
-            try:
-                p.rmdir()
-            except OSError:
-                pass                     # the user's files are in it: it stays
-    (folder / MANIFEST).unlink(missing_ok=True)
 
 
 def write_report(result: CompareResult, axes: dict[str, Axis], *, smooth_kind: str = "ema",
@@ -237,122 +105,6 @@ def write_report(result: CompareResult, axes: dict[str, Axis], *, smooth_kind: s
     manifest.save()
 
 
-def _group_png(i: int, name: str) -> str:
-    from . import slug
-    return f"groups_{i:03d}_{slug(name)}.png"
-
-
-def _group_band(result: CompareResult) -> str:
-    return (f"{int(CONFIDENCE * 100)}% bootstrap CI of the mean ({result.reps} resamples, seed {result.seed})"
-            if result.band == "ci" else "interquartile range")
-
-
-def _draw_groups(result: CompareResult, i: int, mr: MetricReport, path: Path, xlabel: str) -> Path:
-    """The metric's chart of groups: one line per group, its band, and the runs behind each point."""
-    from .plot import COLORS
-    lines = []
-    for k, group in enumerate(result.group_members):
-        gm = next((g for g in result.groups if g.group == group and g.metric == mr.name), None)
-        if gm is None or gm.x is None:
-            continue
-        lines.append(GroupLine(group, gm.x.tolist(), gm.mean.tolist(), gm.lo.tolist(), gm.hi.tolist(),
-                               gm.count.tolist(), color=COLORS[k % len(COLORS)]))
-    ylabel = mr.name + (f" [{mr.unit}]" if mr.unit else "")
-    band = f"{int(CONFIDENCE * 100)}% bootstrap CI of the mean" if result.band == "ci" else "interquartile range"
-    return draw(GroupChart(mr.name, ylabel, xlabel, lines, band,
-                           warning=footnote(result.group_chart_reports[mr.name])), path)
-
-
-def _group_rows(result: CompareResult) -> Iterator[tuple[GroupMetric, list]]:
-    for gm in result.groups:
-        yield gm, group_row(gm, result.band)
-
-
-def _write_groups_csv(result: CompareResult, path: Path) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow([*GROUP_COLUMNS, "fidelity"])
-        for gm, cells in _group_rows(result):
-            fid = gm.fidelity.warning if gm.fidelity is not None else None
-            w.writerow([csv_text(c) if isinstance(c, str) else fmt_csv(c) for c in cells] + [csv_text(fid or "")])
-    return path
-
-
-def _group_md(result: CompareResult) -> list[str]:
-    """summary.md's "Groups" section: who is in each group, how the numbers are made, one row per aggregate."""
-    lines = ["## Groups", ""]
-    for group, labels in result.group_members.items():
-        lines.append(f"- {_md_cell(group)}: {len(labels)} run{'s' if len(labels) != 1 else ''} "
-                     f"({_md_cell(', '.join(labels))})")
-    lines.append("")
-    lines.append(_groups_said(result))
-    lines.append("")
-    if result.groups:
-        lines.append(f"{result.group_fidelity_line()}. The same table in full precision, with each caveat's "
-                     "reason: groups.csv.")
-        lines.append("")
-    head = ["group", "metric", "runs", "runs per point", "final (mean [band])", "final IQM [CI]", "auc (mean [band])",
-            "auc IQM [CI]", "note"]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "|".join("---" for _ in head) + "|")
-    for gm, cells in _group_rows(result):
-        lines.append("| " + " | ".join(_md_cell(c) for c in _group_cells(gm, cells)) + " |")
-    lines.append("")
-    return lines
-
-
-def _groups_said(result: CompareResult) -> str:
-    return (f"Per group and metric on the x axis ({X_LABELS[result.x]}): the mean over the runs with a point at each "
-            f"x (the union of the runs' x values; a run counts only where it has a point) and its band, "
-            f"{_group_band(result)}; final = each run's mean of its last {result.last} points, auc = the area under "
-            "each run's curve (trapezoid rule on the x axis); over the runs their mean with the band and their IQM "
-            f"(interquartile mean) with its stratified bootstrap {int(CONFIDENCE * 100)}% CI, as rliable computes "
-            "them. A group of one run has no band.")
-
-
-def _group_cells(gm: GroupMetric, cells: list) -> list[str]:
-    _g, _m, runs, per_point, _band, *nums, note = cells
-
-    def est(v: object, lo: object, hi: object) -> str:
-        return fmt_short(v) + (f" [{fmt_short(lo)}, {fmt_short(hi)}]" if lo is not None else "")
-    brief = _brief(gm.fidelity) if gm.fidelity is not None and gm.fidelity.warning else ""
-    return [gm.group, f"`{gm.metric}`", str(runs), per_point, est(*nums[0:3]), est(*nums[3:6]), est(*nums[6:9]),
-            est(*nums[9:12]), "; ".join(t for t in (brief, note) if t)]
-
-
-def _group_html(result: CompareResult, e: Callable[[object], str]) -> str:
-    """report.html's "Groups" section: the groups, the chart of each metric, the caveats, the table."""
-    h = ["<section id=\"groups\"><h2>Groups</h2><ul>"]
-    for group, labels in result.group_members.items():
-        h.append(f"<li><b>{e(group)}</b>: {len(labels)} run{'s' if len(labels) != 1 else ''} "
-                 f"({e(', '.join(labels))})</li>")
-    h.append(f"</ul><p class=\"meta\">{e(_groups_said(result))} {e(result.group_fidelity_line())}. "
-             "The same table: <a href=\"groups.csv\">groups.csv</a>.</p>")
-    head = ["group", "runs", "runs per point", "final (mean [band])", "final IQM [CI]", "auc (mean [band])",
-            "auc IQM [CI]", "note"]
-    for i, mr in enumerate(result.metrics, 1):
-        chart_mr = result.group_chart_reports.get(mr.name)
-        if chart_mr is None:
-            continue
-        h.append(f"<div class=\"metric\" id=\"g-{_anchor(mr.name)[2:]}\"><h3>{e(mr.name)}</h3>")
-        png = result.out / "charts" / _group_png(i, mr.name) if result.out is not None else None
-        if png is not None and png.is_file():
-            data = base64.b64encode(png.read_bytes()).decode("ascii")
-            h.append(f"<a href=\"charts/{_e(png.name)}\"><img alt=\"groups chart of {e(mr.name)}\" width=\"900\" "
-                     f"height=\"500\" src=\"data:image/png;base64,{data}\"></a>")
-        if chart_mr.warning:
-            h.append(f"<div class=\"warn\"><b>&#9888; {e(mr.name)}:</b> {e(chart_mr.warning)}</div>")
-        h.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>")
-        for gm, cells in _group_rows(result):
-            if gm.metric == mr.name:
-                c = _group_cells(gm, cells)
-                h.append("<tr>" + f"<td>{e(c[0])}</td>" + "".join(f"<td class=\"num\">{e(v)}</td>" for v in c[2:8])
-                         + f"<td>{e(c[8])}</td></tr>")
-        h.append("</table></div>")
-    h.append("</section>")
-    return "\n".join(h)
-
-
 def _color(runs: list[LoadedRun], label: str) -> str:
     from .plot import COLORS
     idx = [r.label for r in runs].index(label)
@@ -365,17 +117,6 @@ def _rows(result: CompareResult) -> Iterator[MetricStats]:
             yield st
 
 
-_FORMULA = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_text(value: object) -> str:
-    """A text cell safe to open in a spreadsheet: one that starts like a formula (``=``, ``+``, ``-``, ``@``, a tab
-    or a carriage return: ``=HYPERLINK(...)``, ``@SUM(...)``, ``+1+1``) gets a leading ``'``, which spreadsheets
-    show as text and do not evaluate (OWASP's advice on CSV injection). Numbers are written by :func:`fmt_csv`."""
-    text = "" if value is None else str(value)
-    return "'" + text if text.startswith(_FORMULA) else text
-
-
 def _write_csv(result: CompareResult, path: Path) -> Path:
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
@@ -384,10 +125,6 @@ def _write_csv(result: CompareResult, path: Path) -> Path:
             w.writerow([csv_text(st.metric), csv_text(st.run), fmt_csv(st.first), fmt_csv(st.last), fmt_csv(st.min),
                         fmt_csv(st.max), fmt_csv(st.mean), st.points, csv_text(st.note)])
     return path
-
-
-def _md_cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _title(result: CompareResult, title: str | None) -> str:
@@ -435,100 +172,6 @@ def _write_md(result: CompareResult, path: Path, title: str | None) -> Path:
     lines.append("")
     path.write_text(paths.text("\n".join(lines)), encoding="utf-8")
     return path
-
-
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def _anchor(name: str) -> str:
-    from . import slug
-    return "m-" + slug(name)
-
-
-# A local absolute path in text: a "/" followed by a name, at a word's start or after a locator's "KIND:", or the
-# fourth slash of ``sqlite:////abs/path``; never the "//" of a URL or a "/" inside a word (kl/ref/k3, tokens/s)
-_ABS_PATH = re.compile(r"(?:(?<=:///)|(?<![\w.\\/~-]))/(?=[^/\s])[^\s'\"<>|,;()]+")
-
-
-class _Paths:
-    """Local paths as the report shows them, without the author's file system: relative to the report folder when
-    inside it (``charts/001_x.png``), else relative to the folder the command ran in (``examples/verl_console.log``),
-    else the last two parts (``…/trackers/mlflow.db``). Applied to every text of the HTML and Markdown."""
-
-    def __init__(self, out: Path) -> None:
-        self.bases = [Path(out).resolve()]
-        cwd = Path.cwd().resolve()
-        if len(cwd.parts) > 1:
-            self.bases.append(cwd)
-
-    def show(self, text: str) -> str:
-        path = Path(os.path.normpath(text))
-        for base in self.bases:
-            try:
-                return path.relative_to(base).as_posix() or "."
-            except ValueError:
-                continue
-        return "\u2026/" + "/".join(path.parts[-2:]) if len(path.parts) > 2 else path.name or "."
-
-    def text(self, text: object) -> str:
-        return _ABS_PATH.sub(lambda m: self.show(m.group(0)), str(text))
-
-
-KEY_CHARTS = 4        # charts the report opens on
-
-
-def key_metrics(result: CompareResult, n: int = KEY_CHARTS) -> list[MetricReport]:
-    """The charts the report opens on: in report order (the presets' order: effectiveness first), metrics every run
-    has first, then those of several runs, then the rest; at most ``n``."""
-    runs = len(result.runs)
-    ranked = sorted(range(len(result.metrics)), key=lambda i: (
-        0 if len(result.metrics[i].runs) == runs else 1 if len(result.metrics[i].runs) > 1 else 2, i))
-    chosen = sorted(ranked[:n])
-    return [result.metrics[i] for i in chosen]
-
-
-def footnote(mr: MetricReport) -> str | None:
-    """What a chart's PNG says under it: the kind of warning and, per run, what differs (the mapping's ``[tags]``),
-    complete and short; the reasons in full are in report.html and summary.md."""
-    if not mr.warning:
-        return None
-    parts = []
-    differ, unproven = mr.differs, mr.unproven
-    if differ:
-        per_run = [f"{label}{' ' + tags if tags else ''}" for label, why in differ.items()
-                   for tags in (_tags(why),)]
-        if len(", ".join(per_run)) > 200:
-            per_run = [f"{len(per_run)} runs"]
-        head = "Not the same quantity in every run" if len(mr.runs) > 1 else "Approximate translation"
-        parts.append(f"{head}: approximate in {'; '.join(per_run)}.")
-    if unproven:
-        who = ", ".join(unproven) if len(", ".join(unproven)) <= 200 else f"{len(unproven)} runs"
-        parts.append(f"Stated, not proven in {who}.")
-    for text in mr.look_alikes:
-        what, _, _ = text.partition(": ")
-        parts.append(what[0].upper() + what[1:] + ": a different quantity.")
-    parts.append("Reasons: report.html, summary.md.")
-    return " ".join(parts)
-
-
-#: warning groups whose reason the metric's chart says in full (the warnings list then names the runs and fields)
-_SAID_AT_CHART = ("differs", "approximate", "unproven")
-
-
-def _brief(mr: MetricReport) -> str:
-    """Which runs a metric's caveat concerns and what differs, short: "approximate in run-a [processes]; stated, not
-    proven in run-b"."""
-    parts = [f"approximate in {label} {_tags(why)}".rstrip() for label, why in mr.differs.items()]
-    if mr.unproven:
-        parts.append(f"stated, not proven in {', '.join(mr.unproven)}")
-    parts += [t.split(": ")[0] for t in mr.look_alikes]
-    return "; ".join(parts)
-
-
-def _tags(why: str) -> str:
-    found = re.findall(r"\[([a-z_]+(?:, [a-z_]+)*)\]", why)
-    return f"[{found[-1]}]" if found else ""
 
 
 def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kind: str) -> Path:
