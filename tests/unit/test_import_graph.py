@@ -38,7 +38,7 @@ CORE = ["trackbridge.schema", "trackbridge.translate", "trackbridge.derive", "tr
 TRACKER_NAMES = ["jsonl", "tensorboard", "tfevents", "mlflow", "wandb", "trackio"]
 FRAMEWORK_NAMES = ["trl", "verl", "openrlhf", "transformers", "accelerate", "deepspeed"]
 # Names the core still uses, each with the reason; the test fails for any other. None left: the spool is written by
-# the canonical stream's own writer (trackbridge/stream.py), no longer by the jsonl tracker's sink.
+# the canonical stream's own writer (trackbridge/stream/), no longer by the jsonl tracker's sink.
 ALLOWED: set[tuple[str, str]] = set()
 
 
