@@ -169,3 +169,36 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], skip: "set[str] | f
     return out
 
 
+def build_sinks(specs: list[Any], options: Any, run_id: str, spool_path: Path) -> list[Sink]:
+    """The user's sinks, all built before any thread starts so that a bad spec fails ``init`` first (one line naming
+    the sink, or the missing extra); a sink that would write the spool's own file (the canonical stream in the
+    spool folder) is the spool itself and is left out."""
+    from ..extras import MissingExtra
+    from ..locators import LocatorError
+    from ..trackers import make_sink
+    built: list[Sink] = []
+    for spec in specs:
+        try:
+            sink = make_sink(spec)
+        except MissingExtra as exc:
+            raise exc.about(f"sink {spec!r}") from None
+        except (LocatorError, Exception) as exc:
+            raise UsageError(f"sink {spec!r}: {exc}") from None
+        check_packages(spec, sink, import_now=options.writer == "thread")   # the writer process imports its own
+        ready_for_shutdown()
+        if isinstance(spec, str):
+            precheck_location(spec, sink)       # judged as migrate judges a destination, before training
+        built.append(sink)
+    return [s for s in built if not _writes(s, run_id, spool_path)]
+
+
+def _writes(sink: Sink, run_id: str, spool_path: Path) -> bool:
+    """True when ``sink`` would write the canonical stream to the spool's own file."""
+    target = getattr(sink, "stream_file", None)
+    if not callable(target):
+        return False
+    try:
+        return Path(target(run_id)).expanduser().resolve() == spool_path.expanduser().resolve()
+    except (OSError, TypeError, ValueError):
+        return False
+

@@ -193,3 +193,25 @@ def settle_pending(spool: str | os.PathLike, done: list[str]) -> None:
     import json
     run_id = json.loads(path.read_text(encoding="utf-8")).get("run_id", "")
     write_pending(path, run_id, left)
+
+
+def where_they_are(spool_path: Path, spool: Any) -> str:
+    """Where what the trackers lack can be had: the spool (``trackbridge replay``), or as far as it goes when the
+    spool worker could not write some of the run's records (``spool.lost``)."""
+    if not spool.lost:
+        return f"they are in the spool: trackbridge replay {spool_path}"
+    return (f"the spool lacks {spool.lost_records} of the run's records too (it could not be written), so "
+            f"trackbridge replay {spool_path} completes them only as far as the spool goes")
+
+
+def lack_message(w: Any, n: int, lack: "Lack | None", *, records: int, where: str, interrupted: bool) -> str:
+    """What ``finish()`` says of one tracker left behind: ``n`` of the run's ``records`` lacked, counted against
+    what it holds (``lack``) or estimated from the records it acknowledged."""
+    state = "interrupted" if interrupted else w.state
+    err = f"; last error: {w.last_error}" if w.last_error else ""
+    if lack is not None:
+        return (f"sink {w.name} lacks {lack.points:,} points in {n:,} of the run's {records:,} records (counted "
+                f"against the {lack.held:,} points it holds, read back with its reader; from record {lack.first}; "
+                f"{state}{err}); {where}")
+    return f"sink {w.name} lacks {n} of the run's {records} records (from record {w.acked + 1}; {state}{err}); {where}"
+

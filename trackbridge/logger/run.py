@@ -1,40 +1,33 @@
 """``Run``: what ``trackbridge.init`` returns on rank 0. It builds the sinks and their workers, takes ``log()``
 calls, and at ``finish()`` waits for the trackers while they make progress, then writes down what any still lacks.
-
-About 470 lines because ``Run`` is one object with one lifecycle (init with its run claim and resume rules, log,
-finish with its outcome, its interruption and its pending note); what can stand alone lives beside it (checks,
-dispatch, spool, tracker, runlock, exits, waiting, and the link to the writer process in remote)."""
+One object with one lifecycle; what can stand alone lives beside it (checks, runinfo, dispatch, spool, tracker,
+runlock, exits, waiting, pending, and the link to the writer process in remote)."""
 from __future__ import annotations
 
 import atexit
 import collections
-import copy
+import contextlib
 import dataclasses
 import os
 import signal
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..extras import MissingExtra
 from ..limits import tracker_cuts
 from ..pipeline import names_translator
 from ..record import RunInfo
 from ..stream import read_stream, scan_stream, stream_file
-from ..tracking.sink import Sink
-from ..values import printable, sanitize_config
-from . import exits
+from . import exits, pending
 from .checks import (
+    build_sinks,
     check_packages,
     choose_writer,
-    config_changes,
     derive_hook,
     make_translator,
     precheck_location,
-    ready_for_shutdown,
     validate_call,
 )
 from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, log, user_frame, warn
@@ -42,35 +35,14 @@ from .device import hand_off
 from .dispatch import Dispatcher, live_doctor, live_options, severity_rank
 from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
-from .pending import Lack, count_lacking, countable, note_entry, pending_file, write_pending
+from .runinfo import clean_info, resumed_config
 from .runlock import RunLock
 from .spool import SpoolFile, SpoolWorker, spool_place
-from .tracker import TrackerWorker
+from .tracker import TrackerWorker, closed_cleanly, cut_threads
 from .waiting import wait_for_trackers
 from .worker import RunContext, sync_run_info
 
 ABORT_WAIT = 5.0            # seconds an interrupted finish() gives the writer process and the spool
-
-_INFO_LOCK = threading.Lock()
-
-
-def _closed_cleanly(w: Any) -> bool:
-    """Whether a tracker's worker (a thread, or the writer process's view of one) closed its tracker with every
-    record it was given."""
-    alive = w.thread.is_alive() if isinstance(w, TrackerWorker) else getattr(w, "alive", False)
-    return not alive and w.state == "closed"
-
-
-def _writes(sink: Sink, run_id: str, spool_path: Path) -> bool:
-    """True when ``sink`` would write the canonical stream to the spool's own file."""
-    target = getattr(sink, "stream_file", None)
-    if not callable(target):
-        return False
-    try:
-        return Path(target(run_id)).expanduser().resolve() == spool_path.expanduser().resolve()
-    except (OSError, TypeError, ValueError):
-        return False
-
 
 class Run(RunView):
     """A logging run: ``log()`` many times, then ``finish()`` (or use it as a context manager)."""
@@ -118,8 +90,6 @@ class Run(RunView):
     def _setup(self, *, project: str | None, name: str | None, sinks: list[Any], source: str,
                config: dict[str, Any] | None, derive: bool, mappings: list[str] | None, spool: str,
                spool_fsync: bool, options: LoggerOptions, tags: dict[str, str] | None, doctor: bool) -> None:
-        from ..locators import LocatorError
-        from ..trackers import make_sink
 
         scan = scan_stream(self.spool_path)
         if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
@@ -136,7 +106,9 @@ class Run(RunView):
                                  "flush_interval": options.flush_interval}
         shown = cfg
         if self.resume and prev is not None and config is not None:
-            shown, extra = self._resumed_config(prev, cfg, extra, scan.last_step, given=set(config))
+            shown, extra, said = resumed_config(prev, cfg, extra, scan.last_step, given=set(config))
+            if said:
+                self._warn_once("config-changed", said)
         self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
                             project=project or (prev.project if prev else None), run_id=self.run_id, config=shown,
                             tags=dict(tags or (prev.tags if prev else {}) or {}),
@@ -153,21 +125,7 @@ class Run(RunView):
 
         # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
         spool_sink = SpoolFile(self.spool_path, fsync=spool_fsync)
-        built: list[Sink] = []
-        for spec in sinks or []:
-            try:
-                sink = make_sink(spec)
-            except MissingExtra as exc:
-                raise exc.about(f"sink {spec!r}") from None
-            except (LocatorError, Exception) as exc:
-                raise UsageError(f"sink {spec!r}: {exc}") from None
-            check_packages(spec, sink, import_now=options.writer == "thread")   # the writer process imports its own
-            ready_for_shutdown()
-            if isinstance(spec, str):
-                precheck_location(spec, sink)       # judged as migrate judges a destination, before training
-            built.append(sink)
-        # a sink that would write the spool's own file (the canonical stream in the spool folder) is the spool itself
-        built = [s for s in built if not _writes(s, self.run_id, self.spool_path)]
+        built = build_sinks(sinks or [], options, self.run_id, self.spool_path)
         for line in tracker_cuts(shown, built):     # a tracker that keeps a value cut (trackbridge/limits.py)
             self._warn_once(f"cut:{line}", line)
         if self._doctor is not None:
@@ -370,13 +328,13 @@ class Run(RunView):
             w.sink.exit_code = exit_code
 
     def _finish_wait(self, timeout: float | None) -> None:
+        limit = self.options.finish_timeout if timeout is None else max(0.0, float(timeout))
         if self._device is not None:     # the device tensors logged so far, read back
-            self._device.close(self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
+            self._device.close(limit)
         if self._ranks is not None:      # merge_ranks: the other ranks' last steps first
-            self._ranks.finish(time.monotonic() + (self.options.finish_timeout if timeout is None else
-                                                   max(0.0, float(timeout))))
+            self._ranks.finish(time.monotonic() + limit)
         self._inbox.put(STOP)
-        end = time.monotonic() + (self.options.finish_timeout if timeout is None else max(0.0, float(timeout)))
+        end = time.monotonic() + limit
         self._dispatcher.thread.join(max(0.0, end - time.monotonic()))
         self._spool_worker.thread.join(max(0.0, end - time.monotonic()))
         if self._link is not None:
@@ -483,13 +441,13 @@ class Run(RunView):
         points and records, exactly; an interrupted finish(), a server or a tracker without a reader keep the
         worker's estimate (records after the last one it acknowledged)."""
         last_seq = self._seq - 1
-        behind = [w for w in self._workers[1:] if not _closed_cleanly(w)]
-        counted = {id(w) for w in behind if not interrupted and countable(w.sink.locator())}
+        behind = [w for w in self._workers[1:] if not closed_cleanly(w)]
+        counted = {id(w) for w in behind if not interrupted and pending.countable(w.sink.locator())}
         if behind and not interrupted:
-            self._cut(behind, wait_for=counted)
-        rows: list[tuple[Any, int, Lack | None]] = []
+            cut_threads(behind, wait_for=counted, wait=ABORT_WAIT)
+        rows: list[tuple[Any, int, pending.Lack | None]] = []
         for w in behind:
-            lack = count_lacking(self.spool_path, w.sink.locator(), self.run_id, rename=self._rename) \
+            lack = pending.count_lacking(self.spool_path, w.sink.locator(), self.run_id, rename=self._rename) \
                 if id(w) in counted else None
             if lack is not None:
                 if lack.points:
@@ -498,98 +456,31 @@ class Run(RunView):
                 n = w.left(last_seq)
                 if n:
                     rows.append((w, n, None))
-        path = pending_file(self.spool_path)
+        path = pending.pending_file(self.spool_path)
         if not rows:
-            if path.exists():
-                try:
-                    path.unlink()
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
             return
-        spool = self._spool_worker
-        where = (f"they are in the spool: trackbridge replay {self.spool_path}" if not spool.lost else
-                 f"the spool lacks {spool.lost_records} of the run's records too (it could not be written), so "
-                 f"trackbridge replay {self.spool_path} completes them only as far as the spool goes")
-        entries = [note_entry(w, records=self._seq, left=n, lack=lack) for w, n, lack in rows]
+        where = pending.where_they_are(self.spool_path, self._spool_worker)
+        entries = [pending.note_entry(w, records=self._seq, left=n, lack=lack) for w, n, lack in rows]
         try:
-            write_pending(path, self.run_id, entries)
+            pending.write_pending(path, self.run_id, entries)
         except OSError as exc:
             warn(f"trackbridge: could not write the pending note {path} ({exc}); what it would hold is in the "
                  f"warnings below")
         for w, n, lack in rows:
-            state = "interrupted" if interrupted else w.state
-            err = f"; last error: {w.last_error}" if w.last_error else ""
-            if lack is not None:
-                msg = (f"sink {w.name} lacks {lack.points:,} points in {n:,} of the run's {self._seq:,} records "
-                       f"(counted against the {lack.held:,} points it holds, read back with its reader; from record "
-                       f"{lack.first}; {state}{err}); {where}")
-            else:
-                msg = (f"sink {w.name} lacks {n} of the run's {self._seq} records (from record {w.acked + 1}; "
-                       f"{state}{err}); {where}")
+            msg = pending.lack_message(w, n, lack, records=self._seq, where=where, interrupted=interrupted)
             self.problems.append(msg)
             warn(f"trackbridge: finish(): {msg}")
-
-    def _cut(self, behind: list[Any], wait_for: set[int]) -> None:
-        """Stop the tracker threads ``finish()`` gave up on (they write nothing more and close their trackers as far
-        as they got), waiting at most :data:`ABORT_WAIT` seconds for those in ``wait_for`` (ids: the trackers on this
-        machine, whose holdings are counted next; one hung in a request stays, and is counted while it may still
-        land); a server's is not waited for."""
-        threads = [w for w in behind if isinstance(w, TrackerWorker)]
-        for w in threads:
-            w.cut.set()
-            w.stop()
-        end = time.monotonic() + ABORT_WAIT
-        for w in threads:
-            if id(w) in wait_for:
-                w.thread.join(max(0.0, end - time.monotonic()))
-
-    def _resumed_config(self, prev: RunInfo, cfg: dict[str, Any], extra: dict[str, Any], last_step: int | None,
-                        given: set[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Resume with a config that differs from the run's: every tracker keeps the run's config (MLflow cannot
-        change a param, so the others keep it too and all agree), and the change is recorded in the run info
-        (``extra["config_changes"]``: the step it applies from and each changed, added or removed key), which every
-        tracker stores with the run; said in one warning. Translation follows the new config from here on."""
-        old, _ = sanitize_config(prev.config)
-        new, _ = sanitize_config(cfg)
-        # the canonical names translation adds to the config change with the user's keys: said once, by the user's
-        change = config_changes(old, new, skip=set(cfg) - given if given is not None else set())
-        extra = {**extra, "config_changes": list((prev.extra or {}).get("config_changes") or [])}
-        if not change:
-            if not extra["config_changes"]:
-                del extra["config_changes"]
-            return dict(prev.config), extra
-        at = 0 if last_step is None else last_step + 1
-        extra["config_changes"].append({"from_step": at, **change})
-        shown = [f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(change.get("changed", {}).items())[:5]]
-        shown += [f"{k} added" for k in list(change.get("added", {}))[:3]]
-        shown += [f"{k} removed" for k in list(change.get("removed", []))[:3]]
-        n = sum(len(change.get(k) or ()) for k in ("changed", "added", "removed"))
-        self._warn_once("config-changed",
-                        f"resume: the config differs from the run's ({'; '.join(shown)}"
-                        f"{f'; {n} keys in all' if n > len(shown) else ''}); every tracker keeps the run's config "
-                        f"(a tracker's params cannot all be changed) and records the change in trackbridge's run info "
-                        f"(config_changes, from step {at}); translation follows the new config")
-        return dict(prev.config), extra
 
     def _sync_info(self, run: RunInfo | None, is_spool: bool) -> None:
         sync_run_info(run, self.info, self.tracker_approximate(is_spool))
 
     def _clean_info(self) -> RunInfo:
-        """A copy of the run info that every sink can store: the config made plain JSON (see
-        :func:`trackbridge.values.sanitize_config`; each change is reported once, naming the key), tags as
-        strings, no lone surrogate in the name or project. Sink workers open concurrently, hence the lock."""
-        with _INFO_LOCK:
-            src = self.info
-            config, notes = sanitize_config(src.config)
-            for key, message in notes:
-                self._warn_once(f"config:{key}", message)
-            info: RunInfo = copy.deepcopy(dataclasses.replace(src, config={}, extra={}))
-            info.config = config
-            info.extra, _ = sanitize_config(src.extra)
-            info.name = printable(info.name) if isinstance(info.name, str) else info.name
-            info.project = printable(info.project) if isinstance(info.project, str) else info.project
-            info.tags = {printable(str(k)): printable(v if isinstance(v, str) else str(v))
-                         for k, v in (info.tags or {}).items()}
+        """A copy of the run info that every sink can store (:func:`.runinfo.clean_info`); each change said once."""
+        info, notes = clean_info(self.info)
+        for key, message in notes:
+            self._warn_once(f"config:{key}", message)
         return info
 
     def _report_values(self, problems: list[str]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ..catchup import CatchUp, lacking, write_batches
 from ..holdings import Audit, audit
@@ -315,3 +315,26 @@ class TrackerWorker(Worker):
         if not self.thread.is_alive() and self.state == "closed":
             return 0
         return max(0, last_seq - self.acked)
+
+
+def closed_cleanly(w: Any) -> bool:
+    """Whether a tracker's worker (a thread, or the writer process's view of one) closed its tracker with every
+    record it was given."""
+    alive = w.thread.is_alive() if isinstance(w, TrackerWorker) else getattr(w, "alive", False)
+    return not alive and w.state == "closed"
+
+
+def cut_threads(behind: list[Any], wait_for: set[int], wait: float) -> None:
+    """Stop the tracker threads ``finish()`` gave up on (they write nothing more and close their trackers as far as
+    they got), waiting at most ``wait`` seconds for those in ``wait_for`` (ids: the trackers on this machine, whose
+    holdings are counted next; one hung in a request stays, and is counted while it may still land); a server's is
+    not waited for."""
+    threads = [w for w in behind if isinstance(w, TrackerWorker)]
+    for w in threads:
+        w.cut.set()
+        w.stop()
+    end = time.monotonic() + wait
+    for w in threads:
+        if id(w) in wait_for:
+            w.thread.join(max(0.0, end - time.monotonic()))
+
