@@ -1,7 +1,7 @@
 """Detection says "I don't know" (issue 20): records of frameworks trackbridge has no mapping for (NeMo-RL, slime,
 AReaL, SkyRL: tests/data/frameworks-next/records.json, with provenance) are `unknown`, with the nearest guesses, and
 translate, migrate and compare pass their names through unchanged and say so; every shipped example and test log is
-still detected, above the documented thresholds (trackbridge/detect.py).
+still detected, above the documented thresholds (trackbridge/detect/).
 
 Those four frameworks are mapped since issue 21 (mappings/nemo_rl.yaml ...), so "no mapping for" is played with the
 mappings as they were without them (:data:`NEXT` left out: a registry of the other shipped files, and

@@ -136,8 +136,8 @@ def test_the_readme_frameworks_table_says_what_the_mappings_and_the_corpus_say(o
 
 
 def test_the_thresholds_leave_room_with_the_real_logs(outcomes, reg):
-    """detect.py's calibration on the corpus: every recognised log well above MIN_CONFIDENCE (the module docstring
-    gives the figure), and the records of frameworks the mappings lack (test_detect_unknown) below it."""
+    """trackbridge.detect's calibration on the corpus: every recognised log well above MIN_CONFIDENCE (the module
+    docstring gives the figure), and the records of frameworks the mappings lack (test_detect_unknown) below it."""
     from trackbridge.detect import MIN_CONFIDENCE
     known = [o.confidence for o in outcomes.values() if o.recognised]
     assert len(known) >= 0.9 * len(outcomes)
