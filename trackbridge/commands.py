@@ -352,7 +352,7 @@ def _doctor(args: argparse.Namespace) -> int:
     import json
 
     from .doctor import checks_for, diagnose
-    from .doctor.engine import severity_rank
+    from .doctor.findings import severity_rank
     from .doctor.report import text_report
     from .inputs import open_runs
     from .schema.loader import load_registry

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from .checks import FORMAT, SEVERITIES, Check, CheckError, CheckSet, checks_for, lint_checks, load_checks
-from .engine import Doctor, Finding, Stretch, sort_findings
+from .engine import Doctor
+from .findings import Finding, Stretch, sort_findings
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..inputs import InputRun

@@ -9,7 +9,7 @@ from .checks import SEVERITIES
 
 if TYPE_CHECKING:       # pragma: no cover
     from . import Diagnosis
-    from .engine import Finding
+    from .findings import Finding
 
 __all__ = ["text_report", "finding_text", "live_text", "counts", "named", "with_names", "live_alert"]
 

@@ -184,7 +184,7 @@ def live_doctor(translator: Any, mappings: list[str] | None, config: dict[str, A
 
 
 def severity_rank(severity: str) -> int:
-    from ..doctor.engine import severity_rank as rank
+    from ..doctor.findings import severity_rank as rank
     return rank(severity)
 
 
