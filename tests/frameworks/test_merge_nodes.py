@@ -232,7 +232,8 @@ def test_a_slow_pre_merger_is_taken_over_and_the_steps_stay_exact(tmp_path):
     from trackbridge import Weighted
     from trackbridge.logger import LoggerWarning
     from trackbridge.logger.nodes import Layout, NodeWatch, PreMerger, node_path
-    from trackbridge.logger.ranks import Merger, RankFile
+    from trackbridge.logger.rankfile import RankFile
+    from trackbridge.logger.ranks import Merger
 
     folder = tmp_path / "job.ranks"
     files = [RankFile(folder, r, 4, "job", flush_interval=0.02) for r in range(4)]

@@ -20,7 +20,8 @@ import pytest
 
 import trackbridge
 from trackbridge.errors import UsageError
-from trackbridge.logger.ranks import Merger, RankFile, rank_path
+from trackbridge.logger.rankfile import RankFile, rank_path
+from trackbridge.logger.ranks import Merger
 from trackbridge.ranked import MergeError, Share, Weighted, check_weight, merge, split_weighted
 from trackbridge.record import Histogram
 from trackbridge.values import normalize

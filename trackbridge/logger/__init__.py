@@ -123,8 +123,8 @@ def init(project: str | None = None, name: str | None = None, sinks: list[Any] |
 def _merged(r: int, *, run_id: str | None, spool: str, **kw: Any) -> Run | NoOpRun:
     """``init(merge_ranks=True)``: rank 0's run with the merger attached; the other ranks' :class:`RankRun`."""
     from ..errors import UsageError
+    from .rankfile import shared_run_id
     from .rankrun import RankLink, RankRun, check_world
-    from .ranks import shared_run_id
     from .spool import spool_place
     options: LoggerOptions = kw["options"]
     if not options.rank_zero_only:

@@ -39,7 +39,8 @@ from ..record import dumps
 from ..stream import SUFFIX
 from .common import warn
 from .parts import Packed, Part, needs_raw, raw_share, share_of
-from .ranks import Merger, _Rank, _Step, rank_path
+from .rankfile import rank_path
+from .ranks import Merger, _Rank, _Step
 
 HEARTBEAT = 1.0          # seconds between touches of an idle node file
 NODE_TIMEOUT = 10.0      # at most this long silent before rank 0 reads the node's ranks' files itself

@@ -14,7 +14,8 @@ from ..errors import UsageError
 from ..ranked import reduction_of
 from .common import log, warn
 from .noop import NoOpRun
-from .ranks import RANK_TIMEOUT, Merger, RankFile, ranks_folder
+from .rankfile import RankFile, ranks_folder
+from .ranks import RANK_TIMEOUT, Merger
 
 
 class RankLink:
