@@ -57,3 +57,17 @@ def test_options_reach_the_run(tmp_path):
 def test_on_finding_without_doctor_names_the_option():
     with pytest.raises(UsageError, match=r"LoggerOptions\(on_finding=\.\.\.\) acts on the live checks"):
         trackbridge.init(sinks=[], options=LoggerOptions(on_finding=print))
+
+
+def test_on_finding_with_the_writer_process(tmp_path):
+    """The writer process gets the knobs through its pipe; the callback stays in the caller's process (a lambda
+    cannot be pickled), and is called there."""
+    seen = []
+    run = trackbridge.init(sinks=[f"tensorboard:{tmp_path / 'tb'}"], spool=str(tmp_path / "spool"), source="verl",
+                           doctor=True, options=LoggerOptions(writer="process", on_finding=lambda f: seen.append(f)))
+    for step in range(100):
+        run.log({"actor/grad_norm": 50.0 if step == 70 else 0.5 + 0.01 * (step % 7)}, step=step)
+    run.finish()
+    assert run.status["writer"] is not None
+    assert [f.check.id for f in seen] == ["grad-norm-explosion"], [f.check.id for f in seen]
+    assert set(LoggerOptions().for_writer()) == set(LoggerOptions.names()) - {"on_finding"}

@@ -73,6 +73,11 @@ class LoggerOptions:
         """The names of the knobs (the fields)."""
         return tuple(f.name for f in fields(cls))
 
+    def for_writer(self) -> dict[str, Any]:
+        """The knobs the writer process works with, as plain values sent through its pipe: every field but
+        ``on_finding`` (a callable of the caller's process, called there)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "on_finding"}
+
     @classmethod
     def fold(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Keywords for :func:`trackbridge.init` from one flat dict (an integration's options, a config file's

@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -153,7 +152,7 @@ class Run(RunView):
             by_locator = {s.locator(): s for s in built}
             spec = {"sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
                     "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
-                    "mappings": list(mappings) if mappings else None, "options": dataclasses.asdict(options),
+                    "mappings": list(mappings) if mappings else None, "options": options.for_writer(),
                     "alerts": self._doctor is not None,
                     "run_id": self.run_id, "lock_path": str(self._runlock.path),
                     "drop_env": sorted({v for s in built for v in getattr(s, "process_env", ())})}
