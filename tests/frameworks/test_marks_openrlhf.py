@@ -145,8 +145,12 @@ def test_the_translation_carries_the_marks(reg, case, source):
         assert name in res.metrics, (case, key, name, sorted(res.metrics))
         if fields:
             assert tags(res.approximate.get(name)) == fields, (case, key, res.approximate.get(name))
-        else:       # exact when a proof saw the entry's reduction (mappings/proofs.yaml), else "stated, not proven"
-            assert gate_holds(reg, entry, res.approximate.get(name)), (case, key, res.approximate.get(name))
+        else:
+            # exact when proofs saw the reductions of every entry the detected range spans (mappings/proofs.yaml),
+            # else "stated, not proven" naming the entries no proof saw (rollout/reward_mean: the v0.10.2.. entry is
+            # proven, the range's v0.9.8..v0.10.1.post2 one is not, and the translation says the release matters)
+            why = res.approximate.get(name)
+            assert gate_holds(reg, entry, why) or (agrees(why) and "the release matters" in why), (case, key, why)
         if key in RANGE.get(case, {}):
             assert "so the release matters" in res.approximate[name], res.approximate[name]
 

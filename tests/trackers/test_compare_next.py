@@ -14,8 +14,6 @@ from trackbridge.compare import compare_runs
 from trackbridge.record import RunInfo, dumps
 from trackbridge.translate import Translator
 
-from _support.unproven import only_unproven
-
 STEPS = 4
 
 NEMO = {"train/loss": 0.02, "train/kl_penalty": 0.003, "train/reward": 0.4, "train/grad_norm": 1.5, "train/lr": 1e-6,
@@ -81,7 +79,7 @@ def test_the_fidelity_warnings_come_from_each_runs_reductions(result):
     assert "keeps the last of its 2 mini-batches" in why("optim/grad_norm", "nemo")
     assert "before the scheduler" in why("optim/lr", "nemo")
     assert "sampled estimator" in why("policy/entropy", "nemo")
-    assert only_unproven(why("reward/score/mean", "nemo"))       # the reference as stated; no proof ran NeMo-RL
+    assert why("reward/score/mean", "nemo") is None      # the reference as stated, proven (NeMo-RL v0.7.0's own code)
     # AReaL: token statistics pooled over every level (exact); the optimizer scalars averaged over 4 mini-batches;
     # the truncation share measured against the padded batch
     assert why("policy/entropy", "areal") is None and why("loss/policy", "areal") is None
