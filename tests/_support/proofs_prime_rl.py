@@ -317,12 +317,41 @@ def _clip_grad_norm_(parameters: Any, max_norm: float, ep_enabled: bool = False,
     """torchtitan's clip_grad_norm_ without expert parallelism or DTensors: the total norm, then the clip (a barrier
     between: the simulated ranks share one model's gradients)."""
     assert not ep_enabled
+    dist = PrimeDist()
+    dist.barrier()                          # every rank's backward has accumulated into the shared gradients
     params = [p for p in parameters if p.grad is not None]
     GRADS_SEEN.append((current_rank()[1], [p.grad.detach().clone().as_subclass(torch.Tensor) for p in params]))
     total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
-    PrimeDist().barrier()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    dist.barrier()
+    if current_rank()[1] == 0:              # the one gradient clipped once (threads never write it at once)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    dist.barrier()
     return on_device(total)
+
+
+class _SharedStep:
+    """A rank's optimizer over the one model the simulated ranks share: ``step`` and ``zero_grad`` run once, on rank
+    0, between barriers (as FSDP's ranks each update their own shard once), so no two threads write the parameters
+    or the gradients at once; everything else is the rank's own optimizer (its scheduler reads its lr)."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    def _once(self, fn: Any, *a: Any, **k: Any) -> Any:
+        dist = PrimeDist()
+        dist.barrier()
+        out = fn(*a, **k) if current_rank()[1] == 0 else None
+        dist.barrier()
+        return out
+
+    def step(self, *a: Any, **k: Any) -> Any:
+        return self._once(self._optimizer.step, *a, **k)
+
+    def zero_grad(self, *a: Any, **k: Any) -> Any:
+        return self._once(self._optimizer.zero_grad, *a, **k)
 
 
 # --------------------------------------------------------------------------------------------- one training step
@@ -457,7 +486,7 @@ def run_step(layout: list[list[MicroBatch]], *, vocab: int = 11, lr: float = 3e-
         ns = namespaces[rank]
         ns.update({
             "torch": TorchOnCpu(peak_bytes[rank]), "dist": dist, "time": clocks[rank], "asyncio": asyncio,
-            "config": config, "model": model, "optimizer": optimizer, "scheduler": scheduler,
+            "config": config, "model": model, "optimizer": _SharedStep(optimizer), "scheduler": scheduler,
             "gradient_manager": None, "logger": Logger(), "world": _world(),
             "parallel_dims": types.SimpleNamespace(get_mesh=lambda name: group, fsdp_gradient_divide_factor=1.0,
                                                    cp_enabled=False, cp=1, ep_enabled=False, world_mesh=None),
@@ -784,7 +813,7 @@ def run_sft(samples: list[list[list[int]]], *, steps: int = 3, seq_len: int = 16
         torch_.cuda.mem_get_info = lambda: (0, 80 * 1024**3)
         ns: dict[str, Any] = {
             "torch": torch_, "dist": dist, "time": clocks[rank], "asyncio": asyncio, "math": __import__("math"),
-            "config": config, "model": model, "optimizer": optimizer, "scheduler": scheduler,
+            "config": config, "model": model, "optimizer": _SharedStep(optimizer), "scheduler": scheduler,
             "gradient_manager": None, "logger": Logger(), "world": _world(),
             "parallel_dims": types.SimpleNamespace(get_mesh=lambda name: group, fsdp_gradient_divide_factor=1.0,
                                                    cp_enabled=False, cp=1, ep_enabled=False, world_mesh=None),
