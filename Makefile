@@ -33,9 +33,10 @@ $(VENV)/.demo-installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[all]'
 	touch $@
 
-$(VENV)/.test-installed: $(BIN)/python pyproject.toml constraints.txt $(LOCK)
+$(VENV)/.test-installed: $(BIN)/python pyproject.toml constraints.txt $(LOCK) tests/releases.txt
 	$(BIN)/pip install -q $(PIP_C) -e '.[dev,trl,lightning]'
 	$(BIN)/pip install -q $(PIP_C) ray tensordict omegaconf codetiming hydra-core && $(BIN)/pip install -q --no-deps $(PIP_C) verl==0.9.1 openrlhf==0.11.2 areal==1.0.4 colorlog
+	TRACKBRIDGE_RELEASES=$(VENV)/releases $(BIN)/python tests/_support/releases.py install    # older releases, for their proofs
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed

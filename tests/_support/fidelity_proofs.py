@@ -903,9 +903,11 @@ def outcomes(reg=None, records: dict | None = None) -> list[Outcome]:
 def installed_releases() -> str:
     """What code the proofs run: the installed wheels, and the vendored release tags' files."""
     from _support import proofs_corpus as C
-    wheels = ", ".join(f"{d} {F.release(d)}" for d in C.RUNNABLE.values())
+    from _support import releases as R
+    wheels = ", ".join(f"{d} {' and '.join([F.release(d), *R.installed(d)])}" for d in C.RUNNABLE.values())
     tags = ", ".join(f"{fw} {V.provenance(fw).tag} ({V.provenance(fw).commit[:10]})" for fw in V.frameworks())
-    return f"{wheels} (their wheels); {tags} (the tag's files, vendored)" if tags else f"{wheels} (their wheels)"
+    wheels += " (their wheels: the pinned release, then tests/releases.txt's)"
+    return f"{wheels}; {tags} (the tag's files, vendored)" if tags else wheels
 
 
 def fingerprint_proofs() -> tuple[list, dict[str, str], dict]:

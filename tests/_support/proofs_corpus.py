@@ -126,15 +126,18 @@ def releases_of(reg: Any, e: Any) -> str:
     return f"{lo}..{hi}" if lo != hi else lo
 
 
-def run_release(framework: str) -> tuple[str, str] | None:
-    """(what runs, its release) for a framework whose code the suite runs: the installed wheel, or the release tag's
-    files vendored in tests/data/frameworks/<framework>/ (tests/_support/vendored.py); None when neither."""
+def run_release(framework: str) -> tuple[str, list[str]] | None:
+    """(what runs, its releases) for a framework whose code the suite runs: the installed wheel and the older releases
+    of tests/releases.txt installed beside it (tests/_support/releases.py), or the release tag's files vendored in
+    tests/data/frameworks/<framework>/ (tests/_support/vendored.py); None when neither."""
     from _support import framework_code as F
+    from _support import releases as R
     from _support import vendored as V
     if framework in RUNNABLE:
-        return f"installs {RUNNABLE[framework]}", F.release(RUNNABLE[framework])
+        dist = RUNNABLE[framework]
+        return f"installs {dist}", [F.release(dist), *R.installed(dist)]
     if framework in V.frameworks():
-        return f"runs {framework}'s vendored files of", V.release(framework)
+        return f"runs {framework}'s vendored files of", [V.release(framework)]
     return None
 
 
@@ -161,10 +164,10 @@ def why_unproven(reg: Any, e: Any) -> str:
     runs = run_release(e.framework)
     if runs is None:
         return P.CANNOT_RUN.get(e.framework, f"{e.framework}'s code is not installed")
-    what, version = runs
-    if not P.covers(reg, e, version):
-        return (f"mapped for {releases_of(reg, e)}; the suite {what} {version} only (one release per "
-                f"framework): a proof needs that release's code")
+    what, versions = runs
+    if not any(P.covers(reg, e, v) for v in versions):
+        return (f"mapped for {releases_of(reg, e)}; the suite {what} {', '.join(versions)} only (the pinned "
+                f"release and tests/releases.txt): a proof needs a release of that range")
     trainers = sorted(e.trainers) if e.trainers else [None]
     for trainer in trainers:
         why = entry_why().get((e.framework, e.key, trainer))

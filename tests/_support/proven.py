@@ -89,9 +89,18 @@ class Proof:
     records: list[Fingerprinted] = field(default_factory=list)
 
     def run(self, **fixtures: Any) -> "Proving":
+        from _support import releases
         p = Proving(self)
         self.records = []
-        self.fn(p, **fixtures)
+        if releases.runs_elsewhere(self.framework, self.release):
+            # an older release of a wheel framework: its code runs in a child process (tests/_support/releases.py);
+            # what it asserted is replayed here against that release's entries
+            calls, checks = releases.run_in_child(self, fixtures)
+            for key, observed, steps, kw in calls:
+                p.assert_stated(key, observed, steps, **kw)
+            p.assertions += checks
+        else:
+            self.fn(p, **fixtures)
         assert p.assertions >= MIN_ASSERTIONS, f"proof {self.name} made {p.assertions} assertion(s)"
         self.assertions = p.assertions
         self.records = list(p.records)
