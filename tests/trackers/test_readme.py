@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -36,8 +37,12 @@ README = ROOT / "README.md"
 #: the README, then the pages it sends a reader to, in the order their blocks build on each other (the pages were
 #: the README's sections, in this order)
 PAGES = [README] + [ROOT / "docs" / f"{name}.md" for name in (
-    "translation", "logger", "integrations", "migration", "comparison", "doctor", "performance", "exit-codes",
-    "tests")]
+    "translation", "logger", "integrations", "migration", "comparison", "doctor", "diagnostics", "performance",
+    "exit-codes", "tests")]
+#: the reference pages: their YAML blocks show the formats (with ``...`` where a value is elided), so each is checked
+#: against the JSON schema of its format (mappings/schemas/), not run
+REFERENCE_PAGES = [ROOT / "docs" / f"{name}.md" for name in ("mapping-format", "reductions", "diagnostics")]
+CHECKS_FILE = "my_checks.yaml"
 MAPPING_FILE = "my_mappings.yaml"      # the name the README's commands give a user's mapping file
 
 # first line of the block -> why it is not run
@@ -148,6 +153,95 @@ def _mapping_file(d: Path, text: str, env: dict[str, str]) -> None:
         assert res.metrics == {filled(e["canonical"]): 1.0}, (e, res.metrics, res.notes)
 
 
+def _checks_file(d: Path, text: str, env: dict[str, str]) -> None:
+    """A user's checks file (docs/diagnostics.md): saved and linted as the page says, and its checks load."""
+    doc = yaml.safe_load(text)
+    assert doc.get("format") == "trackbridge.checks/1", doc
+    (d / CHECKS_FILE).write_text(text)
+    r = subprocess.run([sys.executable, "-m", "trackbridge", "mappings", "lint", CHECKS_FILE], cwd=d, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from trackbridge.doctor.checks import load_checks
+    ids = [c.id for c in load_checks(paths=[str(d / CHECKS_FILE)])]
+    assert {c["id"] for c in doc["checks"]} <= set(ids), ids
+
+
+def _elided(value: Any) -> Any:
+    """A YAML block with ``...`` for what it leaves out: list items ``...`` dropped (the rest of a list)."""
+    if isinstance(value, dict):
+        return {k: _elided(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_elided(v) for v in value if v != "..."]
+    return value
+
+
+def _partial_paths(value: Any, path: tuple = ()) -> set[tuple]:
+    """The paths of the mappings that elide a value (``description: ...``): a required field missing there is
+    what the ``...`` stands for."""
+    out: set[tuple] = set()
+    if isinstance(value, dict):
+        if "..." in value.values():
+            out.add(path)
+        for k, v in value.items():
+            out |= _partial_paths(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out |= _partial_paths(v, (*path, i))
+    return out
+
+
+def _schemas() -> dict[str, dict]:
+    out = {}
+    for path in (ROOT / "mappings" / "schemas").glob("*.schema.json"):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        out[doc["properties"]["format"]["const"]] = doc
+    return out
+
+
+def _fragment_schema(root: dict, key: str) -> dict | None:
+    """The schema of a top-level key of a format fragment (``reduce:``, ``config:``, ``levels:``): the file's own
+    property, else an entry's."""
+    for where in (root.get("properties", {}), *(d.get("properties", {}) for d in root.get("$defs", {}).values())):
+        if key in where:
+            return {"$defs": root.get("$defs", {}), **where[key]}
+    return None
+
+
+def test_reference_pages_show_what_the_schemas_accept():
+    """docs/mapping-format.md, reductions.md and diagnostics.md show the mapping formats in YAML blocks: each parses,
+    and each is what its format's JSON schema accepts (a whole file by its ``format:``; a fragment key by key, as
+    the framework file's schema states that key), ``...`` standing for what the page leaves out. Found once: the
+    schema refused `until: null`, which the page and the loader allow."""
+    import jsonschema
+    schemas = _schemas()
+    checked = []
+    for page in REFERENCE_PAGES:
+        for line, lang, text in blocks(page):
+            if lang != "yaml":
+                continue
+            where = f"{page.relative_to(ROOT)}:{line}"
+            raw = yaml.safe_load(text)
+            assert isinstance(raw, dict), where
+            doc, partial = _elided(raw), _partial_paths(raw)
+            if "format" in doc:
+                parts = [(schemas[doc["format"]], doc, ())]
+            else:
+                root = schemas["trackbridge.mapping/1"]
+                parts = []
+                for key, value in doc.items():
+                    sub = _fragment_schema(root, key)
+                    assert sub is not None, f"{where}: {key!r} is no field of the mapping format"
+                    parts.append((sub, value, (key,)))
+            for schema, value, at in parts:
+                for err in jsonschema.Draft202012Validator(schema).iter_errors(value):
+                    path = (*at, *err.absolute_path)
+                    if err.validator == "required" and path in partial:
+                        continue
+                    raise AssertionError(f"{where}: {'.'.join(map(str, path))}: {err.message}")
+            checked.append(where)
+    assert len(checked) >= 7, checked          # 7 today: 4 on mapping-format.md, 2 on reductions.md, 1 checks file
+
+
 def test_every_readme_block_runs_as_written(tmp_path, env):
     work = tmp_path / "user"
     work.mkdir()
@@ -161,7 +255,10 @@ def test_every_readme_block_runs_as_written(tmp_path, env):
     ran, skipped, files = [], [], []
     # the files the README asks the user to save come first (the command list near the top lints my_mappings.yaml)
     for page, line, lang, text in all_blocks:
-        if lang == "yaml" and "format: trackbridge." in text:
+        if lang == "yaml" and "format: trackbridge.checks/" in text:
+            _checks_file(work, text, run_env)
+            files.append(f"{page}:{line}")
+        elif lang == "yaml" and "format: trackbridge." in text:
             _mapping_file(work, text, run_env)
             files.append(f"{page}:{line}")
     for page, line, lang, text in all_blocks:

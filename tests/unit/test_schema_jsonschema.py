@@ -314,3 +314,12 @@ def test_errors_name_the_line_of_the_offending_key_or_item(tmp_path):
     ], got
     assert str(errors[-1]) == f"{path}:8: nested.deep.n: must be an integer, not string 'three'"
     assert len(list(Draft(schema).iter_errors(load_yaml(path)))) == len(errors)
+
+
+def test_a_null_where_a_string_belongs_reads_once(tmp_path):
+    """`until: null` against a string-only field said "must be a string, not null null"."""
+    path = tmp_path / "f.yaml"
+    path.write_text("a: null\nb: true\n", encoding="utf-8")
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}
+    got = [(e.line, e.entry, e.message) for e in validate(load_yaml(path), schema, file=str(path))]
+    assert got == [(1, "a", "must be a string, not null"), (2, "b", "must be a string, not boolean true")], got

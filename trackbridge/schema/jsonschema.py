@@ -229,8 +229,9 @@ class _Validator:
             types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
             if not any(_type_ok(value, t) for t in types):
                 want = " or ".join(_TYPE_WORDS[t] for t in types)
-                return out + [self.err(f"must be {want}, not {_type_name(value)} {_show(value)}", line, path,
-                                       "type")]
+                got = _type_name(value)
+                shown = "" if value is None else f" {_show(value)}"      # "not null", never "not null null"
+                return out + [self.err(f"must be {want}, not {got}{shown}", line, path, "type")]
         if "const" in schema and not _equal(value, schema["const"]):
             out.append(self.err(f"must be {_show(schema['const'])}, not {_show(value)}", line, path, "const"))
         if "enum" in schema and not any(_equal(value, e) for e in schema["enum"]):
