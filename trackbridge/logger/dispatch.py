@@ -1,6 +1,7 @@
 """The dispatcher: one thread between ``log()`` and the sinks. It numbers each record (step and sequence number),
-translates it to canonical names, derives what the framework did not log, hands it to the spool, renames it once
-for the trackers and offers it to each tracker's worker (which never makes it wait)."""
+translates it to canonical names, derives what the framework did not log, hands it to the spool and to the egress
+(logger/egress.py), which renames it once for the trackers and offers it to each tracker's worker (which never makes
+it wait)."""
 from __future__ import annotations
 
 import math
@@ -12,21 +13,20 @@ from typing import Any, Callable
 from ..record import Record, RunInfo
 from ..values import STEP_MAX
 from .common import STEP_AXIS, STOP, log, warn
+from .egress import Egress
 
 
 class Dispatcher:
     def __init__(self, *, translator: Any, derive_fn: Callable[..., None] | None, info: RunInfo,
-                 rename: Callable[[Record], Record] | None, names: str, spool: Any, trackers: list[Any],
-                 seq_base: int, next_step: int, inbox_size: int, resume_wait: float | None,
+                 egress: Egress, spool: Any, seq_base: int, next_step: int, inbox_size: int,
+                 resume_wait: float | None,
                  warn_once: Callable[[str, str], None], doctor: Any = None,
                  found: Callable[[Any], None] | None = None) -> None:
         self.translator = translator
         self.derive_fn = derive_fn
         self.info = info
-        self.rename = rename
-        self.names = names
+        self.egress = egress                    # rename once, offer to every tracker (logger/egress.py)
         self.spool = spool
-        self.trackers = trackers
         self.seq = seq_base
         self.next_step = next_step
         self.resume_wait = resume_wait          # None: not resuming
@@ -36,6 +36,10 @@ class Dispatcher:
         self.user_names: dict[str, str] = {}    # canonical name -> the key log() was given (for the findings)
         self.inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
         self.thread = threading.Thread(target=self._main, name="trackbridge-dispatch", daemon=True)
+
+    @property
+    def trackers(self) -> list[Any]:
+        return self.egress.handles
 
     def _resume_step(self) -> None:
         """Resume: the step counter continues after the highest step any tracker holds (a tracker can hold steps
@@ -87,16 +91,8 @@ class Dispatcher:
         ``logged``: the ``time.monotonic()`` of its ``log()`` call (the spool's flush bound counts from it)."""
         seq = self.seq
         self.seq += 1
-        self.spool.put(seq, rec, logged)
-        out = rec
-        if self.rename is not None and self.trackers:
-            try:
-                out = self.rename(rec)      # once for all trackers; the spool stays canonical
-            except Exception as exc:
-                self.warn_once("names", f"renaming to {self.names!r} failed ({type(exc).__name__}: "
-                                        f"{exc}); trackers get canonical names")
-        for w in self.trackers:
-            w.put(seq, out)
+        self.spool.put(seq, rec, logged)          # the spool stays canonical
+        self.egress.put(seq, rec)
 
     def diagnose(self, rec: Record) -> list[Record]:
         """The live checks (``init(doctor=True)``) fed one record: a text record per finding that holds for the

@@ -32,6 +32,7 @@ from .checks import (
 from .common import INTERRUPTED_EXIT, STOP, TERMINATED_EXIT, RunView, log, user_frame, warn
 from .device import hand_off
 from .dispatch import Dispatcher, live_doctor, live_options, severity_rank
+from .egress import Egress
 from .exits import Terminated, ignore_interrupts, on_sigterm, restore_interrupts, restore_sigterm
 from .options import LoggerOptions
 from .runinfo import clean_info, resumed_config
@@ -39,7 +40,7 @@ from .runlock import RunLock
 from .spool import SpoolFile, SpoolWorker, spool_place
 from .tracker import TrackerWorker, closed_cleanly, cut_threads
 from .waiting import wait_for_trackers
-from .worker import RunContext, sync_run_info
+from .worker import RunContext
 
 ABORT_WAIT = 5.0            # seconds an interrupted finish() gives the writer process and the spool
 
@@ -138,9 +139,11 @@ class Run(RunView):
         # source detected while logging and the approximations found so far (both live)
         self._rename = names_translator(self.names, mappings=mappings, config=cfg,
                                         origin=lambda: self.info.source, fidelity=self.info.approximate)
+        self._egress = Egress(info=self._clean_info, live=self.info, rename=self._rename, names=self.names,
+                              problem=self._warn_once)
         ctx = RunContext(options=options, spool_path=self.spool_path, seq_base=self._seq_base, resume=self.resume,
-                         resume_last_step=scan.last_step, tracker_info=self.tracker_info,
-                         sync_info=self._sync_info, report=self.problems.append, opened=self._exit_hook_last)
+                         resume_last_step=scan.last_step, tracker_info=self._egress.tracker_info,
+                         sync_info=self._egress.sync_info, report=self.problems.append, opened=self._exit_hook_last)
         self._ctx = ctx
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
@@ -176,10 +179,13 @@ class Run(RunView):
             trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
                                       rename=self._rename) for s in built]
         self._workers: list[Any] = [self._spool_worker, *trackers]
+        # with the writer process, records leave canonical: its own egress renames them (logger/writer.py)
+        out = self._egress if self._link is None else Egress(info=self._clean_info, live=self.info, rename=None,
+                                                              names=self.names, problem=self._warn_once)
+        out.handles = trackers
         self._dispatcher = Dispatcher(
-            translator=translator, derive_fn=derive_fn, info=self.info,
-            rename=None if self._link is not None else self._rename, names=self.names,
-            spool=self._spool_worker, trackers=trackers, seq_base=self._seq_base,
+            translator=translator, derive_fn=derive_fn, info=self.info, egress=out,
+            spool=self._spool_worker, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
             resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
             doctor=self._doctor, found=self._found if self._doctor is not None else None)
@@ -243,21 +249,12 @@ class Run(RunView):
             self._inbox.put((wall_time, step, values, axis, logged))
 
     def tracker_info(self, is_spool: bool = False) -> RunInfo:
-        """The run info a sink is opened with: the spool's is canonical; a tracker's has the names it receives and
-        the approximations under those names."""
-        info = self._clean_info()
-        if not is_spool:
-            info.names = self.names
-            info.approximate = self.tracker_approximate(is_spool)
-        return info
+        """The run info a sink is opened with (:meth:`.egress.Egress.tracker_info`)."""
+        return self._egress.tracker_info(is_spool)
 
     def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
-        """Name -> why its value is approximate, as found so far: canonical names for the spool, the names a
-        tracker receives otherwise."""
-        if is_spool or self._rename is None:
-            return dict(self.info.approximate)
-        pipe = self._rename.pipeline()
-        return dict(pipe.stats.approximate) if pipe is not None else {}
+        """Name -> why its value is approximate, as found so far (:meth:`.egress.Egress.approximate`)."""
+        return self._egress.approximate(is_spool)
 
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
@@ -471,9 +468,6 @@ class Run(RunView):
             msg = pending.lack_message(w, n, lack, records=self._seq, where=where, interrupted=interrupted)
             self.problems.append(msg)
             warn(f"trackbridge: finish(): {msg}")
-
-    def _sync_info(self, run: RunInfo | None, is_spool: bool) -> None:
-        sync_run_info(run, self.info, self.tracker_approximate(is_spool))
 
     def _clean_info(self) -> RunInfo:
         """A copy of the run info that every sink can store (:func:`.runinfo.clean_info`); each change said once."""

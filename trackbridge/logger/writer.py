@@ -33,16 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from ..pipeline import names_translator
-from ..record import Record, RunInfo
+from ..record import RunInfo
 from ..stream import RecordDecoder, parse_line, read_stream
 from .common import KILLED_EXIT, warn
+from .egress import Egress
 from .options import LoggerOptions
 from .pending import count_lacking, countable, note_entry, pending_file, write_pending
 from .remote import FdConn
 from .runlock import release_fd
 from .tracker import TrackerWorker
 from .waiting import wait_for_trackers
-from .worker import RunContext, sync_run_info
+from .worker import RunContext
 
 STATUS_EVERY = 0.2
 ABORT_WAIT = 3.0         # seconds an interrupted finish() leaves the trackers to close
@@ -88,30 +89,25 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     seq_base = spec["seq_base"]
     view = SpoolView(seq_base - 1)
 
-    def approximate(is_spool: bool) -> dict[str, str]:
-        pipe = rename.pipeline() if rename is not None else None
-        return dict(info.approximate) if pipe is None else dict(pipe.stats.approximate)
+    def problem(key: str, note: str) -> None:
+        if note not in problems:
+            problems.append(note)
+            warn(f"trackbridge: {note}")
 
-    def tracker_info(is_spool: bool) -> RunInfo:
-        out = copy.deepcopy(info)
-        out.names = spec["names"]
-        out.approximate = approximate(is_spool)
-        return out
-
-    def sync_info(run: RunInfo | None, is_spool: bool) -> None:
-        sync_run_info(run, info, approximate(is_spool))
-
+    # the same egress as the tracker threads' (logger/egress.py): one renaming for every tracker, one run info
+    egress = Egress(info=lambda: copy.deepcopy(info), live=info, rename=rename, names=spec["names"], problem=problem)
     warned: list[str] = []       # the trackers' warnings: the parent warns them, where the user sees warnings
     _forward_warnings(warned)
     ctx = RunContext(options=options, spool_path=spool_path, seq_base=seq_base, resume=spec["resume"],
-                     resume_last_step=spec["resume_last_step"], tracker_info=tracker_info, sync_info=sync_info,
-                     report=problems.append, spool=view)
+                     resume_last_step=spec["resume_last_step"], tracker_info=egress.tracker_info,
+                     sync_info=egress.sync_info, report=problems.append, spool=view)
     sinks = [make_sink(s) for s in spec["sinks"]]
     if spec.get("alerts"):          # init(doctor=True): a tracker with alerts of its own raises one per finding
         for sink in sinks:
             sink.alerts = True
     workers = [TrackerWorker(ctx, sink, queue_size=options.queue_size, batch_size=options.batch_size,
                              rename=rename) for sink in sinks]
+    egress.handles = workers
     for w in workers:
         w.thread.start()
 
@@ -125,19 +121,7 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
                               for w in workers], list(problems), final, new))
         sent[0] += len(new)
 
-    def put(seq: int, rec: Record) -> None:
-        out = rec
-        if rename is not None:      # once for all trackers, as the dispatcher does for threads
-            try:
-                out = rename(rec)
-            except Exception as exc:
-                note = (f"renaming to {spec['names']!r} failed ({type(exc).__name__}: {exc}); trackers get "
-                        f"canonical names")
-                if note not in problems:
-                    problems.append(note)
-                    warn(f"trackbridge: {note}")
-        for w in workers:
-            w.put(seq, out)
+    put = egress.put
 
     decoder = RecordDecoder()
     state: dict[str, Any] = {"last": seq_base - 1, "final": None, "abort": False, "outcome": None, "exit": None}
