@@ -905,7 +905,8 @@ def installed_releases() -> str:
     from _support import proofs_corpus as C
     from _support import releases as R
     wheels = ", ".join(f"{d} {' and '.join([F.release(d), *R.installed(d)])}" for d in C.RUNNABLE.values())
-    tags = ", ".join(f"{fw} {V.provenance(fw).tag} ({V.provenance(fw).commit[:10]})" for fw in V.frameworks())
+    tags = ", ".join(f"{fw} {' and '.join(f'{t} ({V.provenance(fw, t).commit[:10]})' for t in V.tags(fw))}"
+                     for fw in V.frameworks())
     wheels += " (their wheels: the pinned release, then tests/releases.txt's)"
     return f"{wheels}; {tags} (the tag's files, vendored)" if tags else wheels
 

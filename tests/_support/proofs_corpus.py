@@ -10,9 +10,9 @@ the detected trainer, releases and config: what ``trackbridge translate`` uses f
 log or by several is counted once.
 
 :func:`why_unproven` says, for an entry no proof has fingerprinted, why: the framework cannot run here
-(``fidelity_proofs.CANNOT_RUN``), the entry's releases are not the one whose code runs (the suite installs one
-release per framework, or vendors one tag's files: tests/_support/vendored.py), a reason of :data:`ENTRY_WHY` or of a
-vendored framework's proof module (:func:`entry_why`), or "no proof written yet".
+(``fidelity_proofs.CANNOT_RUN``), the entry's releases are none of those whose code runs (:func:`run_release`: the
+installed wheel, tests/releases.txt's older wheels, the vendored tags' files: tests/_support/vendored.py), a reason of
+:data:`ENTRY_WHY` or of a vendored framework's proof module (:func:`entry_why`), or "no proof written yet".
 """
 from __future__ import annotations
 
@@ -127,17 +127,20 @@ def releases_of(reg: Any, e: Any) -> str:
 
 
 def run_release(framework: str) -> tuple[str, list[str]] | None:
-    """(what runs, its releases) for a framework whose code the suite runs: the installed wheel and the older releases
-    of tests/releases.txt installed beside it (tests/_support/releases.py), or the release tag's files vendored in
-    tests/data/frameworks/<framework>/ (tests/_support/vendored.py); None when neither."""
+    """(what runs, its releases: every release whose code runs) for a framework whose code the suite runs: the
+    installed wheel, the older releases of tests/releases.txt installed beside it (tests/_support/releases.py) and
+    the release tags whose files are vendored in tests/data/frameworks/<framework>/ (tests/_support/vendored.py:
+    the primary tag, then each further one); None when none."""
     from _support import framework_code as F
     from _support import releases as R
     from _support import vendored as V
+    tags = V.releases(framework) if framework in V.frameworks() else []
     if framework in RUNNABLE:
         dist = RUNNABLE[framework]
-        return f"installs {dist}", [F.release(dist), *R.installed(dist)]
-    if framework in V.frameworks():
-        return f"runs {framework}'s vendored files of", [V.release(framework)]
+        what = f"installs {dist}" + (" or runs its vendored files of" if tags else "")
+        return what, [F.release(dist), *R.installed(dist), *tags]
+    if tags:
+        return f"runs {framework}'s vendored files of", tags
     return None
 
 

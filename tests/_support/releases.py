@@ -69,10 +69,17 @@ def install(python: str = sys.executable) -> None:
 
 def runs_elsewhere(framework: str, release: str) -> bool:
     """True when a proof of ``framework`` at ``release`` must run in a child process: a wheel framework whose
-    installed release (the one this process imports) is another one."""
+    installed release (the one this process imports) is another one listed in tests/releases.txt (a release whose
+    tag's files are vendored instead, tests/_support/vendored.py, runs in process: its proof loads those files)."""
     from _support import framework_code as F
+    from _support import vendored as V
     dist = DISTS.get(framework)
-    return dist is not None and F.release(dist) != release
+    if dist is None or F.release(dist) == release:
+        return False
+    vendored = {r.lstrip("v") for r in V.releases(framework)} if framework in V.frameworks() else set()
+    # neither the installed release nor a vendored tag: the child process (which skips when it is not installed),
+    # never this process's code under another release's name
+    return release not in vendored
 
 
 def run_in_child(proof: Any, fixtures: dict[str, Any]) -> tuple[list[tuple[str, Any, Any, dict]], int]:
