@@ -18,6 +18,13 @@ The levels are reduced as docs/reductions.md nests them: each micro-batch over t
 gather per micro-batch), then the micro-batches, the optimizer steps and the logged steps. Ranks that hold different
 numbers of micro-batches cannot be reduced per micro-batch: each rank then combines its own micro-batches first.
 
+Some candidates are offered only when a proof asks for them (``tokens=``, ``processes=``, ``window=``, ``stats=``) or
+the entry states them (:func:`assert_stated` adds the stated value): :data:`TOKENS_EXTRA` (a token sum over the step's
+global token count), :data:`PROCESSES_EXTRA` (``gather``: the ranks' values pooled before the statistic, a pooled std;
+``driver``: one process combining its batches, ``processes: none`` with a ``micro_batches`` level),
+:data:`WINDOW_EXTRA` (the window's max / min) and the ``count`` statistic (:data:`STATS`): the rest of the candidates
+stay what every proof was fingerprinted against, and of equivalent candidates the representative is one of those.
+
 Two candidates that give the logged value are one computation when they agree on several other batches of the same
 shape (:func:`equivalent`: a level holding one item makes all its reductions equal; a token mean pooled over
 micro-batches is their token-weighted mean). When two different computations give the logged value, the batch does
@@ -38,11 +45,25 @@ Steps = Sequence[Sequence[Sequence[Sequence[Micro]]]]      # [logged step][mini-
 
 TOKENS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum",
           "per_seq", "token_sum_step_norm", "token_sum_dp_norm")
-TOKEN_WEIGHTED = ("token_mean", "token_sum_step_norm", "token_sum_dp_norm")   # all_reduce_weighted weighs by tokens
+#: offered only when asked for (``tokens=``) or stated: each micro-batch's token sum over the step's token count on
+#: every rank and micro-batch (prime-rl's RL loss; docs/reductions.md has no literal for it yet)
+TOKENS_EXTRA = ("token_sum_global_norm",)
+# all_reduce_weighted weighs by tokens
+TOKEN_WEIGHTED = ("token_mean", "token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm")
 COMBINE = ("none", "token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min")
 PROCESSES = ("none", "all_reduce_weighted", "all_reduce_mean", "token_weighted", "seq_weighted", "sum", "max", "min",
              "rank0")
+#: offered only when asked for (``processes=``) or stated (proven.to_fingerprint): ``gather``, the ranks' populations
+#: pooled (all_gather'ed) before the statistic, per micro-batch (a pooled std); ``driver``, one process combining the
+#: values of its batches (the ranks' micro-batches, in order) with ``micro_batches`` (NeMo-RL's validation batches;
+#: a mapping entry's ``processes: none`` with a ``micro_batches`` level)
+PROCESSES_EXTRA = ("gather", "driver")
 WINDOW = ("step", "mean", "last", "sum", "none")       # none: the logged steps' items pooled (the format's `pooled`)
+#: offered only when asked for (``window=``): the window's largest / smallest logged value
+WINDOW_EXTRA = ("max", "min")
+#: the statistics a proof may offer (``stats=``); ``count``: how many items (sequences for per_seq, tokens for
+#: token_mean) the population holds
+STATS = ("mean", "max", "min", "sum", "std", "count")
 LEVELS = ("micro_batches", "mini_batches", "processes", "window")
 
 
@@ -61,6 +82,10 @@ class Reduction:
         return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
 
 
+class Undefined(AssertionError):
+    """A reduction that has no value on a batch (a sample std of one value): no candidate there."""
+
+
 # ------------------------------------------------------------------------------------------- one population
 def _stat(values: list[float], stat: str, std: str | None) -> float:
     if stat in ("mean", "value"):         # value: one value (a scalar per micro-batch: tokens none)
@@ -71,7 +96,11 @@ def _stat(values: list[float], stat: str, std: str | None) -> float:
         return min(values)
     if stat == "sum":
         return sum(values)
+    if stat == "count":
+        return float(len(values))
     if stat == "std":
+        if std == "sample" and len(values) < 2:
+            return math.nan                   # undefined: a candidate no logged value matches
         return statistics.stdev(values) if std == "sample" else statistics.pstdev(values)
     raise ValueError(stat)
 
@@ -79,7 +108,7 @@ def _stat(values: list[float], stat: str, std: str | None) -> float:
 def reduce_population(seqs: Micro, red: Reduction, norm_len: float) -> tuple[float, int, int]:
     """The value of one population (a micro-batch, or the union of several), with its token and sequence counts.
     ``norm_len``: the constant of ``seq_mean_token_sum_norm``, or the token count ``token_sum_step_norm`` /
-    ``token_sum_dp_norm`` divide by (computed by :func:`value_of` from the step)."""
+    ``token_sum_dp_norm`` / ``token_sum_global_norm`` divide by (computed by :func:`value_of` from the step)."""
     n_tok, n_seq = sum(len(s) for s in seqs), len(seqs)
     if red.tokens in ("per_seq", "none"):    # none: a scalar per micro-batch (lr, a grad norm), one 'sequence' of it
         return _stat([s[0] for s in seqs], red.stat, red.std), n_tok, n_seq
@@ -94,7 +123,7 @@ def reduce_population(seqs: Micro, red: Reduction, norm_len: float) -> tuple[flo
         return total / (n_seq * norm_len), n_tok, n_seq
     if red.tokens == "token_sum":
         return total, n_tok, n_seq
-    if red.tokens in ("token_sum_step_norm", "token_sum_dp_norm"):
+    if red.tokens in ("token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm"):
         return total / norm_len, n_tok, n_seq
     raise ValueError(red.tokens)
 
@@ -139,13 +168,22 @@ def value_of(steps: Steps, red: Reduction, norm_len: int = 0) -> float:
     def mini_value(ranks: Sequence[Sequence[Micro]]) -> tuple[float, int, int]:
         if red.processes == "none":            # a driver over the global batch (no micro-batches: see _valid)
             return reduce_population(pooled(m for r in ranks for m in r), red, norm_len)
+        if red.processes == "driver":          # a driver combining the values of its batches
+            return _combine([reduce_population(m, red, norm_len) for r in ranks for m in r], red.micro_batches, red)
         n_micro = max(len(r) for r in ranks)
         if red.tokens == "token_sum_step_norm":      # the step's tokens per (rank, micro-batch), OpenRLHF >= 0.10.4
             norms = [toks(m for r in ranks for m in r) / sum(len(r) for r in ranks)] * n_micro
         elif red.tokens == "token_sum_dp_norm":      # micro-batch u's tokens per rank, OpenRLHF 0.10.3
             norms = [toks(r[u] for r in ranks if u < len(r)) / len(ranks) for u in range(n_micro)]
+        elif red.tokens == "token_sum_global_norm":  # the step's tokens over every rank and micro-batch (prime-rl)
+            norms = [toks(m for r in ranks for m in r)] * n_micro
         else:
             norms = [norm_len] * n_micro
+        if red.processes == "gather":                # the ranks' populations pooled before the statistic
+            if red.micro_batches == "none" or len({len(r) for r in ranks}) > 1:
+                return reduce_population(pooled(m for r in ranks for m in r), red, norms[0])
+            return _combine([reduce_population(pooled(r[u] for r in ranks), red, norms[u]) for u in range(n_micro)],
+                            red.micro_batches, red)
         if red.micro_batches == "none" or len({len(r) for r in ranks}) > 1:
             return _combine([rank_value(r, norms) for r in ranks], red.processes, red)
         # each micro-batch reduced over the ranks, then the micro-batches
@@ -159,22 +197,31 @@ def value_of(steps: Steps, red: Reduction, norm_len: int = 0) -> float:
         return _combine([mini_value(mini) for mini in minis], red.mini_batches, red)
 
     if red.window in ("none", "pooled"):       # the logged steps' data pooled
-        return step_value([mini for step in steps for mini in step])[0]
-    if red.window == "step":
+        out = step_value([mini for step in steps for mini in step])[0]
+    elif red.window == "step":
         assert len(steps) == 1, "window 'step' logs one row per step: give one step"
-        return step_value(steps[0])[0]
-    return _combine([step_value(step) for step in steps], red.window, red)[0]
+        out = step_value(steps[0])[0]
+    else:
+        out = _combine([step_value(step) for step in steps], red.window, red)[0]
+    if math.isnan(out):
+        raise Undefined(f"{red} is undefined on this batch (a sample std of a single value)")
+    return out
 
 
 def _valid(red: Reduction) -> bool:
     if red.stat != "mean" and red.tokens not in ("per_seq", "token_mean", "seq_mean_token_mean",
                                                  "seq_mean_token_sum"):
         return False
+    if red.stat == "count" and red.tokens not in ("per_seq", "token_mean"):
+        return False                       # a count of sequences (per_seq) or of tokens (token_mean)
     if (red.stat == "std") != (red.std is not None):
         return False
     if red.processes == "none" and red.micro_batches != "none":
         return False                       # a driver computes over the global batch at once: no micro-batches
-    if red.tokens in ("token_sum_step_norm", "token_sum_dp_norm") and "none" in (red.processes, red.micro_batches):
+    if red.processes == "driver" and red.micro_batches == "none":
+        return False                       # that is processes none
+    if red.tokens in ("token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm") and (
+            "none" in (red.processes, red.micro_batches) or red.processes in ("gather", "driver")):
         return False                       # normalised by the step's (micro-batch's) tokens over its ranks
     return True
 
@@ -192,7 +239,10 @@ def candidates(steps: Steps, *, tokens: Iterable[str] = TOKENS, stats: Iterable[
             red = Reduction(t, s, u, m, p, w, std)
             if not _valid(red) or (t == "seq_mean_token_sum_norm" and not norm_len):
                 continue
-            out.append((value_of(steps, red, norm_len), red))
+            try:
+                out.append((value_of(steps, red, norm_len), red))
+            except Undefined:
+                continue                   # undefined on this batch (a sample std of one value)
     return out
 
 
@@ -248,12 +298,18 @@ def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = N
                if math.isclose(v, logged, rel_tol=rel, abs_tol=abs_tol)}
         hits = fit if hits is None else hits & fit
     assert hits, f"no candidate reduction gives the logged value(s) {[o[0] for o in obs]!r}"
-    ordered = sorted(hits, key=str)
+    ordered = sorted(hits, key=lambda r: (_late(r), str(r)))
     first = ordered[0]
     other = [h for h in ordered[1:] if not all(equivalent(first, h, batch, norm_len) for _, batch in obs)]
     assert not other, (f"the logged value(s) fit different reductions (make the batch more uneven, or observe more "
                        f"batches): {first} and {other[0]}" + (f" (+{len(other) - 1} more)" if len(other) > 1 else ""))
     return first
+
+
+def _late(red: Reduction) -> bool:
+    """Whether ``red`` is one of the candidates offered only when asked for (a gather, a driver combining its
+    batches, a window's extreme ...): of equivalent candidates, the representative is one of the others."""
+    return red.processes in PROCESSES_EXTRA or red.window in WINDOW_EXTRA or red.tokens in TOKENS_EXTRA
 
 
 def _uneven(groups: Iterable[Sequence[Any]], size: Any) -> bool:
@@ -284,10 +340,16 @@ def assert_stated(observed: float | Sequence[Observation], steps: Steps | None, 
     shape = max(batches, key=len)                                # the observation of the most logged steps
     check_uneven(shape, levels)
     want = stated(entry_reduce, shape)
-    for name, default in (("tokens", TOKENS), ("processes", PROCESSES)):   # the stated value is always a candidate
+    for name, default in (("tokens", TOKENS), ("processes", PROCESSES), ("window", None),
+                          ("stats", ("mean",))):      # the stated value is always a candidate
+        field_name = "stat" if name == "stats" else name
+        if name == "window":
+            if getattr(want, "window") not in WINDOW_EXTRA:
+                continue                              # fingerprint's default windows (by the batch's steps)
+            default = tuple(w for w in WINDOW if w != "step")
         offered = tuple(kw.get(name) or default)
-        if getattr(want, name) not in offered:
-            kw[name] = (*offered, getattr(want, name))
+        if getattr(want, field_name) not in offered:
+            kw[name] = (*offered, getattr(want, field_name))
     found = fingerprint(observed, steps, rel=rel, norm_len=norm_len, **kw)
     assert all(equivalent(found, want, b, norm_len) for b in batches), (
         f"the logged value was computed as {found}; the entry states {want} "

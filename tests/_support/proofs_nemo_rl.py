@@ -403,17 +403,4 @@ def validate() -> Callable[..., Any]:
 
 
 #: entries covering v0.7.0 that no proof fingerprints, and why (the proofs: tests/frameworks/test_proof_nemo_rl.py)
-ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
-    ("nemo_rl", "validation/avg_length", "grpo"): (
-        "the stated reduction cannot be fingerprinted: its reduce: is driver_batch (processes: none) with "
-        "micro_batches: mean (the validation batches), and tests/_support/fingerprint.py's _valid() drops every "
-        "candidate with processes none and micro_batches other than none, so the stated reduction is never a "
-        "candidate (and, resolved, it pools the batches). validate() does run here (grpo.py:3139-3291 from its "
-        "text, test_validation_accuracy_pools_samples_and_avg_length_averages_batches) and the test checks "
-        "the value is the unweighted mean of the 3 uneven batches' mean generated lengths, not the pooled mean; "
-        "the shared fingerprint needs a driver-side micro_batches level to state it"),
-    ("nemo_rl", "Validation Results/Average response length", "grpo"): (
-        "the console print of validation/avg_length (:.1f): the same reduce: (driver_batch with micro_batches: "
-        "mean), which fingerprint._valid() never offers as a candidate; the test checks the printed value is "
-        "validation/avg_length rounded to 1 decimal"),
-}
+ENTRY_WHY: dict[tuple[str, str, str | None], str] = {}

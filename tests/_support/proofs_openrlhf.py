@@ -1156,20 +1156,6 @@ ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
     ("openrlhf", "timing/step_total", "ppo"): (
         "the sum of the step's other wall-clock timers: no batch quantity to fingerprint, and no candidate "
         "reduction is a sum of other keys"),
-    ("openrlhf", "rollout/num_samples", "ppo"): (
-        "stat: count, which tests/_support/fingerprint.py has no candidate statistic for (its _stat computes mean, "
-        "max, min, sum, std); test_ppo_rollout_stats_are_the_drivers_sample_statistics checks it is the number of "
-        "samples train_step was given"),
-    ("openrlhf", "eval_num_samples", "ppo"): (
-        "stat: count, which tests/_support/fingerprint.py has no candidate statistic for; "
-        "test_ppo_eval_rows_are_sample_and_prompt_means checks it is the number of eval samples given"),
-    ("openrlhf", "reward_std", "rm"): (
-        "the stated reduction cannot be fingerprinted: processes: gather with stat: std (the std of the scores "
-        "all_gather'ed from every rank, which the wheel's RewardModelTrainer.evaluate computes here) is translated "
-        "by tests/_support/proven.to_fingerprint into all_reduce_weighted, a weighted mean of per-rank stds, so "
-        "the fingerprint finds processes: none (the pooled std) and reports a mismatch; "
-        "test_rm_eval_rows_are_pair_means_and_gathered_score_statistics checks the logged value is the sample std "
-        "of every rank's chosen and rejected scores pooled"),
     ("openrlhf", "dynamic_filtering_pass_rate", "ppo"): (
         "no candidate reduction expresses it: SamplesGenerator.generate_samples logs 100 x the samples kept over "
         "the prompts consumed (a percentage, n_samples_per_prompt times the prompt groups' pass rate), which the "

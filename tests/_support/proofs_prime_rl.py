@@ -856,18 +856,15 @@ _LOSS_WHY = ("each micro-batch's loss is its loss-masked token sum over the step
              "over the micro-batches of all ranks (utils.py:272), so loss/mean is the step's token mean divided by the "
              "number of micro-batches on all ranks (run on the vendored code and checked by test_proof_prime_rl.py::"
              "test_loss_mean_is_the_token_mean_over_the_number_of_micro_batches); docs/reductions.md has no `tokens:` "
-             "value for a token sum over the step's global token count (token_sum_step_norm is G·D·S/T), so no "
-             "fingerprint candidate computes it and the entry's trainer_pooled (a token mean), with the difference in "
-             "its deviation, is the nearest statement the vocabulary allows")
+             "value for a token sum over the step's global token count (token_sum_step_norm is G·D·S/T), so the "
+             "entry's trainer_pooled (a token mean), with the difference in its deviation, is the nearest statement "
+             "the vocabulary allows; the fingerprint's token_sum_global_norm candidate (offered when asked for) is "
+             "the one that gives the logged value (the same test fingerprints it), and a proof needs that literal in "
+             "trackbridge/schema/reductions.py FIELDS['tokens'] and the entry's reduce: to state it")
 
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
     ("prime_rl", "loss/mean", "rl"): _LOSS_WHY,
     ("prime_rl", "Loss", "rl"): "the step line's print of loss/mean (train.py@v0.8.1.dev67:638): " + _LOSS_WHY,
-    ("prime_rl", "progress/rollouts", "rl"):
-        "stat: count (len of the step's arrived rollouts, batch.episodes.num_traces, orchestrator.py@v0.8.1.dev67:711):"
-        " the fingerprint has no count statistic (proven.to_fingerprint passes `count` on and fingerprint._stat "
-        "computes none), so it cannot be fingerprinted; its value (8 and 7 arrivals, errored, unadmitted and "
-        "cancelled ones included) is checked in test_proof_prime_rl.py::test_progress_counts_are_the_steps_sums",
     ("prime_rl", "progress/num_samples", "sft"):
         "proof not written yet: the value is dataset.step of trainer/sft/data.py's packing dataset "
         "(sft/train.py@v0.8.1.dev67:597, :623), the examples its iterator has read; the proofs give the SFT loop a "

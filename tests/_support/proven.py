@@ -163,13 +163,18 @@ class Proving:
 
 def to_fingerprint(fields: Mapping[str, str]) -> FP.Reduction:
     """A resolved reduction (trackbridge's fields) as the fingerprint's candidate: ``gather`` (values pooled before
-    the statistic) is the reduction that equals pooling for the statistic, ``fraction`` a mean of 0/1 values,
+    the statistic) is the reduction that equals pooling for the statistic (the fingerprint's own ``gather``, the
+    pooling, for a std; a sum for a count), ``fraction`` a mean of 0/1 values,
     ``value`` (a scalar such as the lr: ``tokens: none``, one value per micro-batch) its mean, ``window: pooled`` the
-    fingerprint's pooled window (``none``)."""
+    fingerprint's pooled window (``none``), ``processes: none`` with a ``micro_batches`` level the fingerprint's
+    ``driver`` (one process combining the values of its batches)."""
     stat = {"fraction": "mean", "value": "mean"}.get(fields["stat"], fields["stat"])
     processes = fields["processes"]
-    if processes == "gather":
-        processes = {"max": "max", "min": "min", "sum": "sum", "count": "sum"}.get(stat, "all_reduce_weighted")
+    if processes == "gather":      # a std of the pooled values is no combination of the ranks' stds: the pooling
+        processes = {"max": "max", "min": "min", "sum": "sum", "count": "sum",
+                     "std": "gather"}.get(stat, "all_reduce_weighted")
+    if processes == "none" and fields["micro_batches"] != "none":
+        processes = "driver"       # one process combining its batches (fingerprint.PROCESSES_EXTRA)
     std = fields.get("std")
     window = {"pooled": "none"}.get(fields["window"], fields["window"])
     return FP.Reduction(fields["tokens"], stat, fields["micro_batches"], fields["mini_batches"], processes,

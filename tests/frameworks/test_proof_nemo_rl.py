@@ -47,6 +47,7 @@ pytest.importorskip("numpy")
 
 import numpy as np  # noqa: E402
 
+from _support import fingerprint as FP  # noqa: E402
 from _support import proofs_nemo_rl as P  # noqa: E402
 from _support.framework_code import current_rank  # noqa: E402
 from _support.proven import close, proof  # noqa: E402
@@ -879,7 +880,8 @@ def validation(tmp_path):
 def test_validation_accuracy_pools_samples_and_avg_length_averages_batches(p, tmp_path):
     """validation/accuracy: the mean reward over every validation sample of the first max_val_samples //
     val_batch_size batches, pooled (grpo.py:3215-3226); validation/avg_length: each batch's
-    mean_gen_tokens_per_sample averaged over the batches unweighted (:3216, :3228-3230); the console's Validation
+    mean_gen_tokens_per_sample averaged over the batches unweighted (:3216, :3228-3230: the driver's batches, the
+    fingerprint's micro-batches under processes none); the console's Validation
     Results block prints both rounded (:3265-3266)."""
     val, printed, batches, made, env = validation(tmp_path)
     p.check(len(batches) == 3 and len({len(b) for b in batches}) == 2, batches)
@@ -890,14 +892,21 @@ def test_validation_accuracy_pools_samples_and_avg_length_averages_batches(p, tm
     p.check(close(printed["Validation Results/Accuracy"], round(val["accuracy"], 4), 1e-9), printed)
     p.assert_stated("Validation Results/Accuracy", seq_observations(printed["Validation Results/Accuracy"], rewards),
                     levels=DRIVER, rel=1e-4)
-    # avg_length: the mean over validation batches of each batch's mean generated tokens per sample (checked here;
-    # not fingerprinted: see ENTRY_WHY in tests/_support/proofs_nemo_rl.py)
-    means = [sum(made[k][0] for k in b) / len(b) for b in batches]
-    lengths = [float(made[k][0]) for b in batches for k in b]
-    p.check(close(val["avg_length"], sum(means) / len(means), 1e-6), (val["avg_length"], means))
-    p.check(not close(val["avg_length"], sum(lengths) / len(lengths)), "avg_length pools the samples")
+    # avg_length: the mean over validation batches (the driver's micro-batches, uneven) of each batch's mean
+    # generated tokens per sample; every sample its generated length on each of its generated tokens, so that a
+    # token mean (a sample weighted by its length) is another candidate
+    lengths = [[[[[[float(made[k][0])] * made[k][0] for k in b] for b in batches]]]]
+    found = p.assert_stated("validation/avg_length", val["avg_length"], lengths, levels=("micro_batches",),
+                            tokens=("per_seq", "token_mean"), mini=("none",))
+    p.check(found.tokens == "per_seq" and found.micro_batches == "mean", found)
+    pooled = [float(made[k][0]) for b in batches for k in b]
+    p.check(not close(val["avg_length"], sum(pooled) / len(pooled)), "avg_length pools the samples")
     p.check(close(printed["Validation Results/Average response length"], round(val["avg_length"], 1), 1e-9),
             printed)
+    scale = FP.magnitude(lengths)               # the print's rounding (0.05) against the lengths' scale
+    p.assert_stated("Validation Results/Average response length", printed["Validation Results/Average response length"],
+                    lengths, levels=("micro_batches",), tokens=("per_seq", "token_mean"), mini=("none",),
+                    rel=0.06 / scale)
 
 
 # ------------------------------------------------------------------------------------------------ async rollouts

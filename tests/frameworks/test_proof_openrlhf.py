@@ -191,7 +191,11 @@ def test_ppo_rollout_stats_are_the_drivers_sample_statistics(p):
                     rollout_obs("rollout/response_length_mean", lambda r, i: float(r.resp_len[i])), **kw)
     p.assert_stated("rollout/truncated_rate",
                     rollout_obs("rollout/truncated_rate", lambda r, i: float(r.truncated[i])), **kw)
-    # num_samples: the count of the samples (the fingerprint has no count statistic: ENTRY_WHY)
+    # num_samples: the count of the samples (not of their tokens, not per micro rollout batch; the values are the
+    # rewards, so that their sum is no count)
+    found = p.assert_stated("rollout/num_samples", rollout_obs("rollout/num_samples", lambda r, i: r.reward[i]),
+                            stats=("mean", "sum", "count"), **kw)
+    p.check(found.stat == "count" and found.tokens == "per_seq", found)
     p.check(all(status["rollout/num_samples"] == r.n for status, _, r in runs), "num_samples")
     # generated_samples: [decoded text of sample 0, its reward] (not a scalar: ENTRY_WHY)
     p.check(all(status["generated_samples"] == ["x", r.reward[sample_ids(given[0])[0]]] for status, given, r in runs),
@@ -540,6 +544,13 @@ def test_ppo_eval_rows_are_sample_and_prompt_means(p):
             observations = [(row[name], [[[[[[value(r, i)] * r.resp_len[i] for i in micro]
                                             for micro in eval_prompts(ds)]]]]) for row, r in rows]
             p.assert_stated(name, observations, levels=("micro_batches",) if ds is None else (), **kw)
+    # eval_num_samples: the count of every source's samples (not of their tokens, not per prompt; the values are
+    # the rewards, so that their sum is no count)
+    observations = [(row["eval_num_samples"], [[[[[[r.reward[i]] * r.resp_len[i] for i in micro]
+                                                  for micro in eval_prompts(None)]]]]) for row, r in rows]
+    found = p.assert_stated("eval_num_samples", observations, levels=("micro_batches",), stats=("mean", "sum", "count"),
+                            **kw)
+    p.check(found.stat == "count" and found.tokens == "per_seq", found)
     p.check(all(row["eval_num_samples"] == 16.0 for row, _ in rows), "eval_num_samples: the samples' count")
     p.check(all(not close(row["eval_response_length_mean"], (row["eval_math_response_length_mean"] +
                                                               row["eval_code_response_length_mean"]) / 2, 1e-9)
@@ -609,10 +620,10 @@ def test_rm_eval_rows_are_pair_means_and_gathered_score_statistics(p):
                   for side in (0, 1)] for b, size in enumerate(sizes)] for r, sizes in enumerate(EVAL_SIZES)]]]
     p.assert_stated("reward_mean", row["eval/reward_mean"], scores, rel=REL, levels=("micro_batches",),
                     tokens=("per_seq", "token_mean"), mini=("none",))
-    import statistics
-    pooled = [EVAL.score(key(r, b, j), side, 0) for r, sizes in enumerate(EVAL_SIZES) for b, size in enumerate(sizes)
-              for j in range(size) for side in (0, 1)]
-    p.check(close(row["eval/reward_std"], statistics.stdev(pooled), 1e-5), "reward_std: the gathered scores' std")
+    # reward_std: the sample std of the scores gathered from every rank (pooled), not a mean of the ranks' stds
+    found = p.assert_stated("reward_std", row["eval/reward_std"], scores, rel=REL, levels=("micro_batches",),
+                            tokens=("per_seq", "token_mean"), mini=("none",), stats=("mean", "std"))
+    p.check(found.stat == "std" and found.std == "sample" and found.tokens == "per_seq", found)
 
 
 def sft_nll(k: int) -> list[float]:

@@ -26,6 +26,7 @@ pytest.importorskip("pydantic")
 
 import torch  # noqa: E402
 
+from _support import fingerprint as FP  # noqa: E402
 from _support import proofs_prime_rl as PR  # noqa: E402
 from _support.proven import close, proof  # noqa: E402
 
@@ -140,8 +141,9 @@ def test_loss_mean_is_the_token_mean_over_the_number_of_micro_batches():
     over the step's global loss-masked token count (train.py:307-323, loss.py compute_loss:394), and loss/mean
     averages those values over the micro-batches of all ranks, so it is the step's token-mean loss divided by the
     number of micro-batches on all ranks (the entry's deviation). docs/reductions.md has no ``tokens:`` value for
-    "token sum over the step's global token count" (token_sum_step_norm is G·D·S/T), so the fingerprint has no
-    candidate for it (ENTRY_WHY); checked here against what loss.py computes per sample instead."""
+    "token sum over the step's global token count" (token_sum_step_norm is G·D·S/T), so the entry cannot state it
+    (ENTRY_WHY); checked here against what loss.py computes per sample, and fingerprinted as the fingerprint's
+    token_sum_global_norm (offered when asked for), the only candidate that gives it."""
     run = step()
     P = PR.prime()
     ns = run.namespaces[0]
@@ -168,6 +170,32 @@ def test_loss_mean_is_the_token_mean_over_the_number_of_micro_batches():
     gathered = ns["tensors"]["loss"][0]             # compute_stats puts the all-gathered values back
     assert len(gathered) == n_micro and all(close(a, b, 1e-5) for a, b in zip(gathered, micro_losses))
     assert f"{logged:.4f}" == f"{step_line(run)['Loss']:.4f}"
+    # the fingerprint's token_sum_global_norm (offered when asked for: no tokens: literal states it yet) is the one
+    # candidate that gives it: each sequence its loss.py loss sum, spread over its loss-masked tokens
+    steps = [[[[seq_losses(P, rl_fn, got, run.inputs[r][u]) for u, got in enumerate(rank)]
+                for r, rank in enumerate(run.exported)]]]
+    found = FP.fingerprint(logged, steps, rel=1e-5, mini=("none",), tokens=(*FP.TOKENS, *FP.TOKENS_EXTRA))
+    assert FP.equivalent(found, FP.Reduction("token_sum_global_norm", "mean", "mean", "none", "all_reduce_mean",
+                                             "step"), steps), found
+
+
+def seq_losses(P, rl_fn, got: dict, mb: dict) -> list[list[float]]:
+    """A micro-batch's sequences, each its loss sum (loss.py compute_loss on that sequence alone) spread evenly over
+    its loss-masked tokens."""
+    split = got["sequence_lengths"]
+
+    def parts(t):
+        return t.as_subclass(torch.Tensor).reshape(-1).split(split)
+    lp, ilp, adv, mask = parts(got["logprobs"]), parts(mb["inference_logprobs"]), parts(mb["advantages"]), \
+        parts(mb["loss_mask"])
+    out = []
+    for i in range(len(split)):
+        n = int(mask[i].sum())
+        if n:
+            loss_sum, _ = P.loss.compute_loss([lp[i]], [ilp[i]], None, [adv[i]], [mask[i]], None, None, None, rl_fn,
+                                              1, 1, 1)
+            out.append([float(loss_sum) / n] * n)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
@@ -368,8 +396,9 @@ def test_progress_counts_are_the_steps_sums(p):
     """progress/tokens: every arrived rollout's input + output tokens (batch.episodes.num_total_tokens,
     orchestrator.py:708), errored and filtered ones too; progress/output_tokens: the effective rollouts' output
     tokens (:710); progress/total_tokens and progress/total_rollouts: the totals through the PREVIOUS step (logged at
-    :719-720, added at :753-754), so step 2 logs step 1's; progress/rollouts: the arrived rollouts (checked, not
-    fingerprinted: see ENTRY_WHY). One number each, from the rollouts given."""
+    :719-720, added at :753-754), so step 2 logs step 1's; progress/rollouts: the count of the arrived rollouts
+    (:711 batch.episodes.num_traces; errored, unadmitted and cancelled ones included). One number each, from the
+    rollouts given."""
     run, batches = orchestrated()
     m1, m2 = run.step_metrics(1), run.step_metrics(2)
     tokens1 = sum(t.num_total_tokens for e in batches[0][0] for t in e.traces)
@@ -387,6 +416,14 @@ def test_progress_counts_are_the_steps_sums(p):
     p.assert_stated("progress/total_rollouts", m2["progress/total_rollouts"], [[[[[[8.0]]]]]], levels=())
     p.check(m1["progress/rollouts"] == len(batches[0][0]) == 8 and m2["progress/rollouts"] == 7,
             (m1["progress/rollouts"], m2["progress/rollouts"]))
+    # every arrived rollout one item, its reward on each of its output tokens: the count of the rollouts is neither
+    # their tokens' count nor their rewards' sum
+    arrived = [[[[[[[t.reward] * t.num_output_tokens for e in batch[0] for t in e.traces]]]]] for batch in batches]
+    found = p.assert_stated("progress/rollouts", [(run.step_metrics(s + 1)["progress/rollouts"], arrived[s])
+                                                  for s in range(2)], levels=(), tokens=("per_seq", "token_mean"),
+                            stats=("mean", "sum", "count"))
+    p.check(found.stat == "count" and found.tokens == "per_seq", found)
+    p.check(m1["progress/rollouts"] != len(effective(batches[0])), "progress/rollouts counts the effective ones")
 
 
 @proof("prime_rl", trainer="rl", release=RELEASE, config={})
