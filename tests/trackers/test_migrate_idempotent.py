@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-import trackbridge.migrate as mig
+import trackbridge.migrate.migration as mig
 from trackbridge.migrate import migrate, summary
 from trackbridge.record import Record, RunInfo
 
@@ -150,7 +150,7 @@ def test_a_close_cut_short_leaves_the_run_to_be_done_again(kind, env, monkeypatc
 
 _KILL_CHILD = r"""
 import os, sys, time
-import trackbridge.migrate as mig
+import trackbridge.migrate.migration as mig
 from trackbridge.trackers import make_sink as real
 mig.BATCH_RECORDS = 20
 def slow(spec):

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from trackbridge.migrate import migrate, summary
-from trackbridge.ratelimit import max_in_window
+from trackbridge.migrate.ratelimit import max_in_window
 from trackbridge.record import Record, RunInfo
 
 from test_migrate_support import PY, child_env, location, run_cli, write_run
@@ -46,7 +46,7 @@ KEYS = ["actor/pg_loss", "critic/score/mean", "response_length/mean", "custom/a"
 def cluster():
     """A one-node Ray cluster for this module: 2 CPUs (tasks take 1 each), 80 MB of object store, no dashboard."""
     tmp = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))       # short: Ray's socket paths must stay < 108 bytes
-    from trackbridge.bulk import loopback_only
+    from trackbridge.migrate.bulk import loopback_only
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")      # a cluster on 127.0.0.1 only; no token written to ~/.ray
         undo = loopback_only()                      # every socket on 127.0.0.1 (the address alone binds ::)
@@ -204,7 +204,7 @@ def test_mlflow_from_two_workers_at_once(cluster, env):
 
 
 def test_one_rate_limit_shared_by_every_task(cluster, env):
-    from trackbridge.bulk import NAMESPACE, LimiterActor, limiter_name
+    from trackbridge.migrate.bulk import NAMESPACE, LimiterActor, limiter_name
     src = _source(env / "src", runs=24, steps=10)
     dst = f"jsonl:{env / 'dst'}"
     rate = 12.0

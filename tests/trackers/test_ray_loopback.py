@@ -2,9 +2,9 @@
 
 Given ``_node_ip_address="127.0.0.1"`` alone, Ray bound its GCS server, raylet, workers and the driver to every
 interface (``::``) and its runtime-env agent to the machine's address; trackbridge now starts it in Ray's
-single-machine mode (:func:`trackbridge.bulk.loopback_only`). A child process migrates a few runs on a cluster it
-starts, while a thread lists, with psutil, every listening socket of that process and of every process below it
-(the cluster's); every one must be on 127.0.0.1, and the migration must still be whole.
+single-machine mode (:func:`trackbridge.migrate.bulk.loopback_only`). A child process migrates a few runs on a
+cluster it starts, while a thread lists, with psutil, every listening socket of that process and of every process
+below it (the cluster's); every one must be on 127.0.0.1, and the migration must still be whole.
 """
 from __future__ import annotations
 

@@ -159,7 +159,7 @@ def _is_core(mod: str) -> bool:
 # Layers, lowest first: a module may import its own layer and the layers below it, never one above (every import,
 # deferred ones too; a package counts as its top-level name under trackbridge: trackbridge.schema.loader is "schema").
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "exitcodes", "ratelimit", "extras", "limits"},   # leaves
+    {"_version", "errors", "exitcodes", "extras", "limits"},    # leaves
     {"record", "values", "_rank", "ranked"},                    # the record and its values
     {"schema"},                                                 # the facts: load, check, compile; specs
     {"detect", "derive"},                                       # detection, the derived-rule engine
@@ -167,10 +167,10 @@ LAYERS: list[set[str]] = [
     {"pipeline", "stream", "holdings", "doctor"},               # records through the stages; the canonical stream;
                                                                 # diagnostics over canonical records
     {"tracking", "locators"},                                  # what trackers and readers build on; locators
-    {"trackers", "files", "catchup", "ledger"},                 # the registry, the trackers, the file readers
+    {"trackers", "files", "catchup"},                           # the registry, the trackers, the file readers
     {"logger"},                                                 # the logger
     {"integrations"},                                           # trainers' callbacks
-    {"replay", "migrate", "bulk", "compare", "inputs", "selection", "read", "demo", "mappings_views"},   # the edge
+    {"replay", "migrate", "compare", "inputs", "selection", "read", "demo", "mappings_views"},   # the edge
     {"commands", "cli"},                                        # the command line
     {"__main__", ""},                                           # the package face
 ]

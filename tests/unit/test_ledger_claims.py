@@ -2,8 +2,8 @@
 opening a run twice (issue 24).
 
 * A second claim on one run waits while the first is held and says who holds it when it gives up
-  (:class:`~trackbridge.ledger.ClaimBusy`); a holder killed with SIGKILL lets go at once (the kernel releases the
-  ``flock``); the next holder re-reads the ledger its predecessor left.
+  (:class:`~trackbridge.migrate.ledger.ClaimBusy`); a holder killed with SIGKILL lets go at once (the kernel
+  releases the ``flock``); the next holder re-reads the ledger its predecessor left.
 * Plan counters: a run finished by an earlier attempt of the same plan is reported with what that attempt wrote.
 * The canonical stream's header is written whole or not at all: a file holding only part of a header (a crash in
   the middle of it) is started afresh on resume, with one header; a new file never exists without its header.
@@ -20,14 +20,14 @@ import time
 import pytest
 
 from trackbridge import stream
-from trackbridge.ledger import ClaimBusy, Ledger
+from trackbridge.migrate.ledger import ClaimBusy, Ledger
 from trackbridge.record import Record, RunInfo
 
 from _support import ROOT
 
 _HOLD = r"""
 import sys, time
-from trackbridge.ledger import Ledger
+from trackbridge.migrate.ledger import Ledger
 led = Ledger(sys.argv[1], sys.argv[2])
 with led.claim():
     led.save(records_written=7, complete=False)
@@ -88,7 +88,7 @@ def test_claims_exclude_threads_of_one_process(tmp_path):
 def test_plan_counters_report_an_earlier_attempts_work(tmp_path, monkeypatch):
     """A run that an earlier attempt of the same plan finished comes back with that attempt's counts."""
     from trackbridge.inputs import open_runs
-    from trackbridge.migrate import Progress, _migrate_run
+    from trackbridge.migrate.migration import Progress, _migrate_run
     src = tmp_path / "src"
     w = stream.StreamWriter(src / "r.jsonl")
     w.open(RunInfo(name="r", run_id="r"))

@@ -1,12 +1,13 @@
-"""The destination's rate limit (:mod:`trackbridge.ratelimit`), on a made-up clock: reservations never block, the
-requests and points booked within any second stay within the rate plus its burst, and a bad rate is refused."""
+"""The destination's rate limit (:mod:`trackbridge.migrate.ratelimit`), on a made-up clock: reservations never
+block, the requests and points booked within any second stay within the rate plus its burst, and a bad rate is
+refused."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from trackbridge.ratelimit import RateLimiter, max_in_window
+from trackbridge.migrate.ratelimit import RateLimiter, max_in_window
 
 
 class Clock:

@@ -10,7 +10,7 @@ instead of a home-made pool. Needs the ``[ray]`` extra; nothing else in trackbri
 2. **Tasks**: each batch of runs (``batch_runs``, default about four batches per worker, at most 20 runs) is one Ray
    task. A task opens the source itself, finds its runs (by position, checked against the planned destination id;
    by that id among all runs when the source moved), and migrates them one after the other exactly as the local
-   engine does (:func:`trackbridge.migrate._migrate_run`): through the one pipeline, under the run's ledger claim,
+   engine does (:func:`.migration._migrate_run`): through the one pipeline, under the run's ledger claim,
    recording progress in the ledger after every batch of records.
 3. **Idempotent and retried**: Ray retries a task whose worker died (``max_retries``). The retry finds each run's
    ledger: a run finished by the earlier attempt is reported with what that attempt wrote, a run cut off halfway
@@ -21,7 +21,7 @@ instead of a home-made pool. Needs the ``[ray]`` extra; nothing else in trackbri
    would take for another run. A task that fails even after its retries fails only its unfinished runs; running the
    command again resumes them.
 4. **One rate limit per destination server**: with ``requests_per_s`` / ``points_per_s``, every task books its writes
-   with one Ray actor (:class:`trackbridge.ratelimit.RateLimiter` inside, named after the destination's server or
+   with one Ray actor (:class:`.ratelimit.RateLimiter` inside, named after the destination's server or
    path in the ``trackbridge`` namespace, so several migrations into one server on one cluster share it while they
    run), then sleeps in its own process; the actor is restarted if it dies (its bucket starts afresh).
 
@@ -43,15 +43,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import UsageError
-from .inputs import InputRun, open_runs
+from ..errors import UsageError
+from ..inputs import InputRun, open_runs
+from ..locators import parse
+from ..trackers import kinds, sink_class, source_locator
 from .ledger import Ledger, ledger_key, target_run_id
-from .locators import parse
 from .ratelimit import RateLimiter
-from .trackers import kinds, sink_class, source_locator
 
 if TYPE_CHECKING:       # pragma: no cover
-    from .migrate import Progress, RunResult
+    from .migration import Progress, RunResult
 
 MAX_BATCH_RUNS = 20
 MAX_RETRIES = 5          # Ray retries of a task whose worker died
@@ -139,7 +139,7 @@ class TaskContext:
     plan: str
     state_root: str
     cwd: str
-    run_one: Callable[..., Any]          # trackbridge.migrate._migrate_run (passed in: this module is below it)
+    run_one: Callable[..., Any]          # migration._migrate_run (passed in: this module is below it)
     result: Callable[..., Any]           # trackbridge.migrate.RunResult
     progress: Callable[..., Any]         # trackbridge.migrate.Progress (each task makes a silent one)
     limiter: Any = None                  # the limiter actor's handle, or None
@@ -258,7 +258,7 @@ def migrate_ray(runs: list[InputRun], *, src: str, dst: str, source: str, names:
                 run_one: Callable[..., Any], result: Callable[..., Any],
                 requests_per_s: float | None = None, points_per_s: float | None = None, address: str | None = None,
                 batch_runs: int | None = None, max_retries: int = MAX_RETRIES) -> list["RunResult"]:
-    """The Ray engine of :func:`trackbridge.migrate.migrate`, which checks the arguments, lists ``runs`` and passes
+    """The Ray engine of :func:`.migrate`, which checks the arguments, lists ``runs`` and passes
     its own per-run function (``run_one``), result type and progress line. ``address``: the cluster (``auto``,
     ``HOST:PORT``, ``ray://...``); default: the one this process is connected to, else ``RAY_ADDRESS``, else a new
     local cluster (of ``jobs`` CPUs when ``jobs`` > 1), shut down at the end. ``jobs``: tasks in flight at most
@@ -387,7 +387,7 @@ def _say(enabled: bool, text: str) -> None:
 def _from_ledger(entry: PlannedRun, plan: str, root: Path, exc: BaseException,
                  result: Callable[..., Any]) -> "RunResult":
     """A run of a task that failed for good: finished, if its ledger says this plan finished it; else failed."""
-    from .pipeline import Stats
+    from ..pipeline import Stats
     ledger = Ledger(entry.ledger, root)
     res = result(entry.name, entry.target_run_id)
     if ledger.complete and ledger.data.get("plan") == plan:

@@ -6,7 +6,7 @@ One small JSON file per migration key under ``$TRACKBRIDGE_STATE_DIR/migrations/
 ``~/.cache/trackbridge``), replaced atomically on every save: ``records_written`` (source records written so far),
 ``records_pending`` (up to which record a batch was being written: 0 when none was in flight), ``max_step`` (the
 highest step written), ``source`` (what the names were translated from) and ``complete``. A migration that runs
-under a plan (``migrate --engine ray``: :mod:`trackbridge.bulk`) also keeps ``plan`` (the plan's id) and what this
+under a plan (``migrate --engine ray``: :mod:`.bulk`) also keeps ``plan`` (the plan's id) and what this
 plan wrote so far (``out_records``, ``out_points``, ``out_skipped``, and at the end the run's translation
 bookkeeping, ``stats``), so that a task retried after its worker died reports the run's whole migration, not only
 the part after the crash.
@@ -32,8 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import TrackBridgeError
-from .record import RunInfo
+from ..errors import TrackBridgeError
+from ..record import RunInfo
 
 try:
     import fcntl

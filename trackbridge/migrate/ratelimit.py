@@ -1,6 +1,6 @@
 """One rate limit for a destination: write requests per second and points per second, shared by every worker that
 writes there (the threads of ``migrate --jobs``, or, through one Ray actor, every task of ``migrate --engine ray``:
-:mod:`trackbridge.bulk`).
+:mod:`.bulk`).
 
 The limiter hands out *reservations*: :meth:`RateLimiter.reserve` books the cost now and answers how long the caller
 must wait before sending it, so it never blocks (a Ray actor serving many tasks stays responsive) and the callers

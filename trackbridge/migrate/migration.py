@@ -1,19 +1,19 @@
 """Migration: readers -> pipeline -> sinks, in batches, idempotent and resumable.
 
 Every run in the source becomes its own run in the destination, under a run id derived from the source run (so a
-second migration finds the same destination run). Progress is kept in a small ledger (:mod:`trackbridge.ledger`: how
+second migration finds the same destination run). Progress is kept in a small ledger (:mod:`.ledger`: how
 many source records of each run were written, and whether the run is complete): a migration interrupted halfway
 continues after the last batch that was written, and a finished one is not written again. Without a ledger entry,
 and for a batch that was in flight when the migration stopped, what the destination holds decides (per key and step
 where the tracker can tell, else by its last step), through :func:`trackbridge.catchup.lacking` as in every
-catch-up. A run is migrated under its ledger's claim (:meth:`trackbridge.ledger.Ledger.claim`): a second attempt at the
+catch-up. A run is migrated under its ledger's claim (:meth:`.ledger.Ledger.claim`): a second attempt at the
 same run (a retried task whose first attempt is still alive, the same command started twice) waits, then continues
 from the ledger, so a run is never opened twice in the destination.
 
 Engines: ``engine="local"`` (the default) migrates the runs one after the other, or ``jobs`` at a time in threads;
-``engine="ray"`` plans a manifest and migrates batches of runs as Ray tasks (:mod:`trackbridge.bulk`, the ``[ray]``
+``engine="ray"`` plans a manifest and migrates batches of runs as Ray tasks (:mod:`.bulk`, the ``[ray]``
 extra). ``requests_per_s`` / ``points_per_s`` bound what all workers together send to the destination
-(:mod:`trackbridge.ratelimit`; with Ray, one limiter actor per destination server).
+(:mod:`.ratelimit`; with Ray, one limiter actor per destination server).
 """
 from __future__ import annotations
 
@@ -25,17 +25,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TextIO
 
-from .catchup import CatchUp, lacking
-from .holdings import Holdings
-from .inputs import InputRun, NothingReadable, open_runs
+from ..catchup import CatchUp, lacking
+from ..holdings import Holdings
+from ..inputs import InputRun, NothingReadable, open_runs
+from ..locators import parse
+from ..pipeline import Stats
+from ..record import Record, RunInfo
+from ..selection import Selection
+from ..trackers import check_options, kinds, make_sink, sink_class, source_locator
+from ..tracking.source import Problem
 from .ledger import Ledger, ledger_key, state_dir, target_run_id  # noqa: F401  (state_dir, kept importable from here)
-from .locators import parse
-from .pipeline import Stats
 from .ratelimit import RateLimiter
-from .record import Record, RunInfo
-from .selection import Selection
-from .trackers import check_options, kinds, make_sink, sink_class, source_locator
-from .tracking.source import Problem
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
@@ -160,7 +160,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
 
     ``engine``: ``local`` (one run after the other, ``jobs`` at a time in threads) or ``ray`` (batches of runs as
     Ray tasks, ``jobs`` in flight at most, ``batch_runs`` runs per task; ``ray_address``: the cluster, default
-    ``RAY_ADDRESS`` or a new local one: see :mod:`trackbridge.bulk`). ``requests_per_s`` / ``points_per_s``: what
+    ``RAY_ADDRESS`` or a new local one: see :mod:`.bulk`). ``requests_per_s`` / ``points_per_s``: what
     all workers together may send to the destination. ``selection``: the runs (name pattern, tags, start date) and
     metrics (globs of the written names) to migrate (:class:`~trackbridge.selection.Selection`; default: all)."""
     if engine not in ENGINES:
@@ -173,8 +173,8 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     check_options(dst_loc)                       # ... on an option its sink does not know ...
     sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
     if names != "keep":                          # ... and on a naming scheme that does not exist
-        from .schema.loader import load_registry
-        from .schema.spec import parse_spec
+        from ..schema.loader import load_registry
+        from ..schema.spec import parse_spec
         reg = load_registry(mappings or None)
         parse_spec(names, reg, allow_auto=False)
         if source not in ("auto", "keep"):
