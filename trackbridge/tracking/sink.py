@@ -5,16 +5,25 @@ user asked for (canonical by default). It is responsible for what its tracker ca
 reversibly (recording the mapping with :meth:`Sink.record_sanitized`), turning histograms into summary statistics
 where the tracker holds none, and handling non-monotonic steps. Sinks are written to from one worker thread each
 (see :mod:`trackbridge.logger`), so an implementation need not be thread-safe.
+
+The loop every tracker's ``write`` runs is here once: :meth:`Sink.points` resolves each record's step (its own, or
+the sink's next automatic one), leaves out a record whose step the tracker cannot hold (said with :meth:`Sink.reject`)
+and defaults the wall time; :func:`value_kind` tells a record's values apart (None, numbers, histograms, text, what no
+tracker holds), and :meth:`Sink.reject_value` says which one was left out, and why. A sink keeps only what is its
+tracker's own (its step range, its fast paths, how it stores each kind). ``tests/trackers/test_sink_conformance.py``
+holds every registered sink to the same contract.
 """
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Union
 
 from ..errors import TrackBridgeError
-from ..record import Record, RunInfo
+from ..record import Histogram, Record, RunInfo
+from ..values import printable
 
 if TYPE_CHECKING:
     from ..holdings import Holdings
@@ -70,6 +79,39 @@ STEP_MIN, STEP_LIMIT = -(2 ** 63), 2 ** 63 - 1
 def step_ok(step: int | None) -> bool:
     """Whether a sink can write a record at ``step`` (None, or inside :data:`STEP_MIN` .. :data:`STEP_LIMIT`)."""
     return step is None or STEP_MIN <= step <= STEP_LIMIT
+
+
+#: the kinds of value a record holds, as :func:`value_kind` tells them (compare with ``is``)
+NONE, NUMBER, HISTOGRAM, TEXT, OTHER = "none", "number", "histogram", "text", "other"
+#: the kind of each exact type a record's values have (bool is a number: 0 / 1); :func:`value_kind` for the rest
+KIND_OF_TYPE: dict[type, str] = {float: NUMBER, int: NUMBER, bool: NUMBER, str: TEXT, type(None): NONE,
+                                 Histogram: HISTOGRAM}
+_kind_of_type = KIND_OF_TYPE.get
+
+
+def value_kind(value: Any) -> str:
+    """What a sink does with ``value`` depends on its kind: :data:`NONE` (nothing is written: no tracker has a
+    "missing" value), :data:`NUMBER` (int, float and bool, subclasses too), :data:`HISTOGRAM`, :data:`TEXT` (a str),
+    or :data:`OTHER` (what the tracker cannot hold: see :func:`not_kept`). One dict look-up for the usual types."""
+    kind = _kind_of_type(type(value))
+    if kind is not None:
+        return kind
+    if isinstance(value, Histogram):
+        return HISTOGRAM
+    if isinstance(value, str):
+        return TEXT
+    if isinstance(value, (int, float)):
+        return NUMBER
+    return OTHER
+
+
+def not_kept(value: Any) -> str:
+    """The reason a sink gives for a value of a kind it does not store (:data:`OTHER`)."""
+    return f"{type(value).__name__} values are not kept"
+
+
+#: why a record is left out for its step: a text, or a function of the step giving it
+StepWhy = Union[str, Callable[[int], str]]
 
 
 class Sink(ABC):
@@ -164,6 +206,36 @@ class Sink(ABC):
         if new and self.run is not None:
             self.run.extra = {**(self.run.extra or {}), "axes": {**((self.run.extra or {}).get("axes") or {}), **seen}}
         return new
+
+    # -- the per-record loop every sink shares --------------------------------------------------------------
+    #: the step a record without one is written at; :meth:`points` moves it past every record it gives (a sink sets
+    #: it at open from what its tracker holds: the last step + 1)
+    _next_step: int = 0
+
+    def points(self, records: Iterable[Record], *, lo: int = STEP_MIN, hi: int = STEP_LIMIT,
+               why: StepWhy = "the tracker keeps steps in signed 64-bit integers; the record is left out",
+               repeat: bool = False) -> Iterator[tuple[Record, int, float]]:
+        """``(record, step, wall_time)`` for each record of ``records`` the tracker can take, in order: ``step`` is
+        the record's own, or for a record without one the sink's next automatic step (:attr:`_next_step`);
+        ``wall_time`` the record's, or now. A step outside ``lo`` .. ``hi`` leaves the record out, noted as
+        ``reject("step", step, why)`` (``why`` a text or a function of the step). After each record given the next
+        automatic step is past every step so far (``repeat=True``: the step of that record, as TensorBoard, which
+        writes a record without a step at the step of the one before it). One generator per batch: walk each
+        record's values in the loop body (:func:`value_kind` tells them apart)."""
+        for rec in records:
+            step = int(rec.step) if rec.step is not None else self._next_step
+            if not lo <= step <= hi:
+                self.reject("step", step, why if isinstance(why, str) else why(step))
+                continue
+            if repeat:
+                self._next_step = step
+            elif step >= self._next_step:
+                self._next_step = step + 1
+            yield rec, step, rec.wall_time if rec.wall_time is not None else time.time()
+
+    def reject_value(self, name: str, step: int | None, why: str) -> None:
+        """:meth:`reject` for the value of metric ``name`` (the name made printable: a lone surrogate escaped)."""
+        self.reject(printable(name), step, why)
 
     def reject(self, key: str, step: int | None, why: str) -> None:
         """Note that this sink left ``key`` out of the record at ``step`` because its tracker cannot take the value

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -28,7 +27,17 @@ from typing import TYPE_CHECKING, Any
 from ...record import Histogram, Record, RunInfo
 from ...tracking.appender import Appender
 from ...tracking.names import NameCache
-from ...tracking.sink import Capabilities, PointStoreSink, SinkError
+from ...tracking.sink import (
+    HISTOGRAM,
+    NONE,
+    NUMBER,
+    TEXT,
+    Capabilities,
+    PointStoreSink,
+    SinkError,
+    not_kept,
+    value_kind,
+)
 from ...values import flat_config, printable
 from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Session, split_key, stored
 
@@ -39,6 +48,19 @@ HIST_BINS = 64
 STEP_LIMIT = 2 ** 63 - 1
 
 
+
+
+#: what ``json.dumps(ensure_ascii=False)`` leaves as it is and ``str.splitlines`` cuts a line at (the reader of a
+#: zipped session splits its text so); only inside JSON strings, where the escape means the same
+_LINE_CUTS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+
+
+def _one_line(text: str) -> str:
+    """A line of ``metrics.jsonl`` that every line splitter keeps whole: U+2028, U+2029 and U+0085 escaped."""
+    if "\u2028" in text or "\u2029" in text or "\x85" in text:
+        for ch, esc in _LINE_CUTS.items():
+            text = text.replace(ch, esc)
+    return text
 
 
 def _type(v: Any) -> str:
@@ -174,45 +196,42 @@ class ClearmlSink(PointStoreSink):
         if self._fh is None:
             raise SinkError(f"clearml:{self.location}: write() before open() or after close()")
         events: list[dict[str, Any]] = []
-        for rec in records:
-            step = int(rec.step) if rec.step is not None else self._next_step
-            if not -STEP_LIMIT <= step <= STEP_LIMIT:
-                self.reject("step", step, "ClearML keeps iterations in 64-bit integers; the record is left out")
-                continue
-            self._next_step = max(self._next_step, step + 1)
-            ms = round((rec.wall_time if rec.wall_time is not None else time.time()) * 1000)
+        for rec, step, wall in self.points(records, lo=-STEP_LIMIT, hi=STEP_LIMIT,
+                                           why="ClearML keeps iterations in 64-bit integers; the record is left out"):
+            ms = round(wall * 1000)
             for name, value in rec.metrics.items():
-                if value is None:
+                kind = value_kind(value)
+                if kind is NONE:
                     continue
                 try:
                     self._names(name)                   # recorded when it reads back otherwise (``loss/loss``)
                     title, series = split_key(name)
                 except ValueError as exc:       # two keys that ClearML would file under one title and series
-                    self.reject(printable(name), step, printable(str(exc))[:200])
+                    self.reject_value(name, step, printable(str(exc))[:200])
                     continue
-                if isinstance(value, (bool, int, float)):
+                if kind is NUMBER:
                     try:
                         number = float(value)
                     except OverflowError:
-                        self.reject(printable(name), step, "an integer beyond a float")
+                        self.reject_value(name, step, "an integer beyond a float")
                         continue
                     if not math.isfinite(number):
-                        self.reject(printable(name), step, "ClearML stores NaN and infinities as 0.0; left out")
+                        self.reject_value(name, step, "ClearML stores NaN and infinities as 0.0; left out")
                         continue
                     events.append({"timestamp": ms, "type": SCALAR, "task": self.task_id, "iter": step,
                                    "metric": title, "variant": series, "value": number, "method": "get"})
-                elif isinstance(value, Histogram):
+                elif kind is HISTOGRAM:
                     h = value.finite()
                     chart = bar_chart(title, series, h) if h is not None else None
                     if chart is None:
-                        self.reject(printable(name), step, "a histogram with nothing finite to draw")
+                        self.reject_value(name, step, "a histogram with nothing finite to draw")
                         continue
                     events.append({"timestamp": ms, "type": PLOT, "task": self.task_id, "iter": step,
                                    "metric": title, "variant": series, "plot_str": chart, "method": "get"})
-                elif isinstance(value, str):
-                    self.reject(printable(name), step, "ClearML keeps console text, not text series; not written")
+                elif kind is TEXT:
+                    self.reject_value(name, step, "ClearML keeps console text, not text series; not written")
                 else:
-                    self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
+                    self.reject_value(name, step, not_kept(value))
         new = self._names.take_new()
         if new:
             self.record_sanitized(new)
@@ -222,7 +241,8 @@ class ClearmlSink(PointStoreSink):
             self._stale = False
         if events:
             try:
-                self._fh.append((json.dumps(events, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8"))
+                self._fh.append((_one_line(json.dumps(events, ensure_ascii=False, allow_nan=False)) + "\n")
+                                .encode("utf-8"))
             except (OSError, ValueError) as exc:        # the line is not in the file (taken back): retried whole
                 raise SinkError(f"clearml:{self.location}: cannot write {METRICS_FILE}: {exc}") from None
         self.progress += 1

@@ -28,11 +28,21 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...record import Histogram, Record, RunInfo
+from ...record import Record, RunInfo
 from ...tracking.appender import Appender
 from ...tracking.names import NameCache, escape
-from ...tracking.sink import Capabilities, PointStoreSink, SinkError
-from ...values import flat_config, printable
+from ...tracking.sink import (
+    HISTOGRAM,
+    NONE,
+    NUMBER,
+    TEXT,
+    Capabilities,
+    PointStoreSink,
+    SinkError,
+    not_kept,
+    value_kind,
+)
+from ...values import flat_config
 from .archive import (
     EXPERIMENT,
     INFO_KEY,
@@ -220,33 +230,30 @@ class CometSink(PointStoreSink):
     def _write(self, records: list[Record]) -> None:
         lines: list[str] = []
         hist_before = len(self._hist)
-        for rec in records:
-            step = int(rec.step) if rec.step is not None else self._next_step
-            if not -STEP_LIMIT <= step <= STEP_LIMIT:
-                self.reject("step", step, "Comet keeps steps as JSON numbers (53 bits); the record is left out")
-                continue
-            self._next_step = max(self._next_step, step + 1)
-            ms = round((rec.wall_time if rec.wall_time is not None else time.time()) * 1000)
+        for rec, step, wall in self.points(records, lo=-STEP_LIMIT, hi=STEP_LIMIT,
+                                           why="Comet keeps steps as JSON numbers (53 bits); the record is left out"):
+            ms = round(wall * 1000)
             for name, value in rec.metrics.items():
-                if value is None:
+                kind = value_kind(value)
+                if kind is NUMBER:
+                    points = [(self._names(name), value)]
+                elif kind is NONE:
                     continue
-                if isinstance(value, Histogram):
+                elif kind is HISTOGRAM:
                     self._hist.add(name)
                     base = self._names(name)
                     points = [(f"{base}/{k}", v) for k, v in value.summary().items() if k in SUMMARY]
-                elif isinstance(value, str):
-                    self.reject(printable(name), step, "Comet keeps text as uploaded text samples; not written")
+                elif kind is TEXT:
+                    self.reject_value(name, step, "Comet keeps text as uploaded text samples; not written")
                     continue
-                elif isinstance(value, (bool, int, float)):
-                    points = [(self._names(name), value)]
                 else:
-                    self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
+                    self.reject_value(name, step, not_kept(value))
                     continue
                 for key, v in points:
                     try:
                         number = encode_number(float(v))
                     except OverflowError:
-                        self.reject(printable(key), step, "an integer beyond a float")
+                        self.reject_value(key, step, "an integer beyond a float")
                         continue
                     lines.append(self._send(METRIC, {"local_timestamp": ms, "metric": {
                         "metricName": key, "metricValue": number, "step": step, "epoch": None}}))

@@ -50,9 +50,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ...record import Histogram, Record, RunInfo
+from ...record import Record, RunInfo
 from ...tracking import names as _sanitize
-from ...tracking.sink import Capabilities, Sink, SinkError, Unreachable, check_reachable, step_ok
+from ...tracking.sink import HISTOGRAM, TEXT, Capabilities, Sink, SinkError, Unreachable, check_reachable, value_kind
 from ...values import flat_config, printable, utf8_ok
 from .bulk import BulkWriter
 from .client import (
@@ -296,13 +296,9 @@ class MlflowSink(Sink):
         metrics: list[Any] = []
         texts: list[dict[str, Any]] = []
         hist_before = len(self._hist)
-        for rec in records:
-            step = int(rec.step) if rec.step is not None else self._next_step
-            if not step_ok(step):
-                self.reject("step", step, "MLflow keeps steps in signed 64-bit integers; the record is left out")
-                continue
-            self._next_step = max(self._next_step, step + 1)
-            ts = _ms(rec.wall_time)
+        for rec, step, wall in self.points(records, why="MLflow keeps steps in signed 64-bit integers; the record "
+                                                        "is left out"):
+            ts = _ms(wall)
             if rec.wall_time is None:
                 # two records of one step written in the same millisecond would otherwise be merged by readers
                 # (points are grouped by (step, timestamp)) and identical rows dropped by the SQL store
@@ -339,11 +335,12 @@ class MlflowSink(Sink):
         """One value that is not a plain number under a known name: a histogram, a text, a new name, or one MLflow
         cannot take (left out of this record only, reported through :meth:`Sink.reject`)."""
         try:
-            if isinstance(value, Histogram):
+            kind = value_kind(value)
+            if kind is HISTOGRAM:
                 summary = [(self._key(f"{name}/{stat}"), float(v)) for stat, v in value.summary().items()]
                 self._hist.add(name)
                 metrics.extend(point(k, v, ts, step) for k, v in summary)
-            elif isinstance(value, str):
+            elif kind is TEXT:
                 if not (utf8_ok(name) and utf8_ok(value)):
                     raise ValueError("a lone surrogate (invalid Unicode) in the name or the text")
                 texts.append({"step": step, "timestamp": ts, "wall_time": wall_time, "name": name, "value": value})
@@ -356,7 +353,7 @@ class MlflowSink(Sink):
                 if type(value) in (float, int):
                     self._keys[name] = metrics[-1].key
         except (SinkError, ValueError) as exc:     # this key only: the rest of the record is written
-            self.reject(printable(name), step, printable(str(exc))[:300])
+            self.reject_value(name, step, printable(str(exc))[:300])
 
     def _log_metrics(self, chunk: list[Any]) -> None:
         """One ``log_batch`` request. A server refuses a whole request holding a point it already has (UNIQUE

@@ -32,8 +32,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
-from ...tracking.sink import Capabilities, PointStoreSink, SinkError
-from ...values import flat_config, printable
+from ...tracking.sink import (
+    HISTOGRAM,
+    NONE,
+    NUMBER,
+    TEXT,
+    Capabilities,
+    PointStoreSink,
+    SinkError,
+    not_kept,
+    value_kind,
+)
+from ...values import flat_config
 from .format import CONFIG_PREFIX, PART, RUN_ATTRIBUTE, STEP_MAX, part_files, sanitize_path_part, schema, step_of
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -182,33 +192,30 @@ class NeptuneSink(PointStoreSink):
             raise
 
     def _write(self, records: list[Record], rows: list[tuple[Any, ...]]) -> None:
-        for rec in records:
-            step = int(rec.step) if rec.step is not None else self._next_step
-            if not -STEP_MAX <= step <= STEP_MAX:
-                self.reject("step", step, "the layout keeps steps as decimal(18, 6), 12 digits at most; the record "
-                                          "is left out")
-                continue
-            self._next_step = max(self._next_step, step + 1)
-            ms = round((rec.wall_time if rec.wall_time is not None else time.time()) * 1000)
+        for rec, step, wall in self.points(records, lo=-STEP_MAX, hi=STEP_MAX,
+                                           why="the layout keeps steps as decimal(18, 6), 12 digits at most; the "
+                                               "record is left out"):
+            ms = round(wall * 1000)
             for name, value in rec.metrics.items():
-                if value is None:
-                    continue
-                if isinstance(value, (bool, int, float)):
+                kind = value_kind(value)
+                if kind is NUMBER:
                     try:
                         rows.append(self._row(name, "float_series", step, ms, float_value=float(value)))
                     except OverflowError:
-                        self.reject(printable(name), step, "an integer beyond a float64")
-                elif isinstance(value, str):
+                        self.reject_value(name, step, "an integer beyond a float64")
+                elif kind is NONE:
+                    continue
+                elif kind is TEXT:
                     rows.append(self._row(name, "string_series", step, ms, string_value=value))
-                elif isinstance(value, Histogram):
+                elif kind is HISTOGRAM:
                     h = value.finite()
                     hv = histogram_value(h) if h is not None else None
                     if hv is None:
-                        self.reject(printable(name), step, "a histogram with nothing finite to draw")
+                        self.reject_value(name, step, "a histogram with nothing finite to draw")
                     else:
                         rows.append(self._row(name, "histogram_series", step, ms, histogram_value=hv))
                 else:
-                    self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
+                    self.reject_value(name, step, not_kept(value))
         if self.note_derived(records) or self._stale:
             rows.extend(self._run_rows())
 

@@ -32,9 +32,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...record import Histogram, Record, RunInfo
+from ...record import Record, RunInfo
 from ...tracking.names import NameCache, escape, shorten
-from ...tracking.sink import Capabilities, PointStoreSink, SinkError
+from ...tracking.sink import (
+    HISTOGRAM,
+    NONE,
+    NUMBER,
+    TEXT,
+    Capabilities,
+    PointStoreSink,
+    SinkError,
+    not_kept,
+    value_kind,
+)
 from ...values import printable
 from . import store
 
@@ -232,37 +242,34 @@ class SwanlabSink(PointStoreSink):
         assert self._log is not None
         _r, _run, column_pb2, data_pb2, _s = self._pb
         hist_before = len(self._hist)
-        for rec in records:
-            step = int(rec.step) if rec.step is not None else self._next_step
-            if not 0 <= step <= STEP_LIMIT:
-                self.reject("step", step, "SwanLab steps are 0 or more (int64); the record is left out")
-                continue
-            self._next_step = max(self._next_step, step + 1)
-            ts = _timestamp(rec.wall_time if rec.wall_time is not None else time.time())
+        for rec, step, wall in self.points(records, lo=0, hi=STEP_LIMIT,
+                                           why="SwanLab steps are 0 or more (int64); the record is left out"):
+            ts = _timestamp(wall)
             for name, value in rec.metrics.items():
-                if value is None:
+                kind = value_kind(value)
+                if kind is NUMBER:
+                    points = [(name, value)]
+                elif kind is NONE:
                     continue
-                if isinstance(value, Histogram):
+                elif kind is HISTOGRAM:
                     self._hist.add(name)
                     points = [(f"{name}/{k}", v) for k, v in value.summary().items() if k in SUMMARY]
-                elif isinstance(value, str):
-                    self.reject(printable(name), step, "SwanLab keeps text as media files; not written")
+                elif kind is TEXT:
+                    self.reject_value(name, step, "SwanLab keeps text as media files; not written")
                     continue
-                elif isinstance(value, (bool, int, float)):
-                    points = [(name, value)]
                 else:
-                    self.reject(printable(name), step, f"{type(value).__name__} values are not kept")
+                    self.reject_value(name, step, not_kept(value))
                     continue
                 for key_name, v in points:
                     try:
                         number = float(v)
                         key = self._names(key_name)
                     except (OverflowError, ValueError) as exc:
-                        self.reject(printable(key_name), step, printable(str(exc))[:200])
+                        self.reject_value(key_name, step, printable(str(exc))[:200])
                         continue
                     last = self._last.get(key)
                     if last is not None and step <= last:
-                        self.reject(printable(key_name), step,
+                        self.reject_value(key_name, step,
                                     f"SwanLab keeps one value per key and step, in increasing steps (it holds step "
                                     f"{last}); its SDK would drop this value silently, trackbridge leaves it out")
                         continue

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo, dumps
 from ...tracking.appender import Appender
-from ...tracking.sink import Capabilities, Sink, SinkError
+from ...tracking.sink import HISTOGRAM, NONE, NUMBER, TEXT, Capabilities, Sink, SinkError, value_kind
 from ...values import printable
 from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, frame
 
@@ -191,7 +191,7 @@ class TensorBoardSink(Sink):
         self.path: Path | None = None
         self._fh: Any = None
         self._pb: Any = None
-        self._step = 0
+        self._next_step = 0              # a record without a step is written at the step of the one before it
         self._max_step: int | None = None
         self._text_meta = None
 
@@ -217,7 +217,7 @@ class TensorBoardSink(Sink):
             raise SinkError(f"tensorboard sink: {self.folder} already holds run {run.run_id!r}; "
                             f"open with resume=True to continue that run")
         self._max_step = self._scan_last_step() if existing else None
-        self._step = self._max_step or 0
+        self._next_step = self._max_step or 0
         self._pending_open = bool(existing)      # resuming: the new event file is made at the first write only
         if not existing:
             self._create_file()
@@ -309,75 +309,72 @@ class TensorBoardSink(Sink):
         event_pb2, summary_pb2 = self._pb
         Event = event_pb2.Event
         out = []
-        before = (self._step, self._max_step)
-        for rec in records:
-            step = rec.step if rec.step is not None else self._step
+        before = (self._next_step, self._max_step)
+        for rec, step, wall in self.points(records, repeat=True, why=self._step_refused):
             try:
-                out.append(frame(self._event(Event, summary_pb2, rec, step).SerializeToString()))
-            except Exception:    # a value (or the step) TensorBoard cannot take: find it, write the rest
-                data = self._careful_event(Event, summary_pb2, rec, step)
-                if data is None:
-                    continue
-                out.append(data)
-            self._step = step
+                out.append(frame(self._event(Event, summary_pb2, rec, step, wall).SerializeToString()))
+            except Exception:    # a value TensorBoard cannot take: find it, write the rest
+                out.append(self._careful_event(Event, summary_pb2, rec, step, wall))
             if self._max_step is None or step > self._max_step:
                 self._max_step = step
         try:
             self._fh.append(b"".join(out))
         except OSError:         # nothing of the batch is in the file (taken back): the steps are as before it
-            self._step, self._max_step = before
+            self._next_step, self._max_step = before
             raise
         self.note_axes(records)          # saved with the run info at close (trackbridge-run.json)
 
-    def _event(self, Event: Any, summary_pb2: Any, rec: Record, step: int, only: Any = None) -> Any:
+    def _step_refused(self, step: int) -> str:
+        """Why a record at ``step`` (outside int64, an Event's step) is left out, in protobuf's words."""
+        try:
+            self._pb[0].Event(step=step).SerializeToString()
+        except Exception as exc:  # noqa: BLE001 - what protobuf says is the reason
+            return f"TensorBoard cannot store step {step!r} ({type(exc).__name__}: {exc})"
+        return f"TensorBoard cannot store step {step!r}"
+
+    def _event(self, Event: Any, summary_pb2: Any, rec: Record, step: int, wall: float, only: Any = None) -> Any:
         """One Event holding every value of ``rec`` (or of the keys in ``only``)."""
-        ev = Event(wall_time=rec.wall_time if rec.wall_time is not None else time.time(), step=step)
+        ev = Event(wall_time=wall, step=step)
         values = ev.summary.value
         add = values.add
         marks = self.note_derived([rec]) if rec.derived and only is None else ()
         for tag, v in rec.metrics.items() if only is None else only:
             t = type(v)
-            if tag in marks and (t is float or t is int):
-                # first value of a derived tag: TensorBoard keeps a tag's first metadata, shown as its description
-                val = add(tag=tag, simple_value=v)
-                val.metadata.summary_description = DERIVED_DESCRIPTION
-            elif t is float or t is int:
-                add(tag=tag, simple_value=v)
-            elif t is bool:
-                add(tag=tag, simple_value=float(v))
-            elif v is None:
+            if t is float or t is int:              # the common case, cheaply
+                if tag in marks:
+                    # first value of a derived tag: TensorBoard keeps a tag's first metadata, shown as its description
+                    val = add(tag=tag, simple_value=v)
+                    val.metadata.summary_description = DERIVED_DESCRIPTION
+                else:
+                    add(tag=tag, simple_value=v)
                 continue
-            elif isinstance(v, str):
-                values.append(self._text_value(tag, v))
-            elif isinstance(v, Histogram):
-                add(tag=tag, histo=summary_pb2.HistogramProto(**histogram_parts(v, self.bins)))
-            elif isinstance(v, (int, float)):
+            kind = value_kind(v)
+            if kind is NUMBER:                      # bool (0 / 1), int and float subclasses
                 add(tag=tag, simple_value=float(v))
+            elif kind is NONE:
+                continue
+            elif kind is TEXT:
+                values.append(self._text_value(tag, v))
+            elif kind is HISTOGRAM:
+                add(tag=tag, histo=summary_pb2.HistogramProto(**histogram_parts(v, self.bins)))
             else:
                 raise SinkError(f"tensorboard sink: metric {tag!r} at step {rec.step}: "
                                 f"cannot write a {type(v).__name__}")
         return ev
 
-    def _careful_event(self, Event: Any, summary_pb2: Any, rec: Record, step: Any) -> bytes | None:
-        """The framed Event of ``rec`` without the values TensorBoard refuses (each noted with :meth:`reject`);
-        ``None`` when the step itself cannot be stored (the record is left out)."""
-        try:
-            Event(step=step).SerializeToString()
-        except Exception as exc:
-            self.reject("step", step if isinstance(step, int) else None,
-                        f"TensorBoard cannot store step {step!r} ({type(exc).__name__}: {exc})")
-            return None
+    def _careful_event(self, Event: Any, summary_pb2: Any, rec: Record, step: int, wall: float) -> bytes:
+        """The framed Event of ``rec`` without the values TensorBoard refuses (each noted with :meth:`reject`)."""
         good = []
         for tag, v in rec.metrics.items():
             try:
-                self._event(Event, summary_pb2, rec, step, only=[(tag, v)]).SerializeToString()
+                self._event(Event, summary_pb2, rec, step, wall, only=[(tag, v)]).SerializeToString()
             except Exception as exc:
-                self.reject(printable(tag), step, f"{type(exc).__name__}: {printable(str(exc))[:200]}")
+                self.reject_value(tag, step, f"{type(exc).__name__}: {printable(str(exc))[:200]}")
                 continue
             good.append((tag, v))
         sub = Record(step=rec.step, wall_time=rec.wall_time, metrics=dict(good),
                      derived=[d for d in rec.derived if any(d == t for t, _ in good)], axis=rec.axis)
-        return frame(self._event(Event, summary_pb2, sub, step).SerializeToString())
+        return frame(self._event(Event, summary_pb2, sub, step, wall).SerializeToString())
 
     def close(self) -> None:
         if self._fh is not None:

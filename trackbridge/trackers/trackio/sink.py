@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...record import Record, RunInfo
 from ...tracking.names import NameCache
-from ...tracking.sink import Capabilities, Sink, SinkError, step_ok
+from ...tracking.sink import Capabilities, Sink, SinkError
 from ...values import printable
 from .schema import CONFIG_KEY, connect, encode, init_db, iso, process_lock, trackio_key, trackio_unkey
 
@@ -134,13 +134,9 @@ class TrackioSink(Sink):
         rows = []
         alerts: list[tuple[Any, ...]] = []
         known = self._names._cache
-        for rec in records:
-            step = int(rec.step) if rec.step is not None else self._next_step
-            if not step_ok(step):
-                self.reject("step", step, "Trackio keeps steps in signed 64-bit integers; the record is left out")
-                continue
-            self._next_step = max(self._next_step, step + 1)
-            ts = iso(rec.wall_time) if rec.wall_time is not None else datetime.now(timezone.utc).isoformat()
+        for rec, step, wall in self.points(records, why="Trackio keeps steps in signed 64-bit integers; the record "
+                                                        "is left out"):
+            ts = iso(wall)
             metrics: dict[str, Any] = {}
             for name, value in rec.metrics.items():
                 stored = known.get(name)
@@ -150,7 +146,7 @@ class TrackioSink(Sink):
                 try:
                     metrics[self._names(name)] = encode(value)
                 except (TypeError, ValueError) as exc:     # this key only: the rest of the record is written
-                    self.reject(printable(name), step, printable(str(exc))[:200])
+                    self.reject_value(name, step, printable(str(exc))[:200])
             try:
                 blob = json.dumps(metrics, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
                 data = f"{self.run_id}\x00{step}\x00{ts}\x00{blob}".encode("utf-8")

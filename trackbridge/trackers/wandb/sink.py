@@ -55,6 +55,7 @@ from .records import META_KEY, STEP_KEY, has_exit_record, run_files
 MAX_BINS = 512
 _RESERVED_PREFIX = "trackbridge/"
 WANDB_STEP_MAX = 2 ** 53 - 1     # wandb shows steps in JavaScript
+_INT_FLOAT = 2 ** 1023           # integers up to this one are floats; a bigger one may be beyond a float
 
 
 def _merge_buckets(edges: list[float], counts: list[float], limit: int) -> tuple[list[float], list[float]]:
@@ -227,7 +228,12 @@ class WandbSink(Sink):
 
     def _value(self, name: str, v: Any) -> Any:
         t = type(v)
-        if t is float or t is int or v is None:
+        if t is float or v is None:
+            return v
+        if t is int:
+            if -_INT_FLOAT <= v <= _INT_FLOAT:
+                return v
+            float(v)            # an integer beyond a float raises (wandb would store it as +-inf): left out
             return v
         if t is str:
             if not utf8_ok(v):
