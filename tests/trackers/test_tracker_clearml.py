@@ -105,3 +105,24 @@ def test_keys_clearml_would_file_under_one_title_and_series(tmp_path):
     assert [(k, s) for k, s, _w in rejected] == [("loss/loss", 0)]
     (reader,) = list(open_source(f"clearml:{tmp_path}").runs())
     assert [r.metrics for r in reader.records()] == [{"loss": 1.0, "/lead": 3.0}]
+
+
+def test_a_zipped_session_with_a_line_separator_inside_a_name_reads_whole(tmp_path):
+    """The sink escapes U+2028, U+2029 and U+0085 in metrics.jsonl now; a session written before holds them raw
+    inside a JSON string. The folder was read line by line as a file reads it, the zip with ``str.splitlines``,
+    which cut such a line in two: both read it whole now."""
+    name = "odd\u2028key/x\u0085y"
+    _write(tmp_path, [Record(0, T0, {name: 1.5, "loss": 2.0}), Record(1, T0 + 1, {name: 2.5})])
+    (task_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    metrics = task_dir / "metrics.jsonl"
+    raw = metrics.read_text(encoding="utf-8").replace("\\u2028", "\u2028").replace("\\u0085", "\u0085")
+    assert raw.count("\n") == 1 and len(raw.splitlines()) == 5    # as an older sink wrote it: one line (one write)
+    metrics.write_text(raw, encoding="utf-8")
+    with zipfile.ZipFile(tmp_path / f"{task_dir.name}.zip", "w") as z:
+        z.writestr("metrics.jsonl", raw)
+        z.write(task_dir / "task.json", "task.json")
+    for where in (task_dir, tmp_path / f"{task_dir.name}.zip"):
+        (reader,) = list(open_source(f"clearml:{where}").runs())
+        recs = list(reader.records())
+        assert not reader.problems, (where, reader.problems)
+        assert [(r.step, r.metrics) for r in recs] == [(0, {name: 1.5, "loss": 2.0}), (1, {name: 2.5})], where

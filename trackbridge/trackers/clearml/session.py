@@ -19,6 +19,7 @@ trackbridge wrote records every key whose stored pair reads back otherwise (``lo
 """
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -82,8 +83,9 @@ class Session:
         """``(line number, text, complete)`` of ``metrics.jsonl``, streamed from a folder."""
         if self.zip:
             text = self.read_text(METRICS_FILE) or ""
-            lines = text.splitlines(keepends=True)
-            for i, line in enumerate(lines, 1):
+            # lines as a file reads them (``\n``; ``str.splitlines`` would also cut at U+2028, U+0085 ... inside a
+            # JSON string, which sessions written before the sink escaped them hold)
+            for i, line in enumerate(io.StringIO(text, newline=None), 1):
                 yield i, line, line.endswith("\n")
             return
         target = self.path / METRICS_FILE
