@@ -46,7 +46,7 @@ Steps = Sequence[Sequence[Sequence[Sequence[Micro]]]]      # [logged step][mini-
 TOKENS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum",
           "per_seq", "token_sum_step_norm", "token_sum_dp_norm")
 #: offered only when asked for (``tokens=``) or stated: each micro-batch's token sum over the step's token count on
-#: every rank and micro-batch (prime-rl's RL loss; docs/reductions.md has no literal for it yet)
+#: every rank and micro-batch (docs/reductions.md ``token_sum_global_norm``: prime-rl's RL loss)
 TOKENS_EXTRA = ("token_sum_global_norm",)
 # all_reduce_weighted weighs by tokens
 TOKEN_WEIGHTED = ("token_mean", "token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm")

@@ -851,20 +851,7 @@ def run_sft(samples: list[list[list[int]]], *, steps: int = 3, seq_len: int = 16
 
 
 # --------------------------------------------------------------------------------------------- entries not proven
-_LOSS_WHY = ("each micro-batch's loss is its loss-masked token sum over the step's GLOBAL token count "
-             "(trainer/rl/train.py@v0.8.1.dev67:307-323, loss.py:394) and Tensors.compute_stats averages those values "
-             "over the micro-batches of all ranks (utils.py:272), so loss/mean is the step's token mean divided by the "
-             "number of micro-batches on all ranks (run on the vendored code and checked by test_proof_prime_rl.py::"
-             "test_loss_mean_is_the_token_mean_over_the_number_of_micro_batches); docs/reductions.md has no `tokens:` "
-             "value for a token sum over the step's global token count (token_sum_step_norm is G·D·S/T), so the "
-             "entry's trainer_pooled (a token mean), with the difference in its deviation, is the nearest statement "
-             "the vocabulary allows; the fingerprint's token_sum_global_norm candidate (offered when asked for) is "
-             "the one that gives the logged value (the same test fingerprints it), and a proof needs that literal in "
-             "trackbridge/schema/reductions.py FIELDS['tokens'] and the entry's reduce: to state it")
-
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
-    ("prime_rl", "loss/mean", "rl"): _LOSS_WHY,
-    ("prime_rl", "Loss", "rl"): "the step line's print of loss/mean (train.py@v0.8.1.dev67:638): " + _LOSS_WHY,
     ("prime_rl", "progress/num_samples", "sft"):
         "proof not written yet: the value is dataset.step of trainer/sft/data.py's packing dataset "
         "(sft/train.py@v0.8.1.dev67:597, :623), the examples its iterator has read; the proofs give the SFT loop a "

@@ -35,7 +35,7 @@ _COMBINE = ("token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min
 #: field -> its literals (docs/reductions.md, "The levels"). ``deviation`` is free text besides ``none``.
 FIELDS: dict[str, tuple[str, ...]] = {
     "tokens": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum",
-               "token_sum_step_norm", "token_sum_dp_norm", "per_seq", "none"),
+               "token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm", "per_seq", "none"),
     "stat": ("mean", "max", "min", "std", "sum", "fraction", "count", "value", "dist"),
     "std": ("sample", "population"),
     "micro_batches": _COMBINE,

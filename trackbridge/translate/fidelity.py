@@ -27,7 +27,7 @@ _IDENTITY = {"micro_batches": "none", "mini_batches": "none", "processes": "none
 #: (an all-reduce or gather per micro-batch or per optimizer step), then the micro-batches of an optimizer step, the
 #: optimizer steps of a logged step, the logged steps of a row (docs/reductions.md, "The levels")
 NESTING = ("processes", "micro_batches", "mini_batches", "window")
-_STEP_NORMED = ("token_sum_step_norm", "token_sum_dp_norm")
+_STEP_NORMED = ("token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm")
 _ITEMS = {"micro_batches": "micro-batches", "mini_batches": "mini-batches (optimizer steps)",
           "processes": "processes", "window": "logged steps"}
 
@@ -136,13 +136,22 @@ def _one(out: Mapping[str, str], counts: Mapping[str, Count], level: str) -> boo
 
 
 def _step_normed(out: dict[str, str], counts: Mapping[str, Count]) -> None:
-    """OpenRLHF's globally normalised token sums (``aggregate_loss``) where they are a token mean after all:
+    """The globally normalised token sums (OpenRLHF's ``aggregate_loss``, prime-rl's RL loss) where they are a token
+    mean after all:
     ``token_sum_step_norm`` (each micro-batch's token sum over the optimizer step's tokens per rank and micro-batch,
     G x D x S_ur / T) is the step's token mean once averaged unweighted over the micro-batches and the ranks (or with
     one of each); ``token_sum_dp_norm`` (D x S_ur / T_u) is micro-batch u's token mean over the ranks once averaged
-    unweighted over the ranks (or on one rank). Anything else (merged by tokens over several micro-batches or ranks)
-    stays what it is: not a token mean."""
+    unweighted over the ranks (or on one rank); ``token_sum_global_norm`` (prime-rl's RL loss: S_ur / T, T the step's
+    tokens over every rank and micro-batch) is the step's token mean once summed over the micro-batches and the ranks,
+    and averaged over them the token mean divided by G x D: a token mean only with one micro-batch on one rank.
+    Anything else (merged by tokens over several micro-batches or ranks, a global sum averaged over several) stays
+    what it is: not a token mean (:func:`differing` then reports ``tokens`` even against a reference's ``any``)."""
     if out["tokens"] not in _STEP_NORMED or out["stat"] != "mean":
+        return
+    if out["tokens"] == "token_sum_global_norm":
+        # summed over both levels (or a level holding one item), the pooled token sum over T: the token mean
+        if all(_one(out, counts, lv) or out[lv] == "sum" for lv in ("micro_batches", "processes")):
+            out.update(tokens="token_mean", micro_batches="none", processes="none")
         return
     if not (_one(out, counts, "processes") or out["processes"] == "all_reduce_mean"):
         return
@@ -258,7 +267,10 @@ def differing(a: Resolved, b: Resolved) -> list[str]:
         x, y = a.fields[name], b.fields[name]
         if name == "tool_tokens" and "none" in (x, y) and UNKNOWN not in (x, y):
             continue
-        if ANY in (x, y) and UNKNOWN not in (x, y):        # a reference that leaves the field to the framework
+        if ANY in (x, y) and UNKNOWN not in (x, y) and not (name == "tokens" and (x in _STEP_NORMED or
+                                                                    y in _STEP_NORMED)):
+            # a reference that leaves the field to the framework; a normalised token sum that stayed one after
+            # _step_normed is no population the framework chose but a scale of its token mean: it differs still
             continue
         if name == "deviation" and x == y == "none":
             continue
@@ -308,6 +320,10 @@ _TOKENS = {"token_mean": "is the token mean", "seq_mean_token_mean": "is the mea
                                   "micro-batch (not a token mean)",
            "token_sum_dp_norm": "is each micro-batch's token sum over that micro-batch's tokens per rank (not a token "
                                 "mean)",
+           "token_sum_global_norm": "is each micro-batch's token sum over the step's global token count (every "
+                                    "rank's and micro-batch's tokens; not a token mean: averaged over the "
+                                    "micro-batches of all ranks, the step's token mean divided by the number of "
+                                    "micro-batches on all ranks)",
            "per_seq": "is over per-sequence values",
            "none": "is not a per-token or per-sequence quantity"}
 _STAT = {"mean": "the mean", "max": "the maximum", "min": "the minimum", "sum": "the sum", "fraction": "a fraction",
@@ -367,7 +383,7 @@ def describe(r: Resolved, name: str) -> str:
 _WHAT = {"token_mean": "token mean", "seq_mean_token_mean": "mean of per-sequence token means",
          "seq_mean_token_sum": "mean of per-sequence token sums", "token_sum": "token sum",
          "seq_mean_token_sum_norm": "normalised token sum", "token_sum_step_norm": "step-normalised token sum",
-         "token_sum_dp_norm": "rank-normalised token sum"}
+         "token_sum_dp_norm": "rank-normalised token sum", "token_sum_global_norm": "globally normalised token sum"}
 
 
 def _what(r: Resolved) -> str:
