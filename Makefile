@@ -2,7 +2,9 @@
 #   make demo   - create .venv if missing, install, run the demo on the embedded default, print where the output is
 #   make test   - create .venv if missing, install (test extras, pinned torch/trl), lint (mappings, ruff, mypy), run the
 #                 whole test suite
-#   make test-quick - the unit tests alone (no tracker, no framework, no browser; two workers, under a minute)
+#   make test-quick - the unit tests alone (no tracker, no framework, no browser; two workers, a few minutes),
+#                     installing only what they need: the core, the [tensorboard,plot,pandas] extras and the test
+#                     tools (a new venv takes about a minute; the tests of a tracker's package skip, naming it)
 #   make lock       - rebuild constraints-lock.txt (every package of the test environment pinned) from a scratch
 #                     venv installed with constraints.txt alone; run after changing constraints.txt or the
 #                     dependencies, then regenerate the proofs (python tests/_support/fidelity_proofs.py)
@@ -33,11 +35,18 @@ $(VENV)/.demo-installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[all]'
 	touch $@
 
+# what tests/unit needs: it imports no tracker package and no framework (tests/_support/unit_imports.py); the
+# tensorboard extra's protobuf writes and reads event files, plot draws the report
+QUICK_PKGS := pytest pytest-xdist hypothesis jsonschema colorlog
+$(VENV)/.quick-installed: $(BIN)/python pyproject.toml constraints.txt $(LOCK)
+	$(BIN)/pip install -q $(PIP_C) -e '.[tensorboard,plot,pandas]' $(QUICK_PKGS)
+	touch $@
+
 $(VENV)/.test-installed: $(BIN)/python pyproject.toml constraints.txt $(LOCK) tests/releases.txt
 	$(BIN)/pip install -q $(PIP_C) -e '.[dev,trl,lightning]'
 	$(BIN)/pip install -q $(PIP_C) ray tensordict omegaconf codetiming hydra-core && $(BIN)/pip install -q --no-deps $(PIP_C) verl==0.9.1 openrlhf==0.11.2 areal==1.0.4 colorlog
 	TRACKBRIDGE_RELEASES=$(VENV)/releases $(BIN)/python tests/_support/releases.py install    # older releases, for their proofs
-	touch $@ $(VENV)/.demo-installed
+	touch $@ $(VENV)/.demo-installed $(VENV)/.quick-installed
 
 demo: $(VENV)/.demo-installed
 	$(BIN)/python -m trackbridge demo --out $(OUT)
@@ -45,7 +54,7 @@ demo: $(VENV)/.demo-installed
 test: lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
-test-quick: $(VENV)/.test-installed
+test-quick: $(VENV)/.quick-installed
 	$(BIN)/python -m pytest -n $(QUICK_WORKERS) -q -m "unit and not browser" --check-unit-imports tests/unit $(PYTEST_ARGS)
 
 smoke: $(VENV)/.test-installed

@@ -1,6 +1,7 @@
 """Generate the labelled corpus of `trackbridge doctor` (tests/data/doctor/, issue 32): REAL TRL trainers on CPU.
 
-Run by hand, never by ``make test`` (the scoring test, tests/unit/test_doctor_corpus.py, reads the committed outputs):
+Run by hand, never by ``make test`` (the scoring test, tests/trackers/test_doctor_corpus.py, reads the committed
+outputs):
 
     nice .venv/bin/python tests/_support/doctor_corpus.py --list
     nice .venv/bin/python tests/_support/doctor_corpus.py grpo_healthy_s0 grpo_lr_high ...   # named runs

@@ -12,7 +12,7 @@ overlaps the symptom's labelled step range. Then:
   accept it on runs where it could be judged (recall; a symptom that accepts several checks counts for each).
 
 The floors are what the checks reached when they were last set (the README's table, tests/data/doctor/README.md,
-``python tests/unit/test_doctor_corpus.py --readme`` writes it). Reads committed files only: it never trains.
+``python tests/trackers/test_doctor_corpus.py --readme`` writes it). Reads committed files only: it never trains.
 """
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ never decided a label by itself.
 The labels are in `labels.yaml` (machine-readable): each symptom, in the seeds' words, has the set of check ids
 that count as finding it (empty: no check reads it yet, so it counts as a miss); each run has the symptoms an
 expert sees in its curves with the step range, and a line on the curves (read from the run's own log with
-`doctor_corpus.py --summary NAME`, not from doctor). `tests/unit/test_doctor_corpus.py` reads each run as
+`doctor_corpus.py --summary NAME`, not from doctor). `tests/trackers/test_doctor_corpus.py` reads each run as
 `trackbridge doctor` does and scores the findings: a finding matches a symptom when its check is accepted for the
 symptom and one of its stretches overlaps the labelled steps.
 
@@ -244,7 +244,7 @@ Not reproduced: a negative KL through the sampling settings (TRL's FAQ: top-k, m
 k1 estimate, paid inside the reward) with top_k 2, 3 and 5 and beta 0.5-3 kept the k1 KL at or above 0 on this tiny
 model (`rloo_top_k` is kept for what did happen: with top_k=2 the reward never varies); GRPO's k3 cannot go negative.
 
-This file is generated: `python tests/unit/test_doctor_corpus.py --readme` (the labels and runs tables are checked
+This file is generated: `python tests/trackers/test_doctor_corpus.py --readme` (the labels and runs tables are checked
 by the test; the score table is as of the last `--readme`).
 """
 
@@ -404,7 +404,7 @@ def test_the_same_findings_through_trainer_state_and_tensorboard():
 
 def test_the_readme_tables_are_current():
     text = (DOCTOR / "README.md").read_text()
-    assert labels_tables() in text, "run: python tests/unit/test_doctor_corpus.py --readme"
+    assert labels_tables() in text, "run: python tests/trackers/test_doctor_corpus.py --readme"
 
 
 def test_the_main_readme_points_to_the_scores():

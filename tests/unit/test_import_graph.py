@@ -29,6 +29,8 @@ import sys
 import tokenize
 from pathlib import Path
 
+import pytest
+
 from _support import ROOT
 
 PKG = ROOT / "trackbridge"
@@ -269,15 +271,22 @@ def test_the_trackers_added_as_folders_are_named_only_in_their_folder_and_one_re
 
 
 def test_every_tracker_folder_is_registered_once():
+    from trackbridge.extras import MissingExtra
     from trackbridge.trackers import kinds, tracker
+    missing = []
     for name in TRACKERS:
         assert name in kinds("sink") and name in kinds("source"), name
         entry = tracker(name)
-        assert entry.sink_class().__module__ == f"trackbridge.trackers.{name}.sink"
-        assert entry.source_class().__module__ == f"trackbridge.trackers.{name}.source"
         assert entry.sniff == f"trackbridge.trackers.{name}:sniff"
+        try:
+            assert entry.sink_class().__module__ == f"trackbridge.trackers.{name}.sink"
+            assert entry.source_class().__module__ == f"trackbridge.trackers.{name}.source"
+        except MissingExtra as exc:          # make test-quick installs no tracker package (make test every one)
+            missing.append(str(exc).split(":")[0])
     registry = (PKG / "trackers" / "__init__.py").read_text(encoding="utf-8")
     assert len(re.findall(r"^register_tracker\(", registry, flags=re.M)) == len(kinds())
+    if missing:
+        pytest.skip(f"the classes of these could not be imported: {'; '.join(missing)}")
 
 
 def test_the_core_imports_no_tracker_when_imported():

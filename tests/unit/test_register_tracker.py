@@ -5,6 +5,7 @@ The tracker here ("mytracker") is defined in this file: one ``<run_id>.mytrk`` f
 line with the run info, then ``step,wall_time,key,value`` lines (CSV-like)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Iterator
@@ -195,9 +196,11 @@ def test_replacing_a_built_in_tracker_warns_and_a_sink_says_its_registered_kind(
 
 @pytest.mark.parametrize("locator, message", [
     ("jsonl:{d}?fsnyc=1", r"jsonl:.*: unknown option 'fsnyc' \(did you mean 'fsync'\?\); the jsonl sink takes fsync"),
-    ("mlflow:sqlite:///{d}/m.db?experimnet=grpo",
-     r"unknown option 'experimnet' \(did you mean 'experiment'\?\); the mlflow sink takes artifacts, bulk, "
-     r"experiment, run"),
+    pytest.param("mlflow:sqlite:///{d}/m.db?experimnet=grpo",
+                 r"unknown option 'experimnet' \(did you mean 'experiment'\?\); the mlflow sink takes artifacts, "
+                 r"bulk, experiment, run",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
+                                          reason="needs the [mlflow] extra (make test installs it)")),
     ("tensorboard:{d}?zzz=1", r"unknown option 'zzz'; the tensorboard sink takes bins$"),
 ])
 def test_a_misspelt_sink_option_is_refused_naming_the_known_ones(tmp_path, locator, message):
@@ -228,13 +231,23 @@ def test_a_misspelt_reader_option_is_refused_everywhere(tmp_path, capsys):
 
 
 def test_every_built_in_reader_and_sink_declares_its_options():
+    from trackbridge.extras import MissingExtra
     from trackbridge.trackers import tracker
+    missing, checked = [], 0
     for kind in kinds():
         entry = tracker(kind)
         for role in ("sink", "source"):
             if getattr(entry, role) is not None:
-                cls = entry.sink_class() if role == "sink" else entry.source_class()
+                try:
+                    cls = entry.sink_class() if role == "sink" else entry.source_class()
+                except MissingExtra as exc:      # make test-quick installs no tracker package (make test every one)
+                    missing.append(str(exc).split(":")[0])
+                    continue
                 assert isinstance(cls.option_names, tuple), (kind, role)
+                checked += 1
+    assert checked >= 8, checked                 # the jsonl, file readers and tensorboard ones at least
+    if missing:
+        pytest.skip(f"the classes of these could not be imported: {'; '.join(missing)}")
 
 
 def test_a_missing_package_fails_init_naming_the_extra(tmp_path):

@@ -4,8 +4,6 @@ of what `git show <tag>:<path>` gave, and nothing else lies there; a framework m
 one in its folder, each further one in <framework>/<tag>/), and two tags of one framework load without colliding."""
 from __future__ import annotations
 
-import sys
-
 from _support import vendored as V
 
 
@@ -45,20 +43,6 @@ def test_each_tag_runs_as_its_own_release():
             assert V.tag_of(fw, release) == tag
             assert V.release(fw, tag) == release
 
-
-def test_a_further_tag_is_kept_apart_from_the_process_modules():
-    """areal v0.4.0's stats_tracker imports its own tag's logging.py, and neither is left in sys.modules (where the
-    installed areal 1.0.4, or another tag, lives)."""
-    before = {k: m for k, m in sys.modules.items() if k.split(".")[0] == "areal"}
-    log = V.load("areal", "areal/utils/logging.py", tag="v0.4.0")
-    other = V.stand_in("areal.platforms", current_platform=None)
-    datapack = V.stand_in("areal.utils.datapack", flat2d=lambda x: x)
-    st = V.load("areal", "areal/utils/stats_tracker.py", tag="v0.4.0",
-                stand_ins={"areal.platforms": other, "areal.utils.datapack": datapack})
-    assert st.logging is log
-    assert st.__file__ == str(V.provenance("areal", "v0.4.0").path("areal/utils/stats_tracker.py"))
-    assert {k: m for k, m in sys.modules.items() if k.split(".")[0] == "areal"} == before
-    assert V.load("areal", "areal/utils/logging.py", tag="v0.4.0") is log, "a tag's module is loaded once"
 
 
 def test_the_primary_tag_loads_as_before():
