@@ -65,27 +65,26 @@ def test_a_proven_pair_with_trl_is_exact_when_trl_logs_every_step():
 
 
 def test_stated_equal_but_unproven_is_approximate_and_says_which_entry():
-    # AReaL v0.4.0's grpo_actor/advantages/max is of a release whose code no proof runs (the suite installs areal
-    # 1.0.4); NeMo-RL's train/advantages/max and ROLL's critic/advantages/max were fingerprinted (their tags' files)
-    res = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0", target="roll")
-    why = res.approximate["critic/advantages/max"]
+    # veRL's actor/lr of v0.2..v0.3.0.post1 is of releases whose code no proof runs (verl 0.3.0.post1 imports
+    # flash_attn at module level, tests/_support/proofs_verl_old.py; tests/releases.txt lists none older);
+    # ROLL's actor/lr and slime's train/lr-pg_0 were fingerprinted (their tags' files)
+    res = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1", target="roll")
+    why = res.approximate["actor/lr"]
     assert only_unproven(why), why
-    assert "confirm areal 'grpo_actor/advantages/max' yet" in why and "confirm roll" not in why
-    res = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0", target="nemo_rl")
-    assert "confirm areal 'grpo_actor/advantages/max' yet" in res.approximate["train/advantages/max"]
-    # both unproven: both named (AReaL's realhf trainer of v0.3.0..v0.5.1 is not the installed release either)
-    res = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0",
-                                target="areal/realhf@0.5.1")
-    why = res.approximate["ppo_actor/advantages/max"]
-    assert only_unproven(why) and \
-        "areal 'grpo_actor/advantages/max' and areal 'ppo_actor/advantages/max' yet" in why
+    assert "confirm verl 'actor/lr' yet" in why and "confirm roll" not in why
+    res = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1", target="slime")
+    assert "confirm verl 'actor/lr' yet" in res.approximate["train/lr-pg_0"]
+    # both unproven: both named (veRL v0.1's actor/lr(1e-4) is of a release no proof runs either)
+    res = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1", target="verl/ppo@0.1")
+    why = res.approximate["actor/lr(1e-4)"]
+    assert only_unproven(why) and "verl 'actor/lr' and verl 'actor/lr(1e-4)' yet" in why
 
 
 def test_against_the_canonical_definition_too():
     proven = trackbridge.translate({"critic/score/mean": 1.0}, source="verl/ppo@0.9.1")
     assert proven.approximate == {}
-    unproven = trackbridge.translate({"grpo_actor/advantages/max": 1.0}, source="areal/ppo@0.4.0")
-    assert only_unproven(unproven.approximate["advantage/max"])
+    unproven = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1")
+    assert only_unproven(unproven.approximate["optim/lr"])
     # a reduction that differs says how, not "unproven"
     differs = trackbridge.translate({"actor/kl_loss": 1.0}, source="verl/ppo@0.9.1")
     assert not only_unproven(differs.approximate["kl/ref/k3"]) and "mini-batches" in differs.approximate["kl/ref/k3"]
