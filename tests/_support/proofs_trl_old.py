@@ -70,6 +70,20 @@ ROLLOUT_LOCALS = ("kl", "logprobs", "ref_logprobs", "padding_mask", "padding_mas
                   "ratio_stats")
 
 
+@contextlib.contextmanager
+def one_thread_quiet() -> Any:
+    """A trainer's ``train()`` on one torch thread (the simulated batches are tiny; two threads only contend), its
+    prints sent to stderr (pytest shows them with a failure)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _copy(frame_locals: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     import torch
     out = {}
@@ -203,13 +217,8 @@ def run_ppo(workdir: Path, *, n_prompts: int = 64, **config: Any) -> PPORun:
                          value_model=value, train_dataset=ds)
     rec = PPORecorder(trainer)
     lr0 = trainer.lr_scheduler.get_last_lr()[0]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            trainer.train()
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread_quiet():
+        trainer.train()
     return PPORun(ppo_args.to_dict(), rec.done(), rec.lr_after, lr0, tok.eos_token_id)
 
 

@@ -18,7 +18,6 @@ At the end, :data:`ENTRY_WHY`: the entries of 0.25.1 and 1.12.0 no proof fingerp
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .proofs_trl import COMMON
-from .proofs_trl_old import fix_optional_imports
+from .proofs_trl_old import fix_optional_imports, one_thread_quiet
 from .tiny_trl import build_tiny_model, log_recorder, sentences
 
 
@@ -139,15 +138,11 @@ class StoredRun:
 
 
 def train_stored(trainer: Any, rec: Any, model: Any, frame_name: str = "concatenated_forward") -> StoredRun:
-    import torch
     calls = StoredRecorder(trainer, model, frame_name)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with one_thread_quiet():
             trainer.train()
     finally:
-        torch.set_num_threads(threads)
         calls.close()
     run = StoredRun(rows=list(rec.stepped), calls=calls.calls)
     last = 0
@@ -202,23 +197,29 @@ def completion(name: str, chosen: bool, sign: float = 1.0, vocab_mean: bool = Fa
     return values
 
 
-def run_kto(workdir: Path, *, n_examples: int, **config: Any) -> StoredRun:
-    """Train trl 0.25.1's KTOTrainer on ``n_examples`` unpaired examples (tests/_support/proofs_trl.py's pattern
-    of desirable and undesirable ones), recording each ``store_metrics`` call with the locals of the
-    ``get_batch_loss_metrics`` call that computed it."""
+def _unpaired(workdir: Path, n_examples: int, config: dict[str, Any]) -> tuple[str, dict[str, Any], Any, Any]:
+    """What KTO and BCO train on: a tiny local model, the config, ``n_examples`` unpaired examples (desirable and
+    undesirable in a fixed uneven pattern) and a log recorder."""
     import datasets
-    from transformers import AutoTokenizer
-
-    fix_optional_imports()
-    from trl import KTOConfig, KTOTrainer
-
     model_path = build_tiny_model(workdir / "model")
     args = {**COMMON, "output_dir": str(workdir / "out"), "max_length": 24, **config}
     pattern = (1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 1)
     labels = [bool(pattern[i % len(pattern)]) for i in range(n_examples)]
     ds = datasets.Dataset.from_dict({"prompt": sentences(n_examples, 7), "completion": sentences(n_examples, 8),
                                      "label": labels})
-    rec = log_recorder()
+    return model_path, args, ds, log_recorder()
+
+
+def run_kto(workdir: Path, *, n_examples: int, **config: Any) -> StoredRun:
+    """Train trl 0.25.1's KTOTrainer on ``n_examples`` unpaired examples (tests/_support/proofs_trl.py's pattern
+    of desirable and undesirable ones), recording each ``store_metrics`` call with the locals of the
+    ``get_batch_loss_metrics`` call that computed it."""
+    from transformers import AutoTokenizer
+
+    fix_optional_imports()
+    from trl import KTOConfig, KTOTrainer
+
+    model_path, args, ds, rec = _unpaired(workdir, n_examples, config)
     trainer = KTOTrainer(model=model_path, args=KTOConfig(**args), train_dataset=ds, callbacks=[rec],
                          processing_class=AutoTokenizer.from_pretrained(model_path))
     return train_stored(trainer, rec, trainer.model, "get_batch_loss_metrics")
@@ -228,7 +229,6 @@ def run_bco(workdir: Path, *, n_examples: int, **config: Any) -> Any:
     """Train trl 0.25.1's BCOTrainer (trl.experimental.bco; no embedding function: no prompt classifier) on
     ``n_examples`` unpaired examples like :func:`run_kto`, recording (tests/_support/proofs_trl_pref.py's
     ReturnRecorder) the locals of each ``get_batch_logps`` and ``get_batch_loss_metrics`` call as it returns."""
-    import datasets
     from transformers import AutoTokenizer
 
     from .proofs_trl_pref import train_recording
@@ -236,13 +236,7 @@ def run_bco(workdir: Path, *, n_examples: int, **config: Any) -> Any:
     fix_optional_imports()
     from trl.experimental.bco import BCOConfig, BCOTrainer
 
-    model_path = build_tiny_model(workdir / "model")
-    args = {**COMMON, "output_dir": str(workdir / "out"), "max_length": 24, **config}
-    pattern = (1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 1)
-    labels = [bool(pattern[i % len(pattern)]) for i in range(n_examples)]
-    ds = datasets.Dataset.from_dict({"prompt": sentences(n_examples, 7), "completion": sentences(n_examples, 8),
-                                     "label": labels})
-    rec = log_recorder()
+    model_path, args, ds, rec = _unpaired(workdir, n_examples, config)
     trainer = BCOTrainer(model=model_path, args=BCOConfig(**args), train_dataset=ds, callbacks=[rec],
                          processing_class=AutoTokenizer.from_pretrained(model_path))
     return train_recording(trainer, rec, ("get_batch_logps", "get_batch_loss_metrics"))
