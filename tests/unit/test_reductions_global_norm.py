@@ -209,3 +209,27 @@ def test_prime_rl_before_v0_6_0_keeps_its_per_rank_scale_deviation(shipped):
     e, why = shipped_verdict(shipped, "loss/mean", "v0.5.0")
     assert e.reduce.get("tokens") == "token_mean" and "[deviation]" in why
     assert "divided by its own rank's loss-masked token count" in why
+
+
+def test_the_mapping_format_page_lists_every_literal_of_every_field():
+    """docs/mapping-format.md's field table is what users write reduce: from: each field's row names every literal
+    FIELDS holds, and no other (it lacked token_sum_global_norm when the literal was added)."""
+    import re
+
+    from trackbridge.schema.reductions import FIELDS
+
+    from _support import ROOT
+    rows = {}
+    for line in (ROOT / "docs" / "mapping-format.md").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)*) \| (.*) \|$", line)
+        if m:
+            for name in re.findall(r"`([a-z_]+)`", m.group(1)):
+                rows[name] = set(re.findall(r"`([a-z0-9_-]+)`", m.group(2)))
+    checked = 0
+    for name, literals in FIELDS.items():
+        if name == "deviation":
+            continue
+        assert name in rows, f"docs/mapping-format.md has no row for reduce field {name!r}"
+        assert set(literals) <= rows[name], (name, sorted(set(literals) - rows[name]))
+        checked += 1
+    assert checked >= 10, checked
