@@ -178,7 +178,6 @@ GA_CASES = [("trl/grpo@1.16.0", "entropy", "policy/entropy"), ("trl/grpo@1.16.0"
             ("trl/grpo@1.16.0", "clip_ratio/region_mean", "policy/clip_frac"),
             ("trl/rloo@1.9.0", "entropy", "policy/entropy"), ("trl/dpo@1.16.0", "entropy", "policy/entropy"),
             ("trl/dpo@1.16.0", "mean_token_accuracy", "policy/token_accuracy"),
-            ("trl/dpo@0.20.0", "logits/chosen", "preference/logits/chosen"),
             ("trl/sft@1.16.0", "mean_token_accuracy", "policy/token_accuracy"),
             ("trl/sft@1.16.0", "entropy", "policy/entropy"), ("trl/kto@1.16.0", "logits/chosen",
                                                               "preference/logits/chosen")]
@@ -208,6 +207,17 @@ def test_token_means_under_the_default_logging_window(reg, spec, key, canon):
     steps."""
     res = _canon(reg, spec, {key: 0.5})
     assert "logging_steps" in res.approximate[canon] and "[window]" in res.approximate[canon], res.approximate
+
+
+def test_dpo_logits_before_v1_are_each_process_token_mean_averaged(reg):
+    """DPO's logits/* up to v0.28.0: each process's token mean, gathered and averaged unweighted
+    (dpo_trainer.py@v0.25.1:1798-1803, run by tests/frameworks/test_proof_trl_old2.py), so never the canonical token
+    mean over the whole batch while the process count is unknown (no TRL config key holds it), whatever the window
+    and gradient accumulation."""
+    for config in ({"logging_steps": 1}, {"logging_steps": 1, "gradient_accumulation_steps": 1}):
+        res = _canon(reg, "trl/dpo@0.20.0", {"logits/chosen": 0.5}, config)
+        why = res.approximate["preference/logits/chosen"]
+        assert "[processes]" in why and "averages its processes' values unweighted" in why, why
 
 
 def test_gradient_accumulation_follows_to_verl(reg):
