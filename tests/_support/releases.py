@@ -1,15 +1,17 @@
 """Older releases of the wheel frameworks, for the proofs of entries that cover only older releases (issue 33).
 
-tests/releases.txt lists them (``name==version``); ``make .venv/.test-installed`` installs each with ``pip install
---no-deps --target .venv/releases/<name>-<version>``, beside the release constraints.txt pins. A proof registered for
+tests/releases.txt lists them (``name==version``, then the pinned companions of that release's time, such as an older
+transformers, where the test environment's packages do not import it); ``make .venv/.test-installed`` installs each
+line with ``pip install --no-deps --target .venv/releases/<name>-<version>``, beside the release constraints.txt pins. A proof registered for
 such a release (``@proof("verl", trainer="ppo", release="0.8.0")``) runs in a child process whose ``sys.path`` starts
-with that folder, so ``import verl`` there is the old release's own code while everything else (torch, transformers,
-trackbridge, the proof's module) is the test environment's. The child runs the proof function whole, every assertion
+with that folder, so ``import verl`` there is the old release's own code (and its companions' code, when its line names any) while
+everything else (torch, trackbridge, the proof's module) is the test environment's. The child runs the proof function whole, every assertion
 included; what it asserted comes back (each ``assert_stated`` call's key, logged value, batch and options, and the
 count of other checks), and the parent replays the ``assert_stated`` calls against the mapping entries of that release,
 so the records and the report are made exactly as for a proof run in process.
 
-Run by hand: ``python tests/_support/releases.py install`` installs what tests/releases.txt lists (what make does).
+Run by hand: ``python tests/_support/releases.py install`` installs what tests/releases.txt lists (what make does);
+``python tests/_support/releases.py install trl==0.11.4`` that line alone.
 """
 from __future__ import annotations
 
@@ -34,18 +36,40 @@ DISTS = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "areal": "areal"}
 CHILD_TIMEOUT_S = 900
 
 
-def listed(path: Path = LISTED) -> dict[str, list[str]]:
-    """{distribution: [version, ...]} from tests/releases.txt, in file order."""
-    out: dict[str, list[str]] = {}
+def _lines(path: Path) -> list[tuple[int, str, str, list[str]]]:
+    """(line number, distribution, version, companions) per line of ``path``."""
+    out = []
     for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        name, sep, version = line.partition("==")
+        first, *rest = line.split()
+        name, sep, version = first.partition("==")
         if not sep or not name.strip() or not version.strip():
             raise ValueError(f"{path}:{n}: expected name==version, got {raw!r}")
-        out.setdefault(name.strip(), []).append(version.strip())
+        for req in rest:
+            cname, csep, cversion = req.partition("==")
+            if not csep or not cname or not cversion:
+                raise ValueError(f"{path}:{n}: a companion must be pinned as name==version, got {req!r}")
+        out.append((n, name.strip(), version.strip(), rest))
     return out
+
+
+def listed(path: Path = LISTED) -> dict[str, list[str]]:
+    """{distribution: [version, ...]} from tests/releases.txt, in file order."""
+    out: dict[str, list[str]] = {}
+    for _, name, version, _ in _lines(path):
+        out.setdefault(name, []).append(version)
+    return out
+
+
+def companions(dist: str, version: str, path: Path = LISTED) -> list[str]:
+    """The pinned packages installed into the release's folder with it (``name==version``, the rest of its line):
+    the dependencies of its time where the test environment's do not import it (an older transformers, say)."""
+    for _, name, v, rest in _lines(path):
+        if (name, v) == (dist, version):
+            return list(rest)
+    raise KeyError(f"{dist}=={version} is not listed in {path}")
 
 
 def folder(dist: str, version: str) -> Path:
@@ -54,17 +78,34 @@ def folder(dist: str, version: str) -> Path:
 
 def installed(dist: str) -> list[str]:
     """The listed older releases of ``dist`` whose folder is there (installed by make)."""
-    return [v for v in listed().get(dist, []) if (folder(dist, v) / dist).is_dir()]
+    return [v for v in listed().get(dist, []) if installed_as_listed(dist, v)]
 
 
-def install(python: str = sys.executable) -> None:
+MARK = ".installed-line"
+
+
+def installed_as_listed(dist: str, version: str) -> bool:
+    """The release's folder holds it and exactly the companions its line names now (the line install wrote)."""
+    where = folder(dist, version)
+    mark = where / MARK
+    want = " ".join([f"{dist}=={version}", *companions(dist, version)])
+    return (where / dist).is_dir() and mark.is_file() and mark.read_text(encoding="utf-8").strip() == want
+
+
+def install(python: str = sys.executable, only: list[str] | None = None) -> None:
+    """Install every listed release (or those of ``only``, ``name==version`` each) with its companions into its own
+    folder; a folder whose line changed is rebuilt from nothing."""
+    import shutil
     for dist, versions in listed().items():
         for v in versions:
-            where = folder(dist, v)
-            if (where / dist).is_dir():
+            if (only and f"{dist}=={v}" not in only) or installed_as_listed(dist, v):
                 continue
-            subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(where),
-                            f"{dist}=={v}"], check=True)
+            where = folder(dist, v)
+            shutil.rmtree(where, ignore_errors=True)
+            reqs = [f"{dist}=={v}", *companions(dist, v)]
+            subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(where), *reqs],
+                           check=True)
+            (where / MARK).write_text(" ".join(reqs) + "\n", encoding="utf-8")
 
 
 def runs_elsewhere(framework: str, release: str) -> bool:
@@ -89,8 +130,8 @@ def run_in_child(proof: Any, fixtures: dict[str, Any]) -> tuple[list[tuple[str, 
     import pytest
     dist = DISTS[proof.framework]
     where = folder(dist, proof.release)
-    if not (where / dist).is_dir():
-        pytest.skip(f"{dist} {proof.release} is not installed in {where} (tests/releases.txt; make "
+    if not installed_as_listed(dist, proof.release):
+        pytest.skip(f"{dist} {proof.release} is not installed as listed in {where} (tests/releases.txt; make "
                     ".venv/.test-installed installs it)")
     module_file, fn = proof.name.split("::")
     path = ROOT / "tests" / "frameworks" / module_file
@@ -122,6 +163,10 @@ def _child(path: str, fn: str, out: str, fixtures: list[str]) -> None:
     assert set(fixtures) <= {"tmp_path"}, f"a proof run in a child process may ask for tmp_path only, not {fixtures}"
     got = F.release(DISTS[pr.framework])
     assert got == pr.release, f"the child imports {pr.framework} {got}, not {pr.release} (sys.path: {sys.path[:3]})"
+    from importlib import metadata
+    for req in companions(DISTS[pr.framework], pr.release):
+        name, _, want = req.partition("==")
+        assert metadata.version(name) == want, f"the child imports {name} {metadata.version(name)}, not {want}"
 
     class Recording(proven.Proving):
         calls: list[tuple[str, Any, Any, dict]] = []
@@ -141,6 +186,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["child"]:
         _child(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     elif sys.argv[1:2] == ["install"]:
-        install()
+        install(only=sys.argv[2:] or None)
     else:
-        raise SystemExit("usage: releases.py install | child PROOF_FILE FUNCTION OUT [FIXTURE ...]")
+        raise SystemExit("usage: releases.py install [NAME==VERSION ...] | child PROOF_FILE FUNCTION OUT [FIXTURE ...]")

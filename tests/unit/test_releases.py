@@ -39,6 +39,14 @@ def test_a_bad_line_names_the_file_and_line(tmp_path):
         R.listed(path)
     path.write_text("verl==0.8.0  # why\n\nverl==0.5.0\n", encoding="utf-8")
     assert R.listed(path) == {"verl": ["0.8.0", "0.5.0"]}
+    path.write_text("trl==0.11.4 transformers==4.44.2  accelerate==0.34.2\nverl==0.5.0\n", encoding="utf-8")
+    assert R.listed(path) == {"trl": ["0.11.4"], "verl": ["0.5.0"]}
+    assert R.companions("trl", "0.11.4", path) == ["transformers==4.44.2", "accelerate==0.34.2"]
+    assert R.companions("verl", "0.5.0", path) == []
+    path.write_text("trl==0.11.4 transformers\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"releases\.txt:1: a companion must be pinned as name==version, got "
+                                         r"'transformers'"):
+        R.listed(path)
 
 
 def test_the_installed_releases_are_the_listed_ones():
@@ -48,11 +56,15 @@ def test_the_installed_releases_are_the_listed_ones():
     for dist, versions in R.listed().items():
         for v in versions:
             where = R.folder(dist, v)
-            if not (where / dist).is_dir():
+            if not R.installed_as_listed(dist, v):
                 missing.append(f"{dist}=={v}")
                 continue
-            infos = [p.name for p in where.glob(f"{dist}-*.dist-info")]
-            assert infos == [f"{dist}-{v}.dist-info"], (where, infos)
+            for req in [f"{dist}=={v}", *R.companions(dist, v)]:
+                name, _, version = req.partition("==")
+                norm = re.sub(r"[-_.]+", "_", name).lower()
+                held = [p.name[:-len(".dist-info")].rsplit("-", 1) for p in where.glob("*.dist-info")]
+                versions_held = [ver for stem, ver in held if re.sub(r"[-_.]+", "_", stem).lower() == norm]
+                assert versions_held == [version], f"{where}: {req} held as {versions_held}"
     if missing and not os.environ.get("CI"):
         pytest.skip(f"not installed: {', '.join(missing)} (make .venv/.test-installed installs them)")
     assert not missing, f"not installed: {missing}"
