@@ -850,6 +850,19 @@ def proven_map(records: dict) -> dict[tuple[str, int], Any]:
     return {(rs[0].entry.file, rs[0].entry.line): [r.proof for r in rs] for rs in records.values() if rs}
 
 
+def _record_order(r) -> tuple:
+    return (r.proof, r.key, repr(r.stated), r.logged)
+
+
+def _measurable(ra: list, rb: list, fw_a: str, fw_b: str):
+    """(record measured, record whose reduction it is measured with, their frameworks): every pairing of the two
+    entries' records, the first ones first, each way round."""
+    for fa in ra:
+        for fb in rb:
+            yield fa, fb, fw_a, fw_b
+            yield fb, fa, fw_b, fw_a
+
+
 def decide(reg, pair: Pair, records: dict | None = None) -> Outcome:
     """A pair's status. Fingerprint proofs (tests/_support/proven.py) decide pairs whose entries state their
     reductions: proven when both were fingerprinted, equal when the fingerprints are one computation (and the
@@ -867,17 +880,19 @@ def decide(reg, pair: Pair, records: dict | None = None) -> Outcome:
                            f"entr{'y' if len(missing) == 1 else 'ies'} yet (stated reductions "
                            f"{'equal: approximate until proven' if stated_equal else 'differ: approximate'})"
                            + (f"; {cannot}" if cannot else ""), exact=exact)
-        fa, fb = ra[0], rb[0]            # each proof asserted that its entry's statement is what the code does
+        # each proof asserted that its entry's statement is what the code does; an entry several proofs saw is
+        # taken in the proofs' name order, so the report does not depend on the order the proofs ran in
+        ra, rb = sorted(ra, key=_record_order), sorted(rb, key=_record_order)
+        fa, fb = ra[0], rb[0]
         if exact:
             return Outcome(pair, "proven equal", f"equal stated reductions, each fingerprinted ({fa.proof}; "
                            f"{fb.proof})", exact=exact)
         # the gap, measured on a batch both reductions apply to: a framework that logs one row per step cannot be
-        # asked what it logs for a row of several steps, so the other proof's batch is tried too
-        for mine, theirs, fw_mine, fw_theirs in ((fa, fb, pair.a.framework, pair.b.framework),
-                                                 (fb, fa, pair.b.framework, pair.a.framework)):
+        # asked what it logs for a row of several steps, so the other proofs' batches are tried too
+        for mine, theirs, fw_mine, fw_theirs in _measurable(ra, rb, pair.a.framework, pair.b.framework):
             try:
                 other = mine.value_of(theirs.stated)
-            except AssertionError:
+            except (AssertionError, ArithmeticError):      # no value there (FP.Undefined), or 0 tokens to divide by
                 continue
             gap = abs(mine.logged - other) / max(abs(mine.logged), 1e-12)
             if gap < TOL:

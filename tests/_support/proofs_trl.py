@@ -221,21 +221,37 @@ def default_rewards() -> list[Callable]:
     return [length_reward, has_cat]
 
 
+@contextlib.contextmanager
+def one_thread() -> Any:
+    """torch on one thread while the block runs (the simulated batches are tiny: threads only wait on each other,
+    and on a shared machine), the thread count restored after."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def one_thread_quiet() -> Any:
+    """:func:`one_thread`, with the block's prints sent to stderr: the Trainer prints every logged dict
+    (PrinterCallback, with disable_tqdm), kept off stdout, where the proofs report (tests/_support/fidelity_proofs.py)
+    writes docs/fidelity-proofs.md; pytest shows them with a failure."""
+    with one_thread(), contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
 def train(trainer: Any, rec: Any) -> TRLRun:
     """Run ``trainer.train()`` with the recorders attached; the rows, calls and per-step values it left."""
-    import torch
 
     calls = MetricsRecorder(trainer)
     optimizer = OptimizerSteps(trainer)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)            # a tiny model: threads only wait on each other (and on a shared machine)
     try:
-        # the Trainer prints every logged dict (PrinterCallback, with disable_tqdm): kept off stdout, where the
-        # proofs report (tests/_support/fidelity_proofs.py) writes docs/fidelity-proofs.md
-        with contextlib.redirect_stdout(sys.stderr):
+        with one_thread_quiet():
             trainer.train()
     finally:
-        torch.set_num_threads(threads)
         calls.close()
     run = TRLRun(config=trainer.args.to_dict(), rows=list(rec.stepped), calls=calls.calls, optimizer=optimizer)
     last = 0

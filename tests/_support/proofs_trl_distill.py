@@ -28,12 +28,11 @@ import atexit
 import contextlib
 import functools
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .proofs_trl import COMMON, MetricsRecorder, OptimizerSteps, TRLRun, suppress_all_but
+from .proofs_trl import COMMON, MetricsRecorder, OptimizerSteps, TRLRun, one_thread_quiet, suppress_all_but
 from .tiny_trl import build_tiny_model, log_recorder, sentences
 
 
@@ -71,17 +70,13 @@ def recording_divergence(out: list[tuple[Any, Any]]):
 
 def train(trainer: Any, rec: Any) -> TRLRun:
     """``trainer.train()`` with the recorders attached (as ``proofs_trl.train``, with :class:`CallerRecorder`)."""
-    import torch
 
     calls = CallerRecorder(trainer)
     optimizer = OptimizerSteps(trainer)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with one_thread_quiet():
             trainer.train()
     finally:
-        torch.set_num_threads(threads)
         calls.close()
     run = TRLRun(config=trainer.args.to_dict(), rows=list(rec.stepped), calls=calls.calls, optimizer=optimizer)
     last = 0

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from _support.framework_code import SimAccelerator, run_ranks
-from _support.proofs_trl import MetricsRecorder, default_rewards, log_recorder, suppress_all_but, train
+from _support.proofs_trl import MetricsRecorder, default_rewards, log_recorder, one_thread, suppress_all_but, train
 from _support.tiny_trl import build_tiny_model, sentences
 
 WORLD = 2
@@ -182,7 +182,6 @@ def run_loss_on_ranks(make_trainer: Callable[[], Any], loss: Callable[[Any, Micr
     """On 2 simulated ranks: for each optimizer step and micro-batch, ``loss(trainer, micro)`` (the framework's loss
     method, called by the caller's ``loss``), ``sync_gradients`` true at the step's last micro-batch; after the
     steps of each row (``rows``: the optimizer steps per logged row), the trainer's own ``log({})``."""
-    import torch
     windows, first = [], 1
     for n in rows:
         windows.append((first, first + n - 1))
@@ -193,22 +192,23 @@ def run_loss_on_ranks(make_trainer: Callable[[], Any], loss: Callable[[Any, Micr
         trainer = make_trainer()
         logs = _state_and_logs(trainer)
         rec = MetricsRecorder(trainer)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
         try:
-            for lo, hi in windows:
-                for s in range(lo, hi + 1):
-                    trainer.state.global_step = s - 1
-                    micros = steps[s - 1][r]
-                    for u, m in enumerate(micros):
-                        trainer.accelerator.sync_gradients = u == len(micros) - 1
-                        loss(trainer, m)
-                    trainer.state.global_step = s
-                type(trainer).log(trainer, {})
+            with one_thread():
+                run_windows(trainer, r)
         finally:
-            torch.set_num_threads(threads)
             rec.close()
         return rec.calls, logs
+
+    def run_windows(trainer: Any, r: int) -> None:
+        for lo, hi in windows:
+            for s in range(lo, hi + 1):
+                trainer.state.global_step = s - 1
+                micros = steps[s - 1][r]
+                for u, m in enumerate(micros):
+                    trainer.accelerator.sync_gradients = u == len(micros) - 1
+                    loss(trainer, m)
+                trainer.state.global_step = s
+            type(trainer).log(trainer, {})
 
     out = run_ranks(rank, WORLD)
     return RankRun([c for c, _ in out], [lg for _, lg in out], windows)

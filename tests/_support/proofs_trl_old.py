@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .proofs_trl import COMMON
+from .proofs_trl import COMMON, one_thread_quiet
 from .tiny_trl import build_tiny_model, sentences
 
 
@@ -68,20 +68,6 @@ ROLLOUT_LOCALS = ("kl", "logprobs", "ref_logprobs", "padding_mask", "padding_mas
                   "rewards", "responses", "postprocessed_responses", "sequence_lengths", "approxkl_stats",
                   "pg_clipfrac_stats", "pg_loss_stats", "vf_loss_stats", "vf_clipfrac_stats", "entropy_stats",
                   "ratio_stats")
-
-
-@contextlib.contextmanager
-def one_thread_quiet() -> Any:
-    """A trainer's ``train()`` on one torch thread (the simulated batches are tiny; two threads only contend), its
-    prints sent to stderr (pytest shows them with a failure)."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _copy(frame_locals: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

@@ -28,7 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .proofs_trl import COMMON, Call, MetricsRecorder, OptimizerSteps, TRLRun, suppress_all_but
+from .proofs_trl import (
+    COMMON,
+    Call,
+    MetricsRecorder,
+    OptimizerSteps,
+    TRLRun,
+    one_thread,
+    one_thread_quiet,
+    suppress_all_but,
+)
 from .tiny_trl import build_tiny_model, log_recorder, sentences
 
 
@@ -78,22 +87,14 @@ class PrefRun(TRLRun):
 def train_recording(trainer: Any, rec: Any, names: Iterable[str] = ()) -> TRLRun:
     """Run ``trainer.train()`` with the recorders attached (``_metrics`` appends when the trainer has ``_metrics``,
     the returns of ``names`` otherwise); the rows, calls and per-step values it left."""
-    import torch
 
     metrics = MetricsRecorder(trainer) if hasattr(trainer, "_metrics") and not names else None
     optimizer = OptimizerSteps(trainer)
     returns = ReturnRecorder(trainer, names)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            if names:
-                with returns:
-                    trainer.train()
-            else:
-                trainer.train()
+        with one_thread_quiet(), (returns if names else contextlib.nullcontext()):
+            trainer.train()
     finally:
-        torch.set_num_threads(threads)
         if metrics is not None:
             metrics.close()
     calls = metrics.calls if metrics is not None else returns.calls
@@ -355,12 +356,8 @@ def run_tpo_on_ranks(workdir: Path, *, sizes: Sequence[Sequence[int]], rows: Seq
             rec.close()
         return rec.calls, logs
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         out = run_ranks(rank, WORLD)
-    finally:
-        torch.set_num_threads(threads)
     return RankRun([c for c, _ in out], [lg for _, lg in out], windows)
 
 
@@ -372,7 +369,6 @@ def run_cpo_orpo_on_ranks(kind: str, workdir: Path, *, sizes: Sequence[Sequence[
     len(sizes[r])]`` of the trainer's tokenized pairs, collated by its own data collator. The locals of
     ``concatenated_forward``, the loss function and ``get_batch_loss_metrics`` are recorded as they return (as
     :func:`run_cpo_orpo`), then paired per micro-batch (:func:`paired`)."""
-    import torch
 
     from .framework_code import WORLD, SimAccelerator, run_ranks
     windows, first = [], 1
@@ -418,12 +414,8 @@ def run_cpo_orpo_on_ranks(kind: str, workdir: Path, *, sizes: Sequence[Sequence[
         calls = paired(TRLRun(config={}, rows=[], calls=rec.calls))
         return calls, logs
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         out = run_ranks(rank, WORLD)
-    finally:
-        torch.set_num_threads(threads)
     return RankRun([c for c, _ in out], [lg for _, lg in out], windows)
 
 
@@ -490,12 +482,8 @@ def run_online_dpo_on_ranks(workdir: Path, *, sizes: Sequence[Sequence[int]], ro
                                                        learning_rate=1e-3)
         return rec.calls, logs
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         out = run_ranks(rank, WORLD)
-    finally:
-        torch.set_num_threads(threads)
     return RankRun([c for c, _ in out], [lg for _, lg in out], windows)
 
 
