@@ -34,20 +34,6 @@ RUNNABLE = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "areal": "area
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
     ("trl", "completion_length", "grpo"): "not logged by TRL >= v0.17.0 (the entry is for Unsloth's patched "
                                           "GRPOTrainer, which still logs it); Unsloth is not installed",
-    ("trl", "train_runtime", None): "the end-of-training summary's wall-clock time: no batch quantity to fingerprint",
-    ("trl", "train_samples_per_second", None): "the end-of-training summary: samples over wall-clock time",
-    ("trl", "train_steps_per_second", None): "the end-of-training summary: steps over wall-clock time",
-    ("trl", "runtime", None): "evaluate()'s wall-clock time: no batch quantity to fingerprint",
-    ("trl", "samples_per_second", None): "evaluate()'s samples over wall-clock time",
-    ("trl", "steps_per_second", None): "evaluate()'s steps over wall-clock time",
-    ("trl", "total_flos", None): "the Trainer's floating-point operation estimate (model.floating_point_ops): no "
-                                 "batch reduction to fingerprint",
-    ("trl", "train_loss", None): "the end-of-training summary: one value per run (tr_loss over global_step), "
-                                 "logged once; no logged rows to fingerprint a window against",
-    ("areal", "timeperf/rollout", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "
-                                          "quantity to fingerprint",
-    ("areal", "timeperf/{stage}", "ppo"): "wall-clock timers (AReaL's stats_tracker.record_timing): no batch "
-                                          "quantity to fingerprint",
 }
 
 

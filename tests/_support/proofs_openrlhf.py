@@ -1161,10 +1161,4 @@ ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
         "the prompts consumed (a percentage, n_samples_per_prompt times the prompt groups' pass rate), which the "
         "entry now states as a deviation; test_ppo_dynamic_filtering_pass_rate_counts_samples_over_prompts_in_percent "
         "runs the wheel's generate_samples / _generate_vllm with dynamic filtering and checks that arithmetic"),
-    ("areal", "timeperf/rollout", "ppo"): (
-        "a raw wall-clock timer (record_timing around the trainer's wait for the rollout batch, rl_trainer.py): no "
-        "batch quantity to fingerprint"),
-    ("areal", "timeperf/{stage}", "ppo"): (
-        "a raw wall-clock timer per stage of the step (record_timing, rl_trainer.py): no batch quantity to "
-        "fingerprint"),
 }

@@ -490,19 +490,6 @@ def run_online_dpo_on_ranks(workdir: Path, *, sizes: Sequence[Sequence[int]], ro
 # ------------------------------------------------------------------------------------------------------- unproven
 #: entries of mappings/trl.yaml covering trl 1.16.0 that no proof of this group fingerprints, and why
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
-    ("trl", "train_runtime", None): "the end-of-training summary's wall-clock time (a raw timer): no batch quantity "
-                                    "to fingerprint",
-    ("trl", "train_samples_per_second", None): "the end-of-training summary: samples over wall-clock time (a raw "
-                                               "timer)",
-    ("trl", "train_steps_per_second", None): "the end-of-training summary: steps over wall-clock time (a raw timer)",
-    ("trl", "runtime", None): "evaluate()'s wall-clock time (a raw timer): no batch quantity to fingerprint",
-    ("trl", "samples_per_second", None): "evaluate()'s samples over wall-clock time (a raw timer)",
-    ("trl", "steps_per_second", None): "evaluate()'s steps over wall-clock time (a raw timer)",
-    ("trl", "total_flos", None): "the Trainer's floating-point operation estimate (model.floating_point_ops, "
-                                 "6 x parameters x tokens): a model-size estimate, no batch reduction to fingerprint",
-    ("trl", "train_loss", None): "the end-of-training summary: one value per run (tr_loss over global_step), logged "
-                                 "once; its reduce: is stat value, and no candidate reduction of one logged row "
-                                 "tells a window apart",
     ("trl", "completions", None): "a table of completion texts (W&B/Trackio, stat dist over samples): no numeric "
                                   "value to fingerprint",
     ("trl", "game_log", None): "a table of generated texts (legacy generate_during_eval): no numeric value to "
