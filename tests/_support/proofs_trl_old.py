@@ -138,6 +138,26 @@ class PPORecorder:
         return [u for u in self.updates if u.row]
 
 
+class StepClock:
+    """``time`` as ppo_trainer.py sees it (the module's ``time`` attribute): its k-th ``time()`` reading is
+    ``START + 0.25 * k * (k + 1)`` seconds (each reading later than the last by a longer step: the updates take
+    different times), every reading recorded; the rest of the module is the real one. PPOTrainer.train reads it at
+    its start (``start_time``) and once per logged update (``eps``), nowhere else."""
+
+    START = 1000.0
+
+    def __init__(self, real: Any) -> None:
+        self._real, self.readings = real, []
+
+    def time(self) -> float:
+        k = len(self.readings)
+        self.readings.append(self.START + 0.25 * k * (k + 1))
+        return self.readings[-1]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 @dataclass
 class PPORun:
     config: dict[str, Any]
@@ -145,6 +165,7 @@ class PPORun:
     lr_after: list[float]
     lr_initial: float
     eos_token_id: int
+    clock: list[float] = field(default_factory=list)      # StepClock's readings: train()'s start, then one per log
 
     def micro_steps(self, upd: PPOUpdate, values: Any) -> list:
         """The nested batch of one update's update statistics: one logged step, its (epoch, mini-batch) pairs as
@@ -208,9 +229,15 @@ def run_ppo(workdir: Path, *, n_prompts: int = 64, **config: Any) -> PPORun:
     # process computes the same update statistics (the report's measured gaps included)
     import numpy as np
     np.random.seed(1)
-    with one_thread_quiet():
-        trainer.train()
-    return PPORun(ppo_args.to_dict(), rec.done(), rec.lr_after, lr0, tok.eos_token_id)
+    module = sys.modules[type(trainer).__module__]
+    real_time = module.time
+    clock = module.time = StepClock(real_time)
+    try:
+        with one_thread_quiet():
+            trainer.train()
+    finally:
+        module.time = real_time
+    return PPORun(ppo_args.to_dict(), rec.done(), rec.lr_after, lr0, tok.eos_token_id, clock.readings)
 
 
 ENTRY_WHY: dict[tuple[str, str, str], str] = {
@@ -220,8 +247,5 @@ ENTRY_WHY: dict[tuple[str, str, str], str] = {
         "reduction of tests/_support/fingerprint.py computes (its std/var candidates are over one population's "
         "values, before the levels); tests/frameworks/test_proof_trl_old.py fingerprints val/ratio, the same "
         "values' mean",
-    ("trl", "eps", "ppo"):
-        "int(episode / seconds since train() began) (trl/experimental/ppo/ppo_trainer.py@v1.12.0:888): a raw "
-        "timer, no batch quantity to fingerprint",
 }
 

@@ -132,7 +132,7 @@ def test_ppo_1_12_rollout_and_update_statistics(p, tmp_path):
     each of the 2 epochs: token means over the response tokens (the losses and clip fractions; the value terms one
     position further, padding_mask_p1), or over every response position, padding included (the approximate KL, the
     entropy and the ratio); val/num_eos_tokens sums the responses' EOS tokens; lr is the rate before the scheduler
-    steps; episode counts prompts."""
+    steps; episode counts prompts; eps is the episodes so far over the seconds since train() began."""
     _assert_ppo(p, tmp_path, padding_in_entropy=False)
 
 
@@ -238,6 +238,17 @@ def _assert_ppo(p, tmp_path, *, padding_in_entropy: bool) -> None:
     p.check(all(u.row["episode"] != u.global_step for u in ups), "episode is not the global step")
     p.assert_stated("episode", [(u.row["episode"], [[[[[[u.episode]]]]]]) for u in ups], tokens=("none",),
                     levels=())
+
+    # eps: the episodes so far over the seconds since train() began (ppo_trainer.py's clock: its start, then one
+    # reading per logged update, each step longer), truncated to an integer; not this update's own rate
+    clock = run.clock
+    p.check(len(clock) == 1 + len(ups), (len(clock), len(ups)))
+    eps = [(u.row["eps"], [[[[[[float(int(u.episode / (clock[k] - clock[0])))]]]]]])
+           for k, u in enumerate(ups, 1)]
+    p.assert_stated("eps", eps, tokens=("none",), levels=())
+    batch = ups[0].episode
+    own = [int(batch / (clock[k] - clock[k - 1])) for k in range(1, len(clock))]
+    p.check([u.row["eps"] for u in ups] != own and len({u.row["eps"] for u in ups}) > 1, (eps, own))
 
 
 PPO_SPLIT = {**PPO, "gradient_accumulation_steps": 4, "num_mini_batches": 2, "total_episodes": 32, "response_length": 8}
