@@ -34,14 +34,6 @@ class NoOpRun(RunView):
         discard it."""
         validate_call(metrics, step, axis)      # refuses what rank 0 refuses, then discards
 
-    def tracker_info(self, is_spool: bool = False) -> RunInfo:
-        """The run info ``init`` was given (no tracker is opened on this rank)."""
-        return self.info
-
-    def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
-        """Nothing is translated on this rank: no approximations."""
-        return {}
-
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Nothing to flush; returns :attr:`status`."""
         return self.status

@@ -248,14 +248,6 @@ class Run(RunView):
         else:
             self._inbox.put((wall_time, step, values, axis, logged))
 
-    def tracker_info(self, is_spool: bool = False) -> RunInfo:
-        """The run info a sink is opened with (:meth:`.egress.Egress.tracker_info`)."""
-        return self._egress.tracker_info(is_spool)
-
-    def tracker_approximate(self, is_spool: bool = False) -> dict[str, str]:
-        """Name -> why its value is approximate, as found so far (:meth:`.egress.Egress.approximate`)."""
-        return self._egress.approximate(is_spool)
-
     def finish(self, timeout: float | None = None, *, failed: bool = False) -> dict[str, Any]:
         """Flush every sink and close it (a failed sink is given one last chance to recover and catch up).
         ``failed=True`` records that training failed (MLflow FAILED, wandb exit code 1, ``outcome`` in the run
