@@ -264,21 +264,11 @@ def run_gspo_token(workdir: Path, **config: Any) -> Any:
     return train(trainer, rec)
 
 
-_XPO = ("not fingerprinted: XPOTrainer and NashMDTrainer (trl/trainer/xpo_trainer.py and nash_md_trainer.py@v0.25.1, "
-        "trl/experimental/xpo and nash_md@v1.12.0) are OnlineDPOTrainer subclasses that generate completions, score "
-        "them with a reward model (or a pairwise judge) and compute these statistics in _log_statistics; no proof of "
-        "them is written yet (tests/frameworks/test_proof_trl_old2.py runs DPO, KTO, BCO, SFT and GSPO-token)")
-_XPO_KEYS = {
-    "xpo": ("objective/kl", "objective/entropy", "objective/scores_margin", "objective/model_scores",
-            "objective/ref_scores", "val/model_contain_eos_token", "val/ref_contain_eos_token", "beta", "alpha",
-            "loss/dpo", "loss/xpo", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
-            "logps/chosen", "logps/rejected"),
-    "nash_md": ("objective/entropy", "val/model_contain_eos_token", "val/ref_contain_eos_token", "beta",
-                "mixture_coef", "loss/score", "loss/kl", "rewards/probabilities", "rewards/chosen", "rewards/rejected",
-                "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"),
-}
-_SSD = ("not fingerprinted: SSDTrainer exists only in trl.experimental.ssd (v1.2.0..v1.15.0; 1.12.0 is the listed "
-        "release of that range) and no proof of it is written yet; the pinned 1.16.0 removed it")
+_XPO = ("XPO's logps/chosen and logps/rejected (trl/experimental/xpo/xpo_trainer.py@v1.12.0, _log_statistics): "
+        "the policy's and the reference's per-sequence log-prob means added together, a sum of two means that no "
+        "candidate reduction computes (a stated deviation); every other XPO and Nash-MD key is fingerprinted by "
+        "tests/frameworks/test_proof_trl_online_old.py at 1.12.0")
+_XPO_KEYS = {"xpo": ("logps/chosen", "logps/rejected")}
 _ASYNC = ("not fingerprinted: AsyncGRPOTrainer (trl/experimental/async_grpo@v1.12.0) takes its samples, rewards and "
           "rollout statistics from the async rollout worker, which generates with a vLLM server (not installable "
           "on this CPU test machine); no proof drives its loss and log at 1.12.0 yet (the 1.16.0 proofs in "
@@ -318,10 +308,6 @@ ENTRY_WHY: dict[tuple[str, str, str], str] = {
     ("trl", "entropy/mean", "grpo"):
         "ms-swift's GRPOTrainer subclass (swift/rlhf_trainers/grpo_trainer.py@ms-swift-4.6.0, log_entropy) logs it, "
         "not TRL: ms-swift is not installed (its trl<1.0 requirement conflicts with the pinned trl 1.16.0)",
-    ("trl", "completions/mean_length", "ssd"): _SSD,
-    ("trl", "completions/min_length", "ssd"): _SSD,
-    ("trl", "completions/max_length", "ssd"): _SSD,
-    ("trl", "ssd/{metric}", "ssd"): _SSD,
     ("trl", "rewards/{reward_fn}", "async_grpo"): _ASYNC,
     ("trl", "reward", "async_grpo"): _ASYNC,
     ("trl", "reward_std", "async_grpo"): _ASYNC,

@@ -2,12 +2,13 @@
 
 tests/releases.txt lists them (``name==version``, then the pinned companions of that release's time, such as an older
 transformers, where the test environment's packages do not import it); ``make .venv/.test-installed`` installs each
-line with ``pip install --no-deps --target .venv/releases/<name>-<version>``, beside the release constraints.txt pins. A proof registered for
-such a release (``@proof("verl", trainer="ppo", release="0.8.0")``) runs in a child process whose ``sys.path`` starts
-with that folder, so ``import verl`` there is the old release's own code (and its companions' code, when its line names any) while
-everything else (torch, trackbridge, the proof's module) is the test environment's. The child runs the proof function whole, every assertion
-included; what it asserted comes back (each ``assert_stated`` call's key, logged value, batch and options, and the
-count of other checks), and the parent replays the ``assert_stated`` calls against the mapping entries of that release,
+line with ``pip install --no-deps --target .venv/releases/<name>-<version>``, beside the release constraints.txt
+pins. A proof registered for such a release (``@proof("verl", trainer="ppo", release="0.8.0")``) runs in a child
+process whose ``sys.path`` starts with that folder, so ``import verl`` there is the old release's own code (and its
+companions' code, when its line names any) while everything else (torch, trackbridge, the proof's module) is the
+test environment's. The child runs the proof function whole, every assertion included; what it asserted comes back
+(each ``assert_stated`` call's key, logged value, batch and options, and the count of other checks), and the parent
+replays the ``assert_stated`` calls against the mapping entries of that release,
 so the records and the report are made exactly as for a proof run in process.
 
 Run by hand: ``python tests/_support/releases.py install`` installs what tests/releases.txt lists (what make does);
