@@ -572,9 +572,6 @@ SOURCE_ONLY: dict[str, str] = {
                                "V1 trainer does not log it); nothing to fingerprint on CPU",
     "perf/memory/max_reserved_gb": "the accelerator's peak reserved memory (torch.cuda / the device's allocator): "
                                    "a device reading, not computed from a batch; none on CPU",
-    "value/explained_variance": "1 - Var(returns - values) / Var(returns) is none of the fingerprint's candidate "
-                                "statistics; veRL's is checked against its alternatives on the V1 step's batch "
-                                "(tests/frameworks/test_proof_verl_driver.py), not fingerprinted",
 }
 
 

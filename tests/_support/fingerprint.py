@@ -22,8 +22,11 @@ Some candidates are offered only when a proof asks for them (``tokens=``, ``proc
 the entry states them (:func:`assert_stated` adds the stated value): :data:`TOKENS_EXTRA` (a token sum over the step's
 global token count), :data:`PROCESSES_EXTRA` (``gather``: the ranks' values pooled before the statistic, a pooled std;
 ``driver``: one process combining its batches, ``processes: none`` with a ``micro_batches`` level),
-:data:`WINDOW_EXTRA` (the window's max / min) and the ``count`` statistic (:data:`STATS`): the rest of the candidates
-stay what every proof was fingerprinted against, and of equivalent candidates the representative is one of those.
+:data:`WINDOW_EXTRA` (the window's max / min), :data:`COMBINE_EXTRA` (``var``: the unbiased variance of a level's
+values, such as every micro-batch's mean at once) and the ``count`` and ``explained_var`` statistics (:data:`STATS`;
+``explained_var`` is over a population of (return, value) pairs, each token's value a 2-tuple): the rest of the
+candidates stay what every proof was fingerprinted against, and of equivalent candidates the representative is one
+of those.
 
 Two candidates that give the logged value are one computation when they agree on several other batches of the same
 shape (:func:`equivalent`: a level holding one item makes all its reductions equal; a token mean pooled over
@@ -51,6 +54,12 @@ TOKENS_EXTRA = ("token_sum_global_norm",)
 # all_reduce_weighted weighs by tokens
 TOKEN_WEIGHTED = ("token_mean", "token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm")
 COMBINE = ("none", "token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min")
+#: offered only when asked for (``micro=``, ``mini=``, ``window=``) or stated: ``var``, the unbiased variance
+#: (torch.var's default, n-1) of the level's values. With ``mini="none"`` (the optimizer steps' micro-batches pooled
+#: rank by rank) and ``processes="driver"`` (every rank's micro-batches combined at once) it is the variance of every
+#: micro-batch value of the step over all ranks: TRL's ``val/ratio_var``, ``gather_for_metrics(ratio_stats).var()``
+#: of the per-micro-batch mean ratios (trl/experimental/ppo/ppo_trainer.py@v1.12.0:868,904)
+COMBINE_EXTRA = ("var",)
 PROCESSES = ("none", "all_reduce_weighted", "all_reduce_mean", "token_weighted", "seq_weighted", "sum", "max", "min",
              "rank0")
 #: offered only when asked for (``processes=``) or stated (proven.to_fingerprint): ``gather``, the ranks' populations
@@ -62,8 +71,13 @@ WINDOW = ("step", "mean", "last", "sum", "none")       # none: the logged steps'
 #: offered only when asked for (``window=``): the window's largest / smallest logged value
 WINDOW_EXTRA = ("max", "min")
 #: the statistics a proof may offer (``stats=``); ``count``: how many items (sequences for per_seq, tokens for
-#: token_mean) the population holds
-STATS = ("mean", "max", "min", "sum", "std", "count")
+#: token_mean) the population holds; ``explained_var``: 1 - Var(r - v) / (Var(r) + 1e-5) of a population of
+#: (return, value) pairs (each token's value a 2-tuple), both variances unbiased (torch.var): veRL's
+#: ``critic/vf_explained_var`` over the batch's valid tokens (verl/trainer/ppo/metric_utils.py@v0.9.1
+#: compute_data_metrics)
+STATS = ("mean", "max", "min", "sum", "std", "count", "explained_var")
+#: the constant veRL adds to Var(returns) in the explained variance's denominator
+EXPLAINED_VAR_EPS = 1e-5
 LEVELS = ("micro_batches", "mini_batches", "processes", "window")
 
 
@@ -98,6 +112,12 @@ def _stat(values: list[float], stat: str, std: str | None) -> float:
         return sum(values)
     if stat == "count":
         return float(len(values))
+    if stat == "explained_var":            # values: (return, value) pairs
+        if len(values) < 2:
+            return math.nan                   # an unbiased variance of one pair: undefined
+        returns = [float(r) for r, _ in values]
+        diffs = [float(r) - float(v) for r, v in values]
+        return 1.0 - statistics.variance(diffs) / (statistics.variance(returns) + EXPLAINED_VAR_EPS)
     if stat == "std":
         if std == "sample" and len(values) < 2:
             return math.nan                   # undefined: a candidate no logged value matches
@@ -110,6 +130,9 @@ def reduce_population(seqs: Micro, red: Reduction, norm_len: float) -> tuple[flo
     ``norm_len``: the constant of ``seq_mean_token_sum_norm``, or the token count ``token_sum_step_norm`` /
     ``token_sum_dp_norm`` / ``token_sum_global_norm`` divide by (computed by :func:`value_of` from the step)."""
     n_tok, n_seq = sum(len(s) for s in seqs), len(seqs)
+    if any(isinstance(v, tuple) for s in seqs for v in s[:1]) != (red.stat == "explained_var"):
+        # (return, value) pairs have an explained variance and nothing else; plain values no explained variance
+        raise Undefined(f"{red} has no value on this population")
     if red.tokens in ("per_seq", "none"):    # none: a scalar per micro-batch (lr, a grad norm), one 'sequence' of it
         return _stat([s[0] for s in seqs], red.stat, red.std), n_tok, n_seq
     if red.tokens == "token_mean":
@@ -149,6 +172,8 @@ def _combine(parts: list[tuple[float, int, int]], how: str, red: Reduction) -> t
         return max(vals), toks, seqs
     if how == "min":
         return min(vals), toks, seqs
+    if how == "var":                         # unbiased (n-1), torch.var's default; undefined for one value
+        return (statistics.variance(vals) if len(vals) > 1 else math.nan), toks, seqs
     raise ValueError(how)
 
 
@@ -212,8 +237,8 @@ def _valid(red: Reduction) -> bool:
     if red.stat != "mean" and red.tokens not in ("per_seq", "token_mean", "seq_mean_token_mean",
                                                  "seq_mean_token_sum"):
         return False
-    if red.stat == "count" and red.tokens not in ("per_seq", "token_mean"):
-        return False                       # a count of sequences (per_seq) or of tokens (token_mean)
+    if red.stat in ("count", "explained_var") and red.tokens not in ("per_seq", "token_mean"):
+        return False                       # a count (explained variance) of sequences or of tokens
     if (red.stat == "std") != (red.std is not None):
         return False
     if red.processes == "none" and red.micro_batches != "none":
@@ -248,7 +273,9 @@ def candidates(steps: Steps, *, tokens: Iterable[str] = TOKENS, stats: Iterable[
 
 def _reshaped(steps: Steps, rng: random.Random) -> Steps:
     """A batch of the same shape with other values: two reductions equal on several of these are one function."""
-    return [[[[[[rng.uniform(-1.0, 2.0) for _ in seq] for seq in micro] for micro in rank] for rank in mini]
+    def fresh(v: Any) -> Any:             # a (return, value) pair stays a pair
+        return tuple(rng.uniform(-1.0, 2.0) for _ in v) if isinstance(v, tuple) else rng.uniform(-1.0, 2.0)
+    return [[[[[[fresh(v) for v in seq] for seq in micro] for micro in rank] for rank in mini]
              for mini in step] for step in steps]
 
 
@@ -309,7 +336,8 @@ def fingerprint(observed: float | Sequence[Observation], steps: Steps | None = N
 def _late(red: Reduction) -> bool:
     """Whether ``red`` is one of the candidates offered only when asked for (a gather, a driver combining its
     batches, a window's extreme ...): of equivalent candidates, the representative is one of the others."""
-    return red.processes in PROCESSES_EXTRA or red.window in WINDOW_EXTRA or red.tokens in TOKENS_EXTRA
+    return (red.processes in PROCESSES_EXTRA or red.window in WINDOW_EXTRA or red.tokens in TOKENS_EXTRA
+            or bool(set(COMBINE_EXTRA) & {red.micro_batches, red.mini_batches, red.window}))
 
 
 def _uneven(groups: Iterable[Sequence[Any]], size: Any) -> bool:
@@ -319,7 +347,7 @@ def _uneven(groups: Iterable[Sequence[Any]], size: Any) -> bool:
 def check_uneven(steps: Steps, levels: Iterable[str]) -> None:
     """Fail unless each of ``levels`` holds, somewhere, two or more items of different token counts: only then do its
     weighted and unweighted (and first, last, pooled) reductions give different numbers."""
-    def toks(x: Any) -> int:
+    def toks(x: Any) -> int:       # a (return, value) pair counts 2: every count doubled, the unevenness the same
         return sum(toks(y) for y in x) if x and isinstance(x[0], (list, tuple)) else len(x)
     where = {"window": [steps],
              "mini_batches": list(steps),
@@ -349,6 +377,10 @@ def assert_stated(observed: float | Sequence[Observation], steps: Steps | None, 
             default = tuple(w for w in WINDOW if w != "step")
         offered = tuple(kw.get(name) or default)
         if getattr(want, field_name) not in offered:
+            kw[name] = (*offered, getattr(want, field_name))
+    for name, field_name in (("micro", "micro_batches"), ("mini", "mini_batches")):
+        offered = tuple(kw.get(name) or COMBINE)
+        if getattr(want, field_name) in COMBINE_EXTRA and getattr(want, field_name) not in offered:
             kw[name] = (*offered, getattr(want, field_name))
     found = fingerprint(observed, steps, rel=rel, norm_len=norm_len, **kw)
     assert all(equivalent(found, want, b, norm_len) for b in batches), (

@@ -851,10 +851,6 @@ _ITERATIONS = ("MetricsAggregator sums the count over the step's iterations (v1/
 #: why an entry of veRL 0.9.1 that covers the installed release has no fingerprint proof (issue 33 item 1), by
 #: (framework, key, trainer); the proofs that reached the others: tests/frameworks/test_proof_verl*.py
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
-    ("verl", "critic/vf_explained_var", "ppo"):
-        "1 - Var(returns - values) / (Var(returns) + 1e-5) over the batch's valid tokens is none of the "
-        "fingerprint's candidate statistics (means, extrema, sums, stds); checked against its alternatives by "
-        "tests/frameworks/test_proof_verl_driver.py::test_vf_explained_var_is_one_number_over_the_valid_tokens",
     ("verl", "training/rollout_probs_diff_{stat}", "ppo"):
         "one template entry states one reduction (the token mean) for _valid, _max, _mean and _std: right for "
         "_mean only (utils/debug/metrics.py@v0.9.1:116-119; tests/frameworks/test_proof_verl_driver.py checks each); "

@@ -1,7 +1,9 @@
 """The fingerprint's candidates that some entries need and the rest of the candidates could not state
 (tests/_support/fingerprint.py): a ``count`` statistic, a ``gather`` (a pooled std over the ranks), a ``driver``
-combining its batches (``processes: none`` with a ``micro_batches`` level), a window's ``max`` / ``min``, and a token
-sum over the step's global token count (``token_sum_global_norm``). Each test writes the expected value out by hand
+combining its batches (``processes: none`` with a ``micro_batches`` level), a window's ``max`` / ``min``, a token
+sum over the step's global token count (``token_sum_global_norm``), the unbiased variance of a level's values
+(``var``: TRL's ``val/ratio_var``) and the explained variance of (return, value) pairs (``explained_var``: veRL's
+``critic/vf_explained_var``). Each test writes the expected value out by hand
 on a batch where that candidate differs from every other one offered, and checks a value that fits two different
 candidates is still refused."""
 from __future__ import annotations
@@ -155,3 +157,90 @@ def test_a_sample_std_of_one_value_is_no_candidate():
     found = fingerprint(statistics.stdev([0.2, 0.6, 1.3, 0.9]), steps, tokens=("per_seq",), stats=("mean", "std"),
                         mini=("none",), processes=(*FP.PROCESSES, *FP.PROCESSES_EXTRA))
     assert (found.stat, found.std, found.micro_batches) == ("std", "sample", "none")
+
+
+# ------------------------------------------------------------------------------------------------- var
+# one logged step, 2 optimizer steps x 2 ranks x 2 micro-batches (token counts 2, 1 | 3, 2 and 1, 3 | 1, 2); each
+# micro-batch's token mean: 2, 4 | 1, 6 and 2, 8 | 3, 1
+VAR_STEPS = [[[[[[1.0, 3.0]], [[4.0]]], [[[0.0, 0.0, 3.0]], [[5.0, 7.0]]]],
+              [[[[2.0]], [[6.0, 8.0, 10.0]]], [[[3.0]], [[0.5, 1.5]]]]]]
+VAR_WANT = FP.Reduction("token_mean", "mean", "var", "none", "driver", "step")
+VAR_KW = {"tokens": ("token_mean",), "micro": (*FP.COMBINE, *FP.COMBINE_EXTRA),
+          "processes": (*FP.PROCESSES, *FP.PROCESSES_EXTRA)}
+
+
+def test_var_is_the_unbiased_variance_of_every_micro_batch_value():
+    # the 8 micro-batch means 2, 4, 1, 6, 2, 8, 3, 1: mean 27/8, squared deviations summing to 43.875, over n-1 = 7
+    by_hand = 43.875 / 7                                              # 6.2679
+    assert FP.math.isclose(by_hand, statistics.variance([2, 4, 1, 6, 2, 8, 3, 1]))
+    assert FP.math.isclose(FP.value_of(VAR_STEPS, VAR_WANT), by_hand)
+    found = fingerprint(by_hand, VAR_STEPS, **VAR_KW)
+    assert (found.micro_batches, found.mini_batches, found.processes) == ("var", "none", "driver")
+    # each micro-batch averaged over the ranks first (docs/reductions.md's nesting: 1.5, 5 | 2.5, 4.5), then the
+    # variance of those 4 (squared deviations from 3.375 summing to 8.1875, over 3): another number
+    over_ranks = FP.Reduction("token_mean", "mean", "var", "none", "all_reduce_mean", "step")
+    assert FP.math.isclose(FP.value_of(VAR_STEPS, over_ranks), 8.1875 / 3)
+    assert not FP.math.isclose(8.1875 / 3, by_hand)
+
+
+def test_var_is_offered_when_stated_and_not_otherwise():
+    by_hand = 43.875 / 7
+    found = assert_stated(by_hand, VAR_STEPS, as_fields(VAR_WANT), tokens=("token_mean",),
+                          levels=("micro_batches", "mini_batches", "processes"))
+    assert found.micro_batches == "var"
+    with pytest.raises(AssertionError, match="no candidate"):
+        fingerprint(by_hand, VAR_STEPS, tokens=("token_mean",), processes=(*FP.PROCESSES, *FP.PROCESSES_EXTRA))
+    # the population variance (n) is not it
+    with pytest.raises(AssertionError, match="no candidate"):
+        fingerprint(43.875 / 8, VAR_STEPS, **VAR_KW)
+
+
+def test_a_variance_of_one_value_is_no_candidate():
+    one = [[[[[[0.5, 1.5]]]]]]
+    with pytest.raises(FP.Undefined):
+        FP.value_of(one, VAR_WANT)
+
+
+# ------------------------------------------------------------------------------------------------- explained_var
+# (return, value) pairs of 7 valid tokens: two ranks, rank 0 with two micro-batches
+EV_STEPS = [[[[[[(1.0, 0.5), (2.0, 1.0)], [(3.0, 2.0)]], [[(0.0, 0.5)]]],
+              [[[(4.0, 3.0), (2.0, 2.5), (1.0, 1.0)]]]]]]
+# returns 1, 2, 3, 0, 4, 2, 1: sum of squared deviations 76/7, unbiased variance 76/42; returns - values 0.5, 1, 1,
+# -0.5, 1, -0.5, 0: 20/7 and 20/42
+EV_BY_HAND = 1 - (20 / 42) / (76 / 42 + 1e-5)                          # 0.73684
+EV_WANT = FP.Reduction("token_mean", "explained_var", "none", "none", "none", "step")
+
+
+def test_explained_var_over_every_valid_token_at_once():
+    assert FP.math.isclose(EV_BY_HAND, 1 - statistics.variance([0.5, 1, 1, -0.5, 1, -0.5, 0])
+                           / (statistics.variance([1, 2, 3, 0, 4, 2, 1]) + 1e-5))
+    assert FP.math.isclose(FP.value_of(EV_STEPS, EV_WANT), EV_BY_HAND)
+    found = fingerprint(EV_BY_HAND, EV_STEPS, tokens=("token_mean", "per_seq"), stats=("explained_var",))
+    assert (found.tokens, found.stat, found.processes, found.micro_batches) == ("token_mean", "explained_var",
+                                                                                "none", "none")
+    # each rank's explained variance, averaged unweighted: rank 0's tokens (returns 1, 2, 3, 0; differences 0.5,
+    # 1, 1, -0.5: variances 5/3 and 0.5) and rank 1's (4, 2, 1; 1, -0.5, 0: 7/3 and 7/12)
+    per_rank = FP.Reduction("token_mean", "explained_var", "none", "none", "all_reduce_mean", "step")
+    by_rank = ((1 - 0.5 / (5 / 3 + 1e-5)) + (1 - (7 / 12) / (7 / 3 + 1e-5))) / 2
+    assert FP.math.isclose(FP.value_of(EV_STEPS, per_rank), by_rank)
+    assert not FP.math.isclose(by_rank, EV_BY_HAND, rel_tol=1e-3)
+    found = assert_stated(EV_BY_HAND, EV_STEPS, as_fields(EV_WANT), tokens=("token_mean", "per_seq"),
+                          levels=("micro_batches", "processes"))
+    assert found.stat == "explained_var"
+
+
+def test_explained_var_is_offered_only_when_asked_for_and_only_on_pairs():
+    with pytest.raises(AssertionError, match="no candidate"):
+        fingerprint(EV_BY_HAND, EV_STEPS, tokens=("token_mean",))      # a mean of pairs is no candidate
+    plain = [[[[[[1.0, 2.0], [3.0]]]]]]
+    with pytest.raises(FP.Undefined):
+        FP.value_of(plain, EV_WANT)                                    # plain values have no explained variance
+    with pytest.raises(FP.Undefined):
+        FP.value_of([[[[[[(1.0, 0.5)]]]]]], EV_WANT)                   # one pair: no unbiased variance
+
+
+def test_explained_var_candidates_stay_pairs_on_reshaped_batches():
+    # equivalent() draws other batches of the same shape: pairs stay pairs, so the candidates stay defined
+    assert equivalent(EV_WANT, FP.Reduction("token_mean", "explained_var", "none", "mean", "none", "step"), EV_STEPS)
+    assert not equivalent(EV_WANT, FP.Reduction("token_mean", "explained_var", "none", "none", "all_reduce_mean",
+                                                "step"), EV_STEPS)

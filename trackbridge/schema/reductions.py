@@ -36,7 +36,7 @@ _COMBINE = ("token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min
 FIELDS: dict[str, tuple[str, ...]] = {
     "tokens": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum",
                "token_sum_step_norm", "token_sum_dp_norm", "token_sum_global_norm", "per_seq", "none"),
-    "stat": ("mean", "max", "min", "std", "sum", "fraction", "count", "value", "dist"),
+    "stat": ("mean", "max", "min", "std", "sum", "fraction", "count", "value", "dist", "explained_var"),
     "std": ("sample", "population"),
     "micro_batches": _COMBINE,
     "mini_batches": _COMBINE,

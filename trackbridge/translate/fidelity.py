@@ -327,7 +327,8 @@ _TOKENS = {"token_mean": "is the token mean", "seq_mean_token_mean": "is the mea
            "per_seq": "is over per-sequence values",
            "none": "is not a per-token or per-sequence quantity"}
 _STAT = {"mean": "the mean", "max": "the maximum", "min": "the minimum", "sum": "the sum", "fraction": "a fraction",
-         "count": "a count", "value": "a single value", "dist": "the distribution (a histogram)", "std": "a std"}
+         "count": "a count", "value": "a single value", "dist": "the distribution (a histogram)", "std": "a std",
+         "explained_var": "an explained variance (1 - Var(returns - values) / Var(returns))"}
 _SNAPSHOT = {"rollout": "is taken before the update (the rollout's policy and scores)",
              "update": "is taken during the update (the policy being updated)",
              "after_update": "is taken after the update", "before_scheduler_step": "is read before the scheduler steps",
