@@ -75,6 +75,7 @@ class Capture:
     opt: dict[int, list[int]] = field(default_factory=dict)
     rank: int = 0
     n_opt: dict[int, int] = field(default_factory=dict)
+    norms: dict[int, list[float]] = field(default_factory=dict)     # what each optimizer step returned, per rank
     depth: int = 0
 
     def start_micro(self) -> None:
@@ -213,6 +214,7 @@ def counting_step(obj, cap: Capture, rank: int):
     def inner():
         out = step()
         cap.n_opt[rank] = cap.n_opt.get(rank, 0) + 1
+        cap.norms.setdefault(rank, []).append(float(out))
         return out
     return inner
 

@@ -275,6 +275,47 @@ def test_v030_test_score_pools_the_validation_samples_of_a_source(p):
                             tokens=("per_seq",))
 
 
+# ------------------------------------------------------------------------------------------------ actor/grad_norm
+ONE_EPOCH = dict(V030, **{"actor_rollout_ref.actor.ppo_epochs": 1})
+
+
+def _norm_steps(norms: list[float]) -> list:
+    """Rank 0's optimizer steps (mini-batches, in order) as ``steps[0][mini-batch][rank][micro][seq][token]``: one
+    value each (DataProto.concat keeps the first worker's metrics: rank 0's)."""
+    return [[[[[[n]]]] for n in norms]]
+
+
+@proof("verl", trainer="ppo", release="0.3.0.post1", config=ONE_EPOCH)
+def test_v030_grad_norm_is_each_epochs_last_mini_batch(p):
+    """actor/grad_norm at v0.3.0.rc0-v0.3.0.post1: update_policy appends the optimizer step's pre-clip norm after the
+    mini-batch loop (dp_actor.py@v0.3.0.post1:326-328), so each PPO epoch contributes its last mini-batch's norm:
+    with ppo_epochs 1 the last of the step's mini-batches (fingerprinted: not their mean); with 2 epochs the mean of
+    each epoch's last (the entry's deviation; checked as arithmetic on the norms veRL's own steps returned)."""
+    with O2.flash_attn_stand_in():
+        ones = [O.run_update("actor", seed=s, ppo_epochs=1) for s in SEEDS]
+        two = O.run_update("actor", seed=7)
+    one, norms = ones[0], ones[0].cap.norms[0]
+    p.check(all(len(u.cap.norms[0]) == 2 and len(set(u.cap.norms[0])) == 2 for u in ones), [u.cap.norms for u in ones])
+    p.assert_stated("actor/grad_norm", [(u.metrics["actor/grad_norm"], _norm_steps(u.cap.norms[0])) for u in ones],
+                    levels=(), mini=("mean", "last", "sum", "max", "min"), rel=1e-6)
+    p.check(not close(one.metrics["actor/grad_norm"], sum(norms) / 2), "not the mini-batches' mean")
+    four = two.cap.norms[0]
+    p.check(len(four) == 2 * O.EPOCHS, four)
+    p.check(close(two.metrics["actor/grad_norm"], (four[1] + four[3]) / 2)
+            and not close(two.metrics["actor/grad_norm"], sum(four) / 4), (two.metrics["actor/grad_norm"], four))
+
+
+@proof("verl", trainer="ppo", release="0.5.0", config=V030)
+def test_v050_grad_norm_is_the_mean_over_every_optimizer_step(p):
+    """actor/grad_norm from v0.4.0 (legacy workers): appended at every mini-batch's optimizer step
+    (dp_actor.py@v0.4.0:436-438, the same at 0.5.0) and averaged by reduce_metrics over mini-batches x epochs."""
+    two = O.run_update("actor", seed=7)
+    four = two.cap.norms[0]
+    p.check(len(four) == 2 * O.EPOCHS and len(set(four)) == 4, four)
+    p.assert_stated("actor/grad_norm", two.metrics["actor/grad_norm"], _norm_steps(four), levels=(),
+                    mini=("mean", "last", "sum", "max", "min"), rel=1e-6)
+
+
 # ------------------------------------------------------------------------------------------------ 0.9.1 (in process)
 @proof("verl", trainer="ppo", release="0.9.1", config={})
 def test_vf_explained_var_is_one_explained_variance_of_the_valid_tokens(p):
