@@ -65,25 +65,24 @@ def test_a_proven_pair_with_trl_is_exact_when_trl_logs_every_step():
 
 
 def test_stated_equal_but_unproven_is_approximate_and_says_which_entry():
-    # veRL's actor/lr of v0.2..v0.3.0.post1 is of releases whose code no proof runs (verl 0.3.0.post1 imports
-    # flash_attn at module level, tests/_support/proofs_verl_old.py; tests/releases.txt lists none older);
-    # ROLL's actor/lr and slime's train/lr-pg_0 were fingerprinted (their tags' files)
-    res = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1", target="roll")
+    # veRL's actor/lr(1e-4) of v0.1 is of a release whose code no proof runs (tests/releases.txt lists none that
+    # old); ROLL's actor/lr and slime's train/lr-pg_0 were fingerprinted (their tags' files)
+    res = trackbridge.translate({"actor/lr(1e-4)": 1.0}, source="verl/ppo@0.1", target="roll")
     why = res.approximate["actor/lr"]
     assert only_unproven(why), why
-    assert "confirm verl 'actor/lr' yet" in why and "confirm roll" not in why
-    res = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1", target="slime")
-    assert "confirm verl 'actor/lr' yet" in res.approximate["train/lr-pg_0"]
-    # both unproven: both named (veRL v0.1's actor/lr(1e-4) is of a release no proof runs either)
-    res = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1", target="verl/ppo@0.1")
-    why = res.approximate["actor/lr(1e-4)"]
-    assert only_unproven(why) and "verl 'actor/lr' and verl 'actor/lr(1e-4)' yet" in why
+    assert "confirm verl 'actor/lr(1e-4)' yet" in why and "confirm roll" not in why
+    res = trackbridge.translate({"actor/lr(1e-4)": 1.0}, source="verl/ppo@0.1", target="slime")
+    assert "confirm verl 'actor/lr(1e-4)' yet" in res.approximate["train/lr-pg_0"]
+    # both unproven: both named (OpenRLHF's timing/* and ROLL's time/* timers have no proof yet)
+    res = trackbridge.translate({"timing/generation": 1.0}, source="openrlhf/ppo@0.11.2", target="roll")
+    why = res.approximate["time/step_generate"]
+    assert only_unproven(why) and "openrlhf 'timing/generation' and roll 'time/step_generate' yet" in why
 
 
 def test_against_the_canonical_definition_too():
     proven = trackbridge.translate({"critic/score/mean": 1.0}, source="verl/ppo@0.9.1")
     assert proven.approximate == {}
-    unproven = trackbridge.translate({"actor/lr": 1.0}, source="verl/ppo@0.3.0.post1")
+    unproven = trackbridge.translate({"actor/lr(1e-4)": 1.0}, source="verl/ppo@0.1")
     assert only_unproven(unproven.approximate["optim/lr"])
     # a reduction that differs says how, not "unproven"
     differs = trackbridge.translate({"actor/kl_loss": 1.0}, source="verl/ppo@0.9.1")
