@@ -196,14 +196,20 @@ def _load_file(name: str, path: Path, stand_ins: dict[str, types.ModuleType] | N
                 sys.modules[k] = v
 
 
-def _methods_from_source(path: Path, cls: str, names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """The functions ``cls.<name>`` of the file at ``path``, compiled from its own text into ``namespace``."""
+def _methods_from_source(path: Path, cls: str | None, names: list[str], namespace: dict[str, Any], *,
+                         keep: Callable[[ast.expr], bool] | None = None) -> dict[str, Any]:
+    """The functions ``cls.<name>`` (module-level functions when ``cls`` is None) of the file at ``path``, compiled
+    from its own text into ``namespace``; ``keep``: which of their decorators stay (all, when None)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    body = tree.body if cls is None else next(n for n in tree.body
+                                              if isinstance(n, ast.ClassDef) and n.name == cls).body
     wanted = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
     missing = set(names) - {n.name for n in wanted}
     if missing:
-        raise ImportError(f"{path}: {cls} has no {sorted(missing)}")
+        raise ImportError(f"{path}: {cls or 'the module'} has no {sorted(missing)}")
+    if keep is not None:
+        for n in wanted:
+            n.decorator_list = [d for d in n.decorator_list if keep(d)]
     module = ast.Module(body=wanted, type_ignores=[])
     exec(compile(module, str(path), "exec"), namespace)         # noqa: S102 - the wheel's own code
     return {n: namespace[n] for n in names}

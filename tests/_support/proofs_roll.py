@@ -74,7 +74,6 @@ import functools
 import math
 import sys
 import types
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from _support import vendored as VD
@@ -135,29 +134,19 @@ def _get_logger() -> Any:
     return logging.getLogger("roll")
 
 
-def _path(repo_path: str) -> Path:
-    return VD.provenance(FW).path(repo_path)
-
-
 def _is_register(dec: ast.expr) -> bool:
     f = dec.func if isinstance(dec, ast.Call) else dec
     return isinstance(f, ast.Name) and f.id == "register"
 
 
-def methods(repo_path: str, cls: str, names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """``cls.<name>`` of the vendored file, compiled from its own text into ``namespace`` (Ray's ``@register``
-    dispatch decorators left out: they route a call to the workers; every other decorator kept)."""
-    path = _path(repo_path)
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
-    wanted = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
-    missing = set(names) - {n.name for n in wanted}
-    if missing:
-        raise ImportError(f"{repo_path}: {cls} has no {sorted(missing)}")
-    for n in wanted:
-        n.decorator_list = [d for d in n.decorator_list if not _is_register(d)]
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)   # noqa: S102 - ROLL's
-    return {n: namespace[n] for n in names}
+def methods(repo_path: str, cls: str, names: list[str], namespace: dict[str, Any], tag: str | None = None
+            ) -> dict[str, Any]:
+    """``cls.<name>`` of the vendored file (of tag ``tag``; the pinned tag when None), compiled from its own text into
+    ``namespace`` (Ray's ``@register`` dispatch decorators left out: they route a call to the workers; every other
+    decorator kept)."""
+    from _support.framework_code import _methods_from_source
+    return _methods_from_source(VD.provenance(FW, tag).path(repo_path), cls, names, namespace,
+                                keep=lambda d: not _is_register(d))
 
 
 @functools.lru_cache(maxsize=None)

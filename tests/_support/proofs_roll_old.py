@@ -37,7 +37,6 @@ defaults of roll/configs/base_config.py@v0.1.3 and roll/pipeline/rlvr/rlvr_confi
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import types
@@ -52,21 +51,9 @@ RELEASE = VD.release(FW, TAG)
 S = VD.stand_in
 
 
-def _path(repo_path: str) -> Any:
-    return VD.provenance(FW, TAG).path(repo_path)
-
-
 def methods(repo_path: str, cls: str, names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """``cls.<name>`` of the tag's file compiled from its own text (``@register`` left out)."""
-    path = _path(repo_path)
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
-    wanted = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
-    assert {n.name for n in wanted} == set(names), (repo_path, cls, names)
-    for n in wanted:
-        n.decorator_list = [d for d in n.decorator_list if not R._is_register(d)]
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)   # noqa: S102 - ROLL's
-    return {n: namespace[n] for n in names}
+    """``cls.<name>`` of the tag's file compiled from its own text (``@register`` left out: proofs_roll.methods)."""
+    return R.methods(repo_path, cls, names, namespace, tag=TAG)
 
 
 @functools.lru_cache(maxsize=None)

@@ -133,18 +133,13 @@ def method(relpath: str, cls: str | None, name: str, namespace: dict[str, Any]):
     """``cls.name`` (a module-level function when ``cls`` is None) of the release's ``verl/<relpath>``, compiled from
     the file's own text without its decorators, its globals ``namespace``: the module is not imported (ray_trainer.py
     imports torchdata, which the test environment lacks, for its dataloader)."""
-    import ast
     from pathlib import Path
 
     import verl
+
+    from _support.framework_code import _methods_from_source
     path = Path(verl.__file__).resolve().parent / relpath
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    body = tree.body if cls is None else next(n for n in tree.body
-                                              if isinstance(n, ast.ClassDef) and n.name == cls).body
-    fn = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
-    fn.decorator_list = []
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), namespace)   # noqa: S102
-    return namespace[name]
+    return _methods_from_source(path, cls, [name], namespace, keep=lambda d: False)[name]
 
 
 # --------------------------------------------------------------------------------------------- reward KL (<= 0.3)
