@@ -196,6 +196,29 @@ def _load_file(name: str, path: Path, stand_ins: dict[str, types.ModuleType] | N
                 sys.modules[k] = v
 
 
+class StandInClock:
+    """A clock module as a framework's module sees it (set as that module's ``time`` attribute): its reading function
+    ``attr`` (``time`` or ``perf_counter``) returns ``now`` after moving it by ``step(k)`` at the k-th reading (0 by
+    default: the clock moves only by :meth:`advance`), every reading recorded in ``readings``; anything else is the
+    real module's. The proofs' runtimes are then the same numbers in every process."""
+
+    def __init__(self, real: Any, start: float, *, attr: str = "time",
+                 step: Callable[[int], float] = lambda k: 0.0) -> None:
+        self._real, self._attr, self._step = real, attr, step
+        self.now, self.readings = start, []
+
+    def read(self) -> float:
+        self.now += self._step(len(self.readings))
+        self.readings.append(self.now)
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return self.read if name == self._attr else getattr(self._real, name)
+
+
 def _methods_from_source(path: Path, cls: str | None, names: list[str], namespace: dict[str, Any], *,
                          keep: Callable[[ast.expr], bool] | None = None) -> dict[str, Any]:
     """The functions ``cls.<name>`` (module-level functions when ``cls`` is None) of the file at ``path``, compiled

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .framework_code import StandInClock
 from .proofs_trl import COMMON, one_thread_quiet
 from .tiny_trl import build_tiny_model, sentences
 
@@ -138,26 +139,6 @@ class PPORecorder:
         return [u for u in self.updates if u.row]
 
 
-class StepClock:
-    """``time`` as ppo_trainer.py sees it (the module's ``time`` attribute): its k-th ``time()`` reading is
-    ``START + 0.25 * k * (k + 1)`` seconds (each reading later than the last by a longer step: the updates take
-    different times), every reading recorded; the rest of the module is the real one. PPOTrainer.train reads it at
-    its start (``start_time``) and once per logged update (``eps``), nowhere else."""
-
-    START = 1000.0
-
-    def __init__(self, real: Any) -> None:
-        self._real, self.readings = real, []
-
-    def time(self) -> float:
-        k = len(self.readings)
-        self.readings.append(self.START + 0.25 * k * (k + 1))
-        return self.readings[-1]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
 @dataclass
 class PPORun:
     config: dict[str, Any]
@@ -165,7 +146,7 @@ class PPORun:
     lr_after: list[float]
     lr_initial: float
     eos_token_id: int
-    clock: list[float] = field(default_factory=list)      # StepClock's readings: train()'s start, then one per log
+    clock: list[float] = field(default_factory=list)      # the clock's readings: train()'s start, then one per log
 
     def micro_steps(self, upd: PPOUpdate, values: Any) -> list:
         """The nested batch of one update's update statistics: one logged step, its (epoch, mini-batch) pairs as
@@ -231,7 +212,9 @@ def run_ppo(workdir: Path, *, n_prompts: int = 64, **config: Any) -> PPORun:
     np.random.seed(1)
     module = sys.modules[type(trainer).__module__]
     real_time = module.time
-    clock = module.time = StepClock(real_time)
+    # ppo_trainer.py reads the clock at train()'s start (start_time) and once per logged update (eps), nowhere else:
+    # its k-th reading is 1000 + 0.25 k (k + 1) seconds, each later than the last by a longer step
+    clock = module.time = StandInClock(real_time, 1000.0, step=lambda k: 0.5 * k)
     try:
         with one_thread_quiet():
             trainer.train()

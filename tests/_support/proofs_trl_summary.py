@@ -15,32 +15,16 @@ Nothing here computes a logged value: the proofs compare what transformers logge
 """
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .framework_code import StandInClock
 from .proofs_trl import COMMON, TRLRun, train
 from .tiny_trl import build_tiny_model, log_recorder, sentences
 
 #: seconds the stand-in clock advances at every reading (a binary fraction: the differences are exact)
 TICK = 0.375
-
-
-class Clock:
-    """``time`` as transformers' trainer modules see it: ``time()`` advances by :data:`TICK` per reading, everything
-    else is the real module's."""
-
-    def __init__(self, real: types.ModuleType, start: float = 1000.0):
-        self._real, self.now, self.readings = real, start, []
-
-    def time(self) -> float:
-        self.now += TICK
-        self.readings.append(self.now)
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 #: how long each evaluation batch takes on the stand-in clock
@@ -97,7 +81,7 @@ def run_summary(workdir: Path, *, n_examples: int, n_eval: int, **config: Any) -
     import transformers
 
     real_time, real_speed = hf_trainer.time, hf_utils.speed_metrics
-    clock = Clock(real_time)
+    clock = StandInClock(real_time, 1000.0, step=lambda k: TICK)
 
     class StepTime(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -149,4 +133,4 @@ def run_summary(workdir: Path, *, n_examples: int, n_eval: int, **config: Any) -
 #: (framework, key, since or None) -> why no proof covers the entry (the proofs report reads it)
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {}
 
-__all__ = ["ENTRY_WHY", "EVAL_BATCH_SECONDS", "TICK", "Clock", "SummaryRun", "run_summary", "step_seconds"]
+__all__ = ["ENTRY_WHY", "EVAL_BATCH_SECONDS", "TICK", "SummaryRun", "run_summary", "step_seconds"]

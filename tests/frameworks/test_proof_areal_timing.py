@@ -25,24 +25,12 @@ except importlib.metadata.PackageNotFoundError:        # its package __init__ ne
     pytest.skip("make test installs areal==1.0.4 --no-deps", allow_module_level=True)
 pytest.importorskip("colorlog", reason="make test installs colorlog (areal/utils/logging.py imports it)")
 
+from _support.framework_code import StandInClock  # noqa: E402
 from _support.proofs_areal import areal, rank_stats_tracker  # noqa: E402
 from _support.proven import close, proof  # noqa: E402
 
 #: seconds per stage of each step (step 1, step 2): every stage and step a different number
 SECONDS = {"rollout": (2.5, 4.75), "train_step": (7.25, 6.5), "update_weights": (0.75, 1.25)}
-
-
-class Clock:
-    """``time`` as the tracker module sees it: ``perf_counter()`` reads a clock the test moves."""
-
-    def __init__(self, real):
-        self._real, self.now = real, 100.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
 
 
 def _timed_steps(twice: bool = False) -> list[dict[str, float]]:
@@ -51,16 +39,16 @@ def _timed_steps(twice: bool = False) -> list[dict[str, float]]:
     st_mod = areal().stats_tracker
     st = rank_stats_tracker()
     real = st_mod.time
-    clock = st_mod.time = Clock(real)
+    clock = st_mod.time = StandInClock(real, 100.0, attr="perf_counter")
     out = []
     try:
         for step in range(2):
             for stage, secs in SECONDS.items():
                 with st.record_timing(stage):
-                    clock.now += secs[step]
+                    clock.advance(secs[step])
             if twice and step == 1:
                 with st.record_timing("update_weights"):
-                    clock.now += 2.0
+                    clock.advance(2.0)
             out.append(st.DEFAULT_TRACKER.export(reduce_group=None))
     finally:
         st_mod.time = real
