@@ -213,7 +213,7 @@ def run_validate(seed: int = 7, n: int = 2) -> Validation:
     def reward_fn(batch):
         out = torch.zeros(len(batch), O.RESP_W)
         values = torch.round(torch.rand(len(batch), generator=g) * 8) / 4       # 0, 0.25 .. 2: ties on purpose
-        for src in set(batch.non_tensor_batch["data_source"]):
+        for src in sorted(set(batch.non_tensor_batch["data_source"])):    # sorted: the same order in every process
             scores.setdefault(str(src), []).append([])
         for i, (v, src) in enumerate(zip(values.tolist(), batch.non_tensor_batch["data_source"])):
             out[i, -1] = v
