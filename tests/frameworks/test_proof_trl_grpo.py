@@ -37,7 +37,6 @@ pytest.importorskip("datasets")
 from _support.fingerprint import fingerprint  # noqa: E402
 from _support.proofs_trl import TRLRun, counter_obs, masked, per_seq, run_grpo  # noqa: E402
 from _support.proven import proof  # noqa: E402
-from _support.unproven import only_unproven  # noqa: E402
 
 RELEASE = "1.16.0"
 WINDOWS = ("mean", "last", "sum", "none")     # rows of 1 step keep the window candidates (rows of 3 steps need them)
@@ -367,9 +366,9 @@ def test_a_real_grpo_log_carries_the_marks_of_its_config():
     (trl@1.16.0), the one-step token means are exact."""
     step = _run("step")
     own = _marks(step, step.config)
-    # the reward: equal as stated over the range, but the v0.27.0..v0.29.1 entry was not proven (1.16 and 0.25.1
-    # were: tests/frameworks/test_proof_trl_old.py)
-    assert only_unproven(own["reward"]) and "v0.27.0..v0.29.1" in own["reward"] and own["grad_norm"] is None, own
+    # the reward: equal as stated over the whole range and proven in each of its entries (1.16 here, 0.25.1 in
+    # tests/frameworks/test_proof_trl_old.py, v0.27.0..v0.29.1 at 0.29.1 in test_proof_trl_grpo_old.py): exact
+    assert own["reward"] is None and own["grad_norm"] is None, own
     assert "release matters" in own["kl"] and "logging_steps" not in own["kl"] and "micro" not in own["kl"], own
     assert "tool" in own["completions/mean_length"] and "scheduler" in own["learning_rate"], own
     assert "scale_rewards" in own["frac_reward_zero_std"], own

@@ -16,8 +16,6 @@ import trackbridge
 from trackbridge.schema.loader import build_registry, load_registry
 from trackbridge.schema.yamlfile import MappingError
 
-from _support.unproven import only_unproven
-
 VERL_K1 = {"actor_rollout_ref": {"actor": {"kl_loss_type": "kl"}}}
 VERL_SEQ_MEAN = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-mean"}}}
 ORLHF_LOSS_K3 = {"algo": {"kl": {"use_loss": True, "estimator": "k3"}}}
@@ -77,9 +75,10 @@ def test_openrlhf_kl_is_placed_by_use_loss_and_estimator():
                             ("0.9.8", {"use_kl_loss": True, "kl_estimator": "k3"})):
         res = trackbridge.translate({"kl": 0.1}, source=f"openrlhf@{release}", config=config)
         assert set(res.metrics) == grpo == {"kl/ref/k3"}, (release, res.metrics)
-    # the k3 loss is the canonical reduction as stated; no proof ran OpenRLHF with the k3 loss yet
+    # the k3 loss is the canonical reduction as stated, and proven at 0.10.2 (OpenRLHF's own actor with the k3
+    # loss, tests/frameworks/test_proof_openrlhf_old2.py): exact, no mark
     approx = trackbridge.translate({"kl": 0.1}, source="openrlhf@0.10.2", config=ORLHF_LOSS_K3).approximate
-    assert list(approx) == ["kl/ref/k3"] and only_unproven(approx["kl/ref/k3"]), approx
+    assert approx == {}, approx
     # the default estimator k1 as a loss, the reward-side KL without the flag
     cases = [({"algo": {"kl": {"use_loss": True}}}, "kl/ref/k1"), (None, "kl/old_ref/k1"),
              ({"algo": {"kl": {"estimator": "k3"}}}, "kl/old_ref/k3")]
