@@ -126,6 +126,20 @@ def test_xpo_1_12_stats_average_the_rows_micro_batches(p, tmp_path):
         p.assert_stated(key, obs, tokens=("none",), mini=("none",), window=WINDOWS, levels=(), rel=1e-6)
 
 
+def _micro_batches_told_apart(obs: list) -> bool:
+    """Whether the batches can tell a mean of micro-batch means from the pooled mean: some rank's micro-batches of
+    one optimizer step differ both in size and in mean (``batch[step][mini][rank][micro][seq][token]``)."""
+    for _v, batch in obs:
+        for step in batch:
+            for mini in step:
+                for micros in mini:
+                    sizes = [len(m) for m in micros]
+                    means = [sum(t for seq in m for t in seq) / max(1, sum(len(seq) for seq in m)) for m in micros]
+                    if len(set(sizes)) > 1 and len({round(x, 12) for x in means}) > 1:
+                        return True
+    return False
+
+
 NASH_SCHEDULE = {"_beta": BETAS, "_mixture_coef": [0.5, 0.2, 0.7, 0.35, 0.9, 0.1, 0.6]}
 
 
@@ -148,9 +162,18 @@ def test_nash_md_1_12_stats_average_the_rows_micro_batches(p, tmp_path):
                 ("rewards/accuracies", _per_seq("accuracy")),
                 ("val/model_contain_eos_token", _per_seq("model_eos")),
                 ("val/ref_contain_eos_token", _per_seq("mixture_eos"))]
+    # the 0/1 shares (accuracies, the EOS flags) come from the same per-pair means appended per micro-batch as the
+    # margins and scores; a micro-batch of all-equal flags cannot tell a micro-batch mean from the pooled one, so
+    # on batches whose flags happen to be that even (the sampling follows the CPU's rounding) they are
+    # fingerprinted over the window only, their micro-batch combination the one the real-valued keys fix
+    flags = {"rewards/accuracies", "val/model_contain_eos_token", "val/ref_contain_eos_token"}
     for key, values in per_pair:
-        p.assert_stated(key, _obs(run, key, values), tokens=("per_seq",), mini=("none",), window=WINDOWS,
-                        levels=("micro_batches", "window"), rel=1e-5)
+        obs = _obs(run, key, values)
+        levels = ("micro_batches", "window")
+        if key in flags and not _micro_batches_told_apart(obs):
+            levels = ("window",)
+        p.assert_stated(key, obs, tokens=("per_seq",), mini=("none",), window=WINDOWS, levels=levels, rel=1e-5,
+                        **({"micro": ("mean",)} if levels == ("window",) else {}))
     rows = [r for _s, r in run.train_rows()]
     p.check(any(0 < r["rewards/accuracies"] < 1 for r in rows), "accuracy 0 or 1 everywhere: weak")
     per_token = [("loss/kl", _tokens([("log_ratio", "model_data", "_losses")])),
