@@ -851,10 +851,6 @@ _ITERATIONS = ("MetricsAggregator sums the count over the step's iterations (v1/
 #: why an entry of veRL 0.9.1 that covers the installed release has no fingerprint proof (issue 33 item 1), by
 #: (framework, key, trainer); the proofs that reached the others: tests/frameworks/test_proof_verl*.py
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
-    ("verl", "training/rollout_probs_diff_{stat}", "ppo"):
-        "one template entry states one reduction (the token mean) for _valid, _max, _mean and _std: right for "
-        "_mean only (utils/debug/metrics.py@v0.9.1:116-119; tests/frameworks/test_proof_verl_driver.py checks each); "
-        "a proof would vouch for the others, which need entries (canonical names) of their own first",
     ("verl", "training/rollout_actor_probs_pearson_corr", "ppo"):
         "a Pearson correlation of the trainer's and the rollout's token probabilities: no candidate reduction "
         "(mean, extremum, sum, std) expresses it",

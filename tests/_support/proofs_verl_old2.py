@@ -441,10 +441,6 @@ def run_mismatch(seed: int = 7, threshold: float = 2.0) -> Mismatch:
 _TEMPLATE = ("one reduce: for a template whose names are reduced differently: {names}; stated as the token mean "
              "over the whole batch, which only {means} are (a proof of one name would mark every name proven)")
 ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
-    ("verl", "actor/grad_norm", "ppo"): (
-        "read, not run: dp_actor.py@v0.2.0.post2:285-287 appends each mini-batch's pre-clip norm (no ppo_epochs "
-        "loop before v0.3.0), averaged by reduce_metrics; the 0.2.0.post2 proofs run its workers' MFU path only "
-        "(test_v020_mfu_is_rank_zeros_and_the_lrs_the_next_steps), not update_policy"),
     ("verl", "mismatch/{name}", "ppo"): _TEMPLATE.format(
         names="mismatch_helper.py@v0.6.0's rollout_is_mean and the ratio / catastrophic-token fractions are "
               "masked_means over the batch's valid tokens, rollout_is_max / _min the extremes, rollout_is_std a "

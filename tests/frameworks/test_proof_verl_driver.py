@@ -357,42 +357,39 @@ def debug_batch(seed: int = 7):
     return c.DataProto(batch=td), old, rollout, mask
 
 
-def test_rollout_probs_diff_mean_is_over_the_batchs_valid_tokens():
-    """training/rollout_probs_diff_mean (utils/debug/metrics.py calculate_debug_metrics): the mean of
-    |p_old - p_rollout| over every valid response token of the batch at once (masked_select), not per sequence, as
-    the {stat} template states. Not a registered proof: the template's one reduce is wrong for its max, std and
-    valid (next test), so recording the entry proven would vouch for them too."""
+@proof("verl", trainer="ppo", release="0.9.1", config=BASE)
+def test_rollout_probs_diffs_are_statistics_of_the_batchs_valid_tokens(p):
+    """training/rollout_probs_diff_{mean,max,std,valid} (utils/debug/metrics.py calculate_debug_metrics): |p_old -
+    p_rollout| of every valid response token of the batch at once (masked_select, tool tokens out): _mean its mean
+    (not a mean of sequence means), _max its largest, _std its sample std (Bessel-corrected, not the population
+    std), _valid 1 when any token is valid and 0 when none is (a flag, not the number of tokens). Three batches."""
     from verl.utils.debug.metrics import calculate_debug_metrics
-
-    from _support.fingerprint import fingerprint
-    data, old, rollout, mask = debug_batch()
-    logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
-    diffs = ragged((old.exp() - rollout.exp()).abs(), mask.bool())
-    found = fingerprint(token_observations(logged["training/rollout_probs_diff_mean"], diffs),
-                        tokens=("token_mean", "seq_mean_token_mean"))
-    assert found.tokens == "token_mean" and found.stat == "mean", found
-    assert not close(logged["training/rollout_probs_diff_mean"], statistics.fmean(statistics.fmean(d) for d in diffs))
-
-
-def test_rollout_probs_diff_other_stats_are_not_the_templates_mean():
-    """The {stat} template states the token mean, which is right for _mean only: veRL's _max is the batch's largest
-    valid token, _std the sample std over the valid tokens, _valid a 1 flag (metrics.py@v0.9.1:116-119). No
-    canonical sampling/probs_diff/max|std|valid exists to give them entries of their own (mappings/verl.yaml's
-    note says so); this test keeps the difference visible until they do."""
-    from verl.utils.debug.metrics import calculate_debug_metrics
-
-    from _support.fingerprint import fingerprint
-    data, old, rollout, mask = debug_batch()
-    logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
-    diffs = ragged((old.exp() - rollout.exp()).abs(), mask.bool())
-    pooled = [v for d in diffs for v in d]
-    found = fingerprint(token_observations(logged["training/rollout_probs_diff_max"], diffs),
-                        tokens=("token_mean", "seq_mean_token_mean"), stats=("max",))
-    assert found.stat == "max" and close(logged["training/rollout_probs_diff_max"], max(pooled))
-    std = logged["training/rollout_probs_diff_std"]
-    assert close(std, statistics.stdev(pooled)) and not close(std, statistics.pstdev(pooled)), std
-    assert logged["training/rollout_probs_diff_valid"] == 1.0
-    assert not close(logged["training/rollout_probs_diff_max"], statistics.fmean(pooled))
+    runs = []
+    for seed in (7, 8, 9):
+        data, old, rollout, mask = debug_batch(seed)
+        logged = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
+        runs.append((logged, ragged((old.exp() - rollout.exp()).abs(), mask.bool())))
+    for stat, stats, kw in (("mean", ("mean",), {}), ("max", ("max", "min", "mean"), {}),
+                            ("std", ("std", "mean"), {})):
+        key = f"training/rollout_probs_diff_{stat}"
+        observed = [o for logged, diffs in runs for o in token_observations(logged[key], diffs)]
+        found = p.assert_stated(key, observed, tokens=("token_mean", "seq_mean_token_mean"), stats=stats, levels=(),
+                                **kw)
+        p.check(found.tokens == "token_mean" and found.stat == stat, (key, found))
+    for logged, diffs in runs:
+        pooled = [v for d in diffs for v in d]
+        p.check(not close(logged["training/rollout_probs_diff_mean"], statistics.fmean(statistics.fmean(d)
+                                                                                      for d in diffs)), "per seq")
+        p.check(not close(logged["training/rollout_probs_diff_std"], statistics.pstdev(pooled)), "population std")
+        p.check(logged["training/rollout_probs_diff_valid"] == 1.0 and len(pooled) > 1, logged)
+    p.assert_stated("training/rollout_probs_diff_valid", runs[0][0]["training/rollout_probs_diff_valid"],
+                    [[[[[[1.0]]]]]], levels=())
+    # no valid token: the flag is 0 and the statistics NaN (not a count of tokens, not left out)
+    data, *_ = debug_batch(7)
+    data.batch["response_mask"].zero_()
+    empty = {k: float(v) for k, v in calculate_debug_metrics(data).items()}
+    p.check(empty["training/rollout_probs_diff_valid"] == 0.0
+            and all(v != v for k, v in empty.items() if k.endswith(("_max", "_mean", "_std"))), empty)
 
 
 # ------------------------------------------------------------------------------------------------ KL in the reward

@@ -2,7 +2,7 @@
 a child process with its release first on sys.path, tests/_support/releases.py): verl 0.6.1 (v0.6.0..v0.6.1: the
 losses multiplied by loss_scale_factor), 0.6.0 (the mismatch/ KLs), 0.4.1 (v0.2..v0.4.1: kl_loss and critic/lr),
 0.4.0 (actor/entropy_loss), 0.3.0.post1 (v0.1rc..v0.3.0.post1: entropy_loss, the reward KL and its coefficient,
-actor/lr, val/test_score), 0.2.0.post2 (mfu/*) and the FSDP SFT trainer at 0.5.0 (v0.1rc..v0.7.0). The legacy FSDP
+actor/lr, val/test_score), 0.2.0.post2 (mfu/*, actor/grad_norm) and the FSDP SFT trainer at 0.5.0 (v0.1rc..v0.7.0). The legacy FSDP
 workers' update_policy / update_critic (dp_actor.py, dp_critic.py) run over 2 simulated ranks, 2 mini-batches x 2 PPO
 epochs, micro-batches of 2 sequences of uneven lengths, the outputs collected with the release's DataProto.concat
 and reduced with its reduce_metrics as ray_trainer.py's fit() does (tests/_support/proofs_verl_old.py's harness); the
@@ -367,6 +367,23 @@ def test_v020_mfu_is_rank_zeros_and_the_lrs_the_next_steps(p):
         _, res = p.entry(f"{role}/lr")
         p.check(res.fields["snapshot"] == "after_scheduler_step", (role, res.fields))
         p.assert_stated(f"mfu/{role}", O2.per_rank(run, f"mfu/{role}"), levels=(), tokens=("none",))
+
+
+@proof("verl", trainer="ppo", release="0.2.0.post2", config=ONE_EPOCH)
+def test_v020_grad_norm_is_the_mean_over_the_mini_batches(p):
+    """actor/grad_norm up to v0.2.0.post2: update_policy appends each mini-batch's pre-clip norm at its optimizer
+    step (dp_actor.py@v0.2.0.post2:285-287; its mini-batch iterator has no PPO-epoch loop: ppo_epochs is not read)
+    and reduce_metrics averages them, DataProto.concat keeping rank 0's list: the mean over rank 0's mini-batches,
+    not the last (v0.3.0's), their sum or an extreme. Four batches, so no single selection fits them all."""
+    with O2.flash_attn_stand_in(), O2.cuda_moves_stay_on_cpu():
+        runs = [O.run_update("actor", seed=s, ppo_epochs=1) for s in SEEDS]
+    p.check(all(len(u.cap.norms[0]) == O.N_PER_RANK // O.MINI and len(set(u.cap.norms[0])) == 2 for u in runs),
+            [u.cap.norms for u in runs])
+    p.assert_stated("actor/grad_norm", [(u.metrics["actor/grad_norm"], _norm_steps(u.cap.norms[0])) for u in runs],
+                    levels=(), mini=("mean", "last", "sum", "max", "min"), rel=1e-6)
+    u = runs[0]
+    p.check(not close(u.metrics["actor/grad_norm"], u.cap.norms[0][-1]), "not the last mini-batch's (v0.3.0's)")
+    p.check(u.cap.norms[0] != u.cap.norms[1], "the ranks' norms differ (rank 0's are the logged ones)")
 
 
 # ------------------------------------------------------------------------------------------------ SFT (0.5.0)

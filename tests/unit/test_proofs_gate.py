@@ -65,14 +65,12 @@ def test_a_proven_pair_with_trl_is_exact_when_trl_logs_every_step():
 
 
 def test_stated_equal_but_unproven_is_approximate_and_says_which_entry():
-    # veRL's actor/lr(1e-4) of v0.1 is of a release whose code no proof runs (tests/releases.txt lists none that
-    # old); ROLL's actor/lr and slime's train/lr-pg_0 were fingerprinted (their tags' files)
-    res = trackbridge.translate({"actor/lr(1e-4)": 1.0}, source="verl/ppo@0.1", target="roll")
-    why = res.approximate["actor/lr"]
+    # veRL's critic/kl_coef of v0.1 (MegatronPPOCritic.compute_advantages: megatron is not installed, and the method
+    # has no caller in the release) has no proof; SkyRL's loss/kl_loss_coef was fingerprinted (its tag's files)
+    res = trackbridge.translate({"critic/kl_coef": 1.0}, source="verl/ppo@0.1", target="skyrl")
+    why = res.approximate["loss/kl_loss_coef"]
     assert only_unproven(why), why
-    assert "confirm verl 'actor/lr(1e-4)' yet" in why and "confirm roll" not in why
-    res = trackbridge.translate({"actor/lr(1e-4)": 1.0}, source="verl/ppo@0.1", target="slime")
-    assert "confirm verl 'actor/lr(1e-4)' yet" in res.approximate["train/lr-pg_0"]
+    assert "confirm verl 'critic/kl_coef' yet" in why and "confirm skyrl" not in why
     # both unproven: both named (OpenRLHF's timing/* and ROLL's time/* timers have no proof yet)
     res = trackbridge.translate({"timing/generation": 1.0}, source="openrlhf/ppo@0.11.2", target="roll")
     why = res.approximate["time/step_generate"]
@@ -82,8 +80,8 @@ def test_stated_equal_but_unproven_is_approximate_and_says_which_entry():
 def test_against_the_canonical_definition_too():
     proven = trackbridge.translate({"critic/score/mean": 1.0}, source="verl/ppo@0.9.1")
     assert proven.approximate == {}
-    unproven = trackbridge.translate({"actor/lr(1e-4)": 1.0}, source="verl/ppo@0.1")
-    assert only_unproven(unproven.approximate["optim/lr"])
+    unproven = trackbridge.translate({"critic/kl_coef": 1.0}, source="verl/ppo@0.1")
+    assert only_unproven(unproven.approximate["kl/coef"])
     # a reduction that differs says how, not "unproven"
     differs = trackbridge.translate({"actor/kl_loss": 1.0}, source="verl/ppo@0.9.1")
     assert not only_unproven(differs.approximate["kl/ref/k3"]) and "mini-batches" in differs.approximate["kl/ref/k3"]
