@@ -1,16 +1,16 @@
-"""Fingerprints of the veRL entries of releases test_proof_verl_old.py does not run (tests/releases.txt; each proof in
-a child process with its release first on sys.path, tests/_support/releases.py): verl 0.6.1 (v0.6.0..v0.6.1: the
-losses multiplied by loss_scale_factor), 0.6.0 (the mismatch/ KLs), 0.4.1 (v0.2..v0.4.1: kl_loss and critic/lr),
-0.4.0 (actor/entropy_loss), 0.3.0.post1 (v0.1rc..v0.3.0.post1: entropy_loss, the reward KL and its coefficient,
-actor/lr, val/test_score), 0.2.0.post2 (mfu/*, actor/grad_norm) and the FSDP SFT trainer at 0.5.0 (v0.1rc..v0.7.0). The legacy FSDP
-workers' update_policy / update_critic (dp_actor.py, dp_critic.py) run over 2 simulated ranks, 2 mini-batches x 2 PPO
-epochs, micro-batches of 2 sequences of uneven lengths, the outputs collected with the release's DataProto.concat
+"""Fingerprints of the veRL entries of releases test_proof_verl_old.py does not run (tests/releases.txt; each proof in a
+child process with its release first on sys.path, tests/_support/releases.py): verl 0.6.1 (v0.6.0..v0.6.1: the losses
+multiplied by loss_scale_factor), 0.6.0 (the mismatch/ KLs), 0.4.1 (v0.2..v0.4.1: kl_loss and critic/lr), 0.4.0
+(actor/entropy_loss), 0.3.0.post1 (v0.1rc..v0.3.0.post1: entropy_loss, the reward KL and its coefficient, actor/lr,
+val/test_score), 0.2.0.post2 (mfu/*, actor/grad_norm) and the FSDP SFT trainer at 0.5.0 (v0.1rc..v0.7.0). The legacy
+FSDP workers' update_policy / update_critic (dp_actor.py, dp_critic.py) run over 2 simulated ranks, 2 mini-batches x 2
+PPO epochs, micro-batches of 2 sequences of uneven lengths, the outputs collected with the release's DataProto.concat
 and reduced with its reduce_metrics as ray_trainer.py's fit() does (tests/_support/proofs_verl_old.py's harness); the
 trainer's driver-side functions (apply_kl_penalty, _validate, the rollout-importance method, the SFT trainer's
-training_step) are the release's own text, compiled (tests/_support/proofs_verl_old2.py). What the logged values
-are compared with is captured while veRL runs (the per-token matrices handed to agg_loss / masked_mean / the
-cross-entropy, the scores the reward function returned). Last, at the pinned 0.9.1 (in process),
-critic/vf_explained_var with the explained_var candidate (``stat: explained_var``)."""
+training_step) are the release's own text, compiled (tests/_support/proofs_verl_old2.py). What the logged values are
+compared with is captured while veRL runs (the per-token matrices handed to agg_loss / masked_mean / the cross-entropy,
+the scores the reward function returned). Last, at the pinned 0.9.1 (in process), critic/vf_explained_var with the
+explained_var candidate (``stat: explained_var``)."""
 from __future__ import annotations
 
 import pytest
