@@ -35,9 +35,9 @@ GRPO_FILE = ROOT / "examples" / "trl_grpo_trainer_state.json"
 VERL_FILE = ROOT / "examples" / "verl_console.log"
 GRPO = f"grpo=trainer-state:{GRPO_FILE}"
 VERL = f"verl=console:{VERL_FILE}"
-# a veRL v0.1 run (one step line pasted in verl issue 64, tests/data/real/verl/SOURCES.yaml): its timers are the
-# canonical step timers as stated but no veRL v0.1 release was run to prove them
-V01 = f"v01=console:{ROOT / 'tests' / 'data' / 'real' / 'verl' / '01_issue64_v0.1.log'}"
+# a recent veRL run (the console lines pasted in verl issue 7412, tests/data/real/verl/SOURCES.yaml): its
+# perf/mfu/actor_infer states the canonical reduction but no proof can run it (a device throughput reading)
+V7 = f"v7=console:{ROOT / 'tests' / 'data' / 'real' / 'verl' / '07_issue7412_new.log'}"
 
 # canonical name -> (GRPO key, veRL key): the quantities both frameworks log, as each framework names them
 SHARED = {
@@ -484,20 +484,20 @@ def test_caveats_said_once_and_counted(tmp_path, capsys):
     equal as stated but unproven) and say each metric's caveat once: the CLI one line per kind with the metrics'
     names (not one line per metric), report.html each reason at its chart only (the warnings list names the runs and
     the fields). GRPO against veRL alone has no unproven series left (every caveat there is a difference in
-    meaning), so a veRL v0.1 run, whose timers no proof ran, brings the third kind."""
+    meaning), so a third real veRL run, whose perf/mfu/actor_infer no proof can run, brings the third kind."""
     from trackbridge.cli import main
     out = tmp_path / "cli"
-    assert main(["compare", GRPO, VERL, V01, "--out", str(out)]) == 0
+    assert main(["compare", GRPO, VERL, V7, "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    res = compare_runs([GRPO, VERL, V01], out=tmp_path / "api")
+    res = compare_runs([GRPO, VERL, V7], out=tmp_path / "api")
     differs = [m.name for m in res.metrics if any(not only_unproven(w) for w in m.approximate.values())]
     unproven = [m.name for m in res.metrics if m.approximate and m.name not in differs]
     exact = len(res.metrics) - len(differs) - len(unproven)
     assert differs and unproven and exact > 0
-    # the unproven series are v01's veRL v0.1 timers, and each names the entry that lacks its proof
-    assert "time/generation" in unproven, unproven
-    assert all(set(res.metric(n).approximate) == {"v01"} for n in unproven), unproven
-    assert "timing/gen" in res.metric("time/generation").approximate["v01"]
+    # the unproven series is v7's inference-pass MFU, and it names the entry that lacks its proof
+    assert unproven == ["perf/mfu/policy_logprob"], unproven
+    assert set(res.metric(unproven[0]).approximate) == {"v7"}
+    assert "verl 'perf/mfu/actor_infer'" in res.metric(unproven[0]).approximate["v7"]
     assert res.fidelity_counts() == {"exact": exact, "differs": len(differs), "unproven": len(unproven)}
     line = [ln for ln in err.splitlines() if ln.startswith("fidelity: ")]
     assert len(line) == 1 and f"{len(res.metrics)} series: {exact} the same quantity in every run" in line[0]
