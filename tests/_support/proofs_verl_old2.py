@@ -58,6 +58,12 @@ def one_value(x: float) -> list:
     return [[[[[[float(x)]]]]]]
 
 
+def norm_steps(norms: list[float]) -> list:
+    """Rank 0's optimizer steps (mini-batches, in order) as ``steps[0][mini-batch][rank][micro][seq][token]``: one
+    value each (DataProto.concat keeps the first worker's metrics: rank 0's)."""
+    return [[[[[[n]]]] for n in norms]]
+
+
 def per_rank(run: O.WorkerSteps, key: str) -> list:
     """(logged value, the ranks' own values) of every training step: ``steps[0][0][rank] = [[value]]``."""
     return [(m[key], [[[[[[ranks[r][key]]]] for r in range(O.WORLD)]]]) for m, ranks in zip(run.metrics, run.per_rank)]

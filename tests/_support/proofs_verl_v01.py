@@ -69,12 +69,6 @@ def policy_forward(actor):
     return forward
 
 
-def critic_forward(critic):
-    def forward(micro_batch):
-        return critic.critic_module(micro_batch["responses"])[..., 0]
-    return forward
-
-
 @contextlib.contextmanager
 def cpu_only():
     """flash_attn's stand-in module and the device moves kept on the CPU (proofs_verl_old2), for the block."""
@@ -120,7 +114,7 @@ def run_worker(role: str = "actor", steps: int = 2, warmup: int = 3, lr: float =
         else:
             from verl.trainer.ppo.critic import dp_critic as mod
             w = mod.DataParallelPPOCritic(critic_config(), model, opt)
-            w._forward_micro_batch = critic_forward(w)
+            w._forward_micro_batch = O.critic_forward(w, O.Capture())
             method = O2.method("trainer/ppo/workers/fsdp_workers.py", "CriticWorker", "update_critic", ns)
             me = types.SimpleNamespace(critic=w, critic_lr_scheduler=sched, critic_optimizer=opt)
         me.__dict__.update(_is_offload_param=False, _is_offload_optimizer=False, _is_offload_grad=False)
@@ -170,7 +164,7 @@ class _Recorder:
         type(self).rows.append((int(step), {k: float(v) for k, v in data.items()}))
 
 
-def _fit_config(steps: int):
+def _fit_config():
     from omegaconf import OmegaConf
     return OmegaConf.create({
         "trainer": {"project_name": "p", "experiment_name": "e", "logger": ["console"], "total_epochs": 1,
@@ -178,7 +172,7 @@ def _fit_config(steps: int):
                     "default_hdfs_dir": None},
         "algorithm": {"gamma": 1.0, "lam": 0.95, "adv_estimator": "gae", "kl_penalty": "kl",
                       "kl_ctrl": {"type": "fixed", "kl_coef": 0.001}},
-        "data": {"train_batch_size": O.N_PER_RANK, "steps": steps}})
+        "data": {"train_batch_size": O.N_PER_RANK}})
 
 
 def run_fit(seconds: list[dict[str, float]]) -> Fit:
@@ -196,19 +190,16 @@ def run_fit(seconds: list[dict[str, float]]) -> Fit:
     clock = StandInClock(time, 1000.0, attr="perf_counter")
     n = O.N_PER_RANK
     now = [-1]                                          # the training step the stand-ins are in (-1: before)
+    rollout: list[Any] = [None]                         # that step's batch of n sequences (O.batch's tensors)
 
     def take(stage: str) -> None:
         clock.advance(seconds[now[0]][stage] if now[0] >= 0 else 100.0)
-
-    def rollout(seed: int) -> DataProto:
-        full = O.batch(0, seed=seed)                    # a full step's batch of n sequences
-        return full
 
     class ActorRollout:
         def generate_sequences(self, gen_batch):
             now[0] += 1
             take("gen")
-            d = rollout(7 + now[0]).batch
+            rollout[0] = d = O.batch(0, seed=7 + now[0]).batch
             return DataProto.from_dict({k: d[k] for k in ("responses", "input_ids", "attention_mask",
                                                           "position_ids", "old_log_probs")})
 
@@ -219,12 +210,12 @@ def run_fit(seconds: list[dict[str, float]]) -> Fit:
     class Ref:
         def compute_ref_log_prob(self, batch):
             take("ref")
-            return DataProto.from_dict({"ref_log_prob": rollout(7 + now[0]).batch["ref_log_prob"]})
+            return DataProto.from_dict({"ref_log_prob": rollout[0]["ref_log_prob"]})
 
     class Critic:
         def compute_values(self, batch):
             take("values")
-            return DataProto.from_dict({"values": rollout(7 + now[0]).batch["values"]})
+            return DataProto.from_dict({"values": rollout[0]["values"]})
 
         def update_critic(self, batch):
             take("update_critic")
@@ -246,7 +237,7 @@ def run_fit(seconds: list[dict[str, float]]) -> Fit:
     loader = [{"input_ids": prompts, "attention_mask": torch.ones(n, O.PROMPT_W, dtype=torch.long),
                "position_ids": torch.arange(O.PROMPT_W).repeat(n, 1)} for _ in seconds]
     me = types.SimpleNamespace(
-        config=_fit_config(len(seconds)), train_dataloader=loader, actor_rollout_wg=ActorRollout(),
+        config=_fit_config(), train_dataloader=loader, actor_rollout_wg=ActorRollout(),
         ref_policy_wg=Ref(), critic_wg=Critic(), use_reference_policy=True, use_rm=False, use_critic=True,
         reward_fn=reward_fn, val_reward_fn=object(), _validate=validate,
         kl_ctrl=core_algos.FixedKLController(kl_coef=0.001))

@@ -279,12 +279,6 @@ def test_v030_test_score_pools_the_validation_samples_of_a_source(p):
 ONE_EPOCH = dict(V030, **{"actor_rollout_ref.actor.ppo_epochs": 1})
 
 
-def _norm_steps(norms: list[float]) -> list:
-    """Rank 0's optimizer steps (mini-batches, in order) as ``steps[0][mini-batch][rank][micro][seq][token]``: one
-    value each (DataProto.concat keeps the first worker's metrics: rank 0's)."""
-    return [[[[[[n]]]] for n in norms]]
-
-
 @proof("verl", trainer="ppo", release="0.3.0.post1", config=ONE_EPOCH)
 def test_v030_grad_norm_is_each_epochs_last_mini_batch(p):
     """actor/grad_norm at v0.3.0.rc0-v0.3.0.post1: update_policy appends the optimizer step's pre-clip norm after the
@@ -296,7 +290,7 @@ def test_v030_grad_norm_is_each_epochs_last_mini_batch(p):
         two = O.run_update("actor", seed=7)
     one, norms = ones[0], ones[0].cap.norms[0]
     p.check(all(len(u.cap.norms[0]) == 2 and len(set(u.cap.norms[0])) == 2 for u in ones), [u.cap.norms for u in ones])
-    p.assert_stated("actor/grad_norm", [(u.metrics["actor/grad_norm"], _norm_steps(u.cap.norms[0])) for u in ones],
+    p.assert_stated("actor/grad_norm", [(u.metrics["actor/grad_norm"], O2.norm_steps(u.cap.norms[0])) for u in ones],
                     levels=(), mini=("mean", "last", "sum", "max", "min"), rel=1e-6)
     p.check(not close(one.metrics["actor/grad_norm"], sum(norms) / 2), "not the mini-batches' mean")
     four = two.cap.norms[0]
@@ -312,7 +306,7 @@ def test_v050_grad_norm_is_the_mean_over_every_optimizer_step(p):
     two = O.run_update("actor", seed=7)
     four = two.cap.norms[0]
     p.check(len(four) == 2 * O.EPOCHS and len(set(four)) == 4, four)
-    p.assert_stated("actor/grad_norm", two.metrics["actor/grad_norm"], _norm_steps(four), levels=(),
+    p.assert_stated("actor/grad_norm", two.metrics["actor/grad_norm"], O2.norm_steps(four), levels=(),
                     mini=("mean", "last", "sum", "max", "min"), rel=1e-6)
 
 
@@ -379,7 +373,7 @@ def test_v020_grad_norm_is_the_mean_over_the_mini_batches(p):
         runs = [O.run_update("actor", seed=s, ppo_epochs=1) for s in SEEDS]
     p.check(all(len(u.cap.norms[0]) == O.N_PER_RANK // O.MINI and len(set(u.cap.norms[0])) == 2 for u in runs),
             [u.cap.norms for u in runs])
-    p.assert_stated("actor/grad_norm", [(u.metrics["actor/grad_norm"], _norm_steps(u.cap.norms[0])) for u in runs],
+    p.assert_stated("actor/grad_norm", [(u.metrics["actor/grad_norm"], O2.norm_steps(u.cap.norms[0])) for u in runs],
                     levels=(), mini=("mean", "last", "sum", "max", "min"), rel=1e-6)
     u = runs[0]
     p.check(not close(u.metrics["actor/grad_norm"], u.cap.norms[0][-1]), "not the last mini-batch's (v0.3.0's)")

@@ -63,7 +63,7 @@ def test_v01_grad_norm_is_the_mean_over_mini_batches_and_epochs(p):
     extreme. Three training steps of different batches."""
     with V.cpu_only():
         run = V.run_worker("actor", steps=3)
-    steps = [(m["actor/grad_norm"], [[[[[[n]]]] for n in norms[0]]]) for m, norms in zip(run.metrics, run.norms)]
+    steps = [(m["actor/grad_norm"], O2.norm_steps(norms[0])) for m, norms in zip(run.metrics, run.norms)]
     p.check(all(len(norms[0]) == 2 * O.EPOCHS for norms in run.norms), run.norms)
     p.check(len({n for norms in run.norms for n in norms[0]}) > 2 * O.EPOCHS, run.norms)
     p.assert_stated("actor/grad_norm", steps, levels=(), mini=("mean", "last", "sum", "max", "min"), rel=1e-6)
