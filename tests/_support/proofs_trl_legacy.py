@@ -535,11 +535,6 @@ ENTRY_WHY: dict[tuple[str, str, str | None], str] = {
     ("trl", "val/clipfrac_avg", "rloo"):
         "always 0: vf_clipfrac_stats is allocated and never written (trl/trainer/rloo_trainer.py@v0.11.4:253,457): "
         "every candidate reduction of zeros is 0; tests/frameworks/test_proof_trl_legacy.py checks the logged 0",
-    ("trl", "val/ratio_var", "rloo"):
-        "the variance (torch var, unbiased) of the per-micro-batch mean ratios in ratio_stats "
-        "(trl/trainer/rloo_trainer.py@v0.11.4:460): a statistic across micro-batches that no candidate reduction of "
-        "tests/_support/fingerprint.py computes; tests/frameworks/test_proof_trl_legacy.py fingerprints val/ratio, the "
-        "same values' mean",
     ("trl", "eps", "rloo"):
         "int(episode / seconds since train() began) (trl/trainer/rloo_trainer.py@v0.11.4:445): a raw timer, no batch "
         "quantity to fingerprint",

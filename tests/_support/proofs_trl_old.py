@@ -32,7 +32,7 @@ transformers 5.24: ``_get_train_sampler(self)`` takes no dataset argument, which
 ``Trainer._get_dataloader`` passes (TypeError), and that sampler decides the batches; it is not listed in
 tests/releases.txt, and its entries stay unproven (no listed release covers them).
 
-At the end, :data:`ENTRY_WHY`: the entries of these releases no proof here fingerprints, each with why.
+Every entry of these releases that a proof here reaches is fingerprinted (no ENTRY_WHY).
 """
 from __future__ import annotations
 
@@ -221,14 +221,3 @@ def run_ppo(workdir: Path, *, n_prompts: int = 64, **config: Any) -> PPORun:
     finally:
         module.time = real_time
     return PPORun(ppo_args.to_dict(), rec.done(), rec.lr_after, lr0, tok.eos_token_id, clock.readings)
-
-
-ENTRY_WHY: dict[tuple[str, str, str], str] = {
-    ("trl", "val/ratio_var", "ppo"):
-        "the variance (torch var, unbiased) of the per-micro-batch mean ratios in ratio_stats "
-        "(trl/experimental/ppo/ppo_trainer.py@v1.12.0:904): a statistic across micro-batches that no candidate "
-        "reduction of tests/_support/fingerprint.py computes (its std/var candidates are over one population's "
-        "values, before the levels); tests/frameworks/test_proof_trl_old.py fingerprints val/ratio, the same "
-        "values' mean",
-}
-

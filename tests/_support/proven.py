@@ -167,10 +167,13 @@ def to_fingerprint(fields: Mapping[str, str]) -> FP.Reduction:
     pooling, for a std; a sum for a count), ``fraction`` a mean of 0/1 values,
     ``value`` (a scalar such as the lr: ``tokens: none``, one value per micro-batch) its mean, ``window: pooled`` the
     fingerprint's pooled window (``none``), ``processes: none`` with a ``micro_batches`` level the fingerprint's
-    ``driver`` (one process combining the values of its batches)."""
+    ``driver`` (one process combining the values of its batches), and ``processes: gather`` under a ``var`` level the
+    ``driver`` too (the ranks' values gathered into one list, whose variance is taken: docs/reductions.md)."""
     stat = {"fraction": "mean", "value": "mean"}.get(fields["stat"], fields["stat"])
     processes = fields["processes"]
-    if processes == "gather":      # a std of the pooled values is no combination of the ranks' stds: the pooling
+    if processes == "gather" and "var" in (fields["micro_batches"], fields["mini_batches"]):
+        processes = "driver"       # the ranks' values gathered into the list whose variance is taken (TRL's ratio_var)
+    elif processes == "gather":    # a std of the pooled values is no combination of the ranks' stds: the pooling
         processes = {"max": "max", "min": "min", "sum": "sum", "count": "sum",
                      "std": "gather"}.get(stat, "all_reduce_weighted")
     if processes == "none" and fields["micro_batches"] != "none":

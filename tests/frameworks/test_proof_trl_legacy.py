@@ -26,6 +26,7 @@ import pytest
 
 pytest.importorskip("trl")
 
+from _support import fingerprint as FP  # noqa: E402
 from _support.fingerprint import fingerprint  # noqa: E402
 from _support.proven import close, proof  # noqa: E402
 
@@ -290,6 +291,15 @@ def test_rloo_0_11_rollout_and_update_statistics(p, tmp_path):
     with pytest.raises(AssertionError, match="no candidate"):
         fingerprint(obs_update("val/ratio", micro(lambda m: m["ratio"])), mini=MINI)
     p.check(True, "val/ratio of the sequence-level ratio fits no reduction")
+    # val/ratio_var: the unbiased variance of the 8 micro-batch mean ratios (2 epochs x 2 mini-batches x 2), gathered
+    # into one list; not a variance per optimizer step combined
+    var_kw = {"micro": (*FP.COMBINE, *FP.COMBINE_EXTRA), "mini": (*MINI, "var"), "processes": ("none", "driver")}
+    ratios = obs_update("val/ratio_var", micro(lambda m: m["new_ratio"]))
+    _stated(p, "val/ratio_var", ratios, levels=(), **var_kw)
+    p.check(all(u.row["val/ratio_var"] > 0 for u in full), "every ratio_var is positive")
+    with pytest.raises(AssertionError, match="no candidate"):       # the sequence-level ratio's variance is not it
+        fingerprint(obs_update("val/ratio_var", micro(lambda m: m["ratio"])), **var_kw)
+    p.check(True, "val/ratio_var of the sequence-level ratio fits no reduction")
     # RLOO has no critic: the value statistics' tensors are never written
     p.check(all(u.row["loss/value_avg"] == 0.0 and u.row["val/clipfrac_avg"] == 0.0 for u in ups),
             "loss/value_avg and val/clipfrac_avg are 0")

@@ -20,11 +20,16 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
+from _support import fingerprint as FP  # noqa: E402
 from _support.fingerprint import fingerprint  # noqa: E402
 from _support.proofs_trl import masked, per_seq  # noqa: E402
 from _support.proven import proof  # noqa: E402
 
 WINDOWS = ("mean", "last", "sum", "none")
+#: the candidates of a variance of the update statistics' values (val/ratio_var): every combination of the micro- and
+#: mini-batches, the variance among them, and the ranks gathered into one list (the driver) among the processes
+VAR_OFFERED = {"micro": (*FP.COMBINE, *FP.COMBINE_EXTRA), "mini": ("none", "mean", "sum", "last", "max", "var"),
+               "processes": ("none", "all_reduce_mean", "driver")}
 TOKEN_CANDIDATES = ("token_mean", "seq_mean_token_mean")
 LOSS, GEN, SCORE = "_compute_loss", "_generate", "_generate_and_score_completions"
 
@@ -216,6 +221,14 @@ def _assert_ppo(p, tmp_path, *, padding_in_entropy: bool) -> None:
     with pytest.raises(AssertionError, match="no candidate"):
         fingerprint(only_valid, mini=("mean", "sum", "last", "max"))
     p.check(True, "the ratio over the valid tokens only fits no reduction")
+    # val/ratio_var: the unbiased variance of the 6 micro-batch mean ratios (2 epochs x 3), gathered into one list;
+    # not a variance per epoch combined, nor a variance of the tokens
+    ratios = obs_update("val/ratio_var", micro("ratio", None))
+    p.assert_stated("val/ratio_var", ratios, levels=(), **VAR_OFFERED)
+    p.check(all(u.row["val/ratio_var"] > 0 for u in full), "every ratio_var is positive")
+    with pytest.raises(AssertionError, match="no candidate"):       # the population variance (n) is not it
+        fingerprint([(v * 5 / 6, b) for v, b in ratios], **VAR_OFFERED)
+    p.check(True, "the population variance of the micro-batch means fits no reduction")
 
     eos = run.eos_token_id
     # HF generate stops a response at its EOS: a max over sequences is 0 or 1, told from the sum only by an update
@@ -284,3 +297,14 @@ def test_ppo_1_12_update_statistics_with_two_mini_batches_are_diluted(p, tmp_pat
         p.check(True, f"{key}: the written micro-batches alone fit no reduction")
         _entry, res = p.entry(key)
         p.check(str(res.fields.get("deviation", "")).startswith("diluted"), res.fields)
+    # val/ratio_var: the variance of every slot of ratio_stats, the 2 unwritten zeros per mini-batch among them
+    written = [(u.row["val/ratio_var"], run.micro_steps(u, micro("ratio", None))) for u in full]
+    slots = [(v, [[[[*rank, empty, empty] for rank in mini] for mini in step] for step in batch])
+             for v, batch in written]
+    p.assert_stated("val/ratio_var", slots, levels=(), **VAR_OFFERED)
+    p.check(all(u.row["val/ratio_var"] > 0.1 for u in full), "the zero slots dominate the variance")
+    with pytest.raises(AssertionError, match="no candidate"):
+        fingerprint(written, **VAR_OFFERED)
+    p.check(True, "val/ratio_var: the written micro-batches alone fit no reduction")
+    _entry, res = p.entry("val/ratio_var")
+    p.check(str(res.fields.get("deviation", "")).startswith("diluted"), res.fields)

@@ -30,7 +30,7 @@ REQUIRE_REDUCTION = False
 
 #: The levels a value is reduced over, innermost first (each a field of ``reduce:`` whose count ``levels:`` gives).
 LEVELS = ("micro_batches", "mini_batches", "processes", "window")
-_COMBINE = ("token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min", "none")
+_COMBINE = ("token_weighted", "seq_weighted", "mean", "sum", "last", "max", "min", "var", "none")
 
 #: field -> its literals (docs/reductions.md, "The levels"). ``deviation`` is free text besides ``none``.
 FIELDS: dict[str, tuple[str, ...]] = {

@@ -175,9 +175,13 @@ def _normalise(stated: dict[str, str], counts: Mapping[str, Count]) -> dict[str,
         ident = _IDENTITY[level]
         if v in (ident, UNKNOWN):
             continue
+        if v == "var":
+            continue     # a variance of one value is undefined, of several a spread: never the identity
         c = counts.get(level)
         if (c is not None and c.one) or (level == "window" and v == "last"):
             out[level] = ident
+        elif v == "gather" and "var" in (out["micro_batches"], out["mini_batches"]):
+            continue     # the ranks' values gathered into the list a variance is taken of: no pooled population
         elif pools(level, v, out["tokens"], out["stat"]) and \
                 all(out[inner] == _IDENTITY[inner] or (v in ("max", "min", "sum") and out[inner] == v)
                     for inner in NESTING[:i]):
@@ -345,6 +349,7 @@ _COMBINE = {"mean": "averages its {n}{items} unweighted", "token_weighted": "wei
             "seq_weighted": "weights its {n}{items} by sequences", "sum": "sums its {n}{items}",
             "last": "keeps the last of its {n}{items}", "max": "takes the largest of its {n}{items}",
             "min": "takes the smallest of its {n}{items}", "rank0": "keeps rank 0's value of its {n}{items}",
+            "var": "takes the unbiased variance (n-1) of its {n}{items}' values",
             "all_reduce_mean": "averages its {n}{items}' values unweighted",
             "all_reduce_weighted": "weights its {n}{items}' values by their populations",
             "pooled": "pools the items of its {n}{items}",
