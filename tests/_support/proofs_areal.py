@@ -77,15 +77,6 @@ class AReaLDist(SimDist):
         out[:] = g.exchange(r, obj)
 
 
-def _function_from_source(path: Path, name: str, namespace: dict[str, Any]) -> Any:
-    """The top-level function ``name`` of the file at ``path``, compiled from its own text into ``namespace``."""
-    tree = ast.parse(path.read_text())
-    (node,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
-    exec(code, namespace)
-    return namespace[name]
-
-
 @functools.lru_cache(maxsize=None)
 def areal() -> types.SimpleNamespace:
     import importlib
@@ -98,7 +89,8 @@ def areal() -> types.SimpleNamespace:
     _load_file("areal.utils.logging", root / "utils/logging.py")
     importlib.import_module("areal.infra.platforms")                 # the real package (current_platform)
     seqpack = types.ModuleType("areal.utils.seqpack")
-    seqpack.flat2d = _function_from_source(root / "utils/seqpack.py", "flat2d", {"Any": Any, "itertools": itertools})
+    seqpack.flat2d = _methods_from_source(root / "utils/seqpack.py", None, ["flat2d"],
+                                          {"Any": Any, "itertools": itertools})["flat2d"]
     st = _load_file("areal.utils.stats_tracker", root / "utils/stats_tracker.py", {"areal.utils.seqpack": seqpack})
     st.dist = AReaLDist()                                            # the simulated data-parallel group
     controller = _methods_from_source(root / "infra/controller/rollout_controller.py", "RolloutController",

@@ -74,7 +74,8 @@ from pathlib import Path
 from typing import Any
 
 from _support import vendored
-from _support.proofs_areal import AReaLDist, _defs_from_source, _function_from_source
+from _support.framework_code import _methods_from_source
+from _support.proofs_areal import AReaLDist, _defs_from_source
 
 FW = "areal"
 TAG = "v0.4.0"
@@ -94,8 +95,8 @@ def tracker_module() -> types.ModuleType:
     """The tag's stats_tracker module (logging.py first, so its ``from areal.utils import logging`` binds the tag's)."""
     vendored.load(FW, "areal/utils/logging.py", tag=TAG)
     datapack = vendored.stand_in("areal.utils.datapack")
-    datapack.flat2d = _function_from_source(_path("areal/utils/datapack.py"), "flat2d",
-                                            {"Any": Any, "itertools": itertools})
+    datapack.flat2d = _methods_from_source(_path("areal/utils/datapack.py"), None, ["flat2d"],
+                                           {"Any": Any, "itertools": itertools})["flat2d"]
     platform = types.SimpleNamespace(is_initialized=lambda: False, device_type="cpu")
     st = vendored.load(FW, "areal/utils/stats_tracker.py", tag=TAG,
                        stand_ins={"areal.platforms": vendored.stand_in("areal.platforms", current_platform=platform),
@@ -196,8 +197,8 @@ def realhf_tracker_module() -> types.ModuleType:
     """realhf/base/stats_tracker.py of the tag (with realhf/base/logging.py), the simulated group as its dist."""
     vendored.load(FW, "realhf/base/logging.py", tag=TAG)
     datapack = vendored.stand_in("realhf.base.datapack")
-    datapack.flat2d = _function_from_source(_path("realhf/base/datapack.py"), "flat2d",
-                                            {"Any": Any, "List": list, "itertools": itertools})
+    datapack.flat2d = _methods_from_source(_path("realhf/base/datapack.py"), None, ["flat2d"],
+                                           {"Any": Any, "List": list, "itertools": itertools})["flat2d"]
     st = vendored.load(FW, "realhf/base/stats_tracker.py", tag=TAG, stand_ins={"realhf.base.datapack": datapack})
     st.dist = RealhfDist()
     return st
@@ -222,15 +223,6 @@ def realhf_call_time_modules() -> dict[str, types.ModuleType]:
     return {"realhf.base.constants": vendored.stand_in("realhf.base.constants", **REALHF_CONSTANTS)}
 
 
-def _functions_from_source(path: Path, names: tuple[str, ...], namespace: dict[str, Any]) -> dict[str, Any]:
-    """The named top-level functions of the file at ``path`` (decorators included), compiled from its own text."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    assert {n.name for n in nodes} == set(names), (path, names)
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), namespace)   # noqa: S102
-    return namespace
-
-
 @functools.lru_cache(maxsize=None)
 def _realhf_code() -> tuple[Any, dict[str, Any]]:
     """ppo_interface.py's top-level functions and PPOActorInterface, compiled from the tag's text once, and the
@@ -243,11 +235,11 @@ def _realhf_code() -> tuple[Any, dict[str, Any]]:
     ppo_functional = vendored.load(FW, "realhf/impl/model/utils/ppo_functional.py", tag=TAG,
                                    stand_ins={"realhf.base.pkg_version": pkg_version})
     constants = types.SimpleNamespace(**REALHF_CONSTANTS)
-    functional = _functions_from_source(_path("realhf/impl/model/utils/functional.py"),
-                                        ("build_leave_one_indices", "gather_logprobs",
-                                         "gather_packed_shifted_log_probs", "masked_normalization"),
-                                        {"torch": torch, "np": np, "dist": RealhfDist(), "constants": constants,
-                                         "Optional": Any, "Tuple": tuple})
+    functional = _methods_from_source(_path("realhf/impl/model/utils/functional.py"), None,
+                                      ["build_leave_one_indices", "gather_logprobs",
+                                       "gather_packed_shifted_log_probs", "masked_normalization"],
+                                      {"torch": torch, "np": np, "dist": RealhfDist(), "constants": constants,
+                                       "Optional": Any, "Tuple": tuple})
     tree = ast.parse(_path("realhf/api/core/data_api.py").read_text(encoding="utf-8"))
     (tasks,) = [n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "RL_TASKS"]
     data_api: dict[str, Any] = {}

@@ -56,13 +56,11 @@ this module records which samples each rank's micro-batches held, in which optim
 """
 from __future__ import annotations
 
-import ast
 import functools
 import logging
 import math
 import types
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from _support import framework_code as F
@@ -79,17 +77,6 @@ BASE_LR = 1e-6
 
 def ns(**kw: Any) -> types.SimpleNamespace:
     return types.SimpleNamespace(**kw)
-
-
-def _functions_from_source(path: Path, cls: str, names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
-    wanted = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
-    missing = set(names) - {n.name for n in wanted}
-    if missing:
-        raise ImportError(f"{path}: {cls} has no {sorted(missing)}")
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)    # noqa: S102
-    return {n: namespace[n] for n in names}
 
 
 class _CpuTorch:
@@ -163,11 +150,11 @@ def wheel() -> types.SimpleNamespace:
     actor_ns: dict[str, Any] = {"torch": torch, "dist": torch.distributed, "Optional": Optional,
                                 "log_probs_from_logits": utils.log_probs_from_logits,
                                 "process_sequences": utils.process_sequences}
-    forward = _functions_from_source(root / "models/actor.py", "Actor", ["forward"], actor_ns)["forward"]
+    forward = F._methods_from_source(root / "models/actor.py", "Actor", ["forward"], actor_ns)["forward"]
     trainer_ns: dict[str, Any] = {"torch": _CpuTorch(torch), "DataLoader": _loader, "tqdm": Bar,
                                   "Dict": dict, "Optional": Optional, "List": list, "Experience": maker.Experience,
                                   "compute_approx_kl": utils.compute_approx_kl, "masked_mean": utils.masked_mean}
-    methods = _functions_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
+    methods = F._methods_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
                                      ["ppo_train", "training_step"], trainer_ns)
     return ns(utils=utils, loss=loss, maker=maker, buffer=buffer, forward=forward, root=root, **methods)
 
@@ -496,11 +483,11 @@ def wheel97() -> types.SimpleNamespace:
     actor_ns: dict[str, Any] = {"torch": torch, "dist": torch.distributed, "Optional": Optional,
                                 "log_probs_from_logits": utils.log_probs_from_logits,
                                 "compute_entropy": utils.compute_entropy}
-    forward = _functions_from_source(root / "models/actor.py", "Actor", ["forward"], actor_ns)["forward"]
+    forward = F._methods_from_source(root / "models/actor.py", "Actor", ["forward"], actor_ns)["forward"]
     trainer_ns: dict[str, Any] = {"torch": _CpuTorch(torch), "DataLoader": _loader, "tqdm": Bar,
                                   "Dict": dict, "Optional": Optional, "List": list, "Experience": maker.Experience,
                                   "compute_approx_kl": utils.compute_approx_kl, "masked_mean": utils.masked_mean}
-    methods = _functions_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
+    methods = F._methods_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
                                      ["ppo_train", "training_step"], trainer_ns)
     return ns(utils=utils, loss=loss, maker=maker, buffer=buffer, forward=forward, root=root, **methods)
 
@@ -689,14 +676,14 @@ def wheel64() -> types.SimpleNamespace:
     buffer = F._load_file("openrlhf.trainer.ppo_utils.replay_buffer", root / "trainer/ppo_utils/replay_buffer.py")
     actor_ns: dict[str, Any] = {"torch": torch, "dist": torch.distributed, "Optional": Optional, "Union": Any,
                                 "log_probs_from_logits": utils.log_probs_from_logits, "F": torch.nn.functional}
-    actor_fns = _functions_from_source(root / "models/actor.py", "Actor", ["forward", "process_sequences"], actor_ns)
+    actor_fns = F._methods_from_source(root / "models/actor.py", "Actor", ["forward", "process_sequences"], actor_ns)
     forward = actor_fns["forward"]
     trainer_ns: dict[str, Any] = {"torch": _CpuTorch(torch), "DataLoader": _loader, "tqdm": Bar,
                                   "Dict": dict, "Optional": Optional, "List": list, "Experience": maker.Experience,
                                   "compute_approx_kl": utils.compute_approx_kl, "masked_mean": utils.masked_mean,
                                   "unpacking_samples": utils.unpacking_samples, "pad_sequences": ring.pad_sequences,
                                   "unpad_sequences": ring.unpad_sequences}
-    methods = _functions_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
+    methods = F._methods_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
                                      ["ppo_train_actor", "training_step"], trainer_ns)
     return ns(utils=utils, loss=loss, maker=maker, buffer=buffer, forward=forward, root=root,
               process_sequences=actor_fns["process_sequences"], **methods)

@@ -76,7 +76,6 @@ from _support.proofs_openrlhf_old import (
     Model97,
     N,
     _CpuTorch,
-    _functions_from_source,
     _loader,
     _Out,
     new_lp,
@@ -116,7 +115,7 @@ def wheel10() -> types.SimpleNamespace:
     entropy = getattr(utils.compute_entropy, "_torchdynamo_orig_callable", utils.compute_entropy)
     actor_ns: dict[str, Any] = {"torch": torch, "dist": torch.distributed, "Optional": Optional,
                                 "log_probs_from_logits": utils.log_probs_from_logits, "compute_entropy": entropy}
-    forward = _functions_from_source(root / "models/actor.py", "Actor", ["forward"], actor_ns)["forward"]
+    forward = F._methods_from_source(root / "models/actor.py", "Actor", ["forward"], actor_ns)["forward"]
     trainer_ns: dict[str, Any] = {
         "torch": _CpuTorch(torch), "DataLoader": _loader, "tqdm": Bar, "Dict": dict, "Optional": Optional,
         "List": list, "Union": Any, "fields": __import__("dataclasses").fields, "Experience": experience.Experience,
@@ -127,7 +126,7 @@ def wheel10() -> types.SimpleNamespace:
         loss_utils = F._load_file("openrlhf.utils.loss_utils", root / "utils/loss_utils.py")
         loss_utils.dist = F.SimDist()                            # the simulated data-parallel group
         trainer_ns.update(aggregate_loss=loss.aggregate_loss, get_loss_batch_info=loss_utils.get_loss_batch_info)
-    methods = _functions_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
+    methods = F._methods_from_source(root / "trainer/ray/ppo_actor.py", "ActorPPOTrainer",
                                      ["ppo_train", "training_step"], trainer_ns)
     # experience_maker.py: ray (get/put pass values through), the launcher's RayActorGroup (a type annotation only)
     fake_ray = types.ModuleType("ray")
@@ -145,7 +144,7 @@ def wheel10() -> types.SimpleNamespace:
                                  "masked_mean": utils.masked_mean}
     if loss_utils is not None:
         critic_ns["get_loss_batch_info"] = loss_utils.get_loss_batch_info
-    critic = _functions_from_source(root / "trainer/ray/ppo_critic.py", "CriticPPOTrainer",
+    critic = F._methods_from_source(root / "trainer/ray/ppo_critic.py", "CriticPPOTrainer",
                                     ["ppo_train", "training_step"], critic_ns)
     maker.logger.setLevel(logging.WARNING)
     logging_utils.init_logger("openrlhf").setLevel(logging.WARNING)
@@ -474,7 +473,7 @@ def sft_methods() -> dict:
     namespace = {"torch": _CpuTorch(torch), "tqdm": _Quiet, "os": __import__("os"), "DistributedSampler": NoSampler}
     if W.loss_utils is not None:
         namespace["get_loss_batch_info"] = W.loss_utils.get_loss_batch_info
-    return _functions_from_source(W.root / "trainer/sft_trainer.py", "SFTTrainer",
+    return F._methods_from_source(W.root / "trainer/sft_trainer.py", "SFTTrainer",
                                   ["fit", "save_logs_and_checkpoints"], namespace)
 
 
@@ -616,7 +615,7 @@ def wheel_kto() -> types.SimpleNamespace:
         pass
     names = ["fit", "save_logs_and_checkpoints", "compute_model_logps_with_KL", "compute_model_logps",
              "_get_batch_logps"]
-    methods = _functions_from_source(root / "trainer/kto_trainer.py", "KTOTrainer", names,
+    methods = F._methods_from_source(root / "trainer/kto_trainer.py", "KTOTrainer", names,
                                      {"torch": _CpuTorch(torch), "tqdm": _Quiet, "os": __import__("os"),
                                       "DistributedSampler": NoSampler,
                                       "log_probs_from_logits": utils.log_probs_from_logits})
