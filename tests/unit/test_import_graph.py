@@ -12,7 +12,7 @@
   (design.md "Layers"; issue 20 moved the last five that climbed: the naming-scheme specs into ``schema/``, the
   ``mappings`` views up beside the CLI, the version into a leaf, the text-safety helper out of the sink base, the
   renaming pipeline and the pending note out of the ``replay`` command);
-* the core (``schema/``, ``translate.py``, ``derive/``, ``record.py``, ``pipeline.py``, ``holdings.py`` and the
+* the core (``schema/``, ``translate.py``, ``derive/``, ``record.py``, ``pipeline/``, ``holdings.py`` and the
   logger, ``logger/``) imports no tracker module when it is imported (imports inside functions run later and are
   not followed here; a subprocess checks the same on ``sys.modules``), and names no tracker and no framework in its
   code: identifiers and string literals are checked, comments and docstrings are not (they may say what a rule is

@@ -366,14 +366,16 @@ class _NamesFor:
 
     def rename(self, plain: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
         """``(original -> final name, final name -> value)`` for the values of one call."""
+        from ..record import Record
+        from ..translate import Translation
         first = self.to_canonical.setup(plain)
         if first is None:                    # source or names "keep": nothing renamed
             return {k: k for k in plain}, dict(plain)
-        res = first.translate(plain)
-        renamed = {k: res.renamed.get(k, k) for k in plain if res.renamed.get(k, k) in res.metrics}
-        metrics = dict(res.metrics)
+        rep = Translation()
+        rec = self.to_canonical.one(Record(None, None, dict(plain)), rep)
+        renamed = {k: rep.renamed.get(k, k) for k in plain if rep.renamed.get(k, k) in rec.metrics}
         if self.names in ("canonical", ""):
-            return renamed, metrics
+            return renamed, dict(rec.metrics)
         if self.to_names is None:
             from ..pipeline import Pipeline
             canon = dict(self.config)
@@ -381,12 +383,12 @@ class _NamesFor:
                 canon = {**canon, **dict(first.translate_config(self.config))}   # as the logger renames
             except Exception:
                 pass
-            pipe = Pipeline("canonical", self.names, config=canon, mappings=self.mappings or None, derive=False,
-                            origin=first.source)
-            self.to_names = pipe.setup(())
-        second = self.to_names.translate(metrics)
-        final = {k: second.renamed.get(c, c) for k, c in renamed.items() if second.renamed.get(c, c) in second.metrics}
-        return final, dict(second.metrics)
+            self.to_names = Pipeline("canonical", self.names, config=canon, mappings=self.mappings or None,
+                                     derive=False, origin=first.source)
+        second = Translation()
+        out = self.to_names.one(rec, second)
+        final = {k: second.renamed.get(c, c) for k, c in renamed.items() if second.renamed.get(c, c) in out.metrics}
+        return final, dict(out.metrics)
 
 
 def _number(val: Any) -> int | None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..tracking.sink import Sink, Unreachable, check_reachable
@@ -11,10 +11,7 @@ from ..values import STEP_MAX, as_step, check_step, flat_config, normalize_metri
 from .common import warn
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ..translate import Translation, Translator
-
-#: ``hook(translation, step, wall_time)``: see :func:`derive_hook`
-DeriveHook = Callable[["Translation", "int | None", "float | None"], None]
+    from ..translate import Translator
 
 
 def make_translator(source: str, mappings: list[str] | None, config: dict[str, Any]) -> Translator:
@@ -27,12 +24,6 @@ def make_translator(source: str, mappings: list[str] | None, config: dict[str, A
     except Exception as exc:
         what = f"mappings={list(mappings)!r}" if mappings else f"source={source!r}"
         raise UsageError(f"init({what}): cannot build the translation: {exc}") from exc
-
-
-def derive_hook(translator: Translator) -> DeriveHook:
-    """The translator's derive stage (run after the step is known): ``hook(translation, step, wall_time)`` fills
-    ``translation.metrics`` in place and sets ``translation.derived``."""
-    return translator.apply_derive
 
 
 def validate_call(metrics: object, step: object, axis: object = None, defer: list[tuple[str, Any]] | None = None

@@ -1,34 +1,34 @@
-"""The dispatcher: one thread between ``log()`` and the sinks. It numbers each record (step and sequence number),
-translates it to canonical names, derives what the framework did not log, hands it to the spool and to the egress
-(logger/egress.py), which renames it once for the trackers and offers it to each tracker's worker (which never makes
-it wait)."""
+"""The dispatcher: one thread between ``log()`` and the sinks. It runs each record through the pipeline's stages
+(trackbridge/pipeline/stages.py: Translate to canonical names, Step, Derive what the framework did not log), numbers
+it, hands it to the spool and to the egress (logger/egress.py), which renames it once for the trackers (the Rename
+stage) and offers it to each tracker's worker (which never makes it wait)."""
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
 from typing import Any, Callable
 
+from ..pipeline.stages import Derive, Step, Translate
 from ..record import Record, RunInfo
-from ..values import STEP_MAX
-from .common import STEP_AXIS, STOP, log, warn
+from ..translate import Translation
+from .common import STOP, log, warn
 from .egress import Egress
 
 
 class Dispatcher:
-    def __init__(self, *, translator: Any, derive_fn: Callable[..., None] | None, info: RunInfo,
+    def __init__(self, *, translate: Translate, derive: Derive | None, info: RunInfo,
                  egress: Egress, spool: Any, seq_base: int, next_step: int, inbox_size: int,
                  resume_wait: float | None,
                  warn_once: Callable[[str, str], None], doctor: Any = None,
                  found: Callable[[Any], None] | None = None) -> None:
-        self.translator = translator
-        self.derive_fn = derive_fn
+        self.translate = translate
+        self.step = Step(next_step, warn_once)
+        self.derive = derive
         self.info = info
         self.egress = egress                    # rename once, offer to every tracker (logger/egress.py)
         self.spool = spool
         self.seq = seq_base
-        self.next_step = next_step
         self.resume_wait = resume_wait          # None: not resuming
         self.warn_once = warn_once
         self.doctor = doctor                    # trackbridge.doctor.Doctor with init(doctor=True), else None
@@ -40,6 +40,15 @@ class Dispatcher:
     @property
     def trackers(self) -> list[Any]:
         return self.egress.handles
+
+    @property
+    def next_step(self) -> int:
+        """The step the next record logged without one gets (the Step stage's counter)."""
+        return self.step.next
+
+    @next_step.setter
+    def next_step(self, value: int) -> None:
+        self.step.next = value
 
     def _resume_step(self) -> None:
         """Resume: the step counter continues after the highest step any tracker holds (a tracker can hold steps
@@ -117,48 +126,36 @@ class Dispatcher:
         return out
 
     def build(self, wall_time: float, step: int | None, values: dict[str, Any], axis: str | None = None) -> Record:
-        """The record for one ``log()`` call: canonical names, its step, derived values. A record on an x axis of
-        its own (``axis``) keeps its step and leaves the run's step counter alone."""
-        res = None
+        """The record for one ``log()`` call through the stages: canonical names, its step, derived values. A stage
+        that fails is said once: a failed translation logs the names as given, a failed derivation turns
+        derivation off for the run."""
+        rec = Record(step=step, wall_time=wall_time, metrics=values, axis=axis)
+        report = Translation()
+        translated = True
         try:
-            res = self.translator.translate(values)
-            metrics = dict(res.metrics)
-            if res.source and not res.source.startswith("auto"):
-                self.info.source = res.source
-            derived = list(getattr(res, "derived", []) or [])
-            if self.doctor is not None and res.renamed:     # the user's key of each canonical name, for findings
+            rec = self.translate(rec, report)
+            if report.source and not report.source.startswith("auto"):
+                self.info.source = report.source
+            if self.doctor is not None and report.renamed:  # the user's key of each canonical name, for findings
                 names = self.user_names
-                for src, canon in res.renamed.items():
+                for src, canon in report.renamed.items():
                     if canon not in names:
                         names[canon] = src
         except Exception as exc:
             self.warn_once("translate", f"translation failed ({type(exc).__name__}: {exc}); names logged as given")
-            metrics, derived = dict(values), []
-        if step is None and axis is None:
-            counter = metrics.get(STEP_AXIS)
-            if isinstance(counter, (int, float)) and not isinstance(counter, bool) and math.isfinite(counter):
-                step = int(counter)
-                if not 0 <= step <= STEP_MAX:
-                    self.warn_once("step-axis", f"{STEP_AXIS} = {counter!r} is outside 0 .. 2**53 - 1 (what every "
-                                                f"tracker stores); the record is logged at the next step instead")
-                    step = self.next_step
-            else:
-                step = self.next_step
-        if axis is None:
-            assert step is not None
-            self.next_step = max(self.next_step, step + 1)
-        if self.derive_fn is not None and res is not None:
+            rec, report, translated = Record(step=step, wall_time=wall_time, metrics=dict(values), axis=axis), \
+                Translation(), False
+        rec = self.step(rec, report)
+        if self.derive is not None and translated:
             try:
-                self.derive_fn(res, step, wall_time)
-                metrics = dict(res.metrics)
-                derived = list(res.derived or [])
+                rec = self.derive(rec, report)
             except Exception as exc:
                 self.warn_once("derive", f"deriving metrics failed ({type(exc).__name__}: {exc}); "
                                          f"derivation is off for this run")
-                self.derive_fn = None
-        if res is not None and res.approximate:     # the translation's, and a value derived from an approximate input
-            self.info.approximate.update(res.approximate)
-        return Record(step=step, wall_time=wall_time, metrics=metrics, derived=derived, axis=axis)
+                self.derive = None
+        if report.approximate:      # the translation's, and a value derived from an approximate input
+            self.info.approximate.update(report.approximate)
+        return rec
 
 
 def live_doctor(translator: Any, mappings: list[str] | None, config: dict[str, Any], info: RunInfo,

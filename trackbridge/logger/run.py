@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import UsageError
 from ..limits import tracker_cuts
 from ..pipeline import names_translator
+from ..pipeline.stages import Derive, Translate
 from ..record import RunInfo
 from ..stream import read_stream, scan_stream, stream_file
 from . import exits, pending
@@ -24,7 +25,6 @@ from .checks import (
     build_sinks,
     check_packages,
     choose_writer,
-    derive_hook,
     make_translator,
     precheck_location,
     validate_call,
@@ -114,10 +114,10 @@ class Run(RunView):
                             tags=dict(tags or (prev.tags if prev else {}) or {}),
                             source=None if source == "auto" else source, names="canonical", extra=extra)
         self._seq_base = scan.records
-        derive_fn = derive_hook(translator) if derive else None
-        if derive_fn is not None and self.resume and scan.records:
+        deriving = Derive(translator) if derive else None
+        if deriving is not None and self.resume and scan.records:
             # stateful derived rules (delta, rate, ema ...) continue from the history kept in the spool
-            translator.warm_derive(rec for _seq, rec in read_stream(self.spool_path))
+            deriving.warm(rec for _seq, rec in read_stream(self.spool_path))
 
         # init(doctor=True): the live checks, before any sink or thread (a bad checks file fails init here)
         self._doctor = live_doctor(translator, mappings, cfg, self.info, self.spool_path if self.resume else None) \
@@ -184,7 +184,8 @@ class Run(RunView):
                                                               names=self.names, problem=self._warn_once)
         out.handles = trackers
         self._dispatcher = Dispatcher(
-            translator=translator, derive_fn=derive_fn, info=self.info, egress=out,
+            translate=Translate(translator, canonical=deriving is not None), derive=deriving, info=self.info,
+            egress=out,
             spool=self._spool_worker, seq_base=self._seq_base,
             next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
             resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,

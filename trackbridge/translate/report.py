@@ -42,6 +42,9 @@ class Translation(Report):
     bookkeeping."""
 
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: the values by canonical name (a key with none under its own), kept when asked for: what the derived rules
+    #: read (the pipeline's Derive stage); None otherwise
+    canonical: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def report(self) -> dict[str, Any]:
         """The bookkeeping as a plain dict: ``mapped``, ``unmapped``, ``approximate``, ``source``, and ``derived`` and

@@ -249,11 +249,14 @@ class Translator:
         return list(dict.fromkeys(out))
 
     def translate(self, metrics: Mapping[str, Any], *, step: int | None = None,
-                  wall_time: float | None = None, notes: bool = True) -> Translation:
+                  wall_time: float | None = None, notes: bool = True, into: Translation | None = None,
+                  canonical: bool = False) -> Translation:
         """Translate one logged dict into the target's names (derived values added when derivation is on);
         ``step``/``wall_time`` feed the stateful derived rules. ``notes=False``: ``res.notes`` left empty (a caller
-        that reads :attr:`notes` once at the end, as the pipeline does). Raises TypeError for anything but a
-        mapping."""
+        that reads :attr:`notes` once at the end, as the pipeline does). ``into``: a fresh Translation to fill (the
+        pipeline's per-record report) instead of a new one; ``canonical``: also keep the values by canonical name
+        in ``res.canonical`` (what the derived rules read: the pipeline's Derive stage). Raises TypeError for
+        anything but a mapping."""
         if not isinstance(metrics, Mapping):
             raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
         names = self._names
@@ -262,20 +265,23 @@ class Translator:
                                  (names is None or not metrics.keys() <= names.plans.keys())):
             self._detect(metrics)
         names = self._name_map(metrics)
-        canon: dict[str, Any] | None = {} if self._derive else None
-        res = self._rename(metrics, names, canon)                       # stages 2 and 4
-        if canon is not None:
-            self._derive_stage().run(res, canon, names, self._note, self.input_fidelity, step, wall_time)  # 3
+        res = self._rename(metrics, names, into, {} if canonical or self._derive else None)     # stages 2 and 4
+        if self._derive:
+            self._derive_into(res, names, step, wall_time)              # stage 3, as the pipeline runs it
         if notes:
             res.notes = self.notes
         return res
 
     __call__ = translate
 
-    def _rename(self, metrics: Mapping[str, Any], names: NameMap, canon: dict[str, Any] | None) -> Translation:
+    def _rename(self, metrics: Mapping[str, Any], names: NameMap, into: Translation | None,
+                canon: dict[str, Any] | None) -> Translation:
         """Stages 2 and 4 for one dict: every key through its plan; two inputs that name one output are kept once
-        (the same value) or the primary one wins and the other passes through as a conflict."""
-        res = Translation(source=self.source)
+        (the same value) or the primary one wins and the other passes through as a conflict. ``canon``: filled
+        with the values by canonical name (a key passed through under its own name), kept in ``res.canonical``."""
+        res = into if into is not None else Translation()
+        res.source = self.source
+        res.canonical = canon
         out_metrics, renamed, approximate, conflicts = res.metrics, res.renamed, res.approximate, res.conflicts
         plans = names.plans
         noted, marked = self._noted, self._marked
@@ -303,6 +309,8 @@ class Translator:
                     mapped -= 1
                 out_metrics[key] = value
                 res.unmapped.append(key)
+                if canon is not None:
+                    canon.setdefault(key, value)
                 continue
             if plan.note is not None and plan.note not in noted:
                 self._note(plan.note)
@@ -376,15 +384,22 @@ class Translator:
                                          self.source_spec_text)
         return self._deriving
 
-    def apply_derive(self, res: Translation, step: int | None = None, wall_time: float | None = None) -> None:
+    def apply_derive(self, res: Translation, step: int | None = None, wall_time: float | None = None, *,
+                     notes: bool = True) -> None:
         """Add derived metrics to ``res`` (already translated by this translator, without ``derive``): computed in
         canonical space, written under the target's names, never over a logged value, listed in ``res.derived``
         and, when their inputs were approximate, in ``res.approximate``. The logger calls this once the step is
         known; ``translate(derive=True)`` calls it itself."""
-        names = self._name_map(res.metrics)
+        self._derive_into(res, self._name_map(res.metrics), step, wall_time)
+        if notes:
+            res.notes = self.notes
+
+    def _derive_into(self, res: Translation, names: NameMap, step: int | None, wall_time: float | None) -> None:
+        """Stage 3: the derived rules read the values by canonical name the translation kept (``res.canonical``),
+        else those its output gives back (a translation made without them)."""
         stage = self._derive_stage()
-        stage.run(res, stage.canonical_view(res, names), names, self._note, self.input_fidelity, step, wall_time)
-        res.notes = self.notes
+        canon = res.canonical if res.canonical is not None else stage.canonical_view(res, names)
+        stage.run(res, canon, names, self._note, self.input_fidelity, step, wall_time)
 
     def warm_derive(self, records: Iterable[Record]) -> int:
         """Feed earlier canonical records to the stateful derived rules (``delta``, ``rate`` ...) without producing

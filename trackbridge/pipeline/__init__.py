@@ -1,24 +1,26 @@
 """The one path every record takes: names as stored -> canonical -> derived values -> the names asked for.
 
-Logging (the logger's ``names=``), ``translate``, migration, replay, comparison, the demo and the integrations all
-translate through one :class:`~trackbridge.translate.Translator` per run (source resolution, the trainer on both
-sides, derivation in canonical space, renaming into the target, fidelity and derived marks live there). This
-module wraps it for streams of :class:`Record`: a short look-ahead to resolve the source of a stored run, derived
-marks carried through, and one :class:`Stats` (the same bookkeeping type as a single translation) for the run.
+A :class:`Pipeline` is the stages of :mod:`.stages` (Translate -> Step -> Derive -> Rename, each
+``(record, report) -> record``) around one :class:`~trackbridge.translate.Translator` per run (source resolution, the
+trainer on both sides, fidelity and derived marks live there). Logging (the logger's stages and ``names=``),
+``translate``, migration, replay, comparison, the demo and the integrations all build it: a short look-ahead resolves
+the source of a stored run, derived marks are carried through, and one :class:`Stats` (the same bookkeeping type as
+a single translation) counts the run.
 """
 from __future__ import annotations
 
 import copy
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, cast
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 
-from .limits import check_config
-from .record import Record, RunInfo
-from .translate import Report, Translator
+from ..limits import check_config
+from ..record import Record, RunInfo
+from ..translate import Report, Translation, Translator
+from .stages import Derive, Rename, Select, Stage, Translate
 
 if TYPE_CHECKING:       # pragma: no cover
-    from .schema.loader import Registry
+    from ..schema.loader import Registry
 
 DETECT_LOOKAHEAD = 50      # records read ahead to detect the framework of a stored run
 
@@ -68,10 +70,11 @@ class Pipeline:
         self.fidelity = fidelity if isinstance(fidelity, dict) else dict(fidelity or {})
         self.stats = Stats()
         self.translator: Translator | None = None
+        self.stages: list[Stage] = []           # built by setup(): Translate, Derive, Select
         self._kept = False
         # ``select``: glob patterns of the output names to keep (the last stage; a run's selection, open_runs)
         self.select = [str(p) for p in select or ()]
-        self._selected: dict[str, bool] = {}
+        self._selector = Select(self.select) if self.select else None
 
     @classmethod
     def for_run(cls, info: RunInfo, names: str = "canonical", *, source: str = "auto", **kw: Any) -> "Pipeline":
@@ -92,18 +95,21 @@ class Pipeline:
         """Build the translator and resolve the source from ``keys`` (a stored run's first records)."""
         if self.translator is not None or self._kept:
             return self.translator
+        selection: list[Stage] = [self._selector] if self._selector is not None else []
         if self.source == "keep" or self.names == "keep":
             self.stats.source = "kept as stored"
             self._kept = True
+            self.stages = selection
             return None
-        from .schema.loader import load_registry
+        from ..schema.loader import load_registry
         reg = self.registry = self.registry or load_registry(self.mappings or None)
-        tr = Translator(self.source, self.names, registry=reg, config=self.config, derive=self.derive,
+        tr = Translator(self.source, self.names, registry=reg, config=self.config, derive=False,
                         mappings=self.mappings, origin=self.origin if self.source == "canonical" else None,
                         fidelity=self.fidelity if self.source == "canonical" else None)
         tr.resolve_source(keys)
         self.translator = tr
         self.stats.source = tr.source
+        self.stages = [Translate(tr, canonical=self.derive), *([Derive(tr)] if self.derive else []), *selection]
         return tr
 
     def canonical_config(self) -> dict[str, Any]:
@@ -129,8 +135,9 @@ class Pipeline:
             out.extra["canonical_config"] = canon
         kept = info.approximate if (self._kept or self.names == info.names) else {}
         out.approximate = {**(kept or {}), **self.stats.approximate}
-        if self.select:                 # the marks of the names written only
-            out.approximate = {k: v for k, v in out.approximate.items() if self._selected.get(k)}
+        if self._selector is not None:          # the marks of the names written only
+            chosen = self._selector.chosen
+            out.approximate = {k: v for k, v in out.approximate.items() if chosen.get(k)}
         return out
 
     # ------------------------------------------------------------------------------------------------ streaming
@@ -147,35 +154,23 @@ class Pipeline:
         for rec in it:
             yield self.one(rec)
 
-    def one(self, rec: Record) -> Record:
-        """Translate one record (the source resolved from its keys if not yet known) and count it in ``stats``."""
+    def one(self, rec: Record, report: Translation | None = None) -> Record:
+        """Run one record through the stages (the source resolved from its keys if not yet known) and count it in
+        ``stats``; ``report``: a fresh :class:`~trackbridge.translate.Translation` the stages fill with this
+        record's bookkeeping (what was renamed to what, for a caller that maps its own keys)."""
+        if self.translator is None and not self._kept:
+            self.setup(rec.metrics)
+        out = Record(rec.step, rec.wall_time, dict(rec.metrics), list(rec.derived), rec.axis) if self._kept else rec
+        if report is None:
+            report = Translation(source=self.stats.source)
+        for stage in self.stages:
+            out = stage(out, report)
         st = self.stats
-        tr = self.translator if self.translator is not None else self.setup(rec.metrics)
-        if tr is None:
-            out = Record(rec.step, rec.wall_time, dict(rec.metrics), list(rec.derived), rec.axis)
-        else:
-            res = tr.translate(rec.metrics, step=rec.step, wall_time=rec.wall_time, notes=False)  # notes: at the end
-            derived = [res.renamed.get(d, d) for d in rec.derived if res.renamed.get(d, d) in res.metrics]
-            derived += [d for d in res.derived if d not in derived]
-            st.merge(res)
-            out = Record(rec.step, rec.wall_time, res.metrics, derived, rec.axis)
-        if self.select:
-            out = self._keep_selected(out)
+        if not self._kept:
+            st.merge(report)
         st.records += 1
         st.points += len(out.metrics)
         return out
-
-    def _keep_selected(self, rec: Record) -> Record:
-        """Only the metrics whose output name matches one of :attr:`select`'s patterns (each name judged once)."""
-        import fnmatch
-        seen = self._selected
-        for k in rec.metrics:
-            if k not in seen:
-                seen[k] = any(fnmatch.fnmatchcase(k, p) for p in self.select)
-        if all(seen[k] for k in rec.metrics):
-            return rec
-        kept = {k: v for k, v in rec.metrics.items() if seen[k]}
-        return Record(rec.step, rec.wall_time, kept, [d for d in rec.derived if d in kept], rec.axis)
 
     def finish_notes(self) -> list[str]:
         """The run's notes, the translator's included, each once (also left in ``stats.notes``)."""
@@ -187,8 +182,9 @@ class Pipeline:
 
 
 class Renamer(Protocol):
-    """What :func:`names_translator` returns: called with a canonical record, gives it under the target's names;
-    ``pipeline()`` is the pipeline doing it (None before the first record), with its bookkeeping."""
+    """What :func:`names_translator` returns (a :class:`~.stages.Rename` stage): called with a canonical record,
+    gives it under the target's names; ``pipeline()`` is the pipeline doing it (None before the first record), with
+    its bookkeeping."""
 
     def __call__(self, rec: Record) -> Record: ...
 
@@ -198,22 +194,10 @@ class Renamer(Protocol):
 def names_translator(target: str | None, *, mappings: list[str] | None = None,
                      config: dict[str, Any] | None = None, origin: Any = None,
                      fidelity: dict[str, str] | None = None) -> Renamer | None:
-    """A function renaming a canonical record to the ``target`` naming (``FRAMEWORK[@VERSION]``) through the one
-    pipeline (derived marks follow their values; the target's trainer and the fidelity are judged from ``origin``,
-    the framework the canonical names came from, a value or a function returning it), or ``None`` when the target is
-    canonical. ``rename.pipeline()`` gives the pipeline (None before the first record) and its bookkeeping."""
+    """The :class:`~.stages.Rename` stage from canonical names to the ``target`` naming (``FRAMEWORK[@VERSION]``):
+    derived marks follow their values; the target's trainer and the fidelity are judged from ``origin``, the
+    framework the canonical names came from (a value or a function returning it); ``None`` when the target is
+    canonical."""
     if not target or target == "canonical":
         return None
-    state: dict[str, Any] = {}
-
-    def rename(rec: Record) -> Record:
-        pipe = state.get("pipe")
-        if pipe is None:
-            org = origin() if callable(origin) else origin
-            pipe = state["pipe"] = Pipeline("canonical", target, config=config, mappings=mappings, derive=False,
-                                            origin=org, fidelity=fidelity)
-            pipe.setup(())
-        return pipe.one(rec)
-
-    rename.pipeline = lambda: state.get("pipe")        # type: ignore[attr-defined]
-    return cast(Renamer, rename)
+    return Rename(target, mappings=mappings, config=config, origin=origin, fidelity=fidelity)
