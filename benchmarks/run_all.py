@@ -15,6 +15,7 @@ QUICK = {
     "bench_tensorboard_sink.py": [],
     "bench_translate.py": ["--calls", "2000"],
     "bench_derive.py": ["--n", "5000", "--steps", "500"],
+    "bench_pipeline.py": ["--records", "2000", "--rounds", "3"],
     "bench_load.py": ["--runs", "3"],
     "bench_training_loop.py": ["--steps", "300", "--rounds", "1"],
     "bench_migrate_bulk.py": ["--runs", "40", "--steps", "50", "--keys", "10"],
@@ -25,9 +26,9 @@ QUICK = {
 def main() -> int:
     quick = "--quick" in sys.argv[1:]
     failed = []
-    for name in ("bench_load.py", "bench_translate.py", "bench_derive.py", "bench_tensorboard_sink.py",
-                 "bench_logger.py", "bench_training_loop.py", "bench_migrate.py", "bench_migrate_bulk.py",
-                 "bench_merge_ranks.py"):
+    for name in ("bench_load.py", "bench_translate.py", "bench_derive.py", "bench_pipeline.py",
+                 "bench_tensorboard_sink.py", "bench_logger.py", "bench_training_loop.py", "bench_migrate.py",
+                 "bench_migrate_bulk.py", "bench_merge_ranks.py"):
         print(f"\n=== {name}{' (quick)' if quick else ''}", flush=True)
         args = QUICK[name] if quick else []
         if subprocess.call([sys.executable, str(HERE / name), *args]) != 0:

@@ -107,6 +107,7 @@ class Deriver:
         self._state: dict[str, dict[str, Any]] = {}
         self._plans: list[_Plan] = []
         self._by_keys: dict[tuple[str, ...], list[_Plan]] = {}      # the plans that can run, by a record's names
+        self._by_prefix: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # a template prefix's names, by names
         for rule in rules:
             plan = _Plan(rule)
             if not _source_matches(rule.sources, source):
@@ -168,7 +169,7 @@ class Deriver:
             metrics[STEP_NAME] = step
             injected = True
         try:
-            keys: list[str] | None = None
+            keys: tuple[str, ...] | None = None
             for plan in self._plans_for(metrics):
                 if plan.anchor is None:
                     self._run(plan, plan.insts[()], metrics, step, wall_time, derived)
@@ -176,9 +177,8 @@ class Deriver:
                 if any(metrics.get(n) is None for n in plan.fixed):
                     continue
                 if keys is None or len(keys) != len(metrics):
-                    keys = list(metrics)
-                prefix = plan.prefix
-                for key in [k for k in keys if k.startswith(prefix)]:
+                    keys = tuple(metrics)
+                for key in self._matching(plan.prefix, keys):
                     m = plan.regex.match(key)  # type: ignore[union-attr]
                     if not m:
                         continue
@@ -194,6 +194,16 @@ class Deriver:
             if injected and metrics.get(STEP_NAME) is step:
                 del metrics[STEP_NAME]
         return derived
+
+    def _matching(self, prefix: str, keys: tuple[str, ...]) -> list[str]:
+        """The names among ``keys`` a templated plan's prefix starts (worked out once per prefix and set of names:
+        a run logs the same names at every step)."""
+        found = self._by_prefix.get((prefix, keys))
+        if found is None:
+            if len(self._by_prefix) >= 256:     # bounded, as _by_keys is
+                self._by_prefix.clear()
+            found = self._by_prefix[(prefix, keys)] = [k for k in keys if k.startswith(prefix)]
+        return found
 
     def _plans_for(self, metrics: dict[str, Any]) -> list[_Plan]:
         """The active plans that can do something at a record with these names, in order: one whose inputs are all
