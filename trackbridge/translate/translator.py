@@ -26,17 +26,8 @@ from .derived import DeriveStage
 from .entries import NOT_PLANNED, Marks, Plan, config_view, flatten_config, owner, same_value, split_canonical
 from .names import NameMap
 from .report import Translation
-from .resolve import (
-    TargetFound,
-    detect_source,
-    framework_of,
-    needs_detection,
-    parse_origin,
-    target_trainer,
-    unknown_source_note,
-)
-
-UNKNOWN = Spec("unknown")       # a source no framework explains: names pass through unchanged
+from .resolve import TargetFound, framework_of, parse_origin, target_trainer, unknown_source_note
+from .source import UNKNOWN, SourceResolver
 
 
 class Translator:
@@ -67,17 +58,14 @@ class Translator:
         self.input_fidelity = fidelity if isinstance(fidelity, dict) else dict(fidelity or {})   # live: a logger adds
         self.raw_config = dict(config or {})
         self.flat_config = config_view(self.raw_config)     # `args.x` of a TensorBoard folder is found as `x`
-        self.detection: Detection | None = None
         self._derive = derive
         self._mapping_paths = list(mappings or [])
-        self._detecting = needs_detection(self.registry, self.source_spec)
-        self._pinned = False
+        self.sources = SourceResolver(self.registry, self.source_spec, self.flat_config)    # stage 1
         self._reset_run()
-        self._src: Spec | None = None if self._detecting else self.source_spec
 
     def _reset_run(self) -> None:
-        """Forget what one run's translations left (its notes, keys seen, derived-rule history)."""
-        self._seen: set[str] = set()
+        """Forget what one run's translations left (its notes, derived-rule history; the keys seen and the source
+        detected are the resolver's: :meth:`SourceResolver.fresh`)."""
         self._notes: list[str] = []
         self._noted: set[str] = set()          # the same, for the hot loop's membership test
         self._marked: set[str] = set()         # keys whose plan's marks this run has taken note of
@@ -85,7 +73,6 @@ class Translator:
         self._kept: dict[str, None] = {}                # canonical names the target has no name for
         self._unset: dict[str, tuple[str, ...]] = {}    # key -> config keys that would change its meaning, unset
         self._defaults: dict[tuple[str, str], Any] = {}
-        self._src_note: str | None = None
         self._target: TargetFound | None = None
         self._names: NameMap | None = None
         self._deriving: DeriveStage | None = None
@@ -95,29 +82,27 @@ class Translator:
     @property
     def needs_detection(self) -> bool:
         """Whether the source is still to be detected from keys (``auto``, or a framework without its trainer)."""
-        return self._detecting and not self._pinned
+        return self.sources.needs_detection
+
+    @property
+    def detection(self) -> Detection | None:
+        """How the source was detected (None before any detection, or when the spec left nothing to detect)."""
+        return self.sources.detection
+
+    @property
+    def _src(self) -> Spec | None:
+        return self.sources.found
 
     def _detect(self, keys: Iterable[Any]) -> None:
-        new = {k for k in keys if isinstance(k, str)} - self._seen
-        if not new and (self._src is not None or self.detection is not None):
-            return                       # nothing new to detect from
-        self._seen |= new
-        found = detect_source(self.registry, self.source_spec, self._seen, self.flat_config)
-        if found.spec is None:
-            if self.detection is None or self._src is None:
-                self.detection = found.detection
+        if not self.sources.observe(keys):
             return
-        if self._src is None or found.spec != self._src:
-            self.detection = found.detection
-            self._src = found.spec
-            self._src_note = found.note
-            old = self._deriving
-            self._names = None
-            if self.target_spec.kind == "framework" and not self.target_spec.trainer:
-                self._target = None
-            if old is not None:          # keep the stateful rules' history under the newly detected source
-                self._deriving = None
-                self._derive_stage().carry_from(old)
+        old = self._deriving               # a new source: its own name map, target trainer and derived rules
+        self._names = None
+        if self.target_spec.kind == "framework" and not self.target_spec.trainer:
+            self._target = None
+        if old is not None:                # keep the stateful rules' history under the newly detected source
+            self._deriving = None
+            self._derive_stage().carry_from(old)
 
     def resolve_source(self, keys: Iterable[str]) -> None:
         """Detect the source (framework, trainer, releases: what the spec leaves out) from ``keys`` once and keep
@@ -125,19 +110,14 @@ class Translator:
         A source no framework explains is unknown: names pass through unchanged, and a note says so."""
         if self.needs_detection:
             self._detect(keys)
-        if self._src is None:
-            self._src = self.source_spec if self.source_spec.kind == "framework" else UNKNOWN
+        if self.sources.pin():
             self._names = None
-        self._pinned = True
 
     def pin_source(self, keys: Iterable[str]) -> bool:
         """Detect the source from ``keys`` and keep it if found (True); else leave it to be detected (False)."""
         if self.needs_detection:
             self._detect(keys)
-        if self._src is None:
-            return False
-        self._pinned = True
-        return True
+        return self.sources.try_pin()
 
     def _source_trainer(self) -> tuple[FrameworkMapping | None, str | None]:
         """The framework and trainer the input names come from (the source's, or a canonical source's origin)."""
@@ -190,13 +170,14 @@ class Translator:
     def source(self) -> str:
         """The source naming scheme for people: the resolved spec, ``(detected, confidence ...)`` when it was
         detected, ``auto (undetected)`` before then, ``unknown`` when no framework explains the keys."""
-        if self._src is None:
+        src, det = self.sources.found, self.sources.detection
+        if src is None:
             return "auto (undetected)"
-        if self._src.kind == "unknown":
+        if src.kind == "unknown":
             return "unknown (names passed through)"
-        text = self._src.describe(self.registry)
-        if self.detection is not None and self._src is self.detection.spec and self.source_spec.kind == "auto":
-            text += f" (detected, confidence {self.detection.confidence:.2f})"
+        text = src.describe(self.registry)
+        if det is not None and src is det.spec and self.source_spec.kind == "auto":
+            text += f" (detected, confidence {det.confidence:.2f})"
         return text
 
     @property
@@ -209,20 +190,19 @@ class Translator:
         """What the translations so far need said, each once: the releases asked for, the source and target
         resolution, keys outside the releases in use (one note, the final count), the config defaults assumed,
         meaning changes, derived-rule notes."""
+        sources = self.sources
         state = (len(self._notes), len(self._outside), len(self._kept), len(self._defaults), len(self._unset),
-                 id(self._src),
-                 id(self._target),
-                 id(self.detection), self._pinned, bool(self._seen))
+                 id(sources.found), id(self._target), id(sources.detection), sources.pinned, bool(sources.seen))
         cached = self._notes_cache
         if cached is None or cached[0] != state:
             cached = self._notes_cache = (state, self._compose_notes())
         return list(cached[1])
 
     def _compose_notes(self) -> list[str]:
-        out = [n for n in (self.source_spec.note, self.target_spec.note, self._src_note) if n]
+        out = [n for n in (self.source_spec.note, self.target_spec.note, self.sources.note) if n]
         if self._target is not None and self._target.note:
             out.append(self._target.note)
-        if self._src is not None and self._src.kind == "unknown" or (self._src is None and self._seen):
+        if self._src is not None and self._src.kind == "unknown" or (self._src is None and self.sources.seen):
             out.append(unknown_source_note(self.detection))
         out += self._notes
         if self._outside:
@@ -260,8 +240,9 @@ class Translator:
         if not isinstance(metrics, Mapping):
             raise TypeError(f"translate() takes a dict of metric name -> value, not {type(metrics).__name__}")
         names = self._names
+        sources = self.sources
         # stage 1, redone only while the source is being detected and new keys arrive
-        if self._src is None or (self._detecting and not self._pinned and
+        if sources.found is None or (sources.detecting and not sources.pinned and
                                  (names is None or not metrics.keys() <= names.plans.keys())):
             self._detect(metrics)
         names = self._name_map(metrics)
@@ -419,15 +400,10 @@ class Translator:
         new = Translator.__new__(Translator)
         new.__dict__.update(self.__dict__)
         names, target = self._names, self._target
+        new.sources = self.sources.fresh()
         new._reset_run()
         if not new.needs_detection and not (target is not None and target.from_keys):
             new._names, new._target = names, target        # nothing about them depends on this run's keys
-        if self._pinned:
-            new._src_note = self._src_note
-        else:
-            new.detection = None
-            if self._detecting:
-                new._src = None
         return new
 
     def translate_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
