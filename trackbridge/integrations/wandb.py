@@ -353,8 +353,8 @@ class WandbWrapper(Tee):
 class _NamesFor:
     """Original name -> the name a trackbridge tracker gets, as the logger does it: through
     :class:`trackbridge.pipeline.Pipeline`, source -> canonical with the run config (the logger's translation),
-    then canonical -> ``names`` (the logger's renaming for ``names=``), without derived values (wandb gets what it
-    was given, renamed)."""
+    then canonical -> ``names`` through the logger's Rename stage (its renaming for ``names=``), without derived
+    values (wandb gets what it was given, renamed)."""
 
     def __init__(self, source: str, names: str, config: dict[str, Any], mappings: list[str]) -> None:
         from ..pipeline import Pipeline
@@ -377,16 +377,15 @@ class _NamesFor:
         if self.names in ("canonical", ""):
             return renamed, dict(rec.metrics)
         if self.to_names is None:
-            from ..pipeline import Pipeline
+            from ..pipeline.stages import Rename
             canon = dict(self.config)
             try:
                 canon = {**canon, **dict(first.translate_config(self.config))}   # as the logger renames
             except Exception:
                 pass
-            self.to_names = Pipeline("canonical", self.names, config=canon, mappings=self.mappings or None,
-                                     derive=False, origin=first.source)
+            self.to_names = Rename(self.names, config=canon, mappings=self.mappings or None, origin=first.source)
         second = Translation()
-        out = self.to_names.one(rec, second)
+        out = self.to_names(rec, second)
         final = {k: second.renamed.get(c, c) for k, c in renamed.items() if second.renamed.get(c, c) in out.metrics}
         return final, dict(out.metrics)
 

@@ -133,7 +133,8 @@ class Rename:
     the first record: the target's trainer and the fidelity are judged from ``origin`` (the framework the canonical
     names came from; a value, or a function giving it once the source is detected) and ``fidelity`` (the
     approximations found so far, in canonical names). :meth:`pipeline` gives that pipeline (None before the first
-    record) and its bookkeeping: the approximations under the target's names."""
+    record) and its bookkeeping: the approximations under the target's names; ``report``, when given, is filled with
+    the record's own (what was renamed to what)."""
 
     def __init__(self, target: str, *, mappings: list[str] | None = None, config: Mapping[str, Any] | None = None,
                  origin: Any = None, fidelity: dict[str, str] | None = None) -> None:
@@ -155,7 +156,7 @@ class Rename:
             pipe = self._pipe = Pipeline("canonical", self.target, config=self.config, mappings=self.mappings,
                                          derive=False, origin=org, fidelity=self.fidelity)
             pipe.setup(())
-        return pipe.one(rec)
+        return pipe.one(rec, report)
 
 
 __all__ = ["Derive", "Rename", "Select", "Stage", "Step", "Translate"]
