@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trackbridge.doctor import Doctor, diagnose, load_checks  # noqa: E402
-from trackbridge.inputs import open_runs  # noqa: E402
+from trackbridge.read.inputs import open_runs  # noqa: E402
 
 SOURCE = "trl/grpo@1.16.0"
 TARGET = 20_000            # records per second, 6 keys

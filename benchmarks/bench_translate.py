@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from trackbridge.pipeline import Translator, translate  # noqa: E402
 from trackbridge.schema.loader import _load_cached, load_registry  # noqa: E402
-from trackbridge.translate import Translator, translate  # noqa: E402
 
 VERL_LOG = Path(__file__).resolve().parents[1] / "tests" / "data" / "public-logs" / "01_verl.json"
 

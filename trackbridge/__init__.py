@@ -14,18 +14,19 @@ from .errors import TrackBridgeError, UsageError  # noqa: E402
 
 # Everything else loads on first use, so that `trackbridge --help` or `trackbridge detect FILE` import only what they
 # need (the translator, the logger and the trackers are not imported by `import trackbridge`).
-_LAZY = {"translate": "translate", "Translator": "translate", "Translation": "translate",
+_LAZY = {"translate": "pipeline", "Translator": "pipeline", "Translation": "translate",
          "init": "logger", "Run": "logger", "NoOpRun": "logger", "LoggerOptions": "logger",
          "wrap": "integrations", "unwrap": "integrations",
-         "register_tracker": "trackers", "unregister_tracker": "trackers", "Weighted": "ranked", "read": "read"}
+         "register_tracker": "trackers", "unregister_tracker": "trackers", "Weighted": "record.ranked", "read": "read"}
 
 if TYPE_CHECKING:       # pragma: no cover
     from .integrations import unwrap, wrap
     from .logger import LoggerOptions, NoOpRun, Run, init
-    from .ranked import Weighted
+    from .pipeline import Translator, translate
     from .read import read
+    from .record.ranked import Weighted
     from .trackers import register_tracker, unregister_tracker
-    from .translate import Translation, Translator, translate
+    from .translate import Translation
 
 
 def __getattr__(name: str) -> Any:
@@ -48,8 +49,7 @@ class _Package(types.ModuleType):
     the package's attribute to :func:`__getattr__`, which gives the function."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name and \
-                value.__name__ == f"{__name__}.{name}":
+        if isinstance(value, types.ModuleType) and name in _LAZY and value.__name__ == f"{__name__}.{name}":
             return
         super().__setattr__(name, value)
 

@@ -594,7 +594,7 @@ def _derived_clip_frac(b: Batch) -> tuple[float, float]:
 
 def _verl_canonical(b: Batch, drop: tuple[str, ...]) -> dict[str, float]:
     """veRL's driver metrics translated to canonical names by trackbridge, without the names being derived."""
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     res = Translator(f"verl/ppo@{F.release('verl')}", "canonical", registry=_registry()).translate(verl_driver(b))
     return {k: v for k, v in res.metrics.items() if k not in drop}
 

@@ -61,7 +61,7 @@ def _note(out: dict, tr: Any, keys: Iterable[str], where: str) -> None:
 
 
 def _opened(path: Path, where: str, out: dict) -> None:
-    from trackbridge.inputs import open_runs
+    from trackbridge.read.inputs import open_runs
     for run in open_runs(str(path), rows=True):
         tr = run.resolve().translator
         keys: set[str] = set()
@@ -89,7 +89,7 @@ def hits() -> dict[tuple[str, int], Hit]:
 
 @functools.lru_cache(maxsize=1)
 def _hits() -> dict[tuple[str, int], Hit]:
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     out: dict[tuple[str, int], Hit] = {}
     for where, path in logs():
         if where.startswith("public:"):

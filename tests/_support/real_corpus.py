@@ -14,7 +14,7 @@ import yaml
 
 if __name__ == "__main__":      # run as a script: put tests/ on sys.path so `_support` imports
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trackbridge.inputs import open_runs  # noqa: E402
+from trackbridge.read.inputs import open_runs  # noqa: E402
 from trackbridge.schema.loader import Registry, load_registry  # noqa: E402
 
 from _support import DATA  # noqa: E402

@@ -21,8 +21,8 @@ pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 from trackbridge.derive import make_deriver  # noqa: E402
+from trackbridge.pipeline import Translator  # noqa: E402
 from trackbridge.schema.loader import load_registry  # noqa: E402
-from trackbridge.translate import Translator  # noqa: E402
 
 from _support.tiny_trl import build_tiny_model, log_recorder, sentences  # noqa: E402
 

@@ -16,9 +16,9 @@ import json
 import pytest
 
 from trackbridge.detect import detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
 from trackbridge.schema.spec import parse_spec
-from trackbridge.translate import Translator
 
 from _support import DATA
 from _support.unproven import agrees

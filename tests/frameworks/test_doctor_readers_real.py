@@ -63,7 +63,7 @@ def test_accelerate_tensorboard_hparams_subrun_is_the_runs_config(tmp_path, caps
     assert isinstance(doc, dict), "one run, not two"                   # the sub-folder is not a run
     assert doc["run"] == "ppo" and doc["records"] == 40
     assert doc["source"].startswith("trl/ppo_legacy"), doc["source"]
-    from trackbridge.inputs import open_runs
+    from trackbridge.read.inputs import open_runs
     (run,) = open_runs(str(tmp_path / "logs"), rows=True)
     assert run.info.config["learning_rate"] == pytest.approx(1.41e-5) and run.info.config["ppo_epochs"] == 4
 
@@ -79,7 +79,7 @@ def test_a_tensorboard_subfolder_with_metrics_is_still_a_run(tmp_path, capsys):
         for step in range(5):
             w.add_scalar("loss", 1.0 / (step + 1), step)
         w.close()
-    from trackbridge.inputs import open_runs
+    from trackbridge.read.inputs import open_runs
     assert len(open_runs(str(tmp_path / "tb"), rows=True)) == 2
 
 

@@ -22,8 +22,8 @@ datasets = pytest.importorskip("datasets")
 
 from trackbridge import cli  # noqa: E402
 from trackbridge.doctor import diagnose  # noqa: E402
-from trackbridge.inputs import open_runs  # noqa: E402
 from trackbridge.integrations.transformers import TrackBridgeCallback  # noqa: E402
+from trackbridge.read.inputs import open_runs  # noqa: E402
 from trackbridge.stream import read_stream  # noqa: E402
 
 from _support.tiny_trl import build_tiny_model, sentences  # noqa: E402

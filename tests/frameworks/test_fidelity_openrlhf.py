@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from trackbridge.pipeline import Translator  # noqa: E402
 from trackbridge.schema.loader import load_registry  # noqa: E402
-from trackbridge.translate import Translator  # noqa: E402
 
 from _support import framework_code as F  # noqa: E402
 from _support.openrlhf_marks import judged, tags  # noqa: E402

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trackbridge.detect import detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
-from trackbridge.translate import Translator
 
 from _support.unproven import agrees
 

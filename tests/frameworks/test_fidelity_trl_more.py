@@ -10,8 +10,8 @@ import types
 
 import pytest
 
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
-from trackbridge.translate import Translator
 
 from _support.unproven import agrees
 

@@ -31,7 +31,7 @@ from trackbridge.integrations.accelerate import (  # noqa: E402
     parse_sinks,
 )
 from trackbridge.integrations.transformers import TrackBridgeCallback  # noqa: E402
-from trackbridge.translate import Translator  # noqa: E402
+from trackbridge.pipeline import Translator  # noqa: E402
 
 from _support import ROOT, readback  # noqa: E402
 from _support.tiny_trl import build_tiny_model, log_recorder, sentences  # noqa: E402

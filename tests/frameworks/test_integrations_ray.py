@@ -271,7 +271,7 @@ def test_actor_killed_leaves_a_spool_that_replay_completes(cluster, tmp_path, wr
     children too, or the writer left behind finishes the trackers from the spool as killed. Either way `trackbridge
     replay` (the command, and replay()) leave each tracker with every step once, and the run says killed."""
     from trackbridge.logger.runlock import left_unfinished as unfinished
-    from trackbridge.replay import replay
+    from trackbridge.sync.replay import replay
     steps = 150
     run_id = f"verl-kill-{writer}"
     runner = VerlTaskRunner.options(runtime_env={"env_vars": _env(tmp_path, run_id, "verl",

@@ -23,9 +23,9 @@ datasets = pytest.importorskip("datasets")
 
 import trackbridge  # noqa: E402
 from trackbridge.integrations.transformers import TrackBridgeCallback, source_for  # noqa: E402
-from trackbridge.replay import iter_spool  # noqa: E402
+from trackbridge.pipeline import Translator  # noqa: E402
+from trackbridge.sync.replay import iter_spool  # noqa: E402
 from trackbridge.trackers import open_source  # noqa: E402
-from trackbridge.translate import Translator  # noqa: E402
 
 from _support.tiny_trl import WORDS, build_tiny_model, log_recorder  # noqa: E402
 

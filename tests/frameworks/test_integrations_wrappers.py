@@ -11,7 +11,7 @@ import pytest
 
 import trackbridge
 from trackbridge.logger import LoggerWarning
-from trackbridge.replay import iter_spool
+from trackbridge.sync.replay import iter_spool
 from trackbridge.trackers import open_source
 
 from _support import ROOT

@@ -126,7 +126,7 @@ def test_deferred_path_many_scalars_of_one_dtype(tmp_path, deferred_on_cpu):
 @pytest.mark.filterwarnings("ignore:trackbridge. metric 's'")
 def test_cpu_tensors_are_still_read_at_once(tmp_path):
     """Read in log() (no reader thread), in one batch, each value and type exactly what reading it alone gives."""
-    from trackbridge.values import normalize
+    from trackbridge.record.values import normalize
     tensors = {"a": torch.tensor(1.5), "b": torch.tensor(1 / 3, dtype=torch.bfloat16), "c": torch.tensor(2 ** 60),
                "d": torch.tensor(True), "e": torch.tensor(0.1, dtype=torch.float64, requires_grad=True) * 3,
                "f": torch.arange(3.0), "g": torch.arange(4), "h": torch.tensor(float("nan")),

@@ -28,8 +28,8 @@ import functools
 
 import pytest
 
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
-from trackbridge.translate import Translator
 
 from _support.openrlhf_marks import judged, tags
 from _support.unproven import agrees, gate_holds

@@ -194,7 +194,7 @@ def test_parts_are_exact_where_a_naive_pre_sum_rounds():
     import random
 
     from trackbridge.logger.parts import Packed, Part, merge_parts
-    from trackbridge.ranked import Share, merge
+    from trackbridge.record.ranked import Share, merge
     g = random.Random(7)
     differs = 0
     for case in range(200):

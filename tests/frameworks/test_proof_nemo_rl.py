@@ -693,7 +693,7 @@ def timed_step(tmp_path, seed: int = 0, config: dict = None, dynamic_sampling: b
                 policy={"generation": {"colocated": {"enabled": True}}})})
     path = tmp_path / f"nemo_rl_console_{seed}_{dynamic_sampling}_{len(config or PERF)}.log"
     path.write_text(out.getvalue())
-    from trackbridge.inputs import open_runs
+    from trackbridge.read.inputs import open_runs
     printed = {}
     for console in open_runs(str(path), rows=True):
         for rec in console.records():
@@ -863,7 +863,7 @@ def validation(tmp_path):
         val_metrics, _ = P.validate()(gen, loader, Tokenizer(), {"math": env}, step=1, master_config=cfg)
     path = tmp_path / "nemo_rl_validation.log"
     path.write_text(out.getvalue())
-    from trackbridge.inputs import open_runs
+    from trackbridge.read.inputs import open_runs
     printed = {}
     for console in open_runs(str(path), rows=True):
         for rec in console.records():

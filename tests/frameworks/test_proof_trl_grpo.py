@@ -312,7 +312,7 @@ def test_grpo_policy_loss_is_divided_by_gradient_accumulation():
     """policy_loss (logged with an entropy bonus), default loss_type dapo, gradient_accumulation_steps 2: each
     micro-batch appends its token sum over the whole step's token count and log() averages them, so the row holds
     the step's token mean of the policy term halved. The entry says so (a deviation at GA > 1, none at GA 1)."""
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
 
     run = _run("tools")
     rows = run.train_rows()
@@ -338,7 +338,7 @@ MARKED = ("kl", "entropy", "loss", "grad_norm", "reward", "completions/mean_leng
 def _marks(run: TRLRun, config: dict, spec: str = "trl") -> dict[str, str | None]:
     """Translate the run's train rows to canonical names with the trainer (and, with spec "trl", the release) left
     out: for each of MARKED, the reason it is approximate (the rows' reasons joined), or None when exact."""
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
 
     tr = Translator(spec, "canonical", config=config)
     reasons: dict[str, list[str]] = {}

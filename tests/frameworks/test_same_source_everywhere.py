@@ -5,7 +5,7 @@ A transformers/TRL TensorBoard folder holds the run's ``TrainingArguments`` (``a
 ``args/text_summary``). RLOO logs exactly PPOv2's names up to TRL 0.21 and exactly GRPO's from 0.22, so only that
 config tells them apart (tests/frameworks/test_detect_rloo.py). Before, ``detect`` and ``translate`` read the keys
 alone (RLOO 1.16 came out as GRPO, RLOO 0.11 as PPO) while ``migrate`` and ``compare`` used the config; now every
-command reads a run through :func:`trackbridge.inputs.open_runs` and resolves its source one way.
+command reads a run through :func:`trackbridge.read.inputs.open_runs` and resolves its source one way.
 
 The folders: GRPO and RLOO written by real TRL 1.16.0 trainers (``report_to="tensorboard"``, the tiny model of
 tests/_support/tiny_trl.py, 3 steps on CPU), and RLOO / PPOv2 of TRL 0.11.4, which cannot run beside transformers 5,

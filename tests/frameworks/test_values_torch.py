@@ -3,9 +3,9 @@ torch scalars and tensors, duck typed, without importing torch themselves."""
 import numpy as np
 import pytest
 
+from trackbridge.pipeline import Translator
 from trackbridge.record import Histogram
-from trackbridge.translate import Translator
-from trackbridge.values import normalize_metrics
+from trackbridge.record.values import normalize_metrics
 
 from _support import load_test_module
 

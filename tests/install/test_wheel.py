@@ -20,7 +20,7 @@ TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
 def test_wheel_holds_every_file_of_the_source_tree(dist):
     names = wheel_names(dist.wheel)
     expected = source_files()
-    assert "trackbridge/translate/translator.py" in expected and "trackbridge/mappings/canonical.yaml" in expected
+    assert "trackbridge/pipeline/translator.py" in expected and "trackbridge/mappings/canonical.yaml" in expected
     missing = sorted(f"{src} (as {inside})" for inside, src in expected.items() if inside not in names)
     assert not missing, "files of the source tree missing from the wheel:\n  " + "\n  ".join(missing)
     top = {n.split("/", 1)[0] for n in names}
@@ -50,7 +50,7 @@ def test_every_module_imports_from_the_wheel(venv_all):
     """Every module of the source tree imports from the installed wheel (a module the wheel lacks fails here);
     the integrations with a framework's own classes name the extra that installs it."""
     modules = source_modules()
-    assert "trackbridge.translate.translator" in modules and "trackbridge.mappings" in modules and len(modules) > 90
+    assert "trackbridge.pipeline.translator" in modules and "trackbridge.mappings" in modules and len(modules) > 90
     r = venv_all.py("""
         import importlib, json, sys
         out = {}

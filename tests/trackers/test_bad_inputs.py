@@ -572,10 +572,16 @@ def test_manifest_never_deletes_outside_its_folder(tmp_path):
 
 # -- 5. config keys that flatten to the same name -------------------------------------------------------------------
 def test_config_keys_that_flatten_alike_are_reported_once_naming_both(tmp_path):
-    from trackbridge.values import sanitize_config
+    from trackbridge.record.values import sanitize_config
+    from trackbridge.trackers import sink_class
 
     cfg = {"a": {"b": 1}, "a.b": 2, "opt": {"beta": 0.9}, "opt/beta": 0.95, "plain": {"x": 1}}
-    clean, notes = sanitize_config(cfg)
+    # each tracker that flattens the config says how (its capabilities); the others flatten nothing to clash
+    flat = {kind: sink_class(kind).capabilities.flat_config for kind in ("mlflow", "tensorboard", "wandb", "jsonl")}
+    assert flat == {"mlflow": (".", "MLflow's params"), "tensorboard": ("/", "TensorBoard's hparams"),
+                    "wandb": None, "jsonl": None}
+    assert sanitize_config(cfg, [flat["mlflow"]])[1] and sanitize_config(cfg, [])[1] == []
+    clean, notes = sanitize_config(cfg, [flat["mlflow"], flat["tensorboard"]])
     assert clean == cfg                                   # the nested config itself keeps both keys
     texts = [t for _, t in notes]
     assert len(texts) == 2, texts
@@ -583,7 +589,7 @@ def test_config_keys_that_flatten_alike_are_reported_once_naming_both(tmp_path):
     assert "'a > b'" in mlflow_note and "'a.b'" in mlflow_note and "only the last one is kept" in mlflow_note
     (tb_note,) = [t for t in texts if "TensorBoard" in t]
     assert "'opt > beta'" in tb_note and "'opt/beta'" in tb_note
-    assert sanitize_config({"a": {"b": 1}, "c": 2})[1] == []
+    assert sanitize_config({"a": {"b": 1}, "c": 2}, [flat["mlflow"], flat["tensorboard"]])[1] == []
 
     # what the note says is what MLflow holds: read back from a real store
     from trackbridge.trackers import make_sink

@@ -113,7 +113,7 @@ def test_mappings_show_list_docs(tmp_path):
 
 def test_generated_reference_is_up_to_date():
     """docs/metrics.md is generated from the YAML; regenerate it with `make docs` after changing mappings."""
-    from trackbridge.mappings_views import reference
+    from trackbridge.cli.mappings import reference
     from trackbridge.schema.loader import load_registry
     page = ROOT / "docs" / "metrics.md"
     assert page.read_text() == reference(load_registry()), "docs/metrics.md is stale: run `make docs`"

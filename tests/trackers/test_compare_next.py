@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from trackbridge.compare import compare_runs
+from trackbridge.pipeline import Translator
 from trackbridge.record import RunInfo, dumps
-from trackbridge.translate import Translator
 
 STEPS = 4
 

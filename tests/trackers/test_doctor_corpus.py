@@ -2,7 +2,7 @@
 
 Each labelled run (real TRL trainers on CPU made by tests/_support/doctor_corpus.py, committed under
 tests/data/doctor/runs/, and real public logs of tests/data/real/) is read as ``trackbridge doctor`` reads it
-(:func:`trackbridge.inputs.open_runs` with ``rows=True``, then :func:`trackbridge.doctor.diagnose`). A finding
+(:func:`trackbridge.read.inputs.open_runs` with ``rows=True``, then :func:`trackbridge.doctor.diagnose`). A finding
 **matches** a labelled symptom when its check id is one of the symptom's accepted checks and one of its stretches
 overlaps the symptom's labelled step range. Then:
 
@@ -28,7 +28,7 @@ if __name__ == "__main__":      # run as a script: put tests/ on sys.path so `_s
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trackbridge.doctor import diagnose, load_checks  # noqa: E402
-from trackbridge.inputs import open_runs  # noqa: E402
+from trackbridge.read.inputs import open_runs  # noqa: E402
 
 from _support import DATA, ROOT  # noqa: E402
 

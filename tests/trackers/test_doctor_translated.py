@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trackbridge.doctor import diagnose
-from trackbridge.inputs import open_runs
 from trackbridge.migrate import migrate
+from trackbridge.read.inputs import open_runs
 
 from _support import DATA
 

@@ -7,7 +7,7 @@ import pytest
 import trackbridge
 from trackbridge.logger import LoggerWarning, NoOpRun
 from trackbridge.record import Histogram
-from trackbridge.replay import iter_spool
+from trackbridge.sync.replay import iter_spool
 from trackbridge.tracking.sink import Capabilities, Sink
 
 
@@ -227,7 +227,7 @@ def test_sink_that_hangs_a_while_never_blocks_training_and_finish_waits_for_it(t
 
 
 def test_sink_hung_past_stall_timeout_is_left_behind_with_a_note_of_what_it_lacks(tmp_path):
-    from trackbridge.replay import pending_file, read_pending
+    from trackbridge.sync.replay import pending_file, read_pending
     hung = MemorySink("hung", hang_once=3.0)
     run = _init(tmp_path, [hung], queue_size=2, batch_size=1, stall_timeout=0.5, retry_interval=60)
     for i in range(30):
@@ -337,7 +337,7 @@ def test_log_does_not_block_on_a_slow_tracker(tmp_path):
 def test_translation_in_and_names_out(tmp_path):
     """veRL names in -> canonical spool; names="verl" gives the trackers veRL names back; the step axis counts."""
     try:
-        from trackbridge.translate import Translator
+        from trackbridge.pipeline import Translator
         Translator(source="verl", target="canonical")
         Translator(source="canonical", target="verl")
     except Exception as exc:  # the mapping files are edited by others; skip while they do not load

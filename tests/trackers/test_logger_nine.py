@@ -202,7 +202,7 @@ def test_sigkill_then_resume_in_the_new_trackers(tmp_path, fault_cell, writer):
     proc = _child(tmp_path, tmp_path, 1, 300, writer)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
-    from trackbridge.replay import iter_spool
+    from trackbridge.sync.replay import iter_spool
     spool_steps = {r.step for _s, r in iter_spool(tmp_path / "spool" / "killed.jsonl")}
     for kind in NEW:
         got = Counter((k, s) for k, s, _t, _v in own_points(kind, tmp_path) if k in keys)

@@ -28,7 +28,7 @@ import pytest
 
 import trackbridge
 from trackbridge.logger import LoggerWarning
-from trackbridge.replay import iter_spool, pending_file, read_pending, replay
+from trackbridge.sync.replay import iter_spool, pending_file, read_pending, replay
 
 from _support import ROOT
 from _support.expect import logger_warnings

@@ -387,7 +387,7 @@ def _size(where: Path) -> int:
 
 
 def _held_steps(spool: Path) -> int:
-    from trackbridge.replay import iter_spool
+    from trackbridge.sync.replay import iter_spool
     steps = [rec.step for _s, rec in iter_spool(spool / "own.jsonl")]
     assert steps == list(range(len(steps))), "the spool holds a prefix of the run"
     return len(steps)

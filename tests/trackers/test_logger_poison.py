@@ -235,6 +235,7 @@ def _check_config(tracker: str, cell: dict, extra: dict) -> None:
     ws = cell["warnings"]
     for key in ("'lr'", "'seeds'", "'obj'"):
         assert sum(f"config {key}" in w for w in ws) == 1, (key, ws)
+    # said once: the run has TensorBoard, whose hparams flatten the config with "/" (every cell is one run to all)
     assert sum("both flatten to 'opt/beta'" in w for w in ws) == 1, ws
     if tracker == "jsonl":
         assert {k: extra["header"]["config"][k] for k in SANE} == SANE     # (plus canonical names added)
@@ -263,7 +264,7 @@ def test_string_nan_round_trips_and_old_spools_still_read_nan():
 
 
 def test_string_nan_and_user_step_key_through_the_logger(tmp_path, wandb_env):
-    from trackbridge.replay import iter_spool
+    from trackbridge.sync.replay import iter_spool
     from trackbridge.trackers.wandb.source import WandbSource
 
     run = trackbridge.init(project="p", name="words", sinks=[f"wandb:{tmp_path}/wb"], source="canonical",
@@ -371,3 +372,23 @@ def test_a_tracker_that_fails_slowly_is_not_probed_value_by_value(tmp_path, monk
             time.sleep(0.02)
         assert sink.calls == 1 + probes, sink.calls
         run.finish(timeout=5)
+
+
+@pytest.mark.parametrize("sinks, said", [(["jsonl", "wandb"], 0), (["jsonl", "tensorboard"], 1)])
+def test_keys_that_flatten_alike_are_said_only_where_a_tracker_flattens(tmp_path, sinks, said):
+    """"opt/beta" and {"opt": {"beta"}} are two keys to the spool and to wandb, one to TensorBoard's hparams: a run
+    with no tracker that flattens the config says nothing, one with TensorBoard says it once."""
+    import trackbridge
+
+    where = {"jsonl": f"jsonl:{tmp_path}/runs", "wandb": f"wandb:{tmp_path}/wb",
+             "tensorboard": f"tensorboard:{tmp_path}/tb"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = trackbridge.init(project="p", name="flat", sinks=[where[s] for s in sinks], source="canonical",
+                               spool=str(tmp_path / "spool"), run_id="flat",
+                               config={"opt": {"beta": 0.9}, "opt/beta": 0.95})
+        run.log({"reward/mean": 1.0}, step=0)
+        run.finish()
+    texts = [str(w.message) for w in caught]
+    assert sum("both flatten to 'opt/beta'" in w for w in texts) == said, texts
+    assert [w for w in texts if "failed" in w] == []

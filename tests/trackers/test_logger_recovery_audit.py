@@ -15,10 +15,10 @@ import warnings
 from collections import Counter
 
 import trackbridge
-from trackbridge.holdings import Holdings, audit
 from trackbridge.logger import LoggerWarning
 from trackbridge.record import Histogram, Record
 from trackbridge.stream import holdings
+from trackbridge.sync.holdings import Holdings, audit
 from trackbridge.trackers.jsonl.sink import JsonlSink
 
 KEYS = ("loss/policy", "kl/value")

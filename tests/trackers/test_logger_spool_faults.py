@@ -21,7 +21,7 @@ import pytest
 
 import trackbridge
 from trackbridge.logger import LoggerWarning
-from trackbridge.replay import iter_spool
+from trackbridge.sync.replay import iter_spool
 
 from _support import ROOT
 from _support.lines import Lines

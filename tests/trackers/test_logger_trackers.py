@@ -7,7 +7,7 @@ import time
 import pytest
 
 import trackbridge
-from trackbridge.replay import iter_spool, replay
+from trackbridge.sync.replay import iter_spool, replay
 from trackbridge.trackers import open_source
 
 from _support.expect import logger_warnings

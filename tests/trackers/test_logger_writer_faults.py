@@ -24,7 +24,7 @@ import pytest
 import trackbridge
 from trackbridge.errors import UsageError
 from trackbridge.logger import LoggerWarning
-from trackbridge.replay import read_pending
+from trackbridge.sync.replay import read_pending
 
 from _support import ROOT
 from _support.lines import Lines
@@ -573,7 +573,7 @@ def test_mlflow_store_creation_cut_short_leaves_a_usable_store(tmp_path, writer,
     st = run.finish()
     assert st["sinks"][1]["state"] == "closed", run.summary()
     # ... and the first run's spool replays into it, every point once
-    from trackbridge.replay import replay
+    from trackbridge.sync.replay import replay
     replay(spool / "first.jsonl", f"mlflow:sqlite:///{db}")
     assert exact(mlflow_points(f"sqlite:///{db}", "first"), ["custom/k00"], range(20)) is None
     assert exact(mlflow_points(f"sqlite:///{db}", "second"), ["custom/k00"], range(10)) is None
@@ -581,7 +581,7 @@ def test_mlflow_store_creation_cut_short_leaves_a_usable_store(tmp_path, writer,
 
 
 def read_spool(path: Path):
-    from trackbridge.replay import iter_spool
+    from trackbridge.sync.replay import iter_spool
     return iter_spool(path) if path.exists() else iter([])
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import trackbridge
 from trackbridge.migrate import migrate
-from trackbridge.replay import iter_spool, replay
+from trackbridge.sync.replay import iter_spool, replay
 from trackbridge.trackers import open_source
 
 from _support import ROOT

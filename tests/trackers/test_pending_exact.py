@@ -16,7 +16,7 @@ import pytest
 
 import trackbridge
 from trackbridge.logger import LoggerWarning
-from trackbridge.replay import read_pending
+from trackbridge.sync.replay import read_pending
 
 from _support import ROOT
 from _support.tracker_files import swanlab_points

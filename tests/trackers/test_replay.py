@@ -5,7 +5,7 @@ import pytest
 
 import trackbridge
 from trackbridge.record import Record, RunInfo, dumps
-from trackbridge.replay import iter_spool, replay, scan_spool
+from trackbridge.sync.replay import iter_spool, replay, scan_spool
 from trackbridge.trackers.jsonl.sink import JsonlSink
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trackbridge.replay import pending_file
+from trackbridge.sync.replay import pending_file
 
 from _support import ROOT
 

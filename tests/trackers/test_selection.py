@@ -84,7 +84,7 @@ def test_doctor_and_read_select_runs(tmp_path):
 def test_compare_selects_runs(tmp_path):
     tb = _tb_runs(tmp_path)
     from trackbridge.compare import compare_runs
-    from trackbridge.selection import Selection
+    from trackbridge.read.selection import Selection
     every = compare_runs([f"tensorboard:{tb}"], out=None, doctor=False)
     res = compare_runs([f"tensorboard:{tb}"], out=None, selection=Selection.build(runs="seed2"), doctor=False)
     assert len(every.runs) == 2 and len(res.runs) == 1

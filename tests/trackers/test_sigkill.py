@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from trackbridge.replay import iter_spool, scan_spool
+from trackbridge.sync.replay import iter_spool, scan_spool
 
 from _support import ROOT
 

@@ -2,7 +2,7 @@
 
 The demo's runs come from a ``trainer_state.json`` and a console log: no wall times. Every tracker needs *some*
 timestamp (TensorBoard events, MLflow metrics, wandb rows, Trackio logs), so the sinks stamp write times; the run
-info they store carries ``extra["time_axis"] = "missing"`` (trackbridge.inputs), and every reader drops those
+info they store carries ``extra["time_axis"] = "missing"`` (trackbridge.read.inputs), and every reader drops those
 stamps. Checked on the demo's own output: every tracker copy read back, migrations between trackers, the output of
 ``translate`` (JSON lines without wall times), ``compare --x time`` (the runs are left out, with a warning) and the
 per-second rates (``rate()`` derives nothing, with a note). A copy written before the mark existed (records
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from trackbridge.demo import run_demo
-from trackbridge.inputs import open_runs
+from trackbridge.cli.demo import run_demo
 from trackbridge.migrate import migrate
+from trackbridge.read.inputs import open_runs
 from trackbridge.record import Record, RunInfo
 from trackbridge.tracking.source import TIME_AXIS
 

@@ -27,8 +27,8 @@ import re
 
 import pytest
 
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
-from trackbridge.translate import Translator
 from trackbridge.translate.entries import choose, flatten_config
 from trackbridge.translate.fidelity import resolve
 

@@ -162,7 +162,7 @@ def test_verl_config_printed_over_many_lines_is_the_run_config():
     """veRL prints its Hydra config with pprint at start, each line behind Ray's prefix (tests/data/real/verl/11:
     `(TaskRunner pid=154645) {'actor_rollout_ref': ...`, lines 6-200): it is the run's config, so translation judges
     fidelity with the run's own settings (its lines 36 and 153 print ppo_mini_batch_size 64)."""
-    from trackbridge.inputs import open_runs
+    from trackbridge.read.inputs import open_runs
     (run,) = open_runs(str(REAL / "verl" / "11_agentic_rag_gsm8k_ppo.log"), rows=True)
     config = run.info.config
     assert config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 64

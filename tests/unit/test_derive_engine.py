@@ -313,7 +313,7 @@ def test_a_rule_written_for_an_older_canonical_version_reads_the_renamed_metric(
 
 
 def test_a_user_rules_file_with_an_older_name_works_through_the_translator(tmp_path):
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     path = rules_file(tmp_path, OLD_NAME_RULE)
     with pytest.warns(FutureWarning, match="kl/ref/k3"):
         t = Translator("canonical", mappings=[path], derive=True, config={"kl_coef": 0.5})

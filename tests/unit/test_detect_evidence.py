@@ -10,8 +10,8 @@ import json
 import pytest
 
 from trackbridge.detect import MIN_STRONG, detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
-from trackbridge.translate import Translator
 
 from _support import DATA
 
@@ -89,7 +89,7 @@ def test_absent_always_keys_date_a_log_and_its_meanings(reg):
     """tests/data/real/trl/07_issue3857_grpo.log (TRL 0.18-0.19, trl issue 3857): no `entropy` (logged on every GRPO
     row from v0.20.0) and `num_tokens` present (from v0.16.0): the range ends at v0.19.1, so `reward_std` is the mean
     of the group std (trl/trainer/grpo_trainer.py@v0.21.0), not the batch std it became at v0.27.0."""
-    from trackbridge.inputs import open_runs
+    from trackbridge.read.inputs import open_runs
     (run,) = open_runs(str(DATA / "real" / "trl" / "07_issue3857_grpo.log"), rows=True)
     pipe = run.resolve()
     det = pipe.translator.detection

@@ -13,9 +13,9 @@ import pytest
 from test_inventory_next import read_inventory
 
 from trackbridge.detect import detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
 from trackbridge.schema.spec import parse_spec
-from trackbridge.translate import Translator
 
 from _support import DATA
 

@@ -16,10 +16,10 @@ import sys
 import pytest
 
 from trackbridge.detect import MIN_CONFIDENCE, MIN_EXPLAINED, detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema import loader
 from trackbridge.schema.loader import build_registry, load_registry, shipped_files
 from trackbridge.trackers import guess_locator, open_source
-from trackbridge.translate import Translator
 
 from _support import DATA, ROOT
 

@@ -57,7 +57,7 @@ def test_names_framework(tmp_path, capsys):
     f = next(f for f in doc["findings"] if f["check"] == "responses-truncated")
     assert f["names"]["response/clip_ratio"] == R.RAW["verl/ppo@0.7.0"]["response/clip_ratio"]
     # the same name as translating the canonical key to veRL does
-    from trackbridge.translate import translate
+    from trackbridge.pipeline import translate
     assert translate({"response/clip_ratio": 0.5}, "canonical", "verl").renamed["response/clip_ratio"] == \
         f["names"]["response/clip_ratio"]
     rc, text, _ = doctor(capsys, "doctor", run, "--names", "verl")

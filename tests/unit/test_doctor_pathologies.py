@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trackbridge.doctor import diagnose
-from trackbridge.inputs import open_runs
+from trackbridge.read.inputs import open_runs
 
 from _support import doctor_runs as R
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from trackbridge.doctor import diagnose
-from trackbridge.inputs import open_runs
+from trackbridge.read.inputs import open_runs
 
 from _support import DATA, ROOT
 

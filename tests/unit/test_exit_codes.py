@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import trackbridge
-from trackbridge import cli, commands, demo
+from trackbridge import cli
+from trackbridge.cli import commands, demo
 from trackbridge.exitcodes import ExitCode
 from trackbridge.record import Record, RunInfo
 from trackbridge.stream import StreamWriter
@@ -213,4 +214,4 @@ def test_demo(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "_write_trackers", lambda out: ([], ["mlflow: run x not written: down"], []))
     assert code("demo", "--out", tmp_path / "demo") == PROBLEMS
     assert "mlflow: run x not written" in capsys.readouterr().err
-    assert demo.main(["--out", str(theirs)]) == USAGE              # python -m trackbridge.demo: the same codes
+    assert demo.main(["--out", str(theirs)]) == USAGE              # python -m trackbridge.cli.demo: the same codes

@@ -188,7 +188,7 @@ def test_a_when_key_the_run_config_lacks_holds_the_frameworks_default(tmp_path):
     """A run that does not set kl_type ran with the framework's default (k1): its kl is the k1 entry's, and the
     translation says which default it assumed (before, the unconditional k3 entry was read, with a note that the
     config might change it)."""
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     f = tmp_path / "eps.yaml"
     f.write_text(EPS)
     reg = load_registry([str(f)])
@@ -226,7 +226,7 @@ def test_an_eval_key_renamed_back_through_the_canonical_stream_is_the_direct_pat
     """The logger's path (source -> canonical spool -> the source's names again, the stream remembering its origin)
     judges an eval key as the direct path does: the same entry there and back is exact (the origin's key was
     compared without its split prefix, so the stored reason never matched and the eval keys came out approximate)."""
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     f = tmp_path / "zeta.yaml"
     f.write_text(ZETA)
     reg = load_registry([str(f)])

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trackbridge.pipeline import Pipeline
+from trackbridge.pipeline import Pipeline, Translator
 from trackbridge.record import Record
 from trackbridge.schema.loader import build_registry
-from trackbridge.translate import Translator
 
 from _support import DATA, ROOT
 from _support.unproven import assume_proven

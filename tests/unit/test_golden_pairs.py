@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
-from trackbridge.translate import Translator
 
 from _support.unproven import only_unproven
 

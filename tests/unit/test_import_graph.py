@@ -12,7 +12,7 @@
   (design.md "Layers"; issue 20 moved the last five that climbed: the naming-scheme specs into ``schema/``, the
   ``mappings`` views up beside the CLI, the version into a leaf, the text-safety helper out of the sink base, the
   renaming pipeline and the pending note out of the ``replay`` command);
-* the core (``schema/``, ``translate.py``, ``derive/``, ``record.py``, ``pipeline/``, ``holdings.py`` and the
+* the core (``schema/``, ``translate/``, ``derive/``, ``record/``, ``pipeline/``, ``sync/holdings.py`` and the
   logger, ``logger/``) imports no tracker module when it is imported (imports inside functions run later and are
   not followed here; a subprocess checks the same on ``sys.modules``), and names no tracker and no framework in its
   code: identifiers and string literals are checked, comments and docstrings are not (they may say what a rule is
@@ -36,7 +36,7 @@ from _support import ROOT
 PKG = ROOT / "trackbridge"
 TRACKERS = sorted(p.name for p in (PKG / "trackers").iterdir() if (p / "__init__.py").is_file())
 CORE = ["trackbridge.schema", "trackbridge.translate", "trackbridge.derive", "trackbridge.record",
-        "trackbridge.pipeline", "trackbridge.holdings", "trackbridge.logger", "trackbridge.doctor"]
+        "trackbridge.pipeline", "trackbridge.sync.holdings", "trackbridge.logger", "trackbridge.doctor"]
 TRACKER_NAMES = ["jsonl", "tensorboard", "tfevents", "mlflow", "wandb", "trackio"]
 FRAMEWORK_NAMES = ["trl", "verl", "openrlhf", "transformers", "accelerate", "deepspeed"]
 # Names the core still uses, each with the reason; the test fails for any other. None left: the spool is written by
@@ -159,31 +159,50 @@ def _is_core(mod: str) -> bool:
 
 
 # Layers, lowest first: a module may import its own layer and the layers below it, never one above (every import,
-# deferred ones too; a package counts as its top-level name under trackbridge: trackbridge.schema.loader is "schema").
+# deferred ones too). A module counts as the first of its sub-package (``sync.holdings``) and its top-level name under
+# trackbridge (``schema`` for trackbridge.schema.loader) that a layer holds: a package whose modules serve different
+# layers (``sync``: what a tracker holds is core, replaying a spool is the edge) has an empty ``__init__`` in the
+# lowest layer and names each module.
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "exitcodes", "extras", "limits"},    # leaves
-    {"record", "values", "_rank", "ranked"},                    # the record and its values
+    {"_version", "errors", "exitcodes", "extras", "limits", "sync"},    # leaves; sync/__init__ imports nothing
+    {"record"},                                                 # the record and its values (record/)
     {"schema"},                                                 # the facts: load, check, compile; specs
     {"detect", "derive"},                                       # detection, the derived-rule engine
     {"translate"},                                              # the translation stages
-    {"pipeline", "stream", "holdings", "doctor"},               # records through the stages; the canonical stream;
-                                                                # diagnostics over canonical records
-    {"tracking", "locators"},                                  # what trackers and readers build on; locators
-    {"trackers", "files", "catchup"},                           # the registry, the trackers, the file readers
+    {"pipeline", "stream", "sync.holdings", "doctor"},          # records through the stages; the canonical stream;
+                                                                # what a tracker holds; diagnostics
+    {"tracking"},                                               # what trackers and readers build on; locators
+    {"trackers", "files", "sync.catchup"},                      # the registry, the trackers, the file readers;
+                                                                # writing what a tracker lacks
     {"logger"},                                                 # the logger
     {"integrations"},                                           # trainers' callbacks
-    {"replay", "migrate", "compare", "inputs", "selection", "read", "demo", "mappings_views"},   # the edge
-    {"commands", "cli"},                                        # the command line
+    {"sync.replay", "migrate", "compare", "read"},              # the edge: reading runs (read/), moving them
+    {"cli"},                                                    # the command line (cli/: commands, demo, views)
     {"__main__", ""},                                           # the package face
 ]
+SUB_PACKAGES = {name for names in LAYERS for name in names if "." in name}
 
 
 def _layer(mod: str) -> int:
-    name = mod.split(".")[1] if "." in mod else ""
+    parts = mod.split(".")[1:]
+    name = ".".join(parts[:2]) if ".".join(parts[:2]) in SUB_PACKAGES else (parts[0] if parts else "")
     for i, names in enumerate(LAYERS):
         if name in names:
             return i
     raise AssertionError(f"{mod} is in no layer: add it to LAYERS")
+
+
+def test_a_split_package_has_an_empty_init_and_every_module_named():
+    """``sync`` serves three layers: its ``__init__`` imports nothing, and each of its modules has a layer of its own
+    (a module added there without one would take the leaves' layer)."""
+    split = {name.split(".")[0] for name in SUB_PACKAGES}
+    assert split == {"sync"}
+    for pkg in split:
+        init = PKG / pkg / "__init__.py"
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], init
+        mods = sorted(m for m in MODULES if m.startswith(f"trackbridge.{pkg}."))
+        assert mods and [m for m in mods if m.split(".", 1)[1] not in SUB_PACKAGES] == []
 
 
 def test_every_module_is_in_a_layer_and_none_imports_upward():
@@ -200,14 +219,14 @@ def test_the_five_moves_that_stopped_climbing_stay():
     outside = sorted(f"{m} -> {x}" for m, ts in schema.items() for x in ts
                      if not x.startswith("trackbridge.schema") and x not in ("trackbridge.errors",
                                                                             "trackbridge._version"))
-    assert outside == [], "the schema layer reads and compiles the facts; printing views live in mappings_views"
+    assert outside == [], "the schema layer reads and compiles the facts; printing views live in cli/mappings.py"
     assert "trackbridge.spec" not in MODULES, "naming-scheme specs live in trackbridge.schema.spec"
     assert "trackbridge" not in edges["trackbridge.schema.cache"], "the version is in the leaf trackbridge._version"
     logger = sorted(f"{m} -> {x}" for m, ts in edges.items() if m.startswith("trackbridge.logger") for x in ts
-                    if x.split(".")[1] in ("replay", "migrate", "compare", "commands", "cli", "demo"))
+                    if x.split(".")[1] in ("migrate", "compare", "cli") or x == "trackbridge.sync.replay")
     assert logger == [], "the logger renames through trackbridge.pipeline and keeps its pending note in logger/"
     stream = sorted(x for x in edges["trackbridge.stream"] if x.split(".")[1] in ("tracking", "trackers"))
-    assert stream == [], "the canonical stream's writer uses trackbridge.values.printable"
+    assert stream == [], "the canonical stream's writer uses trackbridge.record.values.printable"
 
 
 def test_no_import_cycle():

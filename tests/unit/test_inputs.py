@@ -1,4 +1,4 @@
-"""One way to read a run for every command (trackbridge/inputs.py; issue 18, items 4 and 6): the run config, the
+"""One way to read a run for every command (trackbridge/read/inputs.py; issue 18, items 4 and 6): the run config, the
 source resolution and the time axis are the same whether ``translate``, ``detect``, ``migrate`` or ``compare`` reads
 the run. Plain files only here (JSON lines, ``trainer_state.json``, console logs); the trackers' copies and real
 TensorBoard folders are in tests/trackers/test_time_axis.py and tests/frameworks/test_same_source_everywhere.py.
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from trackbridge.derive.engine import MIN_RATE_INTERVAL
-from trackbridge.inputs import InputError, open_runs
+from trackbridge.pipeline import Translator
+from trackbridge.read.inputs import InputError, open_runs
 from trackbridge.tracking.source import TIME_AXIS
-from trackbridge.translate import Translator
 
 from _support import DATA, ROOT
 

@@ -218,7 +218,7 @@ _ENGINES: dict = {}
 
 
 def _engine(trainer, release):
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     spec = f"trl/{trainer}@{release}" if trainer else f"trl@{release}"
     if spec not in _ENGINES:
         _ENGINES[spec] = Translator(spec, "canonical")

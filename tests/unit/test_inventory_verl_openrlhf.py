@@ -433,7 +433,7 @@ def _index(framework, release):
 
 
 def _engine(framework, trainer, release):
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     spec = f"{framework}/{trainer}@{release}" if trainer else f"{framework}@{release}"
     if spec not in _ENGINES:
         _ENGINES[spec] = Translator(spec, "canonical")
@@ -496,7 +496,7 @@ def test_new_release_facts():
     assert lookup("verl", "actor/lr(1e-4)", "v0.2") is None
     assert lookup("verl", "mfu/actor", "v0.2")[0]["canonical"] == "perf/mfu/policy_update"
     assert lookup("verl", "mfu/actor", "v0.3.0.rc0") is None
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     res = Translator("verl/ppo@0.1", "canonical").translate({"actor/lr(1e-4)": 0.1, "critic/lr(1e-4)": 0.5})
     assert res.metrics == pytest.approx({"optim/lr": 1e-5, "optim/critic_lr": 5e-5})
     # the learning rate: after the scheduler step up to v0.3.0.post1 (critic: v0.4.1), before it in the legacy
@@ -537,8 +537,8 @@ def test_new_release_facts():
 
 def test_openrlhf_progress_bar_from_console(tmp_path):
     """OpenRLHF's tqdm postfix in a console log is read (one record per distinct postfix) and translated."""
+    from trackbridge.pipeline import Translator
     from trackbridge.trackers import open_source
-    from trackbridge.translate import Translator
     bar = "Train epoch [1/1]:  {p}%|##        | {n}/4 [00:05<00:15, 5.00s/it, {post}]"
     old = "pg=0.123, rm=0.5, ret=0.45, glen=210, tlen=340, kl=0.00123, act_lr=1e-6, cri=0.0456, vals=0.21"
     new = "pg=-0.0871, rm=0.625, ret=0.6, glen=198, tlen=330, kl=0.00141, act_lr=1e-6, cri=0.0391, vals=0.25"

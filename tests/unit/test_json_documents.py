@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from trackbridge.inputs import open_runs
+from trackbridge.read.inputs import open_runs
 
 
 def rows_of(path):

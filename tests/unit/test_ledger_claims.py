@@ -87,8 +87,8 @@ def test_claims_exclude_threads_of_one_process(tmp_path):
 
 def test_plan_counters_report_an_earlier_attempts_work(tmp_path, monkeypatch):
     """A run that an earlier attempt of the same plan finished comes back with that attempt's counts."""
-    from trackbridge.inputs import open_runs
     from trackbridge.migrate.migration import Progress, _migrate_run
+    from trackbridge.read.inputs import open_runs
     src = tmp_path / "src"
     w = stream.StreamWriter(src / "r.jsonl")
     w.open(RunInfo(name="r", run_id="r"))

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from trackbridge.pipeline import Pipeline, names_translator
+from trackbridge.pipeline import Pipeline, Translation, Translator, names_translator
 from trackbridge.pipeline.stages import Derive, Rename, Select, Step, Translate
 from trackbridge.record import Record
-from trackbridge.translate import Translation, Translator
 
 DPO = {"rewards/chosen": 0.75, "rewards/rejected": 0.25, "mystery": 7}
 

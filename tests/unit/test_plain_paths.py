@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from trackbridge.compare.load import load_runs
-from trackbridge.locators import LocatorError
 from trackbridge.migrate import migrate
 from trackbridge.stream import read_stream
 from trackbridge.trackers import open_source, source_locator
+from trackbridge.tracking.locators import LocatorError
 
 from _support import ROOT
 

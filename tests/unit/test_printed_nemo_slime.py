@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from trackbridge.inputs import open_runs
+from trackbridge.pipeline import Translator
+from trackbridge.read.inputs import open_runs
 from trackbridge.schema.loader import load_registry
-from trackbridge.translate import Translator
 
 from _support import DATA
 

@@ -1,7 +1,7 @@
 """prime-rl's printed step lines and its SFT trainer (mappings/prime_rl.yaml, tests/data/frameworks/prime-rl-keys.tsv
 and prime-rl-sft-keys.tsv): the real console logs of tests/data/real/prime_rl/ (provenance in its SOURCES.yaml), read
-through `trackbridge.inputs.open_runs(path, rows=True)` as `translate` reads them, are detected as prime-rl with the
-right trainer (the orchestrator's line: rl; the SFT trainer's: sft) and release range, and every printed label is
+through `trackbridge.read.inputs.open_runs(path, rows=True)` as `translate` reads them, are detected as prime-rl with
+the right trainer (the orchestrator's line: rl; the SFT trainer's: sft) and release range, and every printed label is
 written under the canonical name of the logged key its print code formats, rounded (approximate), MFU in percent
 scaled to the canonical fraction. The labels are read from the step_message f-strings of github.com/PrimeIntellect-ai/
 prime-rl at the tags and at the commits the logs' runs used (`git show REF:PATH`), cited file@ref:line."""
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from trackbridge.detect import detect
-from trackbridge.inputs import open_runs
+from trackbridge.pipeline import Translator
+from trackbridge.read.inputs import open_runs
 from trackbridge.schema.loader import load_registry
 from trackbridge.schema.spec import parse_spec
-from trackbridge.translate import Translator
 
 from _support import DATA
 

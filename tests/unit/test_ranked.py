@@ -1,4 +1,4 @@
-"""Merging ranks' shares (:mod:`trackbridge.ranked`) and the merger that follows the ranks' files
+"""Merging ranks' shares (:mod:`trackbridge.record.ranked`) and the merger that follows the ranks' files
 (:mod:`trackbridge.logger.ranks`), without torch: the multi-process test on gloo is
 tests/frameworks/test_merge_ranks.py.
 
@@ -22,9 +22,9 @@ import trackbridge
 from trackbridge.errors import UsageError
 from trackbridge.logger.rankfile import RankFile, rank_path
 from trackbridge.logger.ranks import Merger
-from trackbridge.ranked import MergeError, Share, Weighted, check_weight, merge, split_weighted
 from trackbridge.record import Histogram
-from trackbridge.values import normalize
+from trackbridge.record.ranked import MergeError, Share, Weighted, check_weight, merge, split_weighted
+from trackbridge.record.values import normalize
 
 
 def _shares(groups: list[list[float]]) -> list[Share]:

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from trackbridge.detect import detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import build_registry, load_registry, shipped_files
 from trackbridge.schema.model import APPROXIMATE
-from trackbridge.translate import Translator
 
 from _support import DATA
 

@@ -13,10 +13,10 @@ from typing import Iterator
 import pytest
 
 import trackbridge
-from trackbridge.locators import LocatorError
 from trackbridge.logger import LoggerWarning
 from trackbridge.record import Record, RunInfo
 from trackbridge.trackers import guess_locator, kinds, make_sink, open_source
+from trackbridge.tracking.locators import LocatorError
 from trackbridge.tracking.sink import Capabilities, Sink
 from trackbridge.tracking.source import RunReader, Source, SourceError
 

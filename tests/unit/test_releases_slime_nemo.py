@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from trackbridge.detect import detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
 from trackbridge.schema.proofs import UNPROVEN
 from trackbridge.schema.spec import SpecError, parse_spec
-from trackbridge.translate import Translator
 from trackbridge.translate.fidelity import judge, reference, resolve
 
 

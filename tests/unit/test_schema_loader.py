@@ -273,7 +273,7 @@ def test_compiled_cache_keeps_only_the_most_recently_used(monkeypatch, tmp_path)
 
 def test_when_in_matches_any_of_its_values(tmp_path):
     """``when: {config: {KEY: {in: [a, b]}}}``: the entry applies when the config value is one of the list."""
-    from trackbridge.translate import Translator
+    from trackbridge.pipeline import Translator
     fw = FW.replace("  - {key: ent, canonical: policy/entropy, source: toy.py@v0.1}\n",
                     "  - {key: ent, canonical: policy/entropy, source: toy.py@v0.1,"
                     " when: {config: {m: {in: [a, a+]}}}}\n"

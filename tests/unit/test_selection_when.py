@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from trackbridge.errors import UsageError
-from trackbridge.selection import Selection, parse_when
+from trackbridge.read.selection import Selection, parse_when
 
 DAY = 86400.0
 NOV1 = 1793491200.0          # 2026-11-01T00:00:00Z: (date(2026, 11, 1) - date(1970, 1, 1)).days * 86400

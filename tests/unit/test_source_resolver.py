@@ -1,4 +1,4 @@
-"""The source of a run's names (trackbridge/translate/source.py), with its two policies: detect as keys arrive (a
+"""The source of a run's names (trackbridge/pipeline/source.py), with its two policies: detect as keys arrive (a
 logger, a one-shot dict) and pin (a stored run, resolved once from its first records). Facts (shipped mappings):
 TRL's GRPO trainers log ``completions/mean_length``, ``frac_reward_zero_std`` and ``clip_ratio/region_mean``; a
 spec without its trainer (``verl@0.4.1``) leaves the trainer to detect, one with it (``verl/ppo@0.4.1``) nothing."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from trackbridge.pipeline.source import UNKNOWN, SourceResolver
 from trackbridge.schema.loader import load_registry
 from trackbridge.schema.spec import parse_spec
-from trackbridge.translate.source import UNKNOWN, SourceResolver
 
 GRPO = {"completions/mean_length": 1, "reward": 1, "kl": 1, "frac_reward_zero_std": 0, "clip_ratio/region_mean": 0}
 

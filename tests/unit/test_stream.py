@@ -20,8 +20,8 @@ import trackbridge
 from trackbridge import stream
 from trackbridge.errors import UsageError
 from trackbridge.record import Record, RunInfo
-from trackbridge.replay import iter_spool, scan_spool
 from trackbridge.schema.loader import load_registry
+from trackbridge.sync.replay import iter_spool, scan_spool
 from trackbridge.trackers import make_sink, open_source
 
 PKG = Path(trackbridge.__file__).parent

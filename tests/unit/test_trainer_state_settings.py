@@ -9,7 +9,7 @@ import json
 import pytest
 
 from trackbridge import cli
-from trackbridge.inputs import open_runs
+from trackbridge.read.inputs import open_runs
 
 
 def write_state(folder, logging_steps: int):

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trackbridge.detect import detect
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import build_registry
 from trackbridge.schema.spec import SpecError
-from trackbridge.translate import Translator
 
 CANON = textwrap.dedent("""\
     format: trackbridge.canonical/1

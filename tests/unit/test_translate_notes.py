@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import load_registry
 from trackbridge.schema.spec import SpecError, parse_spec
-from trackbridge.translate import Translator
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import build_registry, shipped_files
-from trackbridge.translate import Translator
 
 TOY = {"format": "trackbridge.mapping/1", "framework": "toy", "description": "a user's mapping", "repository": "x",
        "releases": ["v1"],

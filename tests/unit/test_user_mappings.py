@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from trackbridge.pipeline import Translator
 from trackbridge.schema.loader import build_registry, shipped_files
 from trackbridge.schema.yamlfile import MappingError, MappingErrors
-from trackbridge.translate import Translator
 
 CANON = textwrap.dedent("""\
     format: trackbridge.canonical/1

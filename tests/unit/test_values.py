@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trackbridge.record import Histogram
-from trackbridge.values import UnsupportedValue, normalize, normalize_metrics
+from trackbridge.record.values import UnsupportedValue, normalize, normalize_metrics
 
 from _support import ROOT
 
@@ -66,7 +66,7 @@ def test_bad_containers_raise_type_error():
 
 
 def test_no_torch_or_numpy_import():
-    code = ("import sys, trackbridge, trackbridge.values, trackbridge.logger, trackbridge.replay\n"
+    code = ("import sys, trackbridge, trackbridge.record.values, trackbridge.logger, trackbridge.sync.replay\n"
             "bad = [m for m in ('torch', 'numpy', 'wandb', 'mlflow', 'tensorboard', 'trackio') if m in sys.modules]\n"
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -47,8 +47,8 @@ if TYPE_CHECKING:       # pragma: no cover
     from collections.abc import Mapping, Sequence
 
     from ..doctor import Finding
+    from ..read.selection import Selection
     from ..schema.model import CanonicalSchema
-    from ..selection import Selection
 
 __all__ = ["compare_runs", "CompareResult", "MetricReport", "PRESETS", "X_KINDS", "SMOOTH_KINDS", "WARNING_GROUPS"]
 
@@ -187,8 +187,8 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     ``groups`` / ``group_by``: aggregate seeds (see the module docstring and :mod:`.groups`); ``band``: ``ci`` (the
     95% bootstrap interval of the mean) or ``iqr``; ``last``: the points of a run its final performance averages;
     ``reps`` and ``seed``: the bootstrap's resamples and seed. ``selection``: of the runs a locator holds, only those it
-    keeps (:class:`~trackbridge.selection.Selection`: name pattern, tags, start date; ``compare --runs/--tag/--since/
-    --until``)."""
+    keeps (:class:`~trackbridge.read.selection.Selection`: name pattern, tags, start date;
+    ``compare --runs/--tag/--since/--until``)."""
     locators = list(locators)
     specs = _group_options(groups, group_by, band, last, reps)
     if x not in X_KINDS:
@@ -202,8 +202,8 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         from ..extras import PLOT, require
         require(*PLOT, "the comparison report")        # before any run is read
     if into:                                            # likewise the tracker's package (MissingExtra)
-        from ..locators import parse
         from ..trackers import kinds, sink_class
+        from ..tracking.locators import parse
         sink_class(parse(into, kinds=kinds("sink")).kind)
     runs, members = _load_grouped(locators, specs, mappings=mappings, source=source, doctor=doctor,
                                   selection=selection)
@@ -308,8 +308,8 @@ def _load_grouped(locators: list[str], specs: dict[str, list[str]], **kw: Any) -
     """Read the runs given and those the groups name by locator; each group's members as run labels. A group's
     RUN is the label of a run given (every run of it, when its locator held several), a locator given, or a locator
     of its own (read like the others)."""
-    from ..locators import Locator, parse_many
     from ..trackers import kinds, source_locator
+    from ..tracking.locators import Locator, parse_many
     from .groups import members as named
     if not locators and not specs:
         raise ValueError("compare needs at least one run: RUN ... or --group LABEL=RUN,RUN,...")

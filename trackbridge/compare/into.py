@@ -3,7 +3,7 @@
 One TensorBoard folder (a sub-folder per run), one MLflow experiment, one wandb or Trackio project: users compare
 the runs in the tracker they already use. Each run is written under a run id derived from its locator and label and
 reopened with ``resume``: writing the same comparison again writes only what the tracker lacks
-(:mod:`trackbridge.catchup`, as the logger, ``replay`` and ``migrate`` do).
+(:mod:`trackbridge.sync.catchup`, as the logger, ``replay`` and ``migrate`` do).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class IntoResult:
 
 def write_into(runs: list[LoadedRun], into: str, *, project: str = DEFAULT_PROJECT) -> list[IntoResult]:
     """Write every run, under canonical names, into the tracker locator ``into`` (see the module docstring)."""
-    from ..catchup import catch_up
+    from ..sync.catchup import catch_up
     from ..trackers import make_sink
 
     results: list[IntoResult] = []

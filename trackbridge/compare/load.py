@@ -17,13 +17,13 @@ from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeGuard
 
-from ..locators import Locator, parse_many
 from ..record import Histogram, Record, RunInfo
+from ..tracking.locators import Locator, parse_many
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..doctor import Finding
-    from ..inputs import InputRun
-    from ..selection import Selection
+    from ..read.inputs import InputRun
+    from ..read.selection import Selection
     from .stats import MetricStats
 
 SERIES_POINTS = 10_000          # points kept per run and metric for the chart before buckets take over
@@ -297,11 +297,11 @@ def load_runs(locators: Iterable[str | Locator], *, mappings: list[str] | None =
               selection: "Selection | None" = None) -> list[LoadedRun]:
     """Open every locator (``LOCATOR`` or ``LABEL=LOCATOR``) and read all its runs as canonical records.
 
-    Runs are opened as every command opens them (:func:`trackbridge.inputs.open_runs`: the same config, the same
+    Runs are opened as every command opens them (:func:`trackbridge.read.inputs.open_runs`: the same config, the same
     source resolution, the same time axis). A locator option ``from=FRAMEWORK[/TRAINER][@VERSION]``
     (``console:verl.log?from=verl@v0.3.0.post1``) names the framework the run's names come from instead of
     detecting it; ``source`` does so for every run without one. ``selection``: only the runs it keeps."""
-    from ..inputs import open_runs
+    from ..read.inputs import open_runs
     from ..trackers import kinds, source_locator
 
     texts = [source_locator(str(x)) for x in locators]

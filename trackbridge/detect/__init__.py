@@ -33,11 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..record.values import flat_config
 from ..schema.facts import SPLIT_PREFIXES
 from ..schema.loader import Registry
 from ..schema.model import FrameworkMapping
 from ..schema.spec import Spec
-from ..values import flat_config
 from .trainers import _differing, _range_for, _tie_winner, _trainer_score, config_trainers
 from .votes import Candidate, _best_for_framework, _release_window
 

@@ -8,7 +8,7 @@ check first and next, and where that advice comes from. One engine (:mod:`.engin
 canonical records in one pass with bounded state, so the same checks run
 
 * on any stored run: ``trackbridge doctor RUN...`` (:func:`diagnose`, read through
-  :func:`trackbridge.inputs.open_runs` and translated by the run's one :class:`~trackbridge.pipeline.Pipeline`),
+  :func:`trackbridge.read.inputs.open_runs` and translated by the run's one :class:`~trackbridge.pipeline.Pipeline`),
 * in the comparison report (its findings section, each finding linked to the chart it concerns),
 * live in the logger (``trackbridge.init(..., doctor=True)``): a finding is logged once, as a text record and a
   warning, the first time its check holds.
@@ -27,7 +27,7 @@ from .engine import Doctor
 from .findings import Finding, Stretch, sort_findings
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ..inputs import InputRun
+    from ..read.inputs import InputRun
     from ..record import Record
     from ..schema.loader import Registry
 
@@ -142,7 +142,7 @@ def diagnose_records(records: Iterable[Record], *, config: Mapping[str, Any] | N
 def diagnose(run: InputRun, *, label: str | None = None, source: str | None = None,
              mappings: list[str] | None = None, checks: CheckSet | None = None,
              registry: Registry | None = None, names: str | None = None) -> Diagnosis:
-    """Translate one run (as every command reads it: :func:`trackbridge.inputs.open_runs`) to canonical names, with
+    """Translate one run (as every command reads it: :func:`trackbridge.read.inputs.open_runs`) to canonical names, with
     derived metrics, and evaluate the checks over it. ``checks``: default the shipped checks plus the check files
     among ``mappings``. Each finding names its series as the run logged them (``Finding.names``: canonical -> the
     run's own key, from the run's translation); ``names="FRAMEWORK[@VERSION]"``: in that framework's names instead

@@ -1,5 +1,5 @@
 """Logged dicts read from a file or stdin as rows (``translate``, ``detect``, and the ``rows=`` runs of
-:func:`trackbridge.inputs.open_runs`): JSON lines (one logged dict per line, or trackbridge stream records), a
+:func:`trackbridge.read.inputs.open_runs`): JSON lines (one logged dict per line, or trackbridge stream records), a
 ``trainer_state.json`` (its ``log_history``), a JSON document with a ``rows`` list, a JSON list of logged dicts, or
 one JSON object of values (nested names joined by ``/``). Every value is kept; a bad line is reported with its file
 and line number and skipped."""

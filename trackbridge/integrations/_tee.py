@@ -11,7 +11,7 @@ import warnings
 from typing import Any, Protocol
 
 from ..logger import LoggerWarning
-from ..values import as_step
+from ..record.values import as_step
 
 
 class RunLike(Protocol):

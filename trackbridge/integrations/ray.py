@@ -444,7 +444,7 @@ class Coordinator:
 
 
 # ------------------------------------------------------------------------------------------------ after a SIGKILL
-# `trackbridge replay SPOOL --to SINK` (trackbridge.replay) completes each tracker and records the outcome killed
+# `trackbridge replay SPOOL --to SINK` (trackbridge.sync.replay) completes each tracker and records the outcome killed
 # when the run's process died without finishing it (trackbridge.logger.runlock.left_unfinished).
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..values import normalize
+from ..record.values import normalize
 from ._tee import RunLike, Tee, as_step
 
 _SENTINEL = object()

@@ -52,7 +52,7 @@ two kinds of worker), :mod:`.run` (``Run``), :mod:`.noop` (``NoOpRun``), :mod:`.
 file and rank 0's merger), :mod:`.runlock` (one process per run), :mod:`.waiting` (waiting for trackers at the end),
 :mod:`.exits` (how the process is ending), and for the writer process :mod:`.writer` (the child), :mod:`.remote` (the
 parent's side) and :mod:`.feed` (what the child is sent). Catching a tracker up from the spool uses
-:mod:`trackbridge.catchup`, as ``replay`` and ``migrate`` do.
+:mod:`trackbridge.sync.catchup`, as ``replay`` and ``migrate`` do.
 """
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ import time
 import uuid
 from typing import Any
 
-from .. import _rank
 from ..limits import check_config
+from ..record import rank as _rank
 from .common import STEP_AXIS, LoggerWarning
 from .noop import NoOpRun
 from .options import LoggerOptions

@@ -6,19 +6,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+from ..record.values import STEP_MAX, as_step, check_step, flat_config, normalize_metrics
 from ..tracking.sink import Sink, Unreachable, check_reachable
-from ..values import STEP_MAX, as_step, check_step, flat_config, normalize_metrics
 from .common import warn
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ..translate import Translator
+    from ..pipeline import Translator
 
 
 def make_translator(source: str, mappings: list[str] | None, config: dict[str, Any]) -> Translator:
     """Translator from ``source`` names to canonical ones. A mapping file that cannot be used (the user's
     ``mappings=`` or a shipped one) is an error at ``init``, naming the file: logging untranslated names into
     trackers would be worse than not starting."""
-    from ..translate import Translator
+    from ..pipeline import Translator
     try:
         return Translator(source=source, target="canonical", mappings=mappings, config=config)
     except Exception as exc:
@@ -165,8 +165,8 @@ def build_sinks(specs: list[Any], options: Any, run_id: str, spool_path: Path) -
     the sink, or the missing extra); a sink that would write the spool's own file (the canonical stream in the
     spool folder) is the spool itself and is left out."""
     from ..extras import MissingExtra
-    from ..locators import LocatorError
     from ..trackers import make_sink
+    from ..tracking.locators import LocatorError
     built: list[Sink] = []
     for spec in specs:
         try:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..record import Histogram
-from ..values import normalize
+from ..record.values import normalize
 from .common import STOP, warn
 
 Item = tuple[Any, ...]      # (wall_time, step, values[, axis[, logged]]), as the run's inbox takes it

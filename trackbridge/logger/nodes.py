@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UsageError
-from ..ranked import Share
 from ..record import dumps
+from ..record.ranked import Share
 from ..stream import SUFFIX
 from .common import warn
 from .parts import Packed, Part, needs_raw, raw_share, share_of

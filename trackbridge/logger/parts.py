@@ -1,6 +1,6 @@
 """A node's part of a merged value (node pre-merge, :mod:`trackbridge.logger.nodes`): what the shares of one key at
 one step on one node's ranks add up to, kept **exactly**, so that rank 0 merging the nodes' parts gets the very
-value (to the last bit) it gets merging every rank's share itself (:func:`trackbridge.ranked.merge`).
+value (to the last bit) it gets merging every rank's share itself (:func:`trackbridge.record.ranked.merge`).
 
 A part does not know the reduction (that is chosen on rank 0, from every rank's stated reductions and the canonical
 name), so it keeps what each of ``mean``, ``sum``, ``max``, ``min`` and ``value`` needs:
@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ranked import MergeError, Share, merge, same_value
 from ..record import Histogram, decode_value, encode_value
+from ..record.ranked import MergeError, Share, merge, same_value
 
 
 def add_exact(partials: list[float], x: float) -> None:
@@ -148,8 +148,8 @@ class Part:
             self.lo = o.lo
 
     def result(self, key: str, reduce: str) -> tuple[Any, str | None]:
-        """What :func:`trackbridge.ranked.merge` gives for these shares by ``reduce`` (one of mean, sum, max, min,
-        value): the same value, the same note, the same :class:`MergeError`."""
+        """What :func:`trackbridge.record.ranked.merge` gives for these shares by ``reduce`` (one of mean, sum, max,
+        min, value): the same value, the same note, the same :class:`MergeError`."""
         if self.first is None:
             raise MergeError(f"metric {key!r}: nothing to merge")
         if self.bad is not None:
@@ -258,7 +258,7 @@ def _number(key: str, reduce: str, x: Share | Packed) -> None:
 def merge_parts(key: str, reduce: str, items: list[Share | Packed], *, sample_std: bool = True
                 ) -> tuple[Any, str | None]:
     """Merge ``items`` (rank 0's own ranks' shares and the nodes' parts, in rank order) as
-    :func:`trackbridge.ranked.merge` merges every rank's shares: the same value, note and error."""
+    :func:`trackbridge.record.ranked.merge` merges every rank's shares: the same value, note and error."""
     if reduce in ("std", "dist"):
         if any(isinstance(x, Packed) for x in items):
             if reduce == "std":        # a part holds shares without a mean, which merge() refuses the same way

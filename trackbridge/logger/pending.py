@@ -39,8 +39,8 @@ class Lack:
 def countable(locator: str) -> bool:
     """Whether what the tracker at ``locator`` holds can be read back here to count what it lacks: a store on this
     machine (not a server) of a kind trackbridge has a reader for."""
-    from ..locators import parse
     from ..trackers import kinds, sink_class
+    from ..tracking.locators import parse
     try:
         loc = parse(locator)
         if loc.kind not in kinds("source"):
@@ -69,10 +69,10 @@ def _count(spool: str | os.PathLike, locator: str, run_id: str, rename: Callable
     import time
     from urllib.parse import urlencode
 
-    from ..holdings import Holdings
-    from ..locators import parse
     from ..stream import read_stream
+    from ..sync.holdings import Holdings
     from ..trackers import open_source, sink_class, source_class
+    from ..tracking.locators import parse
     end = time.monotonic() + within
     try:
         loc = parse(locator)

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UsageError
-from ..ranked import split_weighted
 from ..record import dumps, encode_value
+from ..record.ranked import split_weighted
 from ..stream import SUFFIX, stream_file
 from .checks import validate_call
 from .common import STOP, warn

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..ranked import reduction_of
+from ..record.ranked import reduction_of
 from .common import log, warn
 from .noop import NoOpRun
 from .rankfile import RankFile, ranks_folder
@@ -90,8 +90,8 @@ class RankLink:
 
 def _canonical_reduction(key: str, source: str, mappings: list[str] | None) -> tuple[str | None, bool]:
     try:
+        from ..pipeline import translate
         from ..schema.loader import load_registry
-        from ..translate import translate
         res = translate({key: 0.0}, source=source, mappings=mappings)
         name = next(iter(res.metrics), key)
         metric = load_registry(mappings or None).canonical.find(name)

@@ -1,5 +1,5 @@
 """Per-rank streams (``init(merge_ranks=True)``): every rank logs its own share of each value with its weight, and
-rank 0 merges the shares into the value over the whole batch (:mod:`trackbridge.ranked`), which then takes the
+rank 0 merges the shares into the value over the whole batch (:mod:`trackbridge.record.ranked`), which then takes the
 run's one pipeline (translation, derived metrics, every sink) like any logged value.
 
 **Where the merge happens, and why there.** Every rank, rank 0 included, appends what it logs to its own file,
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..ranked import MergeError, Share, merge, same_value
 from ..record import decode_value
+from ..record.ranked import MergeError, Share, merge, same_value
 from .common import warn
 from .parts import Packed, Part, merge_parts, rank_of
 from .rankfile import rank_path

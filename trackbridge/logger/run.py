@@ -126,6 +126,7 @@ class Run(RunView):
         # sinks: the spool first, then the user's; build all first so that a bad spec fails init before any thread
         spool_sink = SpoolFile(self.spool_path, fsync=spool_fsync)
         built = build_sinks(sinks or [], options, self.run_id, self.spool_path)
+        self._flat_configs = [s.capabilities.flat_config for s in built if s.capabilities.flat_config]
         for line in tracker_cuts(shown, built):     # a tracker that keeps a value cut (trackbridge/limits.py)
             self._warn_once(f"cut:{line}", line)
         if self._doctor is not None:
@@ -464,7 +465,7 @@ class Run(RunView):
 
     def _clean_info(self) -> RunInfo:
         """A copy of the run info that every sink can store (:func:`.runinfo.clean_info`); each change said once."""
-        info, notes = clean_info(self.info)
+        info, notes = clean_info(self.info, self._flat_configs)
         for key, message in notes:
             self._warn_once(f"config:{key}", message)
         return info

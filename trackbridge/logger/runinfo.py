@@ -5,21 +5,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 from ..record import RunInfo
-from ..values import printable, sanitize_config
+from ..record.values import printable, sanitize_config
 from .checks import config_changes
 
 _INFO_LOCK = threading.Lock()       # sink workers open concurrently and each cleans the info
 
 
-def clean_info(src: RunInfo) -> tuple[RunInfo, list[tuple[str, str]]]:
+def clean_info(src: RunInfo, flattened: Iterable[tuple[str, str]] = ()) -> tuple[RunInfo, list[tuple[str, str]]]:
     """A copy of the run info that every sink can store, and what was changed (``(key, message)``, to be said once):
-    the config made plain JSON (see :func:`trackbridge.values.sanitize_config`), tags as strings, no lone surrogate
-    in the name or project."""
+    the config made plain JSON (see :func:`trackbridge.record.values.sanitize_config`), tags as strings, no lone
+    surrogate in the name or project. ``flattened``: how the run's trackers that flatten the config do it (each sink's
+    ``capabilities.flat_config``), so that keys flattening to one name there are said."""
     with _INFO_LOCK:
-        config, notes = sanitize_config(src.config)
+        config, notes = sanitize_config(src.config, flattened)
         info: RunInfo = copy.deepcopy(dataclasses.replace(src, config={}, extra={}))
         info.config = config
         info.extra, _ = sanitize_config(src.extra)

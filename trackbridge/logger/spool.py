@@ -18,9 +18,9 @@ from urllib.parse import parse_qsl
 
 from .. import stream
 from ..errors import UsageError
-from ..holdings import Holdings
 from ..record import Record, RunInfo
 from ..stream import closing_header, learnt
+from ..sync.holdings import Holdings
 from ..tracking.sink import Capabilities, Sink
 from .common import warn
 from .worker import RunContext, Worker

@@ -3,7 +3,7 @@
 States: ``pending`` (not opened yet), ``ok`` (fed through its queue), ``behind`` (its queue was full: it is fed
 from the spool until it has caught up, so the dispatcher never waits for it), ``failed`` (its tracker failed:
 retried every ``retry_interval`` seconds, then fed from the spool), ``closed``. Whatever it takes from the spool
-is cut down to what the tracker lacks where a write may have landed in part (:mod:`trackbridge.catchup`)."""
+is cut down to what the tracker lacks where a write may have landed in part (:mod:`trackbridge.sync.catchup`)."""
 from __future__ import annotations
 
 import queue
@@ -11,10 +11,10 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from ..catchup import CatchUp, lacking, write_batches
-from ..holdings import Audit, audit
 from ..record import Record
 from ..stream import StreamCursor, read_stream
+from ..sync.catchup import CatchUp, lacking, write_batches
+from ..sync.holdings import Audit, audit
 from ..tracking.sink import Sink
 from .common import log
 from .worker import RunContext, Worker

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..record import Record, RunInfo
+from ..record.values import printable
 from ..tracking.sink import Sink
-from ..values import printable
 from .common import STOP, log, warn
 from .options import LoggerOptions
 

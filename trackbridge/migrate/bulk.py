@@ -15,9 +15,9 @@ instead of a home-made pool. Needs the ``[ray]`` extra; nothing else in trackbri
 3. **Idempotent and retried**: Ray retries a task whose worker died (``max_retries``). The retry finds each run's
    ledger: a run finished by the earlier attempt is reported with what that attempt wrote, a run cut off halfway
    continues after its last recorded batch, and a batch that was in flight is checked against what the destination
-   holds, per key and step (:func:`trackbridge.catchup.lacking`). Two attempts at one run never overlap: the ledger's
-   claim (an ``flock`` the kernel releases when a worker dies) makes a second attempt wait, and sinks create a run's
-   file or folder with its whole header at once, so a killed attempt never leaves half a header that the next one
+   holds, per key and step (:func:`trackbridge.sync.catchup.lacking`). Two attempts at one run never overlap: the
+   ledger's claim (an ``flock`` the kernel releases when a worker dies) makes a second attempt wait, and sinks create a
+   run's file or folder with its whole header at once, so a killed attempt never leaves half a header that the next one
    would take for another run. A task that fails even after its retries fails only its unfinished runs; running the
    command again resumes them.
 4. **One rate limit per destination server**: with ``requests_per_s`` / ``points_per_s``, every task books its writes
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
-from ..inputs import InputRun, open_runs
-from ..locators import parse
+from ..read.inputs import InputRun, open_runs
 from ..trackers import kinds, sink_class, source_locator
+from ..tracking.locators import parse
 from .ledger import Ledger, ledger_key, target_run_id
 from .ratelimit import RateLimiter
 

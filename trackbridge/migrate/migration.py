@@ -5,7 +5,7 @@ second migration finds the same destination run). Progress is kept in a small le
 many source records of each run were written, and whether the run is complete): a migration interrupted halfway
 continues after the last batch that was written, and a finished one is not written again. Without a ledger entry,
 and for a batch that was in flight when the migration stopped, what the destination holds decides (per key and step
-where the tracker can tell, else by its last step), through :func:`trackbridge.catchup.lacking` as in every
+where the tracker can tell, else by its last step), through :func:`trackbridge.sync.catchup.lacking` as in every
 catch-up. A run is migrated under its ledger's claim (:meth:`.ledger.Ledger.claim`): a second attempt at the
 same run (a retried task whose first attempt is still alive, the same command started twice) waits, then continues
 from the ledger, so a run is never opened twice in the destination.
@@ -25,14 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TextIO
 
-from ..catchup import CatchUp, lacking
-from ..holdings import Holdings
-from ..inputs import InputRun, NothingReadable, open_runs
-from ..locators import parse
 from ..pipeline import Stats
+from ..read.inputs import InputRun, NothingReadable, open_runs
+from ..read.selection import Selection
 from ..record import Record, RunInfo
-from ..selection import Selection
+from ..sync.catchup import CatchUp, lacking
+from ..sync.holdings import Holdings
 from ..trackers import check_options, kinds, make_sink, sink_class, source_locator
+from ..tracking.locators import parse
 from ..tracking.source import Problem
 from .ledger import Ledger, ledger_key, state_dir, target_run_id  # noqa: F401  (state_dir, kept importable from here)
 from .ratelimit import RateLimiter
@@ -162,7 +162,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     Ray tasks, ``jobs`` in flight at most, ``batch_runs`` runs per task; ``ray_address``: the cluster, default
     ``RAY_ADDRESS`` or a new local one: see :mod:`.bulk`). ``requests_per_s`` / ``points_per_s``: what
     all workers together may send to the destination. ``selection``: the runs (name pattern, tags, start date) and
-    metrics (globs of the written names) to migrate (:class:`~trackbridge.selection.Selection`; default: all)."""
+    metrics (globs of the written names) to migrate (:class:`~trackbridge.read.selection.Selection`; default: all)."""
     if engine not in ENGINES:
         raise ValueError(f"migrate: unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
     limiter = RateLimiter(requests_per_s, points_per_s)      # checks the numbers before anything is read
@@ -366,7 +366,7 @@ def _migrate_claimed(idx: int, run: InputRun, run_id: str, ledger: Ledger, src: 
 
 
 def _until_unreadable(records: Iterable[Record], res: RunResult) -> Iterator[Record]:
-    """The run's records; a run with nothing readable (:class:`~trackbridge.inputs.NothingReadable`) ends them,
+    """The run's records; a run with nothing readable (:class:`~trackbridge.read.inputs.NothingReadable`) ends them,
     marked on its result, and fails below before its destination is opened."""
     try:
         yield from records

@@ -1,11 +1,12 @@
 """The one path every record takes: names as stored -> canonical -> derived values -> the names asked for.
 
 A :class:`Pipeline` is the stages of :mod:`.stages` (Translate -> Step -> Derive -> Rename, each
-``(record, report) -> record``) around one :class:`~trackbridge.translate.Translator` per run (source resolution, the
-trainer on both sides, fidelity and derived marks live there). Logging (the logger's stages and ``names=``),
-``translate``, migration, replay, comparison, the demo and the integrations all build it: a short look-ahead resolves
-the source of a stored run, derived marks are carried through, and one :class:`Stats` (the same bookkeeping type as
-a single translation) counts the run.
+``(record, report) -> record``) around one :class:`Translator` per run (:mod:`.translator`: what a run learns as its
+records arrive, over the compiled facts of :mod:`trackbridge.translate`; where its names come from,
+:mod:`.source`; the derived rules and their history, :mod:`.derived`). Logging (the logger's stages and
+``names=``), ``translate()`` (a one-shot pipeline, :mod:`.oneshot`), migration, replay, comparison, the demo and the
+integrations all build it: a short look-ahead resolves the source of a stored run, derived marks are carried
+through, and one :class:`Stats` (the same bookkeeping type as a single translation) counts the run.
 """
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
 
 from ..limits import check_config
 from ..record import Record, RunInfo
-from ..translate import Report, Translation, Translator
+from ..translate import Report, Translation
+from .oneshot import translate  # the one-shot pipeline; it imports Pipeline when called
 from .stages import Derive, Rename, Select, Stage, Translate
+from .translator import Translator
+
+Translator.__module__ = __name__        # documented, printed and pickled where users import it from
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..schema.loader import Registry
@@ -95,11 +100,10 @@ class Pipeline:
         """Build the translator and resolve the source from ``keys`` (a stored run's first records)."""
         if self.translator is not None or self._kept:
             return self.translator
-        selection: list[Stage] = [self._selector] if self._selector is not None else []
         if self.source == "keep" or self.names == "keep":
             self.stats.source = "kept as stored"
             self._kept = True
-            self.stages = selection
+            self.stages = [self._selector] if self._selector is not None else []
             return None
         from ..schema.loader import load_registry
         reg = self.registry = self.registry or load_registry(self.mappings or None)
@@ -108,9 +112,23 @@ class Pipeline:
                         fidelity=self.fidelity if self.source == "canonical" else None)
         tr.resolve_source(keys)
         self.translator = tr
+        self._around(tr)
+        return tr
+
+    @classmethod
+    def over(cls, translator: Translator, *, derive: bool = False) -> "Pipeline":
+        """The pipeline of a translator already built (the one-shot ``translate()``: compiled once, a fresh copy
+        per call): its stages are Translate and, with ``derive``, Derive."""
+        pipe = cls(translator.source_spec.describe(), translator.target_spec.describe(), config=translator.raw_config,
+                   derive=derive, registry=translator.registry)
+        pipe._around(translator)
+        return pipe
+
+    def _around(self, tr: Translator) -> None:
+        selection: list[Stage] = [self._selector] if self._selector is not None else []
+        self.translator = tr
         self.stats.source = tr.source
         self.stages = [Translate(tr, canonical=self.derive), *([Derive(tr)] if self.derive else []), *selection]
-        return tr
 
     def canonical_config(self) -> dict[str, Any]:
         """The run config with canonical config names added (``kl_coef`` ...), original keys kept."""
@@ -158,18 +176,24 @@ class Pipeline:
         """Run one record through the stages (the source resolved from its keys if not yet known) and count it in
         ``stats``; ``report``: a fresh :class:`~trackbridge.translate.Translation` the stages fill with this
         record's bookkeeping (what was renamed to what, for a caller that maps its own keys)."""
-        if self.translator is None and not self._kept:
-            self.setup(rec.metrics)
-        out = Record(rec.step, rec.wall_time, dict(rec.metrics), list(rec.derived), rec.axis) if self._kept else rec
         if report is None:
             report = Translation(source=self.stats.source)
-        for stage in self.stages:
-            out = stage(out, report)
+        out = self.run(rec, report)
         st = self.stats
         if not self._kept:
             st.merge(report)
         st.records += 1
         st.points += len(out.metrics)
+        return out
+
+    def run(self, rec: Record, report: Translation) -> Record:
+        """The stages alone, for one record (the source resolved from its keys if not yet known): ``report`` filled
+        with its bookkeeping, nothing counted in ``stats``."""
+        if self.translator is None and not self._kept:
+            self.setup(rec.metrics)
+        out = Record(rec.step, rec.wall_time, dict(rec.metrics), list(rec.derived), rec.axis) if self._kept else rec
+        for stage in self.stages:
+            out = stage(out, report)
         return out
 
     def finish_notes(self) -> list[str]:
@@ -201,3 +225,7 @@ def names_translator(target: str | None, *, mappings: list[str] | None = None,
     if not target or target == "canonical":
         return None
     return Rename(target, mappings=mappings, config=config, origin=origin, fidelity=fidelity)
+
+
+__all__ = ["DETECT_LOOKAHEAD", "Pipeline", "Renamer", "Stats", "Translation", "Translator", "names_translator",
+           "translate"]

@@ -16,7 +16,7 @@ them one, and derived rules such as ``rate`` need it), and Rename once for every
   own whose bookkeeping is that target's (approximations under the target's names).
 * :class:`Select`: only the output names matching the run's glob patterns.
 
-The translator (:class:`~trackbridge.translate.Translator`) holds what a run learns as its records arrive (the
+The translator (:class:`~trackbridge.pipeline.Translator`) holds what a run learns as its records arrive (the
 detected source, the notes, the derived rules' history); the stages hold no state but the step counter.
 """
 from __future__ import annotations
@@ -26,13 +26,13 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from ..record import Record
+from ..record.values import STEP_MAX
 from ..schema.model import STEP_AXIS
 from ..translate import Translation
-from ..values import STEP_MAX
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ..translate import Translator
     from . import Pipeline
+    from .translator import Translator
 
 
 class Stage(Protocol):

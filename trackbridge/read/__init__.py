@@ -1,7 +1,8 @@
-"""Read runs into Python: every point of one or more runs, in long format, as records, a pandas DataFrame or an Arrow
-table (``trackbridge.read``).
+"""Reading runs: :mod:`.inputs` opens what a user names (one run as every command reads it), :mod:`.selection` says
+which runs and metrics, and this module reads them into Python (``trackbridge.read``): every point of one or more
+runs, in long format, as records, a pandas DataFrame or an Arrow table.
 
-A run is opened as every command opens it (:func:`trackbridge.inputs.open_runs`: a file, a tracker's folder or
+A run is opened as every command opens it (:func:`trackbridge.read.inputs.open_runs`: a file, a tracker's folder or
 store, a locator such as ``mlflow:sqlite:///mlflow.db?experiment=grpo``) and translated by its one
 :class:`~trackbridge.pipeline.Pipeline` into the names asked for (``names``: canonical by default, a framework spec,
 or ``keep`` for the names as stored), so the values and their fidelity are those ``translate``, ``migrate`` and
@@ -28,14 +29,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 from ..errors import UsageError
 from ..extras import require
 from ..schema.proofs import only_unproven
-from ..selection import Selection
+from .selection import Selection
 
 if TYPE_CHECKING:       # pragma: no cover
     import pandas
     import pyarrow
 
-    from ..inputs import InputRun
     from ..pipeline import Pipeline
+    from .inputs import InputRun
 
 __all__ = ["COLUMNS", "FIDELITY", "Point", "Reading", "RunData", "read"]
 
@@ -96,7 +97,7 @@ class Reading:
     def _open(self) -> list[tuple[InputRun, str]]:
         """The selected runs with their labels (opened once; reading their rows reads them again)."""
         if self._opened is None:
-            from ..inputs import open_runs
+            from .inputs import open_runs
             opened: list[tuple[InputRun, str]] = []
             for loc in self.locators:
                 for run in open_runs(loc, rows=True, config=self.config or None, allow_label=True,

@@ -12,7 +12,7 @@ from ..record import Record, RunInfo
 from .lines import Line, is_header, iter_lines
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ..holdings import Holdings
+    from ..sync.holdings import Holdings
 
 
 
@@ -207,5 +207,5 @@ def last_step(path: str | os.PathLike[str]) -> int | None:
 
 def holdings(path: str | os.PathLike[str], since: int | None = None) -> "Holdings":
     """The points the stream holds (complete record lines; steps ``>= since``), per key and step."""
-    from ..holdings import Holdings
+    from ..sync.holdings import Holdings
     return Holdings.from_records(rec for _seq, rec in read_stream(path, since=since))

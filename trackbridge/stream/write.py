@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..record import Record, RunInfo, dumps, encode_value
-from ..values import printable
+from ..record.values import printable
 from .lines import Reject, header_json, is_header, parse_line, schema_stamp
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
 from ..errors import UsageError
 from ..extras import require
-from ..locators import Locator, LocatorError, is_locator, parse, split_label
+from ..tracking.locators import Locator, LocatorError, is_locator, parse, split_label
 
 if TYPE_CHECKING:       # pragma: no cover
     from ..tracking.sink import Sink
@@ -107,7 +107,7 @@ class Tracker:
 
 _TRACKERS: dict[str, Tracker] = {}
 #: options every command that reads a run takes, whatever the reader (``?from=FRAMEWORK[@VERSION]``: the framework
-#: the run's names come from, see :func:`trackbridge.inputs.open_runs`)
+#: the run's names come from, see :func:`trackbridge.read.inputs.open_runs`)
 READ_OPTIONS = ("from",)
 _BUILT_IN: dict[str, Tracker] = {}      # the kinds registered below: replacing one of them warns
 
@@ -278,7 +278,7 @@ def check_options(loc: Locator, cls: type[Sink] | type[Source] | None = None) ->
 def source_locator(text: str) -> str:
     """A run to read, as a locator: ``[LABEL=]KIND:LOCATION`` as given, or ``[LABEL=]PATH`` with the kind a
     reader recognises the path as (:func:`guess_locator`: a TensorBoard or wandb folder, a trainer_state.json, a
-    CSV export, a console log ...). Raises :class:`~trackbridge.locators.LocatorError` for a path that does not
+    CSV export, a console log ...). Raises :class:`~trackbridge.tracking.locators.LocatorError` for a path that does not
     exist or that no reader recognises, naming the path and the kinds."""
     import os
     if not isinstance(text, str):

@@ -3,9 +3,9 @@ would block the reader forever, ``/dev/zero`` feed it forever; a symlink is foll
 one), it is **not empty**, and it is **what its name says** by its first bytes.
 
 What a format's file starts with is the format's own fact, declared by its reader (:class:`~trackbridge.tracking.
-source.Source`: ``signature``, ``text_form``, ``head_problem``), so this module names no tracker; ``trackbridge.inputs``
-asks the registry for the reader of a kind and passes what it declares. A reader that opens files inside a folder
-holds each to the same rule (:func:`check_input`)."""
+source.Source`: ``signature``, ``text_form``, ``head_problem``), so this module names no tracker;
+``trackbridge.read.inputs`` asks the registry for the reader of a kind and passes what it declares. A reader that
+opens files inside a folder holds each to the same rule (:func:`check_input`)."""
 from __future__ import annotations
 
 import os

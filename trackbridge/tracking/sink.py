@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Union
 
 from ..errors import TrackBridgeError
 from ..record import Histogram, Record, RunInfo
-from ..values import printable
+from ..record.values import printable
 
 if TYPE_CHECKING:
-    from ..holdings import Holdings
+    from ..sync.holdings import Holdings
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class Capabilities:
     #: what the tracker keeps less exactly than a record holds it, one phrase each ("wall times to the millisecond",
     #: "values as float32"); ``migrate`` names them in its summary, so no loss goes unsaid
     resolution: tuple[str, ...] = ()
+    #: how the tracker stores a nested config when it flattens it, ``(separator, what it calls the result)``: keys
+    #: that flatten to one name keep only one value there, which the logger says when this tracker is in the run
+    flat_config: tuple[str, str] | None = None
 
 
 class Unreachable(TrackBridgeError, OSError):
@@ -171,7 +174,7 @@ class Sink(ABC):
     def held(self, since: int | None = None) -> "Holdings | None":
         """What the tracker really holds of the open run, per key and step (steps ``>= since`` only), read back from
         the tracker under the names this sink was given, or ``None`` when the sink cannot tell (callers then go by
-        :meth:`last_step`, right only when whole records land or not at all). See :mod:`trackbridge.holdings`."""
+        :meth:`last_step`, right only when whole records land or not at all). See :mod:`trackbridge.sync.holdings`."""
         return None
 
     def note_derived(self, records: list[Record]) -> list[str]:
@@ -312,6 +315,6 @@ class PointStoreSink(Sink):
         return max((s for _k, s in points), default=None) if points else None
 
     def held(self, since: int | None = None) -> "Holdings | None":
-        from ..holdings import Holdings
+        from ..sync.holdings import Holdings
         points = self.stored_points(since)
         return None if points is None else Holdings.from_pairs(points)

@@ -7,7 +7,7 @@
   else the first declared trainer of the same kind alive in the target's releases); with no source trainer at all,
   the trainer with names for most of the keys (:func:`target_trainer`).
 
-Pure functions of their arguments: the :class:`~trackbridge.translate.Translator` keeps what was resolved and
+Pure functions of their arguments: the :class:`~trackbridge.pipeline.Translator` keeps what was resolved and
 compiles a :class:`~trackbridge.translate.names.NameMap` from it.
 """
 from __future__ import annotations

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
+from ...record.values import flat_config, printable
 from ...tracking.appender import Appender
 from ...tracking.names import NameCache
 from ...tracking.sink import (
@@ -38,7 +39,6 @@ from ...tracking.sink import (
     not_kept,
     value_kind,
 )
-from ...values import flat_config, printable
 from .session import CONFIG_NAME, METRICS_FILE, PLOT, SCALAR, TASK_FILE, Session, split_key, stored
 
 if TYPE_CHECKING:       # pragma: no cover

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Record, RunInfo
+from ...record.values import flat_config
 from ...tracking.appender import Appender
 from ...tracking.names import NameCache, escape
 from ...tracking.sink import (
@@ -42,7 +43,6 @@ from ...tracking.sink import (
     not_kept,
     value_kind,
 )
-from ...values import flat_config
 from .archive import (
     EXPERIMENT,
     INFO_KEY,

@@ -24,7 +24,7 @@ from ...stream import closing_header, learnt
 from ...tracking.sink import Capabilities, Sink, SinkError
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    from ...sync.holdings import Holdings
 
 
 def _truthy(value: str | None) -> bool:

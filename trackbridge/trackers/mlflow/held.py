@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ...holdings import Holdings
+from ...sync.holdings import Holdings
 from .client import tracking_uri
 
 _STATS = ("/std", "/min", "/max", "/mean", "/sum")

@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...record import Record, RunInfo
+from ...record.values import flat_config, printable, utf8_ok
 from ...tracking import names as _sanitize
 from ...tracking.sink import HISTOGRAM, TEXT, Capabilities, Sink, SinkError, Unreachable, check_reachable, value_kind
-from ...values import flat_config, printable, utf8_ok
 from .bulk import BulkWriter
 from .client import (
     TAG_DERIVED,
@@ -75,7 +75,7 @@ from .names import mlflow_key, mlflow_valid
 from .store import check_sqlite_store, create_sqlite_store, sqlite_path
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    from ...sync.holdings import Holdings
 
 MAX_METRICS_PER_BATCH = 1000
 #: points per transaction of the SQLite bulk path: a batch of 10,000 keys x 100 steps is 20 transactions, each a tick
@@ -128,7 +128,8 @@ class MlflowSink(Sink):
     option_names = ("experiment", "run", "artifacts", "bulk")
     #: a param value keeps its first 6,000 characters (``param_value``): ``init`` says so per key (..limits)
     config_value_chars = MAX_PARAM_VAL
-    capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True, resolution=(
+    capabilities = Capabilities(histograms=False, text=True, nan=True, wall_time=True,
+                                flat_config=(".", "MLflow's params"), resolution=(
         "wall times to the millisecond", "histograms as summary statistics (<name>/mean, /std, /min, /max, /count)"))
 
     def __init__(self, location: str = "", **options: str) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Histogram, Record, RunInfo
+from ...record.values import flat_config
 from ...tracking.sink import (
     HISTOGRAM,
     NONE,
@@ -43,7 +44,6 @@ from ...tracking.sink import (
     not_kept,
     value_kind,
 )
-from ...values import flat_config
 from .format import CONFIG_PREFIX, PART, RUN_ATTRIBUTE, STEP_MAX, part_files, sanitize_path_part, schema, step_of
 
 if TYPE_CHECKING:       # pragma: no cover

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...record import Record, RunInfo
+from ...record.values import printable
 from ...tracking.names import NameCache, escape, shorten
 from ...tracking.sink import (
     HISTOGRAM,
@@ -45,7 +46,6 @@ from ...tracking.sink import (
     not_kept,
     value_kind,
 )
-from ...values import printable
 from . import store
 
 if TYPE_CHECKING:       # pragma: no cover

@@ -111,8 +111,8 @@ def event_files(folder: Path) -> list[Path]:
         if "tfevents" not in p.name or p.is_dir():
             continue
         if not p.is_file():
-            # a FIFO, a link to /dev/zero, a dangling link: an error naming it (the one rule of trackbridge.inputs),
-            # never silently no file at all
+            # a FIFO, a link to /dev/zero, a dangling link: an error naming it (the one rule of
+            # trackbridge.read.inputs), never silently no file at all
             from ...tracking.inputfile import check_input
             check_input(p, head_check=event_file_problem)
         out.append(p)

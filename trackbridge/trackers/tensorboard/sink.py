@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo, dumps
+from ...record.values import printable
 from ...tracking.appender import Appender
 from ...tracking.sink import HISTOGRAM, NONE, NUMBER, TEXT, Capabilities, Sink, SinkError, value_kind
-from ...values import printable
 from .events import DERIVED_DESCRIPTION, HPARAMS_TAG, INFO_FILE, RUN_TAG, event_files, frame
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    from ...sync.holdings import Holdings
 
 _FILE_COUNTER = itertools.count()
 _UNSAFE_DIR = re.compile(r"[\\/:*?\"<>|\x00-\x1f]")
@@ -176,7 +176,8 @@ class TensorBoardSink(Sink):
 
     kind = "tensorboard"
     option_names = ("bins",)
-    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True, resolution=(
+    capabilities = Capabilities(histograms=True, text=True, nan=True, wall_time=True,
+                                flat_config=("/", "TensorBoard's hparams"), resolution=(
         "numbers as float32 (about 7 significant digits)", "raw histogram samples as 30 buckets (?bins=N)"))
 
     def __init__(self, location: str = "", **options: str) -> None:
@@ -403,7 +404,7 @@ class TensorBoardSink(Sink):
 
     def held(self, since: int | None = None) -> Holdings | None:
         """The points of every event file in the run folder, read back with the TensorBoard reader."""
-        from ...holdings import Holdings
+        from ...sync.holdings import Holdings
         from .source import TensorBoardRunReader
         if self.folder is None:
             return None

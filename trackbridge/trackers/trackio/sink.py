@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...record import Record, RunInfo
+from ...record.values import printable
 from ...tracking.names import NameCache
 from ...tracking.sink import Capabilities, Sink, SinkError
-from ...values import printable
 from .schema import CONFIG_KEY, connect, encode, init_db, iso, process_lock, trackio_key, trackio_unkey
 
 if TYPE_CHECKING:       # pragma: no cover
-    from ...holdings import Holdings
+    from ...sync.holdings import Holdings
 
 
 # -- the sink ---------------------------------------------------------------------------------------------
@@ -241,7 +241,7 @@ class TrackioSink(Sink):
 
     def held(self, since: int | None = None) -> Holdings | None:
         """The points of the run's rows in Trackio's SQLite store (one row per record, JSON of its values)."""
-        from ...holdings import Holdings
+        from ...sync.holdings import Holdings
         if self.db is None or self.run_id is None:
             return None
         h = Holdings()

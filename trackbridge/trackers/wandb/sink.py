@@ -48,8 +48,8 @@ from typing import Any
 
 from ...extras import MissingExtra
 from ...record import Histogram, Record, RunInfo
+from ...record.values import printable, utf8_ok
 from ...tracking.sink import Capabilities, Sink, SinkError
-from ...values import printable, utf8_ok
 from .records import META_KEY, STEP_KEY, has_exit_record, run_files
 
 MAX_BINS = 512

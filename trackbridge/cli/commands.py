@@ -6,16 +6,16 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Callable
 
-from .exitcodes import ExitCode
+from ..exitcodes import ExitCode
 
 if TYPE_CHECKING:       # pragma: no cover
-    from .selection import Selection
+    from ..read.selection import Selection
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
 def _selection_options(p: argparse.ArgumentParser, *, metrics: bool = False, within: str = "") -> None:
-    """The run selection every reading command takes (:class:`~trackbridge.selection.Selection`)."""
+    """The run selection every reading command takes (:class:`~trackbridge.read.selection.Selection`)."""
     p.add_argument("--runs", dest="select_runs", default=None, metavar="REGEX",
                    help=f"{within}only the runs whose label, name or id contains this regular expression")
     p.add_argument("--tag", dest="select_tags", action="append", default=[], metavar="KEY=VALUE",
@@ -32,8 +32,8 @@ def _selection_options(p: argparse.ArgumentParser, *, metrics: bool = False, wit
 
 def _selection(args: argparse.Namespace) -> "Selection":
     """The selection the options of :func:`_selection_options` give (a bad one: UsageError, exit 2)."""
-    from .inputs import parse_tags
-    from .selection import Selection
+    from ..read.inputs import parse_tags
+    from ..read.selection import Selection
     return Selection.build(runs=args.select_runs, tags=parse_tags(args.select_tags),
                            metrics=getattr(args, "select_metrics", None) or None,
                            since=args.select_since, until=args.select_until)
@@ -183,8 +183,8 @@ def check_destination(text: str) -> str | None:
     """Why the sink locator ``text`` cannot be written to (an unknown kind, a bad locator, a place its tracker
     refuses), or None: asked before anything is read, so that a bad destination is bad usage (exit 2) and a tracker
     that fails later is a problem of the run (exit 1)."""
-    from .locators import parse
-    from .trackers import check_options, kinds, sink_class
+    from ..trackers import check_options, kinds, sink_class
+    from ..tracking.locators import parse
     try:
         loc = parse(text, kinds=kinds("sink"))
         check_options(loc)
@@ -195,10 +195,10 @@ def check_destination(text: str) -> str | None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from .errors import UsageError
-    from .migrate import migrate, names_clash, summary
-    from .tracking.sink import SinkError
-    from .tracking.source import SourceError
+    from ..errors import UsageError
+    from ..migrate import migrate, names_clash, summary
+    from ..tracking.sink import SinkError
+    from ..tracking.source import SourceError
     try:
         selection = _selection(args)        # a bad --runs/--since ...: exit 2 before anything is read
         # the default renames: say so first when DST holds runs under other names (not in a dry run, which reads
@@ -235,7 +235,7 @@ _CAVEAT = {"differs": "series not the same quantity in every run",
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare_runs
+    from ..compare import compare_runs
     if args.into:
         bad = check_destination(args.into)
         if bad:
@@ -282,7 +282,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(result.html)
     code = ExitCode.OK if result.metrics else ExitCode.PROBLEMS
     if args.into:                       # after the report: a tracker that fails does not cost the report
-        from .compare.into import write_into
+        from ..compare.into import write_into
         try:
             result.into = write_into(result.runs, args.into)
         except Exception as exc:  # noqa: BLE001 - the tracker failed: a problem of this run, reported
@@ -298,8 +298,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .errors import UsageError
-    from .replay import read_pending, replay, settle_pending
+    from ..errors import UsageError
+    from ..sync.replay import read_pending, replay, settle_pending
     if not Path(args.spool).is_file():
         print(f"trackbridge replay: spool file {args.spool!r} does not exist", file=sys.stderr)
         return ExitCode.USAGE
@@ -316,8 +316,8 @@ def _replay(args: argparse.Namespace) -> int:
                   f"give one with --to", file=sys.stderr)
             return ExitCode.OK
     if args.names:
-        from .schema.loader import load_registry
-        from .schema.spec import parse_spec
+        from ..schema.loader import load_registry
+        from ..schema.spec import parse_spec
         parse_spec(args.names, load_registry(args.mappings or None), allow_auto=False)   # SpecError: exit 2
     for target in targets:
         bad = check_destination(target)
@@ -351,18 +351,18 @@ def _replay(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     import json
 
-    from .doctor import checks_for, diagnose
-    from .doctor.findings import severity_rank
-    from .doctor.report import text_report
-    from .inputs import open_runs
-    from .schema.loader import load_registry
+    from ..doctor import checks_for, diagnose
+    from ..doctor.findings import severity_rank
+    from ..doctor.report import text_report
+    from ..read.inputs import open_runs
+    from ..schema.loader import load_registry
     reg = load_registry(args.mappings or None)
     checks = checks_for(reg, args.mappings)           # a bad checks file: MappingError, exit 2
     if args.checks:
         checks = checks.only(c.strip() for c in args.checks.split(",") if c.strip())
     names = (args.names or "").strip() or None
     if names and names != "canonical":
-        from .schema.spec import parse_spec
+        from ..schema.spec import parse_spec
         parse_spec(names, reg, allow_auto=False)          # SpecError: exit 2, naming the framework
     config = {}
     if args.config:                                   # a JSON file, as translate's and detect's --config

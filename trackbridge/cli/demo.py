@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .exitcodes import ExitCode
+from ..exitcodes import ExitCode
 
 if TYPE_CHECKING:       # pragma: no cover
-    from .compare.manifest import OutputManifest
+    from ..compare.manifest import OutputManifest
 
 EXAMPLES = [
     ("trl-grpo", "trainer-state", "trl_grpo_trainer_state.json"),
@@ -30,8 +30,8 @@ EXAMPLES = [
 
 
 def examples_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    for cand in (here.parent / "examples", here / "examples"):       # a source checkout, or the installed wheel
+    pkg = Path(__file__).resolve().parent.parent        # trackbridge/
+    for cand in (pkg.parent / "examples", pkg / "examples"):       # a source checkout, or the installed wheel
         if (cand / "verl_console.log").is_file():
             return cand
     raise FileNotFoundError("the example runs (examples/) are not installed; run the demo from a source checkout")
@@ -57,7 +57,7 @@ REPORT = "report"
 
 
 def _prepare(out: Path) -> OutputManifest:
-    from .compare.manifest import MANIFEST, OutputManifest
+    from ..compare.manifest import MANIFEST, OutputManifest
 
     if (out / OLD_MARKER).is_file() and not (out / MANIFEST).is_file():
         raise ValueError(f"--out {out}: made by an earlier trackbridge demo that kept no list of its files, so the "
@@ -68,9 +68,9 @@ def _prepare(out: Path) -> OutputManifest:
 
 
 def run_demo(out: Path) -> int:
-    from .extras import PLOT, require
-    from .inputs import open_runs
-    from .stream import StreamWriter, stream_file
+    from ..extras import PLOT, require
+    from ..read.inputs import open_runs
+    from ..stream import StreamWriter, stream_file
 
     out = Path(out)
     try:
@@ -145,7 +145,7 @@ def _write_trackers(out: Path) -> tuple[list[str], list[str], list[str]]:
     written where, what failed, and the commands that open each tracker's copy."""
     import os
 
-    from .migrate import migrate
+    from ..migrate import migrate
 
     trackers = out / "trackers"
     sinks = [f"tensorboard:{trackers / 'tensorboard'}",
@@ -184,13 +184,13 @@ def _write_trackers(out: Path) -> tuple[list[str], list[str], list[str]]:
 def _compare(out: Path, locators: list[str]) -> tuple[str, str | None]:
     """The report's path, and the warning that the runs share no step (the example veRL log starts at step 101,
     where its run was resumed), or None."""
-    from .compare import compare_runs, disjoint_steps
+    from ..compare import compare_runs, disjoint_steps
     result = compare_runs(locators, out=out / "report")
     return str(result.html), disjoint_steps(result.runs)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trackbridge.demo``: the same as ``trackbridge demo`` (same exit codes)."""
+    """``python -m trackbridge.cli.demo``: the same as ``trackbridge demo`` (same exit codes)."""
     import argparse
     ap = argparse.ArgumentParser(prog="trackbridge demo")
     ap.add_argument("--out", default="out/demo")

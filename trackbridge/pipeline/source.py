@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 from ..detect import Detection
 from ..schema.loader import Registry
 from ..schema.spec import Spec
-from .resolve import detect_source, needs_detection
+from ..translate.resolve import detect_source, needs_detection
 
 UNKNOWN = Spec("unknown")       # a source no framework explains: names pass through unchanged
 

@@ -1,5 +1,5 @@
 """Which runs and metrics a command reads: one :class:`Selection` for ``migrate``, ``compare``, ``doctor`` and
-:func:`trackbridge.read`, built once from what the user gave and applied by :func:`~trackbridge.inputs.open_runs`.
+:func:`trackbridge.read`, built once from what the user gave and applied by :func:`~trackbridge.read.inputs.open_runs`.
 
 * ``runs``: a regular expression searched in each run's label, name and id;
 * ``tags``: tags a run must hold with these values (an empty value: the tag only has to exist);
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .errors import UsageError
+from ..errors import UsageError
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -2,7 +2,7 @@
 ``compare --into``.
 
 Records (already under the names the tracker receives) are cut down to the points the tracker does not hold
-(:class:`~trackbridge.holdings.Holdings`, read back from the tracker by the caller), or, for a tracker that cannot
+(:class:`~trackbridge.sync.holdings.Holdings`, read back from the tracker by the caller), or, for a tracker that cannot
 tell (:meth:`~trackbridge.tracking.sink.Sink.held` returns ``None``), to the records after its last step; then they are
 written in batches. Errors from the sink propagate: the caller knows whether to retry, fail the sink or report.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
+from ..record import Record
 from .holdings import Holdings
-from .record import Record
 
 
 @dataclass

@@ -34,8 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import TrackBridgeError
-from .record import Histogram
+from ..errors import TrackBridgeError
+from . import Histogram
 
 #: the reductions a share can be merged by
 REDUCTIONS = ("mean", "sum", "max", "min", "std", "dist", "value")

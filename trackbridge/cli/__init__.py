@@ -2,7 +2,8 @@
 
 Exit codes (0 ok, 1 done with problems, 2 bad usage or input, 130 interrupted) are :mod:`trackbridge.exitcodes`'
 (the table per command is there and in ``docs/cli.md``). ``trackbridge --help`` imports neither the translator, the
-logger nor any tracker: each command imports what it needs when it runs.
+logger nor any tracker: each command imports what it needs when it runs (:mod:`.commands` registers the
+subcommands beyond the parser's own; :mod:`.demo` is ``trackbridge demo``, :mod:`.mappings` the ``mappings`` views).
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import os
 import sys
 from typing import Any, Iterator
 
-from ._version import __version__
-from .exitcodes import ExitCode
+from .._version import __version__
+from ..exitcodes import ExitCode
 
 
 def _add_mappings(p: argparse.ArgumentParser) -> None:
@@ -91,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .schema.spec import SpecError
-    from .schema.yamlfile import MappingError
+    from ..schema.spec import SpecError
+    from ..schema.yamlfile import MappingError
     try:
         if getattr(args, "mappings", None) and args.command != "mappings":
-            from .mappings_views import check_user_files
+            from .mappings import check_user_files
             check_user_files(args.mappings)     # a file mappings lint rejects is rejected here too, naming it
         if args.command == "translate":
             return cmd_translate(args)
@@ -137,9 +138,9 @@ def _load_config(path: str | None) -> dict[str, Any]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from .inputs import open_runs
-    from .pipeline import Stats
-    from .record import Record
+    from ..pipeline import Stats
+    from ..read.inputs import open_runs
+    from ..record import Record
     runs = open_runs(args.file, rows=True, config=_load_config(args.config))   # as detect, migrate, compare read it
     problems: list[str] = []
     total = Stats()
@@ -202,7 +203,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def _json_default(obj: Any) -> Any:
-    from .record import encode_value
+    from ..record import encode_value
     enc = encode_value(obj)
     if enc is not obj:
         return enc
@@ -215,8 +216,8 @@ def _json_default(obj: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
-    from .inputs import open_runs
-    from .schema.loader import load_registry
+    from ..read.inputs import open_runs
+    from ..schema.loader import load_registry
     reg = load_registry(args.mappings or None)
     runs = open_runs(args.file, rows=True, config=_load_config(args.config))   # as translate, migrate, compare
     dets = []
@@ -259,7 +260,7 @@ def _config_keys(config: dict[str, Any]) -> list[str]:
 def _detection(pipe: Any) -> Any:
     """What ``pipe`` (an :class:`~trackbridge.pipeline.Pipeline` set up on a run) resolved its source to, as a
     :class:`~trackbridge.detect.Detection`: the detector's answer, or the source the run or the user named."""
-    from .detect import Detection
+    from ..detect import Detection
     tr = pipe.translator
     if tr is not None and tr.detection is not None:
         return tr.detection
@@ -273,8 +274,8 @@ def _detection(pipe: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------------- mappings
 def cmd_mappings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from . import mappings_views as docs
-    from .schema.loader import load_registry
+    from ..schema.loader import load_registry
+    from . import mappings as docs
     if args.mcommand is None:
         print("trackbridge mappings: choose an action: list, show NAME, lint [PATH...], docs", file=sys.stderr)
         return ExitCode.USAGE

@@ -8,9 +8,9 @@ from typing import Any, Callable, Iterable, Mapping
 from ..record import Record
 from ..schema.facts import SPLITS
 from ..schema.loader import Registry
-from .entries import split_canonical
-from .names import NameMap
-from .report import Translation
+from ..translate.entries import split_canonical
+from ..translate.names import NameMap
+from ..translate.report import Translation
 
 
 class DeriveStage:

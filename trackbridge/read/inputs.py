@@ -32,17 +32,17 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
-from .errors import UsageError
-from .files.rows import Row, read_rows
-from .record import Record, RunInfo
+from ..errors import UsageError
+from ..files.rows import Row, read_rows
+from ..record import Record, RunInfo
+from ..tracking.inputfile import InputError
+from ..tracking.inputfile import input_problem as _input_problem
+from ..tracking.source import TIME_AXIS, Problem, RunReader
 from .selection import Selection
-from .tracking.inputfile import InputError
-from .tracking.inputfile import input_problem as _input_problem
-from .tracking.source import TIME_AXIS, Problem, RunReader
 
 if TYPE_CHECKING:       # pragma: no cover
-    from .pipeline import Pipeline
-    from .schema.loader import Registry
+    from ..pipeline import Pipeline
+    from ..schema.loader import Registry
 
 
 # -- the one rule for an input file (trackbridge/tracking/inputfile.py); each format's facts come from its reader
@@ -57,7 +57,7 @@ def _format_facts(kind: str | None) -> dict[str, Any]:
     if not kind:
         return {}
     try:
-        from .trackers import source_class
+        from ..trackers import source_class
         cls = source_class(kind)
     except Exception:       # noqa: BLE001 - an unknown kind or a missing extra: said when the reader is opened
         return {}
@@ -238,7 +238,7 @@ class InputRun:
         """The pipeline that translates this run (:meth:`~trackbridge.pipeline.Pipeline.for_run` on :attr:`info`):
         the source is resolved from the first records it is given and the run config. ``source``: what the names
         are (default: the locator's ``?from=``, else ``auto``)."""
-        from .pipeline import Pipeline
+        from ..pipeline import Pipeline
         return Pipeline.for_run(self.info, names, source=source or self.source or "auto", mappings=mappings,
                                 derive=derive, registry=registry, select=self.metrics or None)
 
@@ -247,7 +247,7 @@ class InputRun:
         """The pipeline with its source resolved as :meth:`pipeline`'s is when it translates the run: from the
         first :data:`~trackbridge.pipeline.DETECT_LOOKAHEAD` records' keys and the run config (what ``detect``
         reports)."""
-        from .pipeline import DETECT_LOOKAHEAD
+        from ..pipeline import DETECT_LOOKAHEAD
         pipe = self.pipeline("canonical", source=source, mappings=mappings, derive=False, registry=registry)
         keys: set[str] = set()
         for rec in itertools.islice(self.records(), DETECT_LOOKAHEAD):
@@ -258,7 +258,7 @@ class InputRun:
 
 def open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool = False,
               allow_label: bool = False, select: Selection | None = None) -> list[InputRun]:
-    """Every run that ``text`` names (:func:`_open_runs`) that ``select`` keeps (:class:`~trackbridge.selection.
+    """Every run that ``text`` names (:func:`_open_runs`) that ``select`` keeps (:class:`~trackbridge.read.selection.
     Selection`: runs by name pattern, tags and start date; its ``metrics`` globs are handed to each run, whose
     pipeline keeps only those names: :meth:`InputRun.pipeline`). The same selection for ``migrate``, ``doctor``,
     ``compare`` and ``trackbridge.read``."""
@@ -287,14 +287,14 @@ def _open_runs(text: str, *, config: Mapping[str, Any] | None = None, rows: bool
     """Every run that ``text`` names (one for a file, several for a TensorBoard root or an MLflow experiment).
 
     ``text``: ``KIND:LOCATION[?options]``, a plain path a reader recognises (:func:`~trackbridge.trackers.
-    source_locator`; a path none recognises, or one that does not exist, raises :class:`~trackbridge.locators.
+    source_locator`; a path none recognises, or one that does not exist, raises :class:`~trackbridge.tracking.locators.
     LocatorError`). With ``rows`` (``translate``, ``detect``), ``-`` (stdin), ``.json``/``.jsonl`` files and files
     no reader recognises are read as logged dicts (:class:`RowsRun`). ``config`` is added over each run's own
     config. With ``allow_label``, ``LABEL=`` in front names the runs (:attr:`InputRun.label`). A locator option
     ``from=FRAMEWORK[/TRAINER][@VERSION]`` (``console:verl.log?from=verl@v0.3.0.post1``) names the source instead
     of detecting it (:attr:`InputRun.source`); it is taken off before the reader sees the locator."""
-    from .locators import Locator, is_locator, parse, split_label
-    from .trackers import guess_locator, kinds, open_source, source_locator
+    from ..trackers import guess_locator, kinds, open_source, source_locator
+    from ..tracking.locators import Locator, is_locator, parse, split_label
     label, text = split_label(text.strip()) if allow_label else (None, text)
     if rows and not is_locator(text):
         plain = text == "-" or text.endswith((".json", ".jsonl"))

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
-from .errors import TrackBridgeError
+from ..errors import TrackBridgeError
 
 _LABEL = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.\-]*)=(.+)$")
 _OPTS = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*=[^&]*(&[A-Za-z_][A-Za-z0-9_\-]*=[^&]*)*$")

@@ -1,7 +1,9 @@
 """The one record type that moves through trackbridge, and the canonical stream's JSON-lines form.
 
 A :class:`Record` is one step of one run: ``step``, ``wall_time`` and ``metrics`` (name -> value), plus which of
-those metrics were derived rather than logged. A :class:`RunInfo` describes the run the records belong to.
+those metrics were derived rather than logged. A :class:`RunInfo` describes the run the records belong to. The
+package holds what a record is made of as well: :mod:`.values` (what a trainer passes to ``log()`` made record
+values), :mod:`.ranked` (a rank's share of a value and how shares merge) and :mod:`.rank` (which process this is).
 
 Metric values are one of:
 

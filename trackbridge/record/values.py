@@ -19,10 +19,10 @@ Anything else (bytes, complex numbers, arbitrary objects) raises :class:`ValueEr
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
+from . import Histogram
 from .ranked import Weighted
-from .record import Histogram
 
 Value = "int | float | str | Histogram | None"
 
@@ -283,8 +283,8 @@ def check_step(step: int) -> int:
     if 0 <= step <= STEP_MAX:
         return step
     raise ValueError(f"log(step={step!r}): steps must be between 0 and 2**53 - 1 = {STEP_MAX} (the range every "
-                     f"tracker stores exactly: wandb and Trackio show steps in JavaScript, TensorBoard and MLflow "
-                     f"keep 64-bit integers); nothing was logged for this call")
+                     f"tracker stores exactly: some show steps in JavaScript, whose numbers are exact up to 2**53, "
+                     f"the others keep 64-bit integers); nothing was logged for this call")
 
 
 def is_nonfinite(value: Any) -> bool:
@@ -405,27 +405,29 @@ def _flat_names(config: dict[str, Any], sep: str, prefix: str, owner: str, seen:
             seen[name] = path
 
 
-def sanitize_config(config: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def sanitize_config(config: Any, flattened: Iterable[tuple[str, str]] = ()) -> tuple[dict[str, Any],
+                                                                                    list[tuple[str, str]]]:
     """The run config as plain JSON, for the spool and every tracker; returns ``(config, notes)``.
 
     NaN/+-inf become the strings ``"NaN"``/``"Infinity"``/``"-Infinity"``; a ``pathlib.Path`` (any ``os.PathLike``)
     its text (no note: the path is exact); a set a sorted list; tuples lists; a numpy scalar/array or 0-d tensor
     its ``item()``/``tolist()``; a non-string key its ``str()``; a lone surrogate a ``\\udXXX`` escape; anything
     else its ``repr()``. ``notes`` holds ``(key, message)`` for each change a user should hear about, and for nested
-    keys that flatten to the same name in a tracker that flattens the config (TensorBoard's hparams ``a/b``, MLflow's
-    params ``a.b``), where only one of them is kept.
+    keys that flatten to the same name in a tracker that flattens the config, where only one of them is kept:
+    ``flattened`` holds ``(separator, what the tracker calls the flat config)`` for each such tracker (a sink's
+    ``capabilities.flat_config``: ``("/", "TensorBoard's hparams")`` gives ``a/b``).
     """
     notes: list[tuple[str, str]] = []
     if not isinstance(config, dict):
         config = {} if config is None else {"config": config}
     clean = _config_value(config, "", notes)
-    for sep, where in (("/", "TensorBoard's hparams"), (".", "MLflow's params")):
+    for sep, where in dict.fromkeys(flattened):
         clashes: list[tuple[str, str, str]] = []
         _flat_names(clean, sep, "", "", {}, clashes)
         for name, first, second in clashes:
             notes.append((f"flat:{sep}{name}", f"config keys {first!r} and {second!r} both flatten to {name!r} in "
-                                              f"{where}; only the last one is kept there (the spool, wandb and "
-                                              f"Trackio keep the nested config)"))
+                                              f"{where}; only the last one is kept there (the spool keeps the "
+                                              f"nested config, as the trackers that do not flatten it do)"))
     return clean, notes
 
 

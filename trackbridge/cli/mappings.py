@@ -6,18 +6,18 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from .schema.loader import Registry, build_registry, shipped_files, user_files
-from .schema.model import Entry, FrameworkMapping, condition_value_text
-from .schema.yamlfile import MappingError, MappingErrors
+from ..schema.loader import Registry, build_registry, shipped_files, user_files
+from ..schema.model import Entry, FrameworkMapping, condition_value_text
+from ..schema.yamlfile import MappingError, MappingErrors
 
 
 def check_user_files(paths: list[str]) -> Registry:
     """What ``mappings lint`` checks of the user's files, for every command's ``--mappings``: the mapping entries,
     the derived rules and the diagnostic checks among them (a file lint rejects is rejected everywhere). Raises
     :class:`~trackbridge.schema.yamlfile.MappingError` naming file and line; returns the registry."""
-    from .derive import lint_rules
-    from .doctor import lint_checks
-    from .schema.loader import load_registry
+    from ..derive import lint_rules
+    from ..doctor import lint_checks
+    from ..schema.loader import load_registry
     reg = load_registry(paths)
     lint_rules(reg, [str(p) for p in paths])
     lint_checks(reg, [str(p) for p in paths])
@@ -31,7 +31,7 @@ def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | 
     ``paths`` when any are (shipped or not: "is my file done?"), else of every file."""
     from pathlib import Path
 
-    from .schema import reductions
+    from ..schema import reductions
     named = {str(Path(p).resolve()) for p in paths}
     paths = user_files(paths, shipped_files())       # a shipped file named on the command line is the shipped file
     require = require_reduction if require_reduction is not None else reductions.REQUIRE_REDUCTION
@@ -46,7 +46,7 @@ def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | 
         print(str(exc), file=sys.stderr)
         return 2
     # derived rules: the schema errors of every file, then their meaning
-    from .derive import lint_rules
+    from ..derive import lint_rules
     try:
         n_rules = lint_rules(reg, [str(p) for p in paths])
     except MappingError as exc:            # RuleError / RuleErrors (a MappingError), or the registry's
@@ -64,7 +64,7 @@ def lint(paths: list[str], *, unstated: bool = False, require_reduction: bool | 
             print(f"{len(mine)} problem(s)", file=sys.stderr)
             return 2
     # diagnostic checks (trackbridge doctor): the shipped ones and those among the paths
-    from .doctor import lint_checks
+    from ..doctor import lint_checks
     try:
         n_checks = lint_checks(reg, [str(p) for p in paths])
     except MappingError as exc:            # CheckError (a MappingError), or several at once
@@ -104,8 +104,8 @@ def fidelity_text(reg: Registry, e: Entry, sep: str = ": ") -> str:
     says nothing gets; a run's own config may change it)."""
     if e.reduce is None:
         return "exact" if e.exact else f"approximate{sep}{e.reason}"
-    from .schema.proofs import UNPROVEN
-    from .translate.fidelity import judge, reference, resolve, unproven
+    from ..schema.proofs import UNPROVEN
+    from ..translate.fidelity import judge, reference, resolve, unproven
     fw = reg.frameworks[e.framework]
     newest = float(min(e.until, len(fw.releases) - 1))
     r = resolve(e, fw, None, newest, newest, {})
@@ -140,7 +140,7 @@ def listing(reg: Registry) -> str:
 
 def show(reg: Registry, name: str) -> str | None:
     """A framework, alias or FRAMEWORK/TRAINER[@VERSION] (its names), or a canonical metric (every framework's name)."""
-    from .schema.spec import SpecError, parse_spec
+    from ..schema.spec import SpecError, parse_spec
     spec = None
     if reg.resolve_alias(name.partition("/")[0].partition("@")[0]) is not None:
         try:

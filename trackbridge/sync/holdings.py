@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from .record import Record
+from ..record import Record
 
 
 class _Key:

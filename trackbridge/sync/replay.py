@@ -10,8 +10,8 @@ its sink failed mid-run, the run was killed, or it was added later. The same cod
 
 How duplicates are avoided: the sink is opened with ``resume=True`` (so it reattaches to the run it already holds
 rather than creating a second one) and asked what it holds, per key and step
-(:meth:`~trackbridge.tracking.sink.Sink.held`, see :mod:`trackbridge.holdings`); each record is cut down to the points
-the tracker lacks, so a batch that landed in part (some keys written, others not) is completed and nothing is
+(:meth:`~trackbridge.tracking.sink.Sink.held`, see :mod:`trackbridge.sync.holdings`); each record is cut down to the
+points the tracker lacks, so a batch that landed in part (some keys written, others not) is completed and nothing is
 written twice. A sink that cannot tell (wandb, whose rows land whole) is asked for its
 :meth:`~trackbridge.tracking.sink.Sink.last_step` instead; records with ``step <= last_step`` are skipped. Per tracker:
 
@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import UsageError
-from .logger.pending import pending_file, read_pending, settle_pending, write_pending
-from .pipeline import Renamer, names_translator
-from .record import Record
-from .stream import StreamScan, read_stream, scan_stream
-from .stream import stream_file as spool_file
+from ..errors import UsageError
+from ..logger.pending import pending_file, read_pending, settle_pending, write_pending
+from ..pipeline import Renamer, names_translator
+from ..record import Record
+from ..stream import StreamScan, read_stream, scan_stream
+from ..stream import stream_file as spool_file
 
 # The spool is the canonical stream: read it as trackbridge.stream reads every stream (one definition of the
 # record numbers, the last step and the lines skipped).
@@ -102,8 +102,8 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
     wandb exit code 1; Ctrl-C, SIGTERM, or the training process killed while its writer process finished: killed,
     with the exit code the run had) as that. A sink given already set to an outcome keeps it.
     """
+    from ..trackers import make_sink
     from .catchup import catch_up
-    from .trackers import make_sink
 
     path = Path(spool)
     if not path.is_file():
@@ -113,8 +113,8 @@ def replay(spool: str | os.PathLike, to: Any, *, names: str | None = None, batch
         raise UsageError(f"replay: {path} has no run header line (type 'run'); is it a trackbridge spool?")
     sink = make_sink(to)
     info = copy.deepcopy(scan.info)
-    from .logger.common import KILLED_EXIT
-    from .logger.runlock import left_unfinished, run_outcome
+    from ..logger.common import KILLED_EXIT
+    from ..logger.runlock import left_unfinished, run_outcome
     ended = None
     if getattr(sink, "outcome", "finished") == "finished":      # a sink given already set keeps its outcome
         try:

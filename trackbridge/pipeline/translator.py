@@ -22,11 +22,20 @@ from ..schema.loader import Registry, load_registry
 from ..schema.model import FrameworkMapping
 from ..schema.proofs import UNPROVEN
 from ..schema.spec import Spec, parse_spec
+from ..translate.entries import (
+    NOT_PLANNED,
+    Marks,
+    Plan,
+    config_view,
+    flatten_config,
+    owner,
+    same_value,
+    split_canonical,
+)
+from ..translate.names import NameMap
+from ..translate.report import Translation
+from ..translate.resolve import TargetFound, framework_of, parse_origin, target_trainer, unknown_source_note
 from .derived import DeriveStage
-from .entries import NOT_PLANNED, Marks, Plan, config_view, flatten_config, owner, same_value, split_canonical
-from .names import NameMap
-from .report import Translation
-from .resolve import TargetFound, framework_of, parse_origin, target_trainer, unknown_source_note
 from .source import UNKNOWN, SourceResolver
 
 
