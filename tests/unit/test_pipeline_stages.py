@@ -110,3 +110,35 @@ def test_a_pipeline_is_its_stages_composed():
     rec = Record(1, 0.0, dict(DPO))
     assert kept.one(rec) == rec and kept.stages == [] and kept.stats.source == "kept as stored"
     assert Pipeline("trl/dpo", "canonical", derive=False).one(Record(1, 0.0, dict(DPO))).derived == []
+
+
+def test_the_logger_pipeline_is_translate_step_derive_and_names_its_stages(tr):
+    said = []
+    pipe = Pipeline.live(tr, next_step=7, problem=lambda key, text: said.append(key))
+    assert [type(s).__name__ for s in pipe.stages] == ["Translate", "Step", "Derive"]
+    assert pipe.stage(Step).next == 7 and pipe.stage(Select) is None and pipe.stage(Translate).canonical
+    out = pipe.one(Record(None, 0.0, dict(DPO)))
+    assert out.step == 7 and out.derived == ["preference/reward/margin"]
+    assert out.metrics["preference/reward/margin"] == pytest.approx(0.5)
+    assert [type(s).__name__ for s in Pipeline.live(tr.fresh(), derive=False).stages] == ["Translate", "Step"]
+    assert said == []
+
+
+def test_translate_is_a_one_shot_pipeline_with_nothing_carried_to_the_next_call():
+    """trackbridge.translate() gives what a new Pipeline gives for the one record (derived values included), and
+    two calls with the same settings share no run state: the second has the first's notes, not twice them."""
+    from trackbridge import translate
+
+    res = translate(dict(DPO), source="trl/dpo", config={"logging_steps": 1}, derive=True)
+    pipe = Pipeline("trl/dpo", "canonical", config={"logging_steps": 1})
+    out = pipe.one(Record(None, None, dict(DPO)))
+    assert res.metrics == out.metrics == {"preference/reward/chosen": 0.75, "preference/reward/rejected": 0.25,
+                                          "mystery": 7, "preference/reward/margin": pytest.approx(0.5)}
+    assert res.derived == pipe.stats.derived == ["preference/reward/margin"]
+    assert res.unmapped == ["mystery"] and res.source == "trl/dpo"
+    again = translate(dict(DPO), source="trl/dpo", config={"logging_steps": 1}, derive=True)
+    assert again.notes == res.notes and again.metrics == res.metrics
+    plain = translate(dict(DPO), source="trl/dpo", config={"logging_steps": 1})
+    assert plain.derived == [] and "preference/reward/margin" not in plain.metrics
+    with pytest.raises(TypeError, match="takes a dict of metric name -> value, not list"):
+        translate([("rewards/chosen", 1.0)])

@@ -1,5 +1,6 @@
-"""The dispatcher: one thread between ``log()`` and the sinks. It runs each record through the pipeline's stages
-(trackbridge/pipeline/stages.py: Translate to canonical names, Step, Derive what the framework did not log), numbers
+"""The dispatcher: one thread between ``log()`` and the sinks. It runs each record through the run's pipeline
+(:meth:`trackbridge.pipeline.Pipeline.live`: Translate to canonical names, Step, Derive what the framework did not
+log; trackbridge/pipeline/stages.py), stage by stage so that a stage that fails is said and isolated, numbers
 it, hands it to the spool and to the egress (logger/egress.py), which renames it once for the trackers (the Rename
 stage) and offers it to each tracker's worker (which never makes it wait)."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..pipeline import Pipeline
 from ..pipeline.stages import Derive, Step, Translate
 from ..record import Record, RunInfo
 from ..translate import Translation
@@ -17,14 +19,17 @@ from .egress import Egress
 
 
 class Dispatcher:
-    def __init__(self, *, translate: Translate, derive: Derive | None, info: RunInfo,
-                 egress: Egress, spool: Any, seq_base: int, next_step: int, inbox_size: int,
+    def __init__(self, *, pipeline: Pipeline, info: RunInfo, egress: Egress, spool: Any, seq_base: int,
+                 inbox_size: int,
                  resume_wait: float | None,
                  warn_once: Callable[[str, str], None], doctor: Any = None,
                  found: Callable[[Any], None] | None = None) -> None:
-        self.translate = translate
-        self.step = Step(next_step, warn_once)
-        self.derive = derive
+        self.pipeline = pipeline
+        translate, step = pipeline.stage(Translate), pipeline.stage(Step)
+        assert translate is not None and step is not None, "the logger's pipeline is Pipeline.live's"
+        self.translate: Translate = translate
+        self.step: Step = step
+        self.derive: Derive | None = pipeline.stage(Derive)
         self.info = info
         self.egress = egress                    # rename once, offer to every tracker (logger/egress.py)
         self.spool = spool

@@ -16,8 +16,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..limits import tracker_cuts
-from ..pipeline import names_translator
-from ..pipeline.stages import Derive, Translate
+from ..pipeline import Pipeline, names_translator
+from ..pipeline.stages import Derive
 from ..record import RunInfo
 from ..stream import read_stream, scan_stream, stream_file
 from . import exits, pending
@@ -114,7 +114,9 @@ class Run(RunView):
                             tags=dict(tags or (prev.tags if prev else {}) or {}),
                             source=None if source == "auto" else source, names="canonical", extra=extra)
         self._seq_base = scan.records
-        deriving = Derive(translator) if derive else None
+        pipe = Pipeline.live(translator, derive=derive, next_step=0 if scan.last_step is None else scan.last_step + 1,
+                             problem=self._warn_once)
+        deriving = pipe.stage(Derive)
         if deriving is not None and self.resume and scan.records:
             # stateful derived rules (delta, rate, ema ...) continue from the history kept in the spool
             deriving.warm(rec for _seq, rec in read_stream(self.spool_path))
@@ -185,10 +187,8 @@ class Run(RunView):
                                                               names=self.names, problem=self._warn_once)
         out.handles = trackers
         self._dispatcher = Dispatcher(
-            translate=Translate(translator, canonical=deriving is not None), derive=deriving, info=self.info,
-            egress=out,
-            spool=self._spool_worker, seq_base=self._seq_base,
-            next_step=0 if scan.last_step is None else scan.last_step + 1, inbox_size=options.queue_size,
+            pipeline=pipe, info=self.info, egress=out, spool=self._spool_worker, seq_base=self._seq_base,
+            inbox_size=options.queue_size,
             resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
             doctor=self._doctor, found=self._found if self._doctor is not None else None)
         self._inbox = self._dispatcher.inbox

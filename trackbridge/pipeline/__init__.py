@@ -13,13 +13,13 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar
 
 from ..limits import check_config
 from ..record import Record, RunInfo
 from ..translate import Report, Translation
 from .oneshot import translate  # the one-shot pipeline; it imports Pipeline when called
-from .stages import Derive, Rename, Select, Stage, Translate
+from .stages import Derive, Rename, Select, Stage, Step, Translate
 from .translator import Translator
 
 Translator.__module__ = __name__        # documented, printed and pickled where users import it from
@@ -28,6 +28,7 @@ if TYPE_CHECKING:       # pragma: no cover
     from ..schema.loader import Registry
 
 DETECT_LOOKAHEAD = 50      # records read ahead to detect the framework of a stored run
+S = TypeVar("S")
 
 
 @dataclass
@@ -123,6 +124,25 @@ class Pipeline:
                    derive=derive, registry=translator.registry)
         pipe._around(translator)
         return pipe
+
+    @classmethod
+    def live(cls, translator: Translator, *, derive: bool = True, next_step: int = 0,
+             problem: Callable[[str, str], None] | None = None) -> "Pipeline":
+        """The logger's pipeline, Translate -> Step -> Derive, over a translator whose source is detected as keys
+        arrive (a run being logged has no records to look ahead at, so nothing is pinned). ``next_step``: where the
+        Step stage's counter starts (a resumed run's); ``problem(key, message)``: what it says once per key. The
+        logger's dispatcher runs the stages one by one (:meth:`stage`), so that a stage that fails is said and
+        isolated: names logged as given, or derivation off for the run."""
+        pipe = cls.over(translator, derive=derive)
+        pipe.stages.insert(1, Step(next_step, problem))
+        return pipe
+
+    def stage(self, kind: type[S]) -> S | None:
+        """This pipeline's stage of that class (``pipe.stage(Derive)``), or None when it has none."""
+        for s in self.stages:
+            if isinstance(s, kind):
+                return s
+        return None
 
     def _around(self, tr: Translator) -> None:
         selection: list[Stage] = [self._selector] if self._selector is not None else []
