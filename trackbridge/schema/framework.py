@@ -9,53 +9,20 @@ trainers named by entries, aliases, ``always`` keys and trainer ``classes``.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from . import reductions
-from .model import _OPS as _WHEN_OPS
+from .entry import load_entry, release_index, trainers_of
 from .model import (
-    APPROXIMATE,
-    COMPUTED,
-    EXACT,
     OPEN,
     CanonicalSchema,
-    Cond,
     ConfigEntry,
     Entry,
     FrameworkMapping,
 )
-from .reductions import LEVELS, NO_DEFAULT, CountError, LevelCount, Reduce, parse_count, parse_profiles, parse_reduce
-from .templates import TemplateError, compile_template, is_template, placeholder_names, strip_types
-from .versions import VersionError, is_version, normalize, version_key
+from .reductions import LEVELS, NO_DEFAULT, CountError, LevelCount, Reduce, parse_count, parse_profiles
+from .templates import compile_template, is_template
+from .versions import VersionError, is_version, version_key
 from .yamlfile import LineDict, MappingError, line_of
-
-_PH_NAME = re.compile(r"\{[^}]*\}")
-_DIFFERS = {"estimator", "reduction", "population", "snapshot", "sign", "unit", "config", "scale", "definition",
-            "weighting", "version"}
-
-
-def _trainers(value: Any, f: str, line: int | None, entry: str, known: dict, errors: list) -> frozenset | None:
-    if value is None:
-        return None
-    items = [value] if isinstance(value, str) else list(value)
-    for t in items:
-        if known and t not in known:
-            errors.append(MappingError(f"unknown trainer {t!r} (declare it under `trainers:`)", file=f, line=line,
-                                       entry=entry))
-    return frozenset(items)
-
-
-def _release(fw_releases: list[str], value: Any, f: str, line: int | None, entry: str, errors: list[MappingError],
-             default: float) -> float:
-    if value is None:
-        return default
-    text = str(value)
-    for i, r in enumerate(fw_releases):
-        if normalize(r) == normalize(text):
-            return i
-    errors.append(MappingError(f"release {text!r} is not in the framework's `releases` list", file=f, line=line,
-                               entry=entry))
-    return default
 
 
 def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks: dict[str, FrameworkMapping],
@@ -71,6 +38,33 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
     if not name or not isinstance(name, str):
         errors.append(MappingError("missing `framework: NAME`", file=f, line=1))
         return
+    fw = _framework_of(f, doc, name, frameworks, errors)
+    if fw is None:
+        return
+    _load_tables(doc, fw, canonical, f, name, errors)
+    _load_config(doc, fw, canonical, f, name, errors)
+    before = dict(fw.profiles)
+    fw.profiles = parse_profiles(doc.get("reductions"), f, name, errors, inherited=fw.profiles)
+    raw_profiles = doc.get("reductions") if isinstance(doc.get("reductions"), dict) else {}
+    stated: list[tuple[Reduce, int | None, str]] = [(r, line_of(raw_profiles, n), f"reductions.{n}")
+                                                    for n, r in fw.profiles.items() if n not in before]
+    n_levels = {lvl: len(items) for lvl, items in fw.levels.items()}
+    _load_levels(doc, fw, f, name, errors)
+    entries = doc.get("entries") or []
+    if not isinstance(entries, list):
+        errors.append(MappingError("`entries` must be a list", file=f, line=line_of(doc, "entries"), entry=name))
+        return
+    for raw in entries:
+        load_entry(raw, fw, canonical, f, name, errors, warnings, require_reduction, stated)
+    new_levels = [item for lvl, items in fw.levels.items() for item in items[:len(items) - n_levels.get(lvl, 0)]]
+    _check_defaults(fw, stated, new_levels, f, errors)
+
+
+
+def _framework_of(f: str, doc: LineDict, name: str, frameworks: dict[str, FrameworkMapping],
+                  errors: list[MappingError]) -> FrameworkMapping | None:
+    """The framework a file describes: a new one (its releases checked), or the one a file before it
+    declared, which it extends (its releases must be that one's). None when a new one has no releases."""
     existing = frameworks.get(name)
     releases = [str(r) for r in (doc.get("releases") or [])]
     for r in releases:
@@ -81,7 +75,7 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
         if not releases:
             errors.append(MappingError("`releases` (the framework's releases, oldest first) is required", file=f,
                                        line=1, entry=name))
-            return
+            return None
         try:
             if [version_key(r) for r in releases] != sorted(version_key(r) for r in releases):
                 errors.append(MappingError("`releases` must be in release order, oldest first", file=f,
@@ -98,6 +92,12 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
             if not fw.has_release(r):
                 errors.append(MappingError(f"release {r!r} unknown to framework {name!r}", file=f,
                                            line=line_of(doc, "releases"), entry=name))
+    return fw
+
+
+def _load_tables(doc: LineDict, fw: FrameworkMapping, canonical: CanonicalSchema, f: str, name: str,
+                 errors: list[MappingError]) -> None:
+    """The file's trainers, aliases, split prefixes, internal keys and passthrough keys."""
     fw.trainers.update({k: dict(v or {}) for k, v in (doc.get("trainers") or {}).items()})
     for alias, spec in (doc.get("aliases") or {}).items():
         if not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]*", str(alias)):
@@ -123,9 +123,14 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
                 fw.passthrough.append((k, compile_template(k) if is_template(k) else None))
             line = line_of(item)
             fw.passthrough_scope.setdefault(k, []).append(       # where detection counts it (default: everywhere)
-                (_trainers(item.get("trainers"), f, line, k, fw.trainers, errors),
-                 _release(fw.releases, item.get("since"), f, line, k, errors, 0),
-                 _release(fw.releases, item.get("until"), f, line, k, errors, OPEN)))
+                (trainers_of(item.get("trainers"), f, line, k, fw.trainers, errors),
+                 release_index(fw.releases, item.get("since"), f, line, k, errors, 0),
+                 release_index(fw.releases, item.get("until"), f, line, k, errors, OPEN)))
+
+
+def _load_config(doc: LineDict, fw: FrameworkMapping, canonical: CanonicalSchema, f: str, name: str,
+                 errors: list[MappingError]) -> None:
+    """The file's ``config:`` entries: canonical config names, defaults and ``default_key`` links."""
     for c in doc.get("config") or []:
         line = line_of(c)
         if not isinstance(c, dict) or "key" not in c or not ({"canonical", "default", "default_key"} & set(c)):
@@ -145,157 +150,15 @@ def load_framework(f: str, doc: LineDict, canonical: CanonicalSchema, frameworks
         if "canonical" in c and c["canonical"] not in canonical.config:
             errors.append(MappingError(f"unknown canonical config name {c['canonical']!r} (add it to the `config:` "
                                        "section of canonical.yaml)", file=f, line=line, entry=f"config {c['key']}"))
-        fw.config.append(ConfigEntry(key=str(c["key"]), canonical=str(c.get("canonical") or ""),
+        ckey = str(c["key"])
+        fw.config.append(ConfigEntry(key=ckey, canonical=str(c.get("canonical") or ""),
                                      default=c["default"] if "default" in c else NO_DEFAULT,
                                      default_key=str(dkey).strip() if dkey is not None else None,
-                                     trainers=_trainers(c.get("trainers"), f, line, str(c["key"]), fw.trainers, errors),
-                                     since=_release(fw.releases, c.get("since"), f, line, str(c["key"]), errors, 0),
-                                     until=_release(fw.releases, c.get("until"), f, line, str(c["key"]), errors, OPEN),
+                                     trainers=trainers_of(c.get("trainers"), f, line, ckey, fw.trainers, errors),
+                                     since=release_index(fw.releases, c.get("since"), f, line, ckey, errors, 0),
+                                     until=release_index(fw.releases, c.get("until"), f, line, ckey, errors, OPEN),
                                      scale=float(c.get("scale", 1.0)), source=str(c.get("source", "")),
                                      note=str(c.get("note", "")), file=f, line=line or 0))
-    before = dict(fw.profiles)
-    fw.profiles = parse_profiles(doc.get("reductions"), f, name, errors, inherited=fw.profiles)
-    raw_profiles = doc.get("reductions") if isinstance(doc.get("reductions"), dict) else {}
-    stated: list[tuple[Reduce, int | None, str]] = [(r, line_of(raw_profiles, n), f"reductions.{n}")
-                                                    for n, r in fw.profiles.items() if n not in before]
-    n_levels = {lvl: len(items) for lvl, items in fw.levels.items()}
-    _load_levels(doc, fw, f, name, errors)
-    entries = doc.get("entries") or []
-    if not isinstance(entries, list):
-        errors.append(MappingError("`entries` must be a list", file=f, line=line_of(doc, "entries"), entry=name))
-        return
-    for raw in entries:
-        line = line_of(raw)
-        if not isinstance(raw, dict):
-            errors.append(MappingError("entry must be a mapping", file=f, line=line, entry=name))
-            continue
-        key = raw.get("key")
-        label = str(key)
-        if not key or not isinstance(key, str):
-            errors.append(MappingError("entry without a `key`", file=f, line=line))
-            continue
-        target = raw.get("canonical")
-        if not target or not isinstance(target, str):
-            errors.append(MappingError("missing `canonical`", file=f, line=line, entry=label))
-            continue
-        target = strip_types(target)
-        cm = canonical.metrics.get(target)
-        if cm is None:
-            shape = _PH_NAME.sub("{}", target)
-            alike = [n for n in canonical.metrics if "{" in n and _PH_NAME.sub("{}", n) == shape]
-            hint = f" (did you mean {alike[0]!r}? placeholder names must match)" if alike else ""
-            errors.append(MappingError(f"canonical target {target!r} does not exist in canonical.yaml{hint}", file=f,
-                                       line=line, entry=label))
-            continue
-        ktpl = ctpl = None
-        try:
-            if is_template(key):
-                ktpl = compile_template(key)
-            ctpl = cm.template
-        except TemplateError as exc:
-            errors.append(MappingError(str(exc), file=f, line=line, entry=label))
-            continue
-        if placeholder_names(key) != placeholder_names(target):
-            errors.append(MappingError(f"placeholders of the key {sorted(placeholder_names(key))} and of the canonical "
-                                       f"target {sorted(placeholder_names(target))} differ", file=f, line=line,
-                                       entry=label))
-            continue
-        reduce = None
-        if "reduce" in raw:
-            reduce, problems = parse_reduce(raw["reduce"], fw.profiles)
-            rline = line_of(raw, "reduce", line)
-            for p in problems:
-                errors.append(MappingError(p, file=f, line=rline, entry=label))
-            legacy = [k for k in ("fidelity", "differs", "reason") if k in raw]
-            if legacy:
-                errors.append(MappingError(
-                    f"{', '.join(legacy)}: an entry that states `reduce:` has its fidelity computed from it; remove "
-                    f"{'these' if len(legacy) > 1 else 'it'} (a difference the fields cannot state is "
-                    "`reduce: {deviation: SENTENCE}`; anything else worth knowing is a `note`)",
-                    file=f, line=line_of(raw, legacy[0], line), entry=label))
-        fidelity = COMPUTED if "reduce" in raw else raw.get("fidelity", EXACT)
-        if fidelity not in (EXACT, APPROXIMATE, COMPUTED):
-            errors.append(MappingError(f"fidelity {fidelity!r} must be exact or approximate", file=f, line=line,
-                                       entry=label))
-        reason = str(raw.get("reason") or "") if reduce is None else ""
-        differs = (raw.get("differs") or []) if reduce is None else []
-        differs = [differs] if isinstance(differs, str) else list(differs)
-        for d in differs:
-            if d not in _DIFFERS:
-                errors.append(MappingError(f"differs: {d!r} is not one of {sorted(_DIFFERS)}", file=f, line=line,
-                                           entry=label))
-        if fidelity == APPROXIMATE and not reason:
-            errors.append(MappingError("an approximate entry needs a `reason`", file=f, line=line, entry=label))
-        if "reduce" not in raw:
-            unstated = MappingError("reduction unstated: the entry's fidelity is hand-written (fidelity/differs/"
-                                    "reason); state how the value is reduced with `reduce:` (docs/reductions.md)",
-                                    file=f, line=line, entry=label)
-            (errors if require_reduction else warnings).append(unstated)
-        if not raw.get("source"):
-            errors.append(MappingError("missing `source` (file@release it was read from)", file=f, line=line,
-                                       entry=label))
-        elif "@" not in str(raw["source"]):
-            errors.append(MappingError(f"source {raw['source']!r} names no release: write path/in/repo.py@RELEASE",
-                                       file=f, line=line, entry=label))
-        scale, offset = 1.0, 0.0
-        tr = raw.get("transform")
-        if tr is not None:
-            if not isinstance(tr, dict) or set(tr) - {"scale", "offset", "negate"}:
-                errors.append(MappingError("transform must be {scale: X, offset: Y} and/or {negate: true}", file=f,
-                                           line=line, entry=label))
-            else:
-                try:
-                    scale = float(tr.get("scale", 1.0)) * (-1.0 if tr.get("negate") else 1.0)
-                    offset = float(tr.get("offset", 0.0))
-                except (TypeError, ValueError):
-                    errors.append(MappingError("transform scale/offset must be numbers", file=f, line=line,
-                                               entry=label))
-        reverse = bool(raw.get("reverse", True))
-        if reverse and scale == 0.0:
-            errors.append(MappingError("transform is not invertible (scale 0) but the entry is used for reverse "
-                                       "translation (set reverse: false)", file=f, line=line, entry=label))
-        when = raw.get("when")
-        when_items: tuple = ()
-        if when is not None:
-            if not isinstance(when, dict) or set(when) != {"config"} or not isinstance(when["config"], dict):
-                errors.append(MappingError("when must be {config: {KEY: VALUE, ...}}", file=f, line=line,
-                                           entry=label))
-            else:
-                items = []
-                for k, v in when["config"].items():
-                    if isinstance(v, dict):       # a comparison: {KEY: {gt: 1}}
-                        if len(v) != 1 or next(iter(v)) not in _WHEN_OPS:
-                            errors.append(MappingError(
-                                f"when: {k}: a comparison is one of {{ne|gt|ge|lt|le: VALUE}} or {{in: [VALUE, ...]}}, "
-                                f"not {dict(v)!r}", file=f, line=line, entry=label))
-                            continue
-                        op, val = next(iter(v.items()))
-                        if op == "in":
-                            if not isinstance(val, list) or not val:
-                                errors.append(MappingError(f"when: {k}: 'in' takes a list of values, not {val!r}",
-                                                           file=f, line=line, entry=label))
-                                continue
-                            val = tuple(val)
-                        v = Cond(str(op), val)
-                    items.append((str(k), v))
-                when_items = tuple(sorted(items, key=lambda kv: kv[0]))
-        since = _release(fw.releases, raw.get("since"), f, line, label, errors, 0)
-        until = _release(fw.releases, raw.get("until"), f, line, label, errors, OPEN)
-        if since > until:
-            errors.append(MappingError(f"since {raw.get('since')} is after until {raw.get('until')}", file=f,
-                                       line=line, entry=label))
-        fw.entries.append(Entry(
-            framework=name, key=key, canonical=target, since=since, until=until,
-            trainers=_trainers(raw.get("trainers"), f, line, label, fw.trainers, errors), fidelity=fidelity,
-            differs=tuple(differs), reason=reason, scale=scale, offset=offset, when=when_items, reverse=reverse,
-            source=str(raw.get("source", "")), note=str(raw.get("note", "")), override=raw.get("override") is True,
-            renamed_from=tuple([raw["renamed_from"]] if isinstance(raw.get("renamed_from"), str)
-                               else raw.get("renamed_from") or ()), key_template=ktpl,
-            canonical_template=ctpl, file=f, line=line or 0, reduce=reduce))
-        if reduce is not None:
-            stated.append((reduce, line_of(raw, "reduce", line), label))
-    new_levels = [item for lvl, items in fw.levels.items() for item in items[:len(items) - n_levels.get(lvl, 0)]]
-    _check_defaults(fw, stated, new_levels, f, errors)
 
 
 def _check_defaults(fw: FrameworkMapping, stated: list[tuple[Reduce, int | None, str]], levels: list[LevelCount],
@@ -381,9 +244,9 @@ def _load_levels(doc: LineDict, fw: FrameworkMapping, f: str, name: str, errors:
                     continue
             parsed.append(LevelCount(
                 level=str(level), expr=None if expr is None else str(expr),
-                trainers=_trainers(item.get("trainers"), f, iline, where, fw.trainers, errors),
-                since=_release(fw.releases, item.get("since"), f, iline, where, errors, 0),
-                until=_release(fw.releases, item.get("until"), f, iline, where, errors, OPEN),
+                trainers=trainers_of(item.get("trainers"), f, iline, where, fw.trainers, errors),
+                since=release_index(fw.releases, item.get("since"), f, iline, where, errors, 0),
+                until=release_index(fw.releases, item.get("until"), f, iline, where, errors, OPEN),
                 file=f, line=iline or 0))
         fw.levels[str(level)] = parsed + fw.levels.get(str(level), [])
 
