@@ -78,112 +78,141 @@ class SpoolView:
 
 def writer_main(conn: Any, spec: dict[str, Any]) -> None:
     """The child process: build the trackers, take the feed, report, stop when told (or when the parent is gone)."""
-    from ..trackers import make_sink
+    writer = _Writer(conn, spec)
+    try:
+        parent_gone = writer.follow()
+        if not parent_gone:
+            parent_gone = writer.close()
+        if parent_gone:
+            _orphaned(writer.spool_path, writer.workers, writer.options, writer.state, writer.view, writer.egress.put,
+                      writer.outcome, spec)
+            return
+        try:
+            writer.report(final=True)
+        except (OSError, EOFError, BrokenPipeError):
+            pass
+        if writer.state["abort"]:
+            _exit_now()
+    except BaseException as exc:  # never die silently
+        warn(f"trackbridge: the writer process failed: {type(exc).__name__}: {exc}")
+        raise
 
-    options = LoggerOptions(**spec["options"])
-    info = RunInfo.from_json(spec["info"])
-    problems: list[str] = []
-    rename = names_translator(spec["names"], mappings=spec["mappings"], config=info.config,
-                              origin=lambda: info.source, fidelity=info.approximate)
-    spool_path = Path(spec["spool_path"])
-    seq_base = spec["seq_base"]
-    view = SpoolView(seq_base - 1)
 
-    def problem(key: str, note: str) -> None:
-        if note not in problems:
-            problems.append(note)
+class _Writer:
+    """The writer process's trackers and what it knows of the run: built from the parent's ``spec``, fed by
+    :meth:`take`, reporting with :meth:`report`."""
+
+    def __init__(self, conn: Any, spec: dict[str, Any]) -> None:
+        from ..trackers import make_sink
+
+        self.conn = conn
+        self.options = options = LoggerOptions(**spec["options"])
+        self.info = info = RunInfo.from_json(spec["info"])
+        self.problems: list[str] = []
+        rename = names_translator(spec["names"], mappings=spec["mappings"], config=info.config,
+                                  origin=lambda: info.source, fidelity=info.approximate)
+        self.spool_path = Path(spec["spool_path"])
+        seq_base = spec["seq_base"]
+        self.view = SpoolView(seq_base - 1)
+        # the same egress as the tracker threads' (logger/egress.py): one renaming for every tracker, one run info
+        self.egress = Egress(info=lambda: copy.deepcopy(info), live=info, rename=rename, names=spec["names"],
+                             problem=self.problem)
+        self.warned: list[str] = []     # the trackers' warnings: the parent warns them, where the user sees warnings
+        self.sent = 0
+        _forward_warnings(self.warned)
+        ctx = RunContext(options=options, spool_path=self.spool_path, seq_base=seq_base, resume=spec["resume"],
+                         resume_last_step=spec["resume_last_step"], tracker_info=self.egress.tracker_info,
+                         sync_info=self.egress.sync_info, report=self.problems.append, spool=self.view)
+        sinks = [make_sink(s) for s in spec["sinks"]]
+        if spec.get("alerts"):          # init(doctor=True): a tracker with alerts of its own raises one per finding
+            for sink in sinks:
+                sink.alerts = True
+        self.workers = [TrackerWorker(ctx, sink, queue_size=options.queue_size, batch_size=options.batch_size,
+                                      rename=rename) for sink in sinks]
+        self.egress.handles = self.workers
+        for w in self.workers:
+            w.thread.start()
+        self.decoder = RecordDecoder()
+        self.state: dict[str, Any] = {"last": seq_base - 1, "final": None, "abort": False, "outcome": None,
+                                      "exit": None}
+
+    def problem(self, key: str, note: str) -> None:
+        if note not in self.problems:
+            self.problems.append(note)
             warn(f"trackbridge: {note}")
 
-    # the same egress as the tracker threads' (logger/egress.py): one renaming for every tracker, one run info
-    egress = Egress(info=lambda: copy.deepcopy(info), live=info, rename=rename, names=spec["names"], problem=problem)
-    warned: list[str] = []       # the trackers' warnings: the parent warns them, where the user sees warnings
-    _forward_warnings(warned)
-    ctx = RunContext(options=options, spool_path=spool_path, seq_base=seq_base, resume=spec["resume"],
-                     resume_last_step=spec["resume_last_step"], tracker_info=egress.tracker_info,
-                     sync_info=egress.sync_info, report=problems.append, spool=view)
-    sinks = [make_sink(s) for s in spec["sinks"]]
-    if spec.get("alerts"):          # init(doctor=True): a tracker with alerts of its own raises one per finding
-        for sink in sinks:
-            sink.alerts = True
-    workers = [TrackerWorker(ctx, sink, queue_size=options.queue_size, batch_size=options.batch_size,
-                             rename=rename) for sink in sinks]
-    egress.handles = workers
-    for w in workers:
-        w.thread.start()
+    def report(self, final: bool = False) -> None:
+        new = self.warned[self.sent:]
+        self.conn.send(("status", [{**w.status(), "progress": w.progress(), "acked": w.acked,
+                                    "alive": w.thread.is_alive(), "probed": w.probed.is_set(), "top": w.resume_top,
+                                    "starting": w.starting()}
+                                   for w in self.workers], list(self.problems), final, new))
+        self.sent += len(new)
 
-    sent = [0]
-
-    def report(final: bool = False) -> None:
-        new = warned[sent[0]:]
-        conn.send(("status", [{**w.status(), "progress": w.progress(), "acked": w.acked,
-                               "alive": w.thread.is_alive(), "probed": w.probed.is_set(), "top": w.resume_top,
-                               "starting": w.starting()}
-                              for w in workers], list(problems), final, new))
-        sent[0] += len(new)
-
-    put = egress.put
-
-    decoder = RecordDecoder()
-    state: dict[str, Any] = {"last": seq_base - 1, "final": None, "abort": False, "outcome": None, "exit": None}
-
-    def outcome(name: str, code: int | None) -> None:
-        state["outcome"] = name
-        info.extra["outcome"] = name
-        for w in workers:
+    def outcome(self, name: str, code: int | None) -> None:
+        self.state["outcome"] = name
+        self.info.extra["outcome"] = name
+        for w in self.workers:
             w.sink.outcome = name
             w.sink.exit_code = code
 
-    def take(msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        view.advance(msg[-1])
+    def take(self, msg: tuple[Any, ...]) -> None:
+        """One message of the parent's: records, a gap, what it learnt of the run, or how the run ended."""
+        kind, state = msg[0], self.state
+        self.view.advance(msg[-1])
         if kind == "recs":
-            first, data = msg[1], msg[2]
-            for i, raw in enumerate(data.split(b"\n")[:-1]):
-                seq = first + i
-                if seq <= state["last"]:
-                    continue        # already taken (a restarted writer is sent what the spool had not yet)
-                state["last"] = seq
-                obj, _error = parse_line(raw)
-                if obj is None:
-                    continue
-                try:
-                    rec = decoder.record(obj)
-                except (TypeError, ValueError, AttributeError):
-                    continue
-                put(seq, rec)
+            self._records(msg[1], msg[2])
         elif kind == "gap":
             first, last = max(msg[1], state["last"] + 1), msg[2]
             if last >= first:
-                for w in workers:
+                for w in self.workers:
                     w.put_gap(first, last)
                 state["last"] = last
         elif kind == "info":
             new = RunInfo.from_json(msg[1])
-            info.source = new.source or info.source
-            info.approximate.update(new.approximate or {})
-            info.extra.update(new.extra or {})
+            self.info.source = new.source or self.info.source
+            self.info.approximate.update(new.approximate or {})
+            self.info.extra.update(new.extra or {})
         elif kind == "stop":
             state["final"] = msg[1]
-            outcome(msg[2], msg[3])
+            self.outcome(msg[2], msg[3])
         elif kind == "abort":
             state["abort"] = True
-            outcome(msg[1], msg[2])
+            self.outcome(msg[1], msg[2])
 
-    def room() -> bool:
+    def _records(self, first: int, data: bytes) -> None:
+        state, put = self.state, self.egress.put
+        for i, raw in enumerate(data.split(b"\n")[:-1]):
+            seq = first + i
+            if seq <= state["last"]:
+                continue        # already taken (a restarted writer is sent what the spool had not yet)
+            state["last"] = seq
+            obj, _error = parse_line(raw)
+            if obj is None:
+                continue
+            try:
+                rec = self.decoder.record(obj)
+            except (TypeError, ValueError, AttributeError):
+                continue
+            put(seq, rec)
+
+    def room(self) -> bool:
         """Some tracker takes records now (or none takes them from its queue: they are caught up from the spool)."""
-        return any(w.state not in ("ok", "pending") or not w.queue.full() for w in workers) or not workers
+        return any(w.state not in ("ok", "pending") or not w.queue.full() for w in self.workers) or not self.workers
 
-    parent_gone = False
-    frozen = False
-    last_report = 0.0
-    try:
+    def follow(self) -> bool:
+        """Take the feed until the run's last record or an abort; True when the parent is gone."""
+        conn, state, workers = self.conn, self.state, self.workers
+        parent_gone = False
+        frozen = False
+        last_report = 0.0
         while True:
             try:
-                if room():
+                if self.room():
                     if conn.poll(0.02):
                         for _ in range(256):
-                            take(conn.recv())
-                            if state["abort"] or not room() or not conn.poll(0):
+                            self.take(conn.recv())
+                            if state["abort"] or not self.room() or not conn.poll(0):
                                 break
                 else:
                     time.sleep(0.01)
@@ -199,42 +228,32 @@ def writer_main(conn: Any, spec: dict[str, Any]) -> None:
             if time.monotonic() - last_report > STATUS_EVERY and not parent_gone:
                 last_report = time.monotonic()
                 try:
-                    report()
+                    self.report()
                 except (OSError, EOFError, BrokenPipeError):
                     parent_gone = True
             if parent_gone or state["abort"] or (state["final"] is not None and state["last"] >= state["final"]):
-                break
-        if parent_gone:
-            _orphaned(spool_path, workers, options, state, view, put, outcome, spec)
-            return
+                return parent_gone
+
+    def close(self) -> bool:
+        """Stop the trackers: within :data:`ABORT_WAIT` after an abort, else as long as they make their way,
+        reporting meanwhile; True when the parent is gone."""
+        workers = self.workers
         for w in workers:
             w.stop()
-        if state["abort"]:
+        if self.state["abort"]:
             end = time.monotonic() + ABORT_WAIT
             while any(w.thread.is_alive() for w in workers) and time.monotonic() < end:
                 for w in workers:
                     w.thread.join(0.05)
-        else:
-            while any(w.thread.is_alive() for w in workers):
-                for w in workers:
-                    w.thread.join(STATUS_EVERY)
-                try:
-                    report()
-                except (OSError, EOFError, BrokenPipeError):
-                    parent_gone = True
-                    break
-        if parent_gone:
-            _orphaned(spool_path, workers, options, state, view, put, outcome, spec)
-            return
-        try:
-            report(final=True)
-        except (OSError, EOFError, BrokenPipeError):
-            pass
-        if state["abort"]:
-            _exit_now()
-    except BaseException as exc:  # never die silently
-        warn(f"trackbridge: the writer process failed: {type(exc).__name__}: {exc}")
-        raise
+            return False
+        while any(w.thread.is_alive() for w in workers):
+            for w in workers:
+                w.thread.join(STATUS_EVERY)
+            try:
+                self.report()
+            except (OSError, EOFError, BrokenPipeError):
+                return True
+        return False
 
 
 def _orphaned(spool_path: Path, workers: list[TrackerWorker], options: LoggerOptions, state: dict[str, Any],
