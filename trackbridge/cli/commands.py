@@ -45,6 +45,16 @@ def _left_out(command: str, select: "Selection") -> None:
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
+    """The subcommands this module runs (the parser registers the rest)."""
+    _register_demo(sub)
+    _register_migrate(sub)
+    _register_replay(sub)
+    _register_compare(sub)
+    _register_doctor(sub)
+
+
+def _register_demo(sub: "argparse._SubParsersAction") -> None:
+    """``demo``: the example runs through every capability."""
     p = sub.add_parser("demo", help="run the demo on the example runs shipped with trackbridge",
                        description="Translate a TRL GRPO run and a veRL run shipped with trackbridge, log them to "
                                    "every local tracker and compare them; prints where the output is.")
@@ -53,6 +63,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                                      "are replaced; a non-empty folder without one is refused")
     _HANDLERS["demo"] = _demo
 
+
+def _register_migrate(sub: "argparse._SubParsersAction") -> None:
+    """``migrate``: copy runs between trackers and files."""
     p = sub.add_parser("migrate", help="copy runs between trackers/files, translating names on the way",
                        description="Copy every run in SRC (a TensorBoard root, an MLflow experiment, a wandb folder, "
                                    "a CSV export, a trainer_state.json, a console log, a JSONL stream) into DST. "
@@ -87,6 +100,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--mappings", action="append", default=[], metavar="PATH", help="extra mapping file")
     _HANDLERS["migrate"] = _migrate
 
+
+def _register_replay(sub: "argparse._SubParsersAction") -> None:
+    """``replay``: a spool into a tracker that missed it."""
     p = sub.add_parser("replay", help="send a logged run from its JSONL spool to a tracker that missed it",
                        description="Send a finished or crashed run from its spool (runs/<run_id>.jsonl) to SINK, "
                                    "skipping what the tracker already holds (per key and step), so nothing is "
@@ -100,6 +116,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--mappings", action="append", default=[], metavar="PATH", help="extra mapping file")
     _HANDLERS["replay"] = _replay
 
+
+def _register_compare(sub: "argparse._SubParsersAction") -> None:
+    """``compare``: runs side by side."""
     p = sub.add_parser("compare", help="compare runs from different frameworks side by side (HTML report)",
                        description="Read each RUN (any locator migrate accepts, optionally LABEL=LOCATOR), translate "
                                    "it to canonical names with derived metrics, and write a self-contained "
@@ -137,6 +156,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--title", default=None, help="report title")
     _HANDLERS["compare"] = _compare
 
+
+def _register_doctor(sub: "argparse._SubParsersAction") -> None:
+    """``doctor``: the diagnostic checks over runs."""
     p = sub.add_parser("doctor", help="read runs like an expert: the symptoms of a sick run, what to check first",
                        description="Translate each RUN to canonical names and evaluate the diagnostic checks "
                                    "(mappings/checks.yaml, and check files given with --mappings) over it: KL spikes "

@@ -9,6 +9,7 @@ server, one without a reader, or one whose reading takes longer than :data:`COUN
 from its worker's count (records after the last one it acknowledged)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -18,7 +19,9 @@ from typing import Any, Callable
 
 from ..errors import UsageError
 from ..record import Histogram, Record
+from .common import warn
 from .runlock import outcome_entry
+from .tracker import closed_cleanly, cut_threads
 
 #: the most seconds :func:`count_lacking` reads a tracker back (a store locked by a process that hangs must not hold
 #: ``finish()``): beyond, the estimate is noted instead
@@ -215,3 +218,44 @@ def lack_message(w: Any, n: int, lack: "Lack | None", *, records: int, where: st
                 f"{state}{err}); {where}")
     return f"sink {w.name} lacks {n} of the run's {records} records (from record {w.acked + 1}; {state}{err}); {where}"
 
+
+def note_left(trackers: list[Any], *, seq: int, spool_path: Path, run_id: str, rename: Any, spool: Any,
+              problems: list[str], interrupted: bool, wait: float) -> None:
+    """After ``finish()``: write down, beside the spool, which trackers lack which records (and say so), so that
+    ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left. Says whether the spool
+    holds what they lack (it may not: a spool that could not be written). A tracker on this machine that was left
+    behind is first stopped (threads: :attr:`~.worker.Worker.cut`; the writer process has ended), then what it
+    lacks is counted against what it holds, read back with its own reader (:func:`count_lacking`):
+    points and records, exactly; an interrupted finish(), a server or a tracker without a reader keep the
+    worker's estimate (records after the last one it acknowledged)."""
+    last_seq = seq - 1
+    behind = [w for w in trackers if not closed_cleanly(w)]
+    counted = {id(w) for w in behind if not interrupted and countable(w.sink.locator())}
+    if behind and not interrupted:
+        cut_threads(behind, wait_for=counted, wait=wait)
+    rows: list[tuple[Any, int, Lack | None]] = []
+    for w in behind:
+        lack = count_lacking(spool_path, w.sink.locator(), run_id, rename=rename) if id(w) in counted else None
+        if lack is not None:
+            if lack.points:
+                rows.append((w, lack.records, lack))
+        else:
+            n = w.left(last_seq)
+            if n:
+                rows.append((w, n, None))
+    path = pending_file(spool_path)
+    if not rows:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        return
+    where = where_they_are(spool_path, spool)
+    entries = [note_entry(w, records=seq, left=n, lack=lack) for w, n, lack in rows]
+    try:
+        write_pending(path, run_id, entries)
+    except OSError as exc:
+        warn(f"trackbridge: could not write the pending note {path} ({exc}); what it would hold is in the "
+             f"warnings below")
+    for w, n, lack in rows:
+        msg = lack_message(w, n, lack, records=seq, where=where, interrupted=interrupted)
+        problems.append(msg)
+        warn(f"trackbridge: finish(): {msg}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
 import os
 import signal
 import threading
@@ -38,7 +37,7 @@ from .options import LoggerOptions
 from .runinfo import clean_info, resumed_config
 from .runlock import RunLock
 from .spool import SpoolFile, SpoolWorker, spool_place
-from .tracker import TrackerWorker, closed_cleanly, cut_threads
+from .tracker import TrackerWorker
 from .waiting import wait_for_trackers
 from .worker import RunContext
 
@@ -91,28 +90,8 @@ class Run(RunView):
                config: dict[str, Any] | None, derive: bool, mappings: list[str] | None, spool: str,
                spool_fsync: bool, options: LoggerOptions, tags: dict[str, str] | None, doctor: bool) -> None:
 
-        scan = scan_stream(self.spool_path)
-        if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
-            raise UsageError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
-                             f"pass resume=True to continue it, or choose another run_id")
-        prev = scan.info
-        cfg = dict(config) if config is not None else (dict(prev.config) if prev else {})
-        translator = make_translator(source, mappings, cfg)
-        try:
-            cfg = {**cfg, **dict(translator.translate_config(cfg))}   # canonical names added
-        except Exception as exc:
-            warn(f"trackbridge: could not translate the config to canonical names: {exc}")
-        extra: dict[str, Any] = {"names": self.names, "mappings": list(mappings) if mappings else None,
-                                 "flush_interval": options.flush_interval}
-        shown = cfg
-        if self.resume and prev is not None and config is not None:
-            shown, extra, said = resumed_config(prev, cfg, extra, scan.last_step, given=set(config))
-            if said:
-                self._warn_once("config-changed", said)
-        self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
-                            project=project or (prev.project if prev else None), run_id=self.run_id, config=shown,
-                            tags=dict(tags or (prev.tags if prev else {}) or {}),
-                            source=None if source == "auto" else source, names="canonical", extra=extra)
+        scan, cfg, shown, translator = self._open_info(project=project, name=name, source=source, config=config,
+                                                       mappings=mappings, options=options, tags=tags)
         self._seq_base = scan.records
         pipe = Pipeline.live(translator, derive=derive, next_step=0 if scan.last_step is None else scan.last_step + 1,
                              problem=self._warn_once)
@@ -135,7 +114,7 @@ class Run(RunView):
             for s in built:             # a tracker with alerts of its own raises one per finding (wandb, Trackio)
                 s.alerts = True
         precheck_location(str(spool), spool_sink)
-        if self.resume and self.info.extra.get("config_changes") and prev is not None:
+        if self.resume and self.info.extra.get("config_changes") and scan.info is not None:
             spool_sink.new_header = True       # the spool records the change, as the trackers do
 
         # trackers get the names asked for through the same pipeline as replay and migrate, judged from the
@@ -150,6 +129,66 @@ class Run(RunView):
         self._ctx = ctx
         self._spool_worker = ctx.spool = SpoolWorker(ctx, spool_sink, queue_size=options.queue_size,
                                                      batch_size=max(options.batch_size, 1000))
+        trackers = self._trackers(options, sinks, built, scan.last_step, mappings)
+        self._start(trackers, pipe, options)
+
+    def _start(self, trackers: list[Any], pipe: Pipeline, options: LoggerOptions) -> None:
+        """The dispatcher between ``log()`` and the spool and trackers, and every thread started."""
+        self._workers: list[Any] = [self._spool_worker, *trackers]
+        # with the writer process, records leave canonical: its own egress renames them (logger/writer.py)
+        out = self._egress if self._link is None else Egress(info=self._clean_info, live=self.info, rename=None,
+                                                              names=self.names, problem=self._warn_once)
+        out.handles = trackers
+        self._dispatcher = Dispatcher(
+            pipeline=pipe, info=self.info, egress=out, spool=self._spool_worker, seq_base=self._seq_base,
+            inbox_size=options.queue_size,
+            resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
+            doctor=self._doctor, found=self._found if self._doctor is not None else None)
+        self._inbox = self._dispatcher.inbox
+        self._spool_worker.thread.start()
+        if self._link is not None:
+            self._link.attach(trackers, learnt=lambda: (self.info.source, tuple(sorted(self.info.approximate.items()))),
+                              finished=lambda: self._finished)
+        else:
+            for w in trackers:
+                w.thread.start()
+        self._dispatcher.thread.start()
+        atexit.register(self._atexit)
+
+    def _open_info(self, *, project: str | None, name: str | None, source: str, config: dict[str, Any] | None,
+                   mappings: list[str] | None, options: LoggerOptions,
+                   tags: dict[str, str] | None) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
+        """The run's info (``self.info``) from what ``init`` was given and, on a resume, what the spool holds:
+        returns the spool's scan, the config with its canonical names, the config the trackers are shown and the
+        translator to canonical names."""
+        scan = scan_stream(self.spool_path)
+        if self.spool_path.exists() and self.spool_path.stat().st_size and not self.resume:
+            raise UsageError(f"run {self.run_id!r} already exists in the spool {self.spool_path}; "
+                             f"pass resume=True to continue it, or choose another run_id")
+        prev = scan.info
+        cfg = dict(config) if config is not None else (dict(prev.config) if prev else {})
+        translator = make_translator(source, mappings, cfg)
+        try:
+            cfg = {**cfg, **dict(translator.translate_config(cfg))}   # canonical names added
+        except Exception as exc:
+            warn(f"trackbridge: could not translate the config to canonical names: {exc}")
+        extra: dict[str, Any] = {"names": self.names, "mappings": list(mappings) if mappings else None,
+                                 "flush_interval": options.flush_interval}
+        shown = cfg
+        if self.resume and prev is not None and config is not None:
+            shown, extra, said = resumed_config(prev, cfg, extra, scan.last_step, given=set(config))
+            if said:
+                self._warn_once("config-changed", said)
+        self.info = RunInfo(name=name or (prev.name if prev else None) or self.run_id,
+                            project=project or (prev.project if prev else None), run_id=self.run_id, config=shown,
+                            tags=dict(tags or (prev.tags if prev else {}) or {}),
+                            source=None if source == "auto" else source, names="canonical", extra=extra)
+        return scan, cfg, shown, translator
+
+    def _trackers(self, options: LoggerOptions, sinks: list[Any], built: list[Any], last_step: int | None,
+                  mappings: list[str] | None) -> list[Any]:
+        """The trackers' workers: in the writer process (``RemoteTracker`` handles, fed through ``self._link``)
+        or in threads of this one, as ``LoggerOptions.writer`` and the trackers allow."""
         writer, why_thread = choose_writer(options.writer, sinks or [], built)
         if why_thread:
             self._warn_once("writer", why_thread)
@@ -157,7 +196,7 @@ class Run(RunView):
             from .remote import RemoteTracker, WriterLink
             by_locator = {s.locator(): s for s in built}
             spec = {"sinks": list(by_locator), "spool_path": str(self.spool_path), "seq_base": self._seq_base,
-                    "resume": self.resume, "resume_last_step": scan.last_step, "names": self.names,
+                    "resume": self.resume, "resume_last_step": last_step, "names": self.names,
                     "mappings": list(mappings) if mappings else None, "options": options.for_writer(),
                     "alerts": self._doctor is not None,
                     "run_id": self.run_id, "lock_path": str(self._runlock.path),
@@ -179,28 +218,9 @@ class Run(RunView):
             if options.writer != "thread":          # imported now, in this thread (see check_packages)
                 for s in built:
                     check_packages(s.locator(), s)
-            trackers = [TrackerWorker(ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
+            trackers = [TrackerWorker(self._ctx, s, queue_size=options.queue_size, batch_size=options.batch_size,
                                       rename=self._rename) for s in built]
-        self._workers: list[Any] = [self._spool_worker, *trackers]
-        # with the writer process, records leave canonical: its own egress renames them (logger/writer.py)
-        out = self._egress if self._link is None else Egress(info=self._clean_info, live=self.info, rename=None,
-                                                              names=self.names, problem=self._warn_once)
-        out.handles = trackers
-        self._dispatcher = Dispatcher(
-            pipeline=pipe, info=self.info, egress=out, spool=self._spool_worker, seq_base=self._seq_base,
-            inbox_size=options.queue_size,
-            resume_wait=options.resume_wait if self.resume else None, warn_once=self._warn_once,
-            doctor=self._doctor, found=self._found if self._doctor is not None else None)
-        self._inbox = self._dispatcher.inbox
-        self._spool_worker.thread.start()
-        if self._link is not None:
-            self._link.attach(trackers, learnt=lambda: (self.info.source, tuple(sorted(self.info.approximate.items()))),
-                              finished=lambda: self._finished)
-        else:
-            for w in trackers:
-                w.thread.start()
-        self._dispatcher.thread.start()
-        atexit.register(self._atexit)
+        return trackers
 
     # -- public API ----------------------------------------------------------------------------------------------
     @property
@@ -423,45 +443,10 @@ class Run(RunView):
             pass
 
     def _write_pending(self, *, interrupted: bool = False) -> None:
-        """After finish(): write down, beside the spool, which trackers lack which records (and say so), so that
-        ``trackbridge replay SPOOL`` completes them; remove the note when nothing is left. Says whether the spool
-        holds what they lack (it may not: a spool that could not be written). A tracker on this machine that was left
-        behind is first stopped (threads: :attr:`~.worker.Worker.cut`; the writer process has ended), then what it
-        lacks is counted against what it holds, read back with its own reader (:func:`.pending.count_lacking`):
-        points and records, exactly; an interrupted finish(), a server or a tracker without a reader keep the
-        worker's estimate (records after the last one it acknowledged)."""
-        last_seq = self._seq - 1
-        behind = [w for w in self._workers[1:] if not closed_cleanly(w)]
-        counted = {id(w) for w in behind if not interrupted and pending.countable(w.sink.locator())}
-        if behind and not interrupted:
-            cut_threads(behind, wait_for=counted, wait=ABORT_WAIT)
-        rows: list[tuple[Any, int, pending.Lack | None]] = []
-        for w in behind:
-            lack = pending.count_lacking(self.spool_path, w.sink.locator(), self.run_id, rename=self._rename) \
-                if id(w) in counted else None
-            if lack is not None:
-                if lack.points:
-                    rows.append((w, lack.records, lack))
-            else:
-                n = w.left(last_seq)
-                if n:
-                    rows.append((w, n, None))
-        path = pending.pending_file(self.spool_path)
-        if not rows:
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
-            return
-        where = pending.where_they_are(self.spool_path, self._spool_worker)
-        entries = [pending.note_entry(w, records=self._seq, left=n, lack=lack) for w, n, lack in rows]
-        try:
-            pending.write_pending(path, self.run_id, entries)
-        except OSError as exc:
-            warn(f"trackbridge: could not write the pending note {path} ({exc}); what it would hold is in the "
-                 f"warnings below")
-        for w, n, lack in rows:
-            msg = pending.lack_message(w, n, lack, records=self._seq, where=where, interrupted=interrupted)
-            self.problems.append(msg)
-            warn(f"trackbridge: finish(): {msg}")
+        """After finish(): the pending note of the trackers left behind (:func:`.pending.note_left`)."""
+        pending.note_left(self._workers[1:], seq=self._seq, spool_path=self.spool_path, run_id=self.run_id,
+                          rename=self._rename, spool=self._spool_worker, problems=self.problems,
+                          interrupted=interrupted, wait=ABORT_WAIT)
 
     def _clean_info(self) -> RunInfo:
         """A copy of the run info that every sink can store (:func:`.runinfo.clean_info`); each change said once."""
