@@ -111,112 +111,10 @@ class ConsoleRun(RunReader):
 
     # -- parsing ---------------------------------------------------------------------------------------------------
     def _scan(self, report: bool) -> Generator[tuple[Record, str], None, None]:
-        where = str(self.path)
-        noise = LineSummary()
-        ordinal = 0
-        rounded = False
-        last_bar: dict[str, Any] | None = None
-        forms = Forms()
-        gathering: list[str] | None = None      # the lines of a dict printed over several lines (a run config)
-        gathered_at = ""
-        braces = Braces()                        # where that dict closes, scanned once line by line
-
-        def form_records(found: list[tuple[dict[str, Any], int | None, str]]
-                         ) -> Iterator[tuple[Record, str]]:
-            nonlocal ordinal
-            for metrics, step, kind in found:
-                if step is None:
-                    ordinal += 1
-                    step = ordinal
-                yield Record(step=step, wall_time=None, metrics=metrics), kind
-        joined: list[str] = []
+        scan = _Scan(self, report)
         for lineno, text, complete, last in _joined_step_lines(iter_lines(self.path)):
-            if last != lineno:
-                joined.append(f"{lineno}-{last}")
-            found = False
-            clean = ANSI.sub("", text)
-            segments = clean.split("\r")
-            for i, seg in enumerate(segments):
-                seg = _RAY_PREFIX.sub("", _PASTED.sub("", seg.strip()))
-                if not seg:
-                    continue
-                bar = _TQDM.search(seg)
-                values = self._postfix(bar.group("inside")) if bar and not seg.startswith("{") else None
-                if values and not _STEP_LINE.search(seg):
-                    found = True        # a bar without a postfix holds no metrics (and stays noise)
-                    if not complete and i == len(segments) - 1:
-                        continue        # a bar cut off while writing: its postfix may be partial
-                    if values != last_bar:
-                        last_bar = values
-                        ordinal += 1
-                        if self._info is not None:
-                            self._info.extra["progress_bar"] = (
-                                "progress-bar postfix values: one micro-batch each (not the step's mean), "
-                                "printed by tqdm with 3 significant digits; steps are in log order")
-                        yield Record(step=ordinal, wall_time=None, metrics=dict(values)), "tqdm:ordinal"
-                    continue
-                if gathering is not None:
-                    if seg.startswith("{") or _STEP_LINE.search(seg) or _TQDM.search(seg):
-                        # a line of its own form: the dict gathered so far ended unclosed (cut off)
-                        if report:
-                            self.skip(gathered_at, "a dict opened here cannot be read: it is not closed "
-                                                   "before the next metrics line (cut off?); skipped")
-                        gathering = None
-                    else:
-                        found = True
-                        gathering.append(seg)
-                        if braces.feed(" " + seg) is not None or len(gathering) > _MAX_DICT_LINES:
-                            self._printed_config(" ".join(gathering), gathered_at, report)
-                            gathering = None
-                        continue
-                m = _STEP_LINE.search(seg)
-                if m:
-                    found = True
-                    rec = self._step_line(m, f"{where}:{lineno}", report, complete)
-                    if rec is not None:
-                        yield rec, "verl:logged"
-                    continue
-                if seg.startswith("{"):
-                    found = True
-                    braces = Braces()
-                    end = braces.feed(seg)
-                    if end is None and complete:           # opened here, closed on a later line: gather it
-                        gathering, gathered_at = [seg], f"{where}:{lineno}"
-                        continue
-                    if end is not None and _BAR_AFTER.match(seg[end:]):
-                        seg = seg[:end]                  # a progress bar right after the dict (a \r not kept)
-                    got = self._dict_line(seg, f"{where}:{lineno}", report, complete)
-                    if got is None:
-                        continue
-                    metrics, step, as_strings = got
-                    rounded = rounded or as_strings
-                    if step is None:
-                        ordinal += 1
-                        yield Record(step=ordinal, wall_time=None, metrics=metrics), "dict:ordinal"
-                    else:
-                        yield Record(step=step, wall_time=None, metrics=metrics), "dict:logged"
-                    continue
-                got_forms = forms.feed(seg, f"{where}:{lineno}", complete)
-                if got_forms is not None:
-                    found = True
-                    yield from form_records(got_forms)
-            if not found:
-                noise.add(lineno)
-        if gathering is not None:
-            self._printed_config(" ".join(gathering), gathered_at, report)
-        if joined and self._info is not None:
-            self._info.extra["joined_lines"] = (f"step lines broken over several lines (a terminal's wrap, a paste) "
-                                                f"joined: lines {', '.join(joined[:5])}"
-                                                + (f" and {len(joined) - 5} more" if len(joined) > 5 else ""))
-        yield from form_records(forms.close())
-        if report:
-            for at, why in forms.skipped:
-                self.skip(at, why)
-            if noise.count:
-                self.skip(where, noise.text("lines without metrics"))
-            if rounded and self._info is not None:
-                self._info.extra["rounded"] = ("printed dicts held numbers as strings (transformers prints floats "
-                                               "with 4 significant digits): values are rounded")
+            yield from scan.line(lineno, text, complete, last)
+        yield from scan.finish()
 
     def _printed_config(self, text: str, where: str, report: bool) -> None:
         """A dict printed over several lines: veRL prints its run config so at start (``pprint`` of the Hydra
@@ -396,3 +294,128 @@ class ConsoleSource(Source):
                 yield ConsoleRun(f, step_key)
         else:
             yield ConsoleRun(p, step_key)
+
+
+class _Scan:
+    """One pass over a console log's lines (:meth:`ConsoleRunReader._scan`): what reading a line leaves for the next
+    (the ordinal step, the last progress bar, a dict being gathered over several lines, the forms' state, the lines
+    without metrics)."""
+
+    def __init__(self, reader: Any, report: bool) -> None:
+        self.r = reader
+        self.report = report
+        self.where = str(reader.path)
+        self.noise = LineSummary()
+        self.ordinal = 0
+        self.rounded = False
+        self.last_bar: dict[str, Any] | None = None
+        self.forms = Forms()
+        self.gathering: list[str] | None = None     # the lines of a dict printed over several lines (a run config)
+        self.gathered_at = ""
+        self.braces = Braces()                       # where that dict closes, scanned once line by line
+        self.joined: list[str] = []
+        self.found = False
+
+    def form_records(self, found: list[tuple[dict[str, Any], int | None, str]]) -> Iterator[tuple[Record, str]]:
+        for metrics, step, kind in found:
+            if step is None:
+                self.ordinal += 1
+                step = self.ordinal
+            yield Record(step=step, wall_time=None, metrics=metrics), kind
+
+    def line(self, lineno: int, text: str, complete: bool, last: int) -> Iterator[tuple[Record, str]]:
+        """The records of one line (``last``: the last line of a step line broken over several, joined)."""
+        if last != lineno:
+            self.joined.append(f"{lineno}-{last}")
+        self.found = False
+        segments = ANSI.sub("", text).split("\r")
+        for i, seg in enumerate(segments):
+            seg = _RAY_PREFIX.sub("", _PASTED.sub("", seg.strip()))
+            if seg:
+                yield from self.segment(seg, lineno, complete, i == len(segments) - 1)
+        if not self.found:
+            self.noise.add(lineno)
+
+    def segment(self, seg: str, lineno: int, complete: bool, last_segment: bool) -> Iterator[tuple[Record, str]]:
+        """The records of one segment of a line (a line holds several where a progress bar redraws with ``\\r``)."""
+        r = self.r
+        bar = _TQDM.search(seg)
+        values = r._postfix(bar.group("inside")) if bar and not seg.startswith("{") else None
+        if values and not _STEP_LINE.search(seg):
+            self.found = True        # a bar without a postfix holds no metrics (and stays noise)
+            if not complete and last_segment:
+                return          # a bar cut off while writing: its postfix may be partial
+            if values != self.last_bar:
+                self.last_bar = values
+                self.ordinal += 1
+                if r._info is not None:
+                    r._info.extra["progress_bar"] = (
+                        "progress-bar postfix values: one micro-batch each (not the step's mean), "
+                        "printed by tqdm with 3 significant digits; steps are in log order")
+                yield Record(step=self.ordinal, wall_time=None, metrics=dict(values)), "tqdm:ordinal"
+            return
+        if self.gathering is not None:
+            if seg.startswith("{") or _STEP_LINE.search(seg) or _TQDM.search(seg):
+                # a line of its own form: the dict gathered so far ended unclosed (cut off)
+                if self.report:
+                    r.skip(self.gathered_at, "a dict opened here cannot be read: it is not closed "
+                                             "before the next metrics line (cut off?); skipped")
+                self.gathering = None
+            else:
+                self.found = True
+                self.gathering.append(seg)
+                if self.braces.feed(" " + seg) is not None or len(self.gathering) > _MAX_DICT_LINES:
+                    r._printed_config(" ".join(self.gathering), self.gathered_at, self.report)
+                    self.gathering = None
+                return
+        m = _STEP_LINE.search(seg)
+        if m:
+            self.found = True
+            rec = r._step_line(m, f"{self.where}:{lineno}", self.report, complete)
+            if rec is not None:
+                yield rec, "verl:logged"
+            return
+        if seg.startswith("{"):
+            self.found = True
+            self.braces = Braces()
+            end = self.braces.feed(seg)
+            if end is None and complete:           # opened here, closed on a later line: gather it
+                self.gathering, self.gathered_at = [seg], f"{self.where}:{lineno}"
+                return
+            if end is not None and _BAR_AFTER.match(seg[end:]):
+                seg = seg[:end]                  # a progress bar right after the dict (a \r not kept)
+            got = r._dict_line(seg, f"{self.where}:{lineno}", self.report, complete)
+            if got is None:
+                return
+            metrics, step, as_strings = got
+            self.rounded = self.rounded or as_strings
+            if step is None:
+                self.ordinal += 1
+                yield Record(step=self.ordinal, wall_time=None, metrics=metrics), "dict:ordinal"
+            else:
+                yield Record(step=step, wall_time=None, metrics=metrics), "dict:logged"
+            return
+        got_forms = self.forms.feed(seg, f"{self.where}:{lineno}", complete)
+        if got_forms is not None:
+            self.found = True
+            yield from self.form_records(got_forms)
+
+    def finish(self) -> Iterator[tuple[Record, str]]:
+        """What the last line leaves: a dict still gathered, the forms' last records, what was skipped and why."""
+        r = self.r
+        if self.gathering is not None:
+            r._printed_config(" ".join(self.gathering), self.gathered_at, self.report)
+        if self.joined and r._info is not None:
+            joined = self.joined
+            r._info.extra["joined_lines"] = (f"step lines broken over several lines (a terminal's wrap, a paste) "
+                                             f"joined: lines {', '.join(joined[:5])}"
+                                             + (f" and {len(joined) - 5} more" if len(joined) > 5 else ""))
+        yield from self.form_records(self.forms.close())
+        if self.report:
+            for at, why in self.forms.skipped:
+                r.skip(at, why)
+            if self.noise.count:
+                r.skip(self.where, self.noise.text("lines without metrics"))
+            if self.rounded and r._info is not None:
+                r._info.extra["rounded"] = ("printed dicts held numbers as strings (transformers prints floats "
+                                            "with 4 significant digits): values are rounded")
