@@ -156,22 +156,7 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
     if within is not None and within.kind == "framework":
         return _detect_within(keys, registry, within, config)
     canon = registry.canonical
-    canon_hits = 0
-    for k in keys:
-        base = k.split("/", 1)[1] if k.startswith(SPLIT_PREFIXES) else k
-        if canon.find(canon.upgrade(base)) is not None:
-            canon_hits += 1
-    cands: list[tuple[Candidate, set[str]]] = []
-    named: dict[str, list[str]] = {}
-    for fw in registry.frameworks.values():
-        named[fw.name] = config_trainers(fw, config)
-        best, explained = _best_for_framework(fw, keys, named[fw.name] or None)
-        if best is not None:
-            cands.append((best, explained))
-    weigh = Evidence.of(cands, registry, config)
-    # equal evidence: the framework with the longer release history (the more common) first
-    cands.sort(key=lambda c: (weigh.score(c[0]), c[0].explained, len(registry.frameworks[c[0].framework].releases)),
-               reverse=True)
+    canon_hits, cands, named, weigh = _candidates(keys, registry, config)
     top = cands[0][0] if cands else None
     if canon_hits and (top is None or canon_hits > top.explained):
         second = top.explained if top else 0
@@ -196,18 +181,68 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
     ev_second = weigh.score(cands[1][0]) if len(cands) > 1 else 0.0
     conf = fit * (0.5 + 0.5 * (ev_top - ev_second) / ev_top) if ev_top > 0 else 0.0
     if fit < MIN_EXPLAINED or conf < MIN_CONFIDENCE:
-        guesses = [f"{c.describe(registry)} ({c.explained} of {n_pool} keys)" for c, _ in cands[:3]]
-        whose = "keys" if pool is not weigh.known else "keys some framework logs"
-        return Detection(None, "unknown", conf, n, top.explained, sorted(set(keys) - cands[0][1]), guesses,
-                         f"the best guess, {top.describe(registry)}, explains only {top.explained} of {n_pool} "
-                         f"{whose} (confidence {conf:.2f}, {strong} keys only it names; trackbridge names a framework "
-                         f"from {MIN_EXPLAINED:.0%} of the keys and confidence {MIN_CONFIDENCE}, and leaves the keys "
-                         f"no framework logs out of the share once {MIN_STRONG} keys only one framework names are "
-                         f"there): the keys look like a framework it has no mapping for")
+        return _too_weak(keys, registry, cands, n, n_pool, conf, strong, of_known=pool is weigh.known)
     fw = registry.frameworks[top.framework]
+    by_config = named.get(fw.name) or []
+    assumed = _name_trainer(fw, keys, top, by_config)
+    trainer = top.trainer
+    reason, conf = _reason(fw, keys, top, registry, n, own=own if pool is weigh.known else 0,
+                           rival=cands[1][0] if ev_second and ev_second == ev_top else None,
+                           config_hits=weigh.config_hits.get(top.framework), assumed=assumed,
+                           by_config=by_config, conf=conf)
+
+    spec = Spec("framework", framework=top.framework, trainer=trainer, lo=float(top.lo), hi=float(top.hi))
+    explained_set = cands[0][1]
+    unexplained = set(keys) - explained_set
+    return Detection(spec, spec.describe(registry), conf, n - _folded(unexplained), top.explained, sorted(unexplained),
+                     [c.describe(registry) for c, _ in cands[1:4]], reason)
+
+
+def _too_weak(keys: list[str], registry: Registry, cands: list[tuple[Candidate, set[str]]], n: int, n_pool: int,
+              conf: float, strong: int, *, of_known: bool) -> Detection:
+    """``unknown``: the best candidate explains too few keys, or too few more than the next one (its thresholds in
+    the reason, with the best guesses)."""
+    top = cands[0][0]
+    guesses = [f"{c.describe(registry)} ({c.explained} of {n_pool} keys)" for c, _ in cands[:3]]
+    whose = "keys" if not of_known else "keys some framework logs"
+    return Detection(None, "unknown", conf, n, top.explained, sorted(set(keys) - cands[0][1]), guesses,
+                     f"the best guess, {top.describe(registry)}, explains only {top.explained} of {n_pool} "
+                     f"{whose} (confidence {conf:.2f}, {strong} keys only it names; trackbridge names a framework "
+                     f"from {MIN_EXPLAINED:.0%} of the keys and confidence {MIN_CONFIDENCE}, and leaves the keys "
+                     f"no framework logs out of the share once {MIN_STRONG} keys only one framework names are "
+                     f"there): the keys look like a framework it has no mapping for")
+
+
+def _candidates(keys: list[str], registry: Registry, config: dict[str, Any] | None
+               ) -> tuple[int, list[tuple[Candidate, set[str]]], dict[str, list[str]], Evidence]:
+    """How many keys are canonical names, and each framework's best candidate with the keys it explains, best
+    first by the evidence (``named``: the trainers the run config names, per framework)."""
+    canon = registry.canonical
+    canon_hits = 0
+    for k in keys:
+        base = k.split("/", 1)[1] if k.startswith(SPLIT_PREFIXES) else k
+        if canon.find(canon.upgrade(base)) is not None:
+            canon_hits += 1
+    cands: list[tuple[Candidate, set[str]]] = []
+    named: dict[str, list[str]] = {}
+    for fw in registry.frameworks.values():
+        named[fw.name] = config_trainers(fw, config)
+        best, explained = _best_for_framework(fw, keys, named[fw.name] or None)
+        if best is not None:
+            cands.append((best, explained))
+    weigh = Evidence.of(cands, registry, config)
+    # equal evidence: the framework with the longer release history (the more common) first
+    cands.sort(key=lambda c: (weigh.score(c[0]), c[0].explained, len(registry.frameworks[c[0].framework].releases)),
+               reverse=True)
+    return canon_hits, cands, named, weigh
+
+
+def _name_trainer(fw: FrameworkMapping, keys: list[str], top: Candidate, by_config: list[str]
+                 ) -> tuple[str, list[str]] | None:
+    """Settle ``top``'s trainer among those that explain the keys equally (``by_config``: those the run config
+    allows); returns ``(assumed, the others)`` when the keys could not tell them apart."""
     # a trainer is named only if it beats the others: ties on the keys explained are broken by how much of each
     # trainer's own key set (its trainer-specific names at the detected release) was observed
-    by_config = named.get(fw.name) or []
     allowed = by_config or list(fw.trainers)
     tie = [t for t in allowed if t != top.trainer and _trainer_score(fw, keys, t) == top.rank()]
     assumed = None
@@ -218,16 +253,21 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
             assumed = (winner, [t for t in tied if t != winner])
         top.trainer, tie = winner, []
         top.lo, top.hi = _range_for(fw, keys, winner, top)
-    trainer = top.trainer
+    return assumed
+
+
+def _reason(fw: FrameworkMapping, keys: list[str], top: Candidate, registry: Registry, n: int, *, own: int,
+            rival: Candidate | None, config_hits: int | None, assumed: tuple[str, list[str]] | None,
+            by_config: list[str], conf: float) -> tuple[str, float]:
+    """Why the keys name ``top``, in words, and the confidence (lower when a trainer was assumed)."""
     reason = f"{top.explained} of {n} keys are logged by {top.describe(registry)}"
-    if own and pool is weigh.known:
+    if own:
         reason += f" ({own} logged by no framework: the run's own, passed through)"
-    if ev_second and ev_second == ev_top:
-        rival = cands[1][0]
+    if rival is not None:
         reason += (f"; {rival.describe(registry)} explains the keys as well (a tie: {top.framework} is the more "
                    f"common; pass source=... to say otherwise)")
-    if weigh.config_hits.get(top.framework):
-        reason += f"; the run config has {weigh.config_hits[top.framework]} of {top.framework}'s config keys"
+    if config_hits:
+        reason += f"; the run config has {config_hits} of {top.framework}'s config keys"
     if assumed:
         reason += (f"; the keys fit trainers {', '.join([assumed[0], *assumed[1]])} equally, assuming "
                    f"{assumed[0]} (pass source=... or the run config to say otherwise)"
@@ -235,12 +275,7 @@ def detect(keys: Iterable[str], registry: Registry, within: Spec | None = None,
         conf *= 0.9
     if by_config:
         reason += f"; the run config has fields only {'/'.join(by_config)}'s config class has"
-
-    spec = Spec("framework", framework=top.framework, trainer=trainer, lo=float(top.lo), hi=float(top.hi))
-    explained_set = cands[0][1]
-    unexplained = set(keys) - explained_set
-    return Detection(spec, spec.describe(registry), conf, n - _folded(unexplained), top.explained, sorted(unexplained),
-                     [c.describe(registry) for c, _ in cands[1:4]], reason)
+    return reason, conf
 
 
 def _detect_within(keys: list[str], registry: Registry, within: Spec,
