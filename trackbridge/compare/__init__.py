@@ -34,13 +34,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..schema.proofs import only_unproven
 from .align import SMOOTH_KINDS, X_KINDS, Axis, run_axis, series
-from .groups import BANDS, LAST, REPS, SEED, GroupMetric
-from .load import LoadedRun, load_runs
+from .groups import LAST, REPS, SEED, GroupMetric
+from .load import LoadedRun
 from .presets import LOOK_ALIKES, PRESETS, preset_of, select
+from .seeds import _aggregate, _group_options, _load_grouped, _members_by_config
 from .stats import MetricStats
 
 if TYPE_CHECKING:       # pragma: no cover
@@ -191,6 +192,33 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     ``compare --runs/--tag/--since/--until``)."""
     locators = list(locators)
     specs = _group_options(groups, group_by, band, last, reps)
+    smooth = _check_options(x, smooth, smooth_kind, out, into)
+    runs, members = _load_grouped(locators, specs, mappings=mappings, source=source, doctor=doctor,
+                                  selection=selection)
+    result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
+                           summary_md=None, runs=runs, x=x, smooth=smooth, band=band, last=int(last),
+                           reps=int(reps), seed=int(seed))
+    schema = _schema(mappings)
+    chosen, renamed = _choose_metrics(result, metrics, schema)
+    axes = _warn_inputs(result, renamed)
+    _report_metrics(result, chosen, axes, schema)
+    if group_by:
+        members = _members_by_config(result, group_by)
+    if members:
+        _aggregate(result, members, axes, schema)
+
+    if into:
+        from .into import write_into
+        result.into = write_into(runs, into)
+
+    if result.out is not None:
+        from .report import write_report
+        write_report(result, axes, smooth_kind=smooth_kind, title=title)
+    return result
+
+
+def _check_options(x: str, smooth: int, smooth_kind: str, out: "Path | str | None", into: str | None) -> int:
+    """The axis, the smoothing and the extras the report and the sink need, checked before any run is read."""
     if x not in X_KINDS:
         raise ValueError(f"unknown x axis {x!r}; expected one of {', '.join(X_KINDS)}")
     if smooth_kind not in SMOOTH_KINDS:
@@ -205,14 +233,14 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         from ..trackers import kinds, sink_class
         from ..tracking.locators import parse
         sink_class(parse(into, kinds=kinds("sink")).kind)
-    runs, members = _load_grouped(locators, specs, mappings=mappings, source=source, doctor=doctor,
-                                  selection=selection)
-    result = CompareResult(out=Path(out) if out is not None else None, html=None, summary_csv=None,
-                           summary_md=None, runs=runs, x=x, smooth=smooth, band=band, last=int(last),
-                           reps=int(reps), seed=int(seed))
-    schema = _schema(mappings)
+    return smooth
+
+
+def _choose_metrics(result: CompareResult, metrics: "None | str | list[str]",
+                    schema: CanonicalSchema) -> tuple[list[str], dict[str, str]]:
+    """The metrics to chart (asked for, then those the findings read) and the older names renamed to them."""
     available: dict[str, None] = {}
-    for r in runs:
+    for r in result.runs:
         available.update(dict.fromkeys(r.scalar_names()))
 
     def is_axis(name: str) -> bool:
@@ -224,11 +252,17 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
     result.missing = missing
     # the findings of trackbridge doctor open the report; the metrics they read are charted, so each links to its
     # charts (added after the ones asked for when --metrics left them out)
-    result.findings = [f for r in runs for f in r.findings]
+    result.findings = [f for r in result.runs for f in r.findings]
     for f in result.findings:
         for name in f.metrics():
             if name in available and name not in chosen:
                 chosen.append(name)
+    return chosen, renamed
+
+
+def _warn_inputs(result: CompareResult, renamed: dict[str, str]) -> dict[str, Axis]:
+    """Each run's x axis, with the warnings about names, axes and reading the runs added to ``result``."""
+    runs, x = result.runs, result.x
     for old, new in renamed.items():
         result.warn("names", f"{old} is an older canonical name of {new} (canonical.yaml versions:); "
                              f"compared as {new}")
@@ -242,12 +276,18 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
         ax = axes[r.label]
         if ax.note:
             result.warn("axis", ax.note)
-    for name in missing:
+    for name in result.missing:
         result.warn("names", f"asked for but found in no run: {name}")
     apart = disjoint_steps(runs)
     if x == "step" and apart:
         result.warn("axis", apart, first=True)
+    return axes
 
+
+def _report_metrics(result: CompareResult, chosen: list[str], axes: dict[str, Axis],
+                    schema: CanonicalSchema) -> None:
+    """One report per chosen metric in ``result``, the metrics of only one run, and each metric's warning."""
+    runs = result.runs
     for name in chosen:
         result.metrics.append(_metric_report(name, runs, axes, schema))
     if len(runs) > 1:
@@ -259,128 +299,6 @@ def compare_runs(locators: "Iterable[str]", *, metrics: "None | str | list[str]"
             group = ("differs" if len(mr.runs) > 1 else "approximate") if mr.differs else \
                 "unproven" if mr.approximate else "look_alike"
             result.warn(group, f"{mr.name}: {mr.warning}", mr.name)
-
-    if group_by:
-        from .groups import group_by as by_config
-        members, without = by_config(runs, group_by)
-        if not members:
-            raise ValueError(f"--group-by {group_by}: no run's config has this key")
-        if without:
-            result.warn("reading", f"--group-by {group_by}: not in any group (no such config key): "
-                                   + ", ".join(without))
-    if members:
-        _aggregate(result, members, axes, schema)
-
-    if into:
-        from .into import write_into
-        result.into = write_into(runs, into)
-
-    if result.out is not None:
-        from .report import write_report
-        write_report(result, axes, smooth_kind=smooth_kind, title=title)
-    return result
-
-
-def _group_options(groups: "Mapping[str, Sequence[str]] | Sequence[str] | None", group_by: str | None,
-                   band: str, last: int, reps: int) -> dict[str, list[str]]:
-    """The groups as given, checked with the aggregation's settings before any run is read."""
-    from .groups import group_specs
-    if groups and group_by:
-        raise ValueError("--group and --group-by: give one of them")
-    if group_by is not None and not str(group_by).strip():
-        raise ValueError("--group-by: an empty config key")
-    if band not in BANDS:
-        raise ValueError(f"--band {band}: expected one of {', '.join(BANDS)}")
-    if int(last) < 1:
-        raise ValueError(f"--last {last}: must be at least 1")
-    if int(reps) < 100:
-        raise ValueError(f"reps={reps}: at least 100 bootstrap resamples")
-    if isinstance(groups, str):
-        groups = [groups]
-    if groups or group_by:
-        from .groups import _np
-        _np()                                           # numpy (the [plot] extra), before any run is read
-    return group_specs(groups) if groups else {}
-
-
-def _load_grouped(locators: list[str], specs: dict[str, list[str]], **kw: Any) -> \
-        tuple[list[LoadedRun], dict[str, list[str]]]:
-    """Read the runs given and those the groups name by locator; each group's members as run labels. A group's
-    RUN is the label of a run given (every run of it, when its locator held several), a locator given, or a locator
-    of its own (read like the others)."""
-    from ..trackers import kinds, source_locator
-    from ..tracking.locators import Locator, parse_many
-    from .groups import members as named
-    if not locators and not specs:
-        raise ValueError("compare needs at least one run: RUN ... or --group LABEL=RUN,RUN,...")
-    runs = load_runs(locators, **kw) if locators else []
-    labels = [r.label for r in runs]
-    own = {t: loc.label for t, loc in zip(locators, parse_many([source_locator(t) for t in locators],
-                                                               kinds=kinds("source")))}
-    extra: dict[str, str] = {}                                 # a group's own locator -> its runs' label
-    for label, items in specs.items():
-        for item in items:
-            if item in own or item in extra or named(item, labels):
-                continue
-            try:
-                (loc,) = parse_many([source_locator(item)], kinds=kinds("source"))
-            except ValueError as exc:
-                raise ValueError(f"--group {label}: {item!r} is not the label of a run given, nor a run locator: "
-                                 f"{str(exc).splitlines()[0]}") from None
-            base = name = loc.label or "run"
-            n = 2
-            while named(name, labels) or name in extra.values():
-                name, n = f"{base}-{n}", n + 1
-            try:
-                found = load_runs([f"{name}={Locator(loc.kind, loc.location, dict(loc.options))}"], **kw)
-            except (ValueError, OSError) as exc:
-                raise ValueError(f"--group {label}: {item}: {str(exc).splitlines()[0]}") from None
-            runs += found
-            labels += [r.label for r in found]
-            extra[item] = name
-    out: dict[str, list[str]] = {}
-    for label, items in specs.items():
-        got: dict[str, None] = {}
-        for item in items:
-            got.update(dict.fromkeys(named(own.get(item) or extra.get(item) or item, labels)))
-        out[label] = list(got)
-    return runs, out
-
-
-def _aggregate(result: CompareResult, members: dict[str, list[str]], axes: dict[str, Axis],
-               schema: CanonicalSchema | None) -> None:
-    """Every charted metric aggregated over every group that has it; the caveats of the group's runs with it."""
-    from .groups import aggregate
-    by_label = {r.label: r for r in result.runs}
-    result.group_members = members
-    grouped = [by_label[lab] for lab in dict.fromkeys(lab for ms in members.values() for lab in ms)]
-    for mr in result.metrics:
-        for group, labels in members.items():
-            mine = [by_label[lab] for lab in labels if by_label[lab].has_metric(mr.name)]
-            if not mine:
-                continue
-            gm = aggregate(group, mr.name, {r.label: series(r, mr.name, axes[r.label]) for r in mine},
-                           band=result.band, last=result.last, reps=result.reps, seed=result.seed)
-            gm.fidelity = _metric_report(mr.name, mine, axes, schema)
-            bucketed = [r.label for r in mine if (r.metric_stats(mr.name) or _NO_STATS).points > _series_cap()]
-            if bucketed:
-                gm.notes.append("aggregated over the points the chart keeps (each bucket's lowest and highest) of "
-                                + ", ".join(bucketed))
-            result.groups.append(gm)
-        if any(g.metric == mr.name for g in result.groups):
-            result.group_chart_reports[mr.name] = _metric_report(mr.name, grouped, axes, schema)
-
-
-class _NoStats:
-    points = 0
-
-
-_NO_STATS = _NoStats()
-
-
-def _series_cap() -> int:
-    from .load import SERIES_POINTS
-    return SERIES_POINTS
 
 
 def disjoint_steps(runs: "list[LoadedRun]") -> str | None:

@@ -183,32 +183,13 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
     warnings, one ``<details>`` per kind with its count and every warning in full; the runs; the metrics of one run;
     the contents and every other metric's section. No absolute local path appears (:class:`_Paths`); links are
     relative to the report folder."""
-    from . import WARNING_GROUPS
     paths = _Paths(path.parent)
 
     def e(text: object) -> str:
         return _e(paths.text(text))
 
-    t = _title(result, title)
-    h: list[str] = []
-    h.append("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">")
-    h.append(f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">")
-    h.append("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")
-    h.append(f"<title>{e(t)}</title><style>{STYLE}</style></head><body>")
-    h.append(f"<h1>{e(t)}</h1>")
-    smooth_txt = ("no smoothing" if result.smooth <= 1 else
-                  (f"EMA of span {result.smooth}" if smooth_kind == "ema" else f"trailing mean of {result.smooth} "
-                   "points") + " drawn over the faint raw values")
-    runs_txt = ", ".join(f"<b>{e(r.label)}</b> ({e(r.source)})" for r in result.runs)
     n_warn = sum(len(v) for v in result.warning_groups.values()) or len(result.warnings)
-    h.append(f"<p class=\"meta\">{runs_txt} &middot; x axis: {e(X_LABELS[result.x])} &middot; {e(smooth_txt)}"
-             + (f" &middot; <a href=\"#warnings\">&#9888; {n_warn} warning{'s' if n_warn != 1 else ''}</a>"
-                if n_warn else "")
-             + (f" &middot; <a href=\"#groups\">{len(result.group_members)} groups</a>" if result.group_members
-                else "")
-             + f" &middot; <a href=\"#contents\">all {len(result.metrics)} metrics</a> &middot; "
-             "<a href=\"summary.csv\">summary.csv</a> &middot; <a href=\"summary.md\">summary.md</a> &middot; "
-             f"trackbridge {e(_tb_version)} &middot; {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>")
+    h = _html_head(result, _title(result, title), smooth_kind, n_warn, e)
 
     # findings: trackbridge doctor's, per run, above the charts, each linked to the charts it concerns
     h.append("<!-- findings: per run, ordered by what to look at first, each linked to the charts below -->")
@@ -230,32 +211,83 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
 
     # warnings, grouped
     if result.warnings:
-        groups = result.warning_groups or {"other": [(None, w) for w in result.warnings]}
-        h.append(f"<h2 id=\"warnings\">Warnings ({n_warn})</h2>")
-        h.append(f"<p class=\"meta\">{e(result.fidelity_line())}; each reason is said once, at its chart.</p>")
-        for g in [*WARNING_GROUPS, *(g for g in groups if g not in WARNING_GROUPS)]:
-            items = groups.get(g)
-            if not items:
-                continue
-            label = WARNING_GROUPS.get(g, "Other")
-            h.append(f"<details class=\"warngroup\"><summary><b>{e(label)}</b>: {len(items)}</summary><ul>")
-            for metric, text in items:
-                said = result.metric(metric) if metric is not None and g in _SAID_AT_CHART else None
-                if metric is not None and said is not None:
-                    # the reason in full is said once, at the metric's chart; here which runs and what differs
-                    h.append(f"<li><a href=\"#{_anchor(metric)}\"><code>{e(metric)}</code></a>: "
-                             f"{e(_brief(said))}</li>")
-                elif metric is not None and text.startswith(metric + ": "):
-                    text = text[len(metric) + 2:]
-                    h.append(f"<li><a href=\"#{_anchor(metric)}\"><code>{e(metric)}</code></a>: {e(text)}</li>")
-                else:
-                    h.append(f"<li>{e(text)}</li>")
-            h.append("</ul></details>")
+        h += _warnings_html(result, n_warn, e)
 
-    # runs
-    h.append("<h2 id=\"runs\">Runs</h2><table><tr><th>run</th><th>locator</th><th>translated from (detected "
-             "framework)</th><th>records</th><th>steps</th><th>wall time</th><th>derived</th><th>unmapped "
-             "(kept as stored)</th></tr>")
+    h += _runs_html(result, e)
+
+    # only in one run
+    if len(result.runs) > 1:
+        h += _only_one_html(result, e)
+
+    h += _contents_html(result, key, e)
+
+    # one section per metric (the key charts' are above)
+    shown = {id(m) for m in key}
+    for mr in result.metrics:
+        if id(mr) not in shown:
+            h.append(_section(mr, e))
+    h.append("<p class=\"meta\">Same table as CSV and Markdown: <a href=\"summary.csv\">summary.csv</a>, "
+             "<a href=\"summary.md\">summary.md</a>; charts as PNG files in <code>charts/</code>.</p>")
+    h.append("</body></html>\n")
+    path.write_text("\n".join(h), encoding="utf-8")
+    return path
+
+
+def _html_head(result: CompareResult, t: str, smooth_kind: str, n_warn: int, e: Callable[[object], str]) -> list[str]:
+    """The page's head, its title and the line of context under it (runs, axis, smoothing, links, version, time)."""
+    h: list[str] = []
+    h.append("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">")
+    h.append(f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">")
+    h.append("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")
+    h.append(f"<title>{e(t)}</title><style>{STYLE}</style></head><body>")
+    h.append(f"<h1>{e(t)}</h1>")
+    smooth_txt = ("no smoothing" if result.smooth <= 1 else
+                  (f"EMA of span {result.smooth}" if smooth_kind == "ema" else f"trailing mean of {result.smooth} "
+                   "points") + " drawn over the faint raw values")
+    runs_txt = ", ".join(f"<b>{e(r.label)}</b> ({e(r.source)})" for r in result.runs)
+    h.append(f"<p class=\"meta\">{runs_txt} &middot; x axis: {e(X_LABELS[result.x])} &middot; {e(smooth_txt)}"
+             + (f" &middot; <a href=\"#warnings\">&#9888; {n_warn} warning{'s' if n_warn != 1 else ''}</a>"
+                if n_warn else "")
+             + (f" &middot; <a href=\"#groups\">{len(result.group_members)} groups</a>" if result.group_members
+                else "")
+             + f" &middot; <a href=\"#contents\">all {len(result.metrics)} metrics</a> &middot; "
+             "<a href=\"summary.csv\">summary.csv</a> &middot; <a href=\"summary.md\">summary.md</a> &middot; "
+             f"trackbridge {e(_tb_version)} &middot; {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>")
+    return h
+
+
+def _warnings_html(result: CompareResult, n_warn: int, e: Callable[[object], str]) -> list[str]:
+    """The warnings section: one expandable list per kind, with its count, each warning linked to its metric."""
+    from . import WARNING_GROUPS
+    groups = result.warning_groups or {"other": [(None, w) for w in result.warnings]}
+    h = [f"<h2 id=\"warnings\">Warnings ({n_warn})</h2>",
+         f"<p class=\"meta\">{e(result.fidelity_line())}; each reason is said once, at its chart.</p>"]
+    for g in [*WARNING_GROUPS, *(g for g in groups if g not in WARNING_GROUPS)]:
+        items = groups.get(g)
+        if not items:
+            continue
+        label = WARNING_GROUPS.get(g, "Other")
+        h.append(f"<details class=\"warngroup\"><summary><b>{e(label)}</b>: {len(items)}</summary><ul>")
+        for metric, text in items:
+            said = result.metric(metric) if metric is not None and g in _SAID_AT_CHART else None
+            if metric is not None and said is not None:
+                # the reason in full is said once, at the metric's chart; here which runs and what differs
+                h.append(f"<li><a href=\"#{_anchor(metric)}\"><code>{e(metric)}</code></a>: "
+                         f"{e(_brief(said))}</li>")
+            elif metric is not None and text.startswith(metric + ": "):
+                text = text[len(metric) + 2:]
+                h.append(f"<li><a href=\"#{_anchor(metric)}\"><code>{e(metric)}</code></a>: {e(text)}</li>")
+            else:
+                h.append(f"<li>{e(text)}</li>")
+        h.append("</ul></details>")
+    return h
+
+
+def _runs_html(result: CompareResult, e: Callable[[object], str]) -> list[str]:
+    """The runs section: a table of every run's source, steps and names, then each run's translation notes."""
+    h = ["<h2 id=\"runs\">Runs</h2><table><tr><th>run</th><th>locator</th><th>translated from (detected "
+         "framework)</th><th>records</th><th>steps</th><th>wall time</th><th>derived</th><th>unmapped "
+         "(kept as stored)</th></tr>"]
     for r in result.runs:
         rng = r.step_range()          # from the packed steps kept while streaming: the run is not read again
         step_txt = f"{rng[0]}&ndash;{rng[1]}" if rng else "none"
@@ -271,21 +303,26 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
             h.append(f"<details class=\"note\"><summary>{e(r.label)}: {len(r.notes)} note"
                      f"{'s' if len(r.notes) != 1 else ''} from the translation</summary><ul>"
                      + "".join(f"<li>{e(n)}</li>" for n in r.notes) + "</ul></details>")
+    return h
 
-    # only in one run
-    if len(result.runs) > 1:
-        h.append("<h2 id=\"only-one\">Metrics in only one run</h2>")
-        if result.only_one_run:
-            h.append("<table><tr><th>metric</th><th>only in</th></tr>")
-            for name, label in result.only_one_run.items():
-                h.append(f"<tr><td><a href=\"#{_anchor(name)}\"><code>{e(name)}</code></a></td>"
-                         f"<td>{e(label)}</td></tr>")
-            h.append("</table>")
-        else:
-            h.append("<p>None: every charted metric is in more than one run.</p>")
 
-    # contents
-    h.append("<h2 id=\"contents\">All metrics</h2>")
+def _only_one_html(result: CompareResult, e: Callable[[object], str]) -> list[str]:
+    """The section of the metrics found in only one run, each linked to its chart."""
+    h = ["<h2 id=\"only-one\">Metrics in only one run</h2>"]
+    if result.only_one_run:
+        h.append("<table><tr><th>metric</th><th>only in</th></tr>")
+        for name, label in result.only_one_run.items():
+            h.append(f"<tr><td><a href=\"#{_anchor(name)}\"><code>{e(name)}</code></a></td>"
+                     f"<td>{e(label)}</td></tr>")
+        h.append("</table>")
+    else:
+        h.append("<p>None: every charted metric is in more than one run.</p>")
+    return h
+
+
+def _contents_html(result: CompareResult, key: list[MetricReport], e: Callable[[object], str]) -> list[str]:
+    """The contents: every metric linked to its section, by preset, then the links to the key charts."""
+    h = ["<h2 id=\"contents\">All metrics</h2>"]
     groups_m: dict[str, list[MetricReport]] = {p: [] for p in PRESETS}
     groups_m["other"] = []
     for mr in result.metrics:
@@ -302,17 +339,7 @@ def _write_html(result: CompareResult, path: Path, title: str | None, smooth_kin
     if key:
         h.append("<p class=\"meta\">The key charts are at the top: "
                  + ", ".join(f"<a href=\"#{_anchor(m.name)}\"><code>{e(m.name)}</code></a>" for m in key) + ".</p>")
-
-    # one section per metric (the key charts' are above)
-    shown = {id(m) for m in key}
-    for mr in result.metrics:
-        if id(mr) not in shown:
-            h.append(_section(mr, e))
-    h.append("<p class=\"meta\">Same table as CSV and Markdown: <a href=\"summary.csv\">summary.csv</a>, "
-             "<a href=\"summary.md\">summary.md</a>; charts as PNG files in <code>charts/</code>.</p>")
-    h.append("</body></html>\n")
-    path.write_text("\n".join(h), encoding="utf-8")
-    return path
+    return h
 
 
 def _findings(result: CompareResult, e: Callable[[object], str]) -> str:
