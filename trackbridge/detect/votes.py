@@ -114,46 +114,73 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
             continue
         hits = _keys_of(fw, key)
         if not hits:
-            scopes = _unmapped_scopes(fw, key) if fw.passthrough else []
-            if scopes:
-                # logged by the framework without a canonical name: evidence for the trainers and releases its
-                # passthrough item names (every release of every trainer when it names none)
+            if _passthrough_votes(fw, key, names, span, counts):
                 explained_any.add(key)
-                for t in names:
-                    lo_t, hi_t = math.ceil(span[t][0]), int(span[t][1])
-                    row = counts[t]
-                    seen = [False] * n_rel
-                    for trs, a, b in scopes:
-                        if t is not None and trs is not None and t not in trs:
-                            continue
-                        for r in range(max(0, lo_t, math.ceil(a)), min(hi_t, int(min(b, n_rel - 1))) + 1):
-                            seen[r] = True
-                    for r in range(n_rel):
-                        row[r] += seen[r]
             continue
         explained_any.add(key)
-        for t in names:
-            covered = [False] * n_rel
-            spec_hit = lit_hit = False
-            for e, _ in hits:
-                if t is not None and e.trainers is not None and t not in e.trainers:
-                    continue
-                if e.since > span[t][1] or e.until < span[t][0]:
-                    continue
-                if e.trainers is not None:
-                    spec_hit = True
-                    lit_hit = lit_hit or e.key_template is None
-                hi = int(min(e.until, n_rel - 1, span[t][1]))
-                for r in range(max(math.ceil(e.since), int(span[t][0])), hi + 1):
-                    covered[r] = True
-            if spec_hit:
-                specific[t] += 1
-            if lit_hit:
-                literal[t] += 1
-            row = counts[t]
-            for r in range(n_rel):
-                if covered[r]:
-                    row[r] += 1
+        _entry_votes(hits, names, span, counts, specific, literal)
+    best = _best_of(fw, keys, names, counts, specific, literal, w_lo, w_hi)
+    return best, explained_any
+
+
+def _passthrough_votes(fw: FrameworkMapping, key: str, names: list[str | None],
+                       span: dict[str | None, tuple[float, float]], counts: dict[str | None, list[int]]) -> bool:
+    """A key the framework logs without a canonical name (a passthrough item): evidence for the trainers and
+    releases its items name (every release of every trainer when they name none). False when it is none."""
+    n_rel = len(fw.releases)
+    scopes = _unmapped_scopes(fw, key) if fw.passthrough else []
+    if not scopes:
+        return False
+    for t in names:
+        lo_t, hi_t = math.ceil(span[t][0]), int(span[t][1])
+        row = counts[t]
+        seen = [False] * n_rel
+        for trs, a, b in scopes:
+            if t is not None and trs is not None and t not in trs:
+                continue
+            for r in range(max(0, lo_t, math.ceil(a)), min(hi_t, int(min(b, n_rel - 1))) + 1):
+                seen[r] = True
+        for r in range(n_rel):
+            row[r] += seen[r]
+    return True
+
+
+def _entry_votes(hits: list[tuple[Entry, dict[str, str] | None]], names: list[str | None],
+                 span: dict[str | None, tuple[float, float]],
+                 counts: dict[str | None, list[int]], specific: dict[str | None, int],
+                 literal: dict[str | None, int]) -> None:
+    """A key some entries translate: a vote for each release each trainer's entries cover it in (``specific``:
+    an entry of that trainer's own; ``literal``: one that is no template)."""
+    n_rel = len(next(iter(counts.values())))       # one row per trainer, one slot per release
+    for t in names:
+        covered = [False] * n_rel
+        spec_hit = lit_hit = False
+        for e, _ in hits:
+            if t is not None and e.trainers is not None and t not in e.trainers:
+                continue
+            if e.since > span[t][1] or e.until < span[t][0]:
+                continue
+            if e.trainers is not None:
+                spec_hit = True
+                lit_hit = lit_hit or e.key_template is None
+            hi = int(min(e.until, n_rel - 1, span[t][1]))
+            for r in range(max(math.ceil(e.since), int(span[t][0])), hi + 1):
+                covered[r] = True
+        if spec_hit:
+            specific[t] += 1
+        if lit_hit:
+            literal[t] += 1
+        row = counts[t]
+        for r in range(n_rel):
+            if covered[r]:
+                row[r] += 1
+
+
+def _best_of(fw: FrameworkMapping, keys: list[str], names: list[str | None], counts: dict[str | None, list[int]],
+             specific: dict[str | None, int], literal: dict[str | None, int], w_lo: int,
+             w_hi: int) -> Candidate | None:
+    """The trainer and span of releases that explain the most keys (inside the window), missing the fewest
+    always-logged keys; ties broken by :meth:`Candidate.rank`."""
     best: Candidate | None = None
     observed: set[str] | None = None            # the keys less their tracker prefixes: made once, if needed
     for t in names:
@@ -177,4 +204,4 @@ def _best_for_framework(fw: FrameworkMapping, keys: list[str], trainers: list[st
         cand.literal = literal[t]
         if best is None or cand.rank() > best.rank():
             best = cand
-    return best, explained_any
+    return best
