@@ -102,6 +102,40 @@ class CsvRun(RunReader):
         row has the right width only by accident."""
         return any(_looks_like_row(text, width, self.step_col) for _, text in inner)
 
+    def _misshapen(self, lines: "_Lines", row: list[str], width: int) -> str | None:
+        """Why a row is not one of the table's (another width than the header's, or lines inside a quoted cell that
+        look like rows), its lines after the first to be read again as rows; None for a row of the table."""
+        if len(row) == width and not (len(lines.taken) > 2 and self._swallowed(lines.taken[1:-1], width)):
+            return None
+        rest = lines.taken[1:]
+        if rest:
+            shape = (f"leaves a row of {len(row)} cells (header: {width})" if len(row) != width
+                     else "holds lines that look like rows of the table")
+            lines.push_back(rest)
+            return (f"a quoted cell opened on this line runs over {len(rest) + 1} lines to line "
+                    f"{rest[-1][0]} and {shape}: a quote that is not closed? This row is skipped "
+                    f"(1 row lost) and the {len(rest)} line(s) after it are read again as rows")
+        return f"row has {len(row)} cells, header has {width}; skipped (cut off or not part of the table)"
+
+    def _metrics(self, row: list[str], line: int, non_scalar: dict[str, LineSummary]) -> dict[str, Any]:
+        """A row's values by metric name: empty cells left out, media and tables (JSON cells) counted per name."""
+        metrics: dict[str, Any] = {}
+        for i, name in self.columns.items():
+            cell = row[i]
+            if cell == "":
+                continue
+            if cell[:1] in "{[":
+                non_scalar.setdefault(name, LineSummary()).add(line)
+                continue
+            metrics[name] = number_or_text(cell)
+        return metrics
+
+    def _wall_time(self, row: list[str]) -> float | None:
+        if self.time_col is None:
+            return None
+        t = parse_number(row[self.time_col])
+        return float(t) if t is not None else None
+
     def records(self) -> Iterator[Record]:
         where = str(self.path)
         width = len(self.header)
@@ -125,46 +159,21 @@ class CsvRun(RunReader):
                 except csv.Error as exc:
                     if not lines.taken:
                         break
-                    line, text = lines.taken[0]
-                    rest = lines.taken[1:]
-                    if rest:
-                        what = (f"a quote opened on this line is not closed: the row runs over {len(rest) + 1} "
-                                f"lines to line {rest[-1][0]} ({exc}); this row is skipped (1 row lost) and the "
-                                f"{len(rest)} line(s) after it are read again as rows")
-                    else:
-                        what = f"unreadable CSV row ({exc}); skipped (1 row lost)"
-                    lines.push_back(rest)
+                    line, text, what = _unreadable(lines, exc)
                     if guard.bad(line, None, text, f"{where}:{line}", what):
                         return
                     continue
                 line = lines.taken[0][0] if lines.taken else lines.n
                 if not row or all(not c.strip() for c in row):
                     continue
-                if len(row) != width or (len(lines.taken) > 2 and self._swallowed(lines.taken[1:-1], width)):
-                    rest = lines.taken[1:]
-                    if rest:
-                        shape = (f"leaves a row of {len(row)} cells (header: {width})" if len(row) != width
-                                 else "holds lines that look like rows of the table")
-                        what = (f"a quoted cell opened on this line runs over {len(rest) + 1} lines to line "
-                                f"{rest[-1][0]} and {shape}: a quote that is not closed? This row is skipped "
-                                f"(1 row lost) and the {len(rest)} line(s) after it are read again as rows")
-                        lines.push_back(rest)
-                    else:
-                        what = (f"row has {len(row)} cells, header has {width}; skipped (cut off or not part of "
-                                f"the table)")
-                    if guard.bad(line, None, lines.taken[0][1] if lines.taken else "", f"{where}:{line}", what):
+                misshapen = self._misshapen(lines, row, width)
+                if misshapen is not None:
+                    text = lines.taken[0][1] if lines.taken else ""
+                    if guard.bad(line, None, text, f"{where}:{line}", misshapen):
                         return
                     continue
                 guard.good()
-                metrics: dict[str, Any] = {}
-                for i, name in self.columns.items():
-                    cell = row[i]
-                    if cell == "":
-                        continue
-                    if cell[:1] in "{[":
-                        non_scalar.setdefault(name, LineSummary()).add(line)
-                        continue
-                    metrics[name] = number_or_text(cell)
+                metrics = self._metrics(row, line, non_scalar)
                 if not metrics:
                     continue          # this run logged nothing in this row (panel exports hold several runs)
                 if self.step_col is None:
@@ -176,16 +185,27 @@ class CsvRun(RunReader):
                         no_step.add(line)
                         continue
                     step = int(num)
-                wall = None
-                if self.time_col is not None:
-                    t = parse_number(row[self.time_col])
-                    wall = float(t) if t is not None else None
-                yield Record(step=step, wall_time=wall, metrics=metrics)
+                yield Record(step=step, wall_time=self._wall_time(row), metrics=metrics)
         guard.flush()
         if no_step.count and self.step_col is not None:
             self.skip(where, no_step.text(f"rows with no integer {self.header[self.step_col]!r}"))
         for name, summary in non_scalar.items():
             self.skip(where, summary.text(f"non-scalar cells (media/tables) of {name!r}"))
+
+
+def _unreadable(lines: "_Lines", exc: csv.Error) -> tuple[int, str, str]:
+    """A row the csv module cannot read: its line, its text and why it is skipped; the lines after its first are
+    read again as rows (a quote left open swallows them)."""
+    line, text = lines.taken[0]
+    rest = lines.taken[1:]
+    if rest:
+        what = (f"a quote opened on this line is not closed: the row runs over {len(rest) + 1} "
+                f"lines to line {rest[-1][0]} ({exc}); this row is skipped (1 row lost) and the "
+                f"{len(rest)} line(s) after it are read again as rows")
+    else:
+        what = f"unreadable CSV row ({exc}); skipped (1 row lost)"
+    lines.push_back(rest)
+    return line, text, what
 
 
 def _looks_like_row(text: str, width: int, step_col: int | None) -> bool:
