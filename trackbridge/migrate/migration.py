@@ -29,13 +29,12 @@ from ..pipeline import Stats
 from ..read.inputs import InputRun, NothingReadable, open_runs
 from ..read.selection import Selection
 from ..record import Record, RunInfo
-from ..sync.catchup import CatchUp, lacking
-from ..sync.holdings import Holdings
 from ..trackers import check_options, kinds, make_sink, sink_class, source_locator
-from ..tracking.locators import parse
+from ..tracking.locators import Locator, parse
 from ..tracking.source import Problem
 from .ledger import Ledger, ledger_key, state_dir, target_run_id  # noqa: F401  (state_dir, kept importable from here)
 from .ratelimit import RateLimiter
+from .resume import Cursor, adopt_ledger, finished_before, open_sink, read_destination, write_batch
 
 BATCH_RECORDS = 500
 BATCH_POINTS = 20_000
@@ -168,17 +167,7 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     limiter = RateLimiter(requests_per_s, points_per_s)      # checks the numbers before anything is read
     t0 = time.monotonic()
     out = out or sys.stdout
-    src_loc = parse(source_locator(src), allow_label=True, kinds=kinds("source"))
-    dst_loc = parse(dst, kinds=kinds("sink"))    # fail early on a bad destination ...
-    check_options(dst_loc)                       # ... on an option its sink does not know ...
-    sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
-    if names != "keep":                          # ... and on a naming scheme that does not exist
-        from ..schema.loader import load_registry
-        from ..schema.spec import parse_spec
-        reg = load_registry(mappings or None)
-        parse_spec(names, reg, allow_auto=False)
-        if source not in ("auto", "keep"):
-            parse_spec(source, reg)
+    src_loc, dst_loc = _check_places(src, dst, source, names, mappings)
     found = open_runs(str(src_loc), allow_label=True, select=selection)  # as every command
     result = MigrationResult(destination=dst_loc.kind,
                              resolution=tuple(sink_class(dst_loc.kind).capabilities.resolution))
@@ -194,11 +183,47 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
             address=ray_address, batch_runs=batch_runs)
         result.seconds = time.monotonic() - t0
         return result
+    result.runs = _migrate_local(found, src, dst, source, names, derive, mappings, dry_run, jobs, progress, out,
+                                 limiter)
+    result.seconds = time.monotonic() - t0
+    if result.runs and all(r.unreadable for r in result.runs):
+        # the source yielded nothing readable at all: an error naming its file(s), as a file that is not what its
+        # name says is (nothing was created in the destination: each run failed before its sink was opened)
+        raise NothingReadable("; ".join(dict.fromkeys(r.unreadable or "" for r in result.runs)))
+    return result
+
+
+def _check_places(src: str, dst: str, source: str, names: str,
+                  mappings: list[str] | None) -> tuple[Locator, Locator]:
+    """Parse the source and the destination, and return both. Fails early, before anything is read, on a bad
+    destination, an option its sink does not know, a place its tracker refuses, or a naming scheme that does not
+    exist (``names``, and ``source`` when it names one)."""
+    src_loc = parse(source_locator(src), allow_label=True, kinds=kinds("source"))
+    dst_loc = parse(dst, kinds=kinds("sink"))    # fail early on a bad destination ...
+    check_options(dst_loc)                       # ... on an option its sink does not know ...
+    sink_class(dst_loc.kind).check_location(dst_loc.location)    # ... on a place its tracker refuses ...
+    if names != "keep":                          # ... and on a naming scheme that does not exist
+        from ..schema.loader import load_registry
+        from ..schema.spec import parse_spec
+        reg = load_registry(mappings or None)
+        parse_spec(names, reg, allow_auto=False)
+        if source not in ("auto", "keep"):
+            parse_spec(source, reg)
+    return src_loc, dst_loc
+
+
+def _migrate_local(found: list[InputRun], src: str, dst: str, source: str, names: str, derive: bool,
+                   mappings: list[str] | None, dry_run: bool, jobs: int, progress: bool, out: TextIO,
+                   limiter: RateLimiter) -> list[RunResult]:
+    """Migrate (or, with ``dry_run``, describe) the runs of the ``local`` engine, one after the other or ``jobs`` at
+    a time in threads; returns their results, in the source's order. A run that fails gets a result with its error:
+    it does not stop the others."""
     throttle = limiter.acquire if limiter.limited else None
     prog = Progress(len(found), enabled=progress and not dry_run)
     dest_missing = not _destination_exists(dst)        # checked once, before the first run recreates it
 
     def one(args: tuple[int, InputRun]) -> RunResult:
+        """Migrate (or describe) one run; an error in it becomes its result's error."""
         idx, run = args
         try:
             if dry_run:
@@ -214,15 +239,8 @@ def migrate(src: str, dst: str, *, source: str = "auto", names: str = "canonical
     items = list(enumerate(found))
     if jobs > 1 and len(items) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            result.runs = list(pool.map(one, items))
-    else:
-        result.runs = [one(it) for it in items]
-    result.seconds = time.monotonic() - t0
-    if result.runs and all(r.unreadable for r in result.runs):
-        # the source yielded nothing readable at all: an error naming its file(s), as a file that is not what its
-        # name says is (nothing was created in the destination: each run failed before its sink was opened)
-        raise NothingReadable("; ".join(dict.fromkeys(r.unreadable or "" for r in result.runs)))
-    return result
+            return list(pool.map(one, items))
+    return [one(it) for it in items]
 
 
 def _migrate_run(idx: int, run: InputRun, src: str, dst: str, source: str, names: str, derive: bool,
@@ -246,123 +264,67 @@ def _no_throttle(requests: int, points: int) -> None:
 def _migrate_claimed(idx: int, run: InputRun, run_id: str, ledger: Ledger, src: str, dst: str, source: str,
                      names: str, derive: bool, mappings: list[str] | None, prog: Progress, dest_missing: bool,
                      throttle: Throttle, plan: str | None) -> RunResult:
+    """Migrate one run whose ledger claim this attempt holds, and return its result. A run the ledger shows complete
+    is not written again; otherwise the destination run is opened at the first batch (or at the end, for an empty
+    run) and the batches are written after what the ledger and the destination hold (:mod:`.resume`). The run is
+    closed before its ledger says complete; on a failure an open run is closed and the error goes up."""
     reader = run.reader
     info = run.info          # the reader's, with the time-axis mark when the run has no wall times of its own
     label = info.name or info.run_id or f"run-{idx}"
     res = RunResult(label, run_id)
-    same_plan = plan is not None and ledger.data.get("plan") == plan
-    if ledger.written and dest_missing and not same_plan:
-        # the ledger says this run went there before, but the destination is gone: migrate it again
-        ledger.data = {}
-        ledger.save(records_written=0, complete=False)
-    if same_plan:       # an earlier attempt of this plan got this far: its counts are this run's too
-        res.records = int(ledger.data.get("out_records", 0))
-        res.points = int(ledger.data.get("out_points", 0))
-        res.skipped_records = int(ledger.data.get("out_skipped", 0))
-    elif plan is not None:
-        ledger.save(plan=plan, out_records=0, out_points=0, out_skipped=0)
-    if ledger.complete:
-        if same_plan:
-            res.finished_earlier = True
-            res.stats = Stats(**ledger.data["stats"]) if isinstance(ledger.data.get("stats"), dict) else Stats()
-        else:
-            res.already_done = True
-        res.stats.source = ledger.data.get("source", "")
+    same_plan = adopt_ledger(ledger, res, dest_missing, plan)
+    if finished_before(ledger, res, same_plan):
         prog.run_done(label, res)
         return res
     pipe = run.pipeline(names, source=None if source == "auto" else source, mappings=mappings, derive=derive)
     sink = make_sink(dst)
-    out_info = RunInfo(name=info.name or label, project=info.project, run_id=run_id, config=dict(info.config),
-                       tags=dict(info.tags), source=info.source, extra=dict(info.extra),
-                       approximate=dict(info.approximate or {}))
-    out_info.tags.setdefault("trackbridge.migrated_from", src)
-    if info.run_id:
-        out_info.tags.setdefault("trackbridge.source_run_id", str(info.run_id))
+    out_info = _out_info(info, label, run_id, src)
     no_time = not run.has_wall_time     # never make up a time axis: info says so (the next reader knows too)
-    skip_n = ledger.written
-    # A batch that was being written when the migration was killed may be in the destination in full, in part
-    # or not at all: its records are checked against the destination's last step (as without a ledger).
-    check_n = ledger.pending if skip_n else None
-    opened = False
-    last_step: int | None = None
-    held: Holdings | None = None
-    max_written: int | None = ledger.data.get("max_step")      # highest step written so far (per the ledger)
-    seen = 0
+    cur = Cursor.from_ledger(ledger)
     try:
         stream = pipe.process(_until_unreadable(run.records(), res))
         for batch in _batches(stream):
-            if not opened:
-                throttle(1, 0)
-                sink.open(pipe.run_info(out_info), resume=True)
-                opened = True
-                if skip_n == 0 or (check_n or 0) > skip_n:
-                    # what the destination really holds, per key and step: a batch that landed in part is completed
-                    held = sink.held()
-                    last_step = held.last_step() if held is not None else sink.last_step()
-                if skip_n and max_written is not None:
-                    top = last_step if last_step is not None else sink.last_step()
-                    if top is None or top < max_written:
-                        # the destination lost what the ledger counted (wandb offline buffers writes in its
-                        # service process; a kill loses them): trust the destination, as without a ledger
-                        skip_n, check_n, last_step = 0, None, top
-                        held = held if held is not None else sink.held()
-                        if same_plan:       # everything is counted again, as written or as held
-                            res.records = res.points = res.skipped_records = 0
-            # in order: records the ledger counts as written, records that may be in the destination (cut down to
-            # what it lacks, as every catch-up does), records it cannot hold yet
-            start, seen = seen, seen + len(batch)
-            n_skip = min(len(batch), max(0, skip_n - start))
-            rest = batch[n_skip:]
-            n_check = len(rest) if check_n is None else min(len(rest), max(0, check_n - start - n_skip))
-            held_now = CatchUp()
-            todo = [*lacking(rest[:n_check], held, last_step, held_now), *rest[n_check:]]
-            # records the ledger counts as written were counted by the attempt that wrote them when it is this plan's
-            res.skipped_records += (0 if same_plan else n_skip) + held_now.skipped
-            if todo:
-                ledger.save(records_written=max(seen - len(batch), skip_n), records_pending=seen,
-                            source=pipe.stats.source, complete=False)
-                pts = sum(len(r.metrics) for r in todo)
-                throttle(1, pts)
-                sink.write(todo)
-                for key, step, why in sink.take_rejected():     # what the tracker could not take: said, counted
-                    seen_key = res.left_out.setdefault(key, [0, why, step])
-                    seen_key[0] += 1
-                steps = [r.step for r in todo if r.step is not None]
-                if steps:
-                    max_written = max(steps) if max_written is None else max(max_written, *steps)
-                res.records += len(todo)
-                res.points += pts
-                prog.add(pts)
-            ledger.save(records_written=seen, records_pending=0, max_step=max_written, source=pipe.stats.source,
-                        complete=False, out_records=res.records, out_points=res.points,
-                        out_skipped=res.skipped_records)
-        if not opened and reader.gave_up:
+            if not cur.opened:
+                open_sink(sink, pipe, out_info, cur, throttle)
+                read_destination(sink, cur, res, same_plan)
+            write_batch(batch, cur, sink, pipe, ledger, res, same_plan, throttle, prog)
+        if not cur.opened and reader.gave_up:
             # nothing readable (binary junk, an empty file): no empty run in the destination, and the run fails
             res.error = "nothing readable (see above); no run created in the destination"
             res.stats = pipe.stats
             res.problems = list(reader.problems)
             prog.run_done(label, res)
             return res
-        if not opened:     # an empty run still gets created, with its config
-            throttle(1, 0)
-            sink.open(pipe.run_info(out_info), resume=True)
-            opened = True
+        if not cur.opened:     # an empty run still gets created, with its config
+            open_sink(sink, pipe, out_info, cur, throttle)
         pipe.finish_notes()
         # closed before the ledger says complete: a close flushes the destination and writes its final run info
         # (TensorBoard's trackbridge-run.json); a kill during it leaves the run incomplete, to be done again
-        opened = False
+        cur.opened = False
         sink.close()
-        ledger.save(records_written=seen, records_pending=0, source=pipe.stats.source, complete=True,
+        ledger.save(records_written=cur.seen, records_pending=0, source=pipe.stats.source, complete=True,
                     out_records=res.records, out_points=res.points, out_skipped=res.skipped_records,
                     **({"stats": asdict(pipe.stats)} if plan is not None else {}))
     finally:
-        if opened:
+        if cur.opened:
             sink.close()
     res.stats = pipe.stats
     res.problems = list(reader.problems)
     res.has_wall_time = not no_time
     prog.run_done(label, res)
     return res
+
+
+def _out_info(info: RunInfo, label: str, run_id: str, src: str) -> RunInfo:
+    """The run's info as the destination gets it: under its destination run id, with copies of the source's config,
+    tags and extras, and tags saying where it was migrated from."""
+    out_info = RunInfo(name=info.name or label, project=info.project, run_id=run_id, config=dict(info.config),
+                       tags=dict(info.tags), source=info.source, extra=dict(info.extra),
+                       approximate=dict(info.approximate or {}))
+    out_info.tags.setdefault("trackbridge.migrated_from", src)
+    if info.run_id:
+        out_info.tags.setdefault("trackbridge.source_run_id", str(info.run_id))
+    return out_info
 
 
 def _until_unreadable(records: Iterable[Record], res: RunResult) -> Iterator[Record]:
