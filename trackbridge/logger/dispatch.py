@@ -24,7 +24,6 @@ class Dispatcher:
                  resume_wait: float | None,
                  warn_once: Callable[[str, str], None], doctor: Any = None,
                  found: Callable[[Any], None] | None = None) -> None:
-        self.pipeline = pipeline
         translate, step = pipeline.stage(Translate), pipeline.stage(Step)
         assert translate is not None and step is not None, "the logger's pipeline is Pipeline.live's"
         self.translate: Translate = translate

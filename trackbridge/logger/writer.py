@@ -133,8 +133,7 @@ class _Writer:
         for w in self.workers:
             w.thread.start()
         self.decoder = RecordDecoder()
-        self.state: dict[str, Any] = {"last": seq_base - 1, "final": None, "abort": False, "outcome": None,
-                                      "exit": None}
+        self.state: dict[str, Any] = {"last": seq_base - 1, "final": None, "abort": False, "outcome": None}
 
     def problem(self, key: str, note: str) -> None:
         if note not in self.problems:

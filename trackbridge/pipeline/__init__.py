@@ -112,7 +112,6 @@ class Pipeline:
                         mappings=self.mappings, origin=self.origin if self.source == "canonical" else None,
                         fidelity=self.fidelity if self.source == "canonical" else None)
         tr.resolve_source(keys)
-        self.translator = tr
         self._around(tr)
         return tr
 
